@@ -336,3 +336,11 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
 
 def seq_to_str_ids(seq: Sequence[int]) -> str:  # small helper for debugging / identifiers
     return "".join(str(int(x)) for x in seq)
+
+
+def set_default_dir_mode(path: str) -> None:
+    """``tempfile.mkdtemp`` (used by :func:`atomic_output_dir`) creates 0700 directories; give a built
+    directory the permissions a plain ``mkdir`` would (0777 minus the umask). Call on the temp dir."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o777 & ~mask)

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks.train_step`` (training throughput), ``python -m benchmarks.eval_throughput``."""

@@ -1,0 +1,193 @@
+"""Training throughput of the ARC TRM configuration (one optimizer step = one ACT supervision step).
+
+    python -m benchmarks.train_step                                  # device auto; small on CPU (~1-2 min)
+    python -m benchmarks.train_step --batch 256 --steps 20 --device cuda --compile both --json out.json
+
+Measures the exact step of ``training.loop`` (ACTLossHead forward, loss / batch backward, global grad norm,
+clipping, AdamATan2 + SignSGDSparse updates) on random ARC-shaped batches: hidden 512, 8 heads,
+seq 900 + 16 puzzle-prefix tokens, H_cycles 3, L_cycles 4, L_layers 2, bf16 autocast on CUDA / fp32 on CPU.
+
+Reported per mode (eager / compiled): seconds per step, samples/s (= batch / step time: samples advanced by
+one supervision step), tokens/s (samples/s x 916). FLOPs per step are counted once with
+``torch.utils.flop_counter`` (matmuls + attention, forward + backward); achieved FLOP/s is that count / step
+time, and on CUDA it is also given as a fraction of a bf16 matmul measured in the same run. The evaluation
+engineer's ``benchmarks.eval_throughput`` is run afterwards when ``--with-eval`` is given.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional
+
+import torch
+
+ARC_ARCH = dict(name="trm", hidden_size=512, num_heads=8, expansion=4, L_layers=2, H_layers=0, H_cycles=3,
+                L_cycles=4, halt_max_steps=16, halt_exploration_prob=0.1, no_ACT_continue=True,
+                puzzle_emb_ndim=512, puzzle_emb_len=16, pos_encodings="rope",
+                loss={"loss_type": "stable_max_cross_entropy", "q_loss_weight": 0.5})
+SEQ_LEN, VOCAB, NUM_IDS = 900, 12, 1000
+
+
+def _batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    b = {"inputs": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g, dtype=torch.int32),
+         "labels": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g).long(),
+         "puzzle_identifiers": torch.randint(1, NUM_IDS, (batch_size,), generator=g, dtype=torch.int32),
+         "example_index": torch.arange(batch_size)}
+    return {k: v.to(device) for k, v in b.items()}
+
+
+def build(batch_size: int, device: torch.device, compiled: bool):
+    """Model, loss head (maybe compiled), optimizers and a step function identical to the training loop's."""
+    from training import distributed as D
+    from training.config import config_from_dict
+    from training.loop import build_loss_head, build_optimizers
+
+    import models
+
+    torch.manual_seed(0)
+    cfg = config_from_dict({"arch": ARC_ARCH, "data_paths": ["<benchmark>"], "global_batch_size": batch_size,
+                            "lr": 1e-4, "lr_warmup_steps": 0})
+    model = models.build_model(ARC_ARCH, vocab_size=VOCAB, seq_len=SEQ_LEN, num_puzzle_identifiers=NUM_IDS,
+                               batch_size=batch_size).to(device)
+    head = build_loss_head(model, None).to(device)
+    opts = build_optimizers(cfg, model, world_size=1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fwd = torch.compile(head, dynamic=False) if compiled else head
+    state = {"carry": None}
+
+    def step(batch):
+        if state["carry"] is None:
+            with torch.device(device):
+                state["carry"] = model.initial_carry(batch)
+        with D.autocast(device):
+            state["carry"], loss, _m, _o, _ = fwd(carry=state["carry"], batch=batch)
+        (loss / batch_size).backward()
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad.float()) for p in params]))
+        coef = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+        for p in params:
+            p.grad.mul_(coef)
+        for o in opts.values():
+            o.step()
+            o.zero_grad(set_to_none=True)
+        return loss
+
+    return model, step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def count_step_flops(batch_size: int, device: torch.device) -> float:
+    """FLOPs of one training step (forward + backward), counted on an eager model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _, step = build(batch_size, device, compiled=False)
+    batch = _batch(batch_size, device, 0)
+    with FlopCounterMode(display=False) as fc:
+        step(batch)
+    return float(fc.get_total_flops())
+
+
+def bf16_matmul_flops(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """Achieved FLOP/s of a large bf16 matmul (the reference ceiling on this GPU)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    _sync(device)
+    return 2 * n ** 3 * iters / (time.perf_counter() - t)
+
+
+def measure(batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool) -> dict[str, float]:
+    t0 = time.perf_counter()
+    _, step = build(batch_size, device, compiled)
+    batches = [_batch(batch_size, device, s) for s in range(2)]
+    for i in range(warmup):
+        step(batches[i % 2])
+    _sync(device)
+    warm_s = time.perf_counter() - t0
+    t = time.perf_counter()
+    for i in range(steps):
+        step(batches[i % 2])
+    _sync(device)
+    dt = (time.perf_counter() - t) / steps
+    return {"seconds_per_step": dt, "samples_per_s": batch_size / dt,
+            "tokens_per_s": batch_size * (SEQ_LEN + ARC_ARCH["puzzle_emb_len"]) / dt, "setup_and_warmup_s": warm_s}
+
+
+def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = "auto", compile: str = "auto",
+        warmup: Optional[int] = None, with_eval: bool = False) -> dict[str, Any]:
+    from training.distributed import resolve_device
+
+    dev = resolve_device(device)
+    cuda = dev.type == "cuda"
+    batch = batch or (256 if cuda else 2)
+    steps = steps or (20 if cuda else 3)
+    warmup = warmup if warmup is not None else (3 if cuda else 1)
+    modes = {"auto": ["eager", "compiled"] if cuda else ["eager"], "both": ["eager", "compiled"],
+             "eager": ["eager"], "compiled": ["compiled"]}[compile]
+    torch.set_float32_matmul_precision("high")
+    out: dict[str, Any] = {"device": str(dev), "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
+                           "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": batch,
+                           "steps": steps, "arch": ARC_ARCH, "seq_len": SEQ_LEN + ARC_ARCH["puzzle_emb_len"],
+                           "dtype": "bf16 autocast" if cuda else "fp32"}
+    flops = count_step_flops(min(batch, 2), dev) * batch / min(batch, 2)  # FLOPs are linear in the batch
+    out["flops_per_step"] = flops
+    peak = bf16_matmul_flops(dev) if cuda else None
+    if peak:
+        out["bf16_matmul_flops_per_s"] = peak
+    for mode in modes:
+        r = measure(batch, steps, warmup, dev, compiled=(mode == "compiled"))
+        r["model_flops_per_s"] = flops / r["seconds_per_step"]
+        if peak:
+            r["fraction_of_bf16_matmul"] = r["model_flops_per_s"] / peak
+        out[mode] = r
+        print(f"[train_step] {mode:8s} batch {batch}: {r['seconds_per_step'] * 1e3:9.1f} ms/step  "
+              f"{r['samples_per_s']:9.2f} samples/s  {r['tokens_per_s']:11.0f} tokens/s  "
+              f"{r['model_flops_per_s'] / 1e12:7.3f} TFLOP/s"
+              + (f"  ({100 * r['fraction_of_bf16_matmul']:.1f}% of bf16 matmul)" if peak else ""), flush=True)
+    if with_eval:
+        try:
+            from benchmarks import eval_throughput
+        except ImportError:
+            eval_throughput = None
+        if eval_throughput is not None:
+            out["eval"] = eval_throughput.main(["--device", device])
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=None, help="batch size (default 256 on CUDA, 2 on CPU)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 on CUDA, 3 on CPU)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 CUDA / 1 CPU)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--compile", choices=["auto", "both", "eager", "compiled"], default="auto",
+                    help="auto = both on CUDA, eager on CPU")
+    ap.add_argument("--with-eval", action="store_true", help="also run benchmarks.eval_throughput")
+    ap.add_argument("--json", default=None, help="write the results here")
+    a = ap.parse_args(argv)
+    if a.batch is not None and a.batch <= 0 or a.steps is not None and a.steps <= 0:
+        ap.error("--batch and --steps must be positive")
+    out = run(a.batch, a.steps, a.device, a.compile, a.warmup, a.with_eval)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+    else:
+        json.dump({k: v for k, v in out.items() if k != "arch"}, sys.stdout, indent=2)
+        print()
+    return out
+
+
+if __name__ == "__main__":
+    main()

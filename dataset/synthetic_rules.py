@@ -1,0 +1,316 @@
+"""Parameterised rule families for synthetic ARC-format few-shot puzzles.
+
+Each family samples a *rule instance* (family + parameters, e.g. ``gravity(direction=down, wall=5)``) from a
+random generator; an instance produces (input, output) pairs from random inputs. Every instance has a
+canonical ``key`` so that train and test puzzles can be kept to different instances.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from dataset.common import ARC_MAX_GRID, dihedral_transform
+
+Grid = np.ndarray
+
+
+@dataclass
+class RuleInstance:
+    family: str
+    params: dict
+    apply: Callable[[Grid], Optional[Grid]]  # output grid, or None if this input is unsuitable
+    make_input: Callable[[np.random.Generator], Grid]
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}:{json.dumps(self.params, sort_keys=True)}"
+
+
+@dataclass
+class GridSpec:
+    min_grid: int = 3
+    max_grid: int = 10
+
+    def size(self, rng: np.random.Generator, max_side: Optional[int] = None) -> tuple[int, int]:
+        hi = self.max_grid if max_side is None else max(1, min(self.max_grid, max_side))
+        lo = min(self.min_grid, hi)
+        return int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
+
+
+def _colours(rng: np.random.Generator, k: int, exclude: tuple = (0,)) -> list[int]:
+    pool = [c for c in range(10) if c not in exclude]
+    return [int(c) for c in rng.choice(pool, size=k, replace=False)]
+
+
+def _random_grid(rng: np.random.Generator, shape: tuple[int, int], colours: list[int], density: float) -> Grid:
+    g = np.zeros(shape, dtype=np.uint8)
+    mask = rng.random(shape) < density
+    g[mask] = rng.choice(colours, size=int(mask.sum()))
+    return g
+
+
+def _components(mask: np.ndarray) -> list[list[tuple[int, int]]]:
+    """4-connected components of True cells."""
+    h, w = mask.shape
+    seen = np.zeros_like(mask, dtype=bool)
+    comps = []
+    for r in range(h):
+        for c in range(w):
+            if mask[r, c] and not seen[r, c]:
+                stack, comp = [(r, c)], []
+                seen[r, c] = True
+                while stack:
+                    y, x = stack.pop()
+                    comp.append((y, x))
+                    for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+                        ny, nx = y + dy, x + dx
+                        if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
+                            seen[ny, nx] = True
+                            stack.append((ny, nx))
+                comps.append(comp)
+    return comps
+
+
+def _maybe_recolour(rng: np.random.Generator) -> Optional[list[int]]:
+    """Optional extra parameter of small families: afterwards colour a becomes colour b (None = off)."""
+    return None if rng.random() < 0.5 else _colours(rng, 2)
+
+
+def _recolour(g: Grid, rc: Optional[list[int]]) -> Grid:
+    if rc:
+        g = g.copy()
+        g[g == rc[0]] = rc[1]
+    return g
+
+
+# ----------------------------------------------------------------------------------------------
+# Families
+# ----------------------------------------------------------------------------------------------
+def colour_map(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Recolour: a random partial permutation of colours 1-9 (2-4 colours change)."""
+    k = int(rng.integers(2, 5))
+    src = _colours(rng, k)
+    dst = [int(c) for c in rng.permutation(src)]
+    while dst == src:
+        dst = [int(c) for c in rng.permutation(src)]
+    mapping = dict(zip(src, dst))
+    palette = sorted(set(src) | set(_colours(rng, 1, exclude=(0, *src))))
+    lut = np.arange(10, dtype=np.uint8)
+    for a, b in mapping.items():
+        lut[a] = b
+    return RuleInstance("colour_map", {"map": {str(a): b for a, b in sorted(mapping.items())}},
+                        lambda g: lut[g], lambda r: _random_grid(r, spec.size(r), palette, 0.6))
+
+
+def flip_rotate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """One of the 7 non-identity dihedral transforms, optionally followed by recolouring one colour."""
+    d = int(rng.integers(1, 8))
+    recolour = _maybe_recolour(rng)
+    cols = _colours(rng, 3)
+
+    def apply(g):
+        return _recolour(dihedral_transform(g, d), recolour)
+    inp_cols = sorted(set(cols + ([recolour[0]] if recolour else [])))
+    return RuleInstance("flip_rotate", {"dihedral": d, "recolour": recolour}, apply,
+                        lambda r: _random_grid(r, spec.size(r), inp_cols, 0.5))
+
+
+def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Shift all content by (dr, dc) (|dr|, |dc| <= 3), background 0 fills in; wrap-around optional."""
+    while True:
+        dr, dc = int(rng.integers(-3, 4)), int(rng.integers(-3, 4))
+        if (dr, dc) != (0, 0):
+            break
+    wrap = bool(rng.random() < 0.3)
+    cols = _colours(rng, 2)
+
+    def apply(g):
+        h, w = g.shape
+        if wrap:
+            return np.roll(g, (dr, dc), axis=(0, 1))
+        if abs(dr) >= h or abs(dc) >= w:
+            return None
+        out = np.zeros_like(g)
+        src = g[max(0, -dr): h - max(0, dr), max(0, -dc): w - max(0, dc)]
+        if (g != 0).sum() != (src != 0).sum():
+            return None  # content would fall off the grid
+        out[max(0, dr): max(0, dr) + src.shape[0], max(0, dc): max(0, dc) + src.shape[1]] = src
+        return out
+    return RuleInstance("translate", {"dr": dr, "dc": dc, "wrap": wrap}, apply,
+                        lambda r: _random_grid(r, spec.size(r), cols, 0.25))
+
+
+def scale_up(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Each cell becomes a (ky x kx) block, ky, kx in 1..3, not both 1."""
+    while True:
+        ky, kx = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        if (ky, kx) != (1, 1):
+            break
+    rc = _maybe_recolour(rng)
+    cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
+    side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ky, kx))
+    return RuleInstance("scale_up", {"ky": ky, "kx": kx, "recolour": rc},
+                        lambda g: _recolour(np.kron(g, np.ones((ky, kx), dtype=np.uint8)), rc),
+                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+
+
+_DIRS = {"down": 0, "left": 1, "up": 2, "right": 3}  # number of rot90 turns that make the direction "down"
+
+
+def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Cells fall in one direction until they hit the edge, another cell, or a fixed wall colour."""
+    direction = str(rng.choice(list(_DIRS)))
+    wall = None if rng.random() < 0.4 else int(rng.integers(1, 10))
+    cols = _colours(rng, 2, exclude=(0,) if wall is None else (0, wall))
+    k = _DIRS[direction]
+
+    def fall_down(g):
+        out = g.copy()
+        h, w = g.shape
+        for c in range(w):
+            col = g[:, c]
+            segments = []
+            # split the column at walls; inside each segment, non-zero cells settle at the bottom
+            start = 0
+            for y in range(h + 1):
+                if y == h or (wall is not None and col[y] == wall):
+                    segments.append((start, y))
+                    start = y + 1
+            for a, b in segments:
+                vals = [v for v in col[a:b] if v != 0]
+                out[a:b, c] = 0
+                if vals:
+                    out[b - len(vals): b, c] = vals
+        return out
+
+    def apply(g):
+        return np.rot90(fall_down(np.rot90(g, k)), -k).copy()
+
+    def make(r):
+        g = _random_grid(r, spec.size(r), cols, 0.3)
+        if wall is not None:
+            m = r.random(g.shape) < 0.12
+            g[m] = wall
+        return g
+    return RuleInstance("gravity", {"direction": direction, "wall": wall}, apply, make)
+
+
+def fill_enclosed(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Background cells not 4-connected to the border are filled with a colour (rectangle outlines as input)."""
+    border, fill = _colours(rng, 2)
+    noise = None if rng.random() < 0.5 else _colours(rng, 1, exclude=(0, border, fill))[0]
+
+    def make(r):
+        h, w = spec.size(r)
+        h, w = max(h, 4), max(w, 4)
+        g = np.zeros((h, w), np.uint8)
+        for _ in range(int(r.integers(1, 4))):
+            rh, rw = int(r.integers(3, min(h, 8) + 1)), int(r.integers(3, min(w, 8) + 1))
+            y, x = int(r.integers(0, h - rh + 1)), int(r.integers(0, w - rw + 1))
+            g[y, x:x + rw] = border
+            g[y + rh - 1, x:x + rw] = border
+            g[y:y + rh, x] = border
+            g[y:y + rh, x + rw - 1] = border
+        if noise is not None:
+            m = (r.random(g.shape) < 0.05) & (g == 0)
+            g[m] = noise
+        return g
+
+    def apply(g):
+        h, w = g.shape
+        outside = np.zeros((h, w), bool)
+        stack = [(y, x) for y in range(h) for x in (0, w - 1)] + [(y, x) for x in range(w) for y in (0, h - 1)]
+        while stack:
+            y, x = stack.pop()
+            if 0 <= y < h and 0 <= x < w and not outside[y, x] and g[y, x] != border:
+                outside[y, x] = True
+                stack += [(y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)]
+        out = g.copy()
+        inner = (~outside) & (g == 0)  # enclosed background only; other colours inside stay
+        if not inner.any():
+            return None
+        out[inner] = fill
+        return out
+    return RuleInstance("fill_enclosed", {"border": border, "fill": fill, "noise": noise}, apply, make)
+
+
+def recolour_by_size(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Objects (4-connected, one colour) of size >= t become colour a, smaller ones colour b."""
+    src, a, b = _colours(rng, 3)
+    t = int(rng.integers(2, 5))
+
+    def apply(g):
+        out = g.copy()
+        sizes = []
+        for comp in _components(g == src):
+            ys, xs = zip(*comp)
+            out[list(ys), list(xs)] = a if len(comp) >= t else b
+            sizes.append(len(comp))
+        if not sizes or all(s >= t for s in sizes) or all(s < t for s in sizes):
+            return None  # need both kinds for the pair to be informative
+        return out
+    return RuleInstance("recolour_by_size", {"src": src, "big": a, "small": b, "threshold": t}, apply,
+                        lambda r: _random_grid(r, spec.size(r), [src], 0.35))
+
+
+def copy_pattern(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
+    """Tile the input ry x rx times (1..3 each, not both 1), optionally mirroring alternate tiles."""
+    while True:
+        ry, rx = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        if (ry, rx) != (1, 1):
+            break
+    mirror = bool(rng.random() < 0.5)
+    rc = _maybe_recolour(rng)
+    cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
+    side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ry, rx))
+
+    def apply(g):
+        rows = []
+        for i in range(ry):
+            row = []
+            for j in range(rx):
+                t = g
+                if mirror and i % 2:
+                    t = t[::-1, :]
+                if mirror and j % 2:
+                    t = t[:, ::-1]
+                row.append(t)
+            rows.append(np.concatenate(row, axis=1))
+        return _recolour(np.concatenate(rows, axis=0), rc)
+    return RuleInstance("copy_pattern", {"ry": ry, "rx": rx, "mirror": mirror, "recolour": rc}, apply,
+                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+
+
+FAMILIES: dict[str, Callable[[np.random.Generator, GridSpec], RuleInstance]] = {
+    "colour_map": colour_map,
+    "flip_rotate": flip_rotate,
+    "translate": translate,
+    "scale_up": scale_up,
+    "gravity": gravity,
+    "fill_enclosed": fill_enclosed,
+    "recolour_by_size": recolour_by_size,
+    "copy_pattern": copy_pattern,
+}
+
+
+def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: int = 200) -> Optional[list]:
+    """``n`` distinct, informative (output != input) pairs of one rule instance, or None."""
+    pairs, seen = [], set()
+    for _ in range(max_tries):
+        if len(pairs) == n:
+            break
+        gi = rule.make_input(rng)
+        go = rule.apply(gi)
+        if go is None or go.shape[0] > ARC_MAX_GRID or go.shape[1] > ARC_MAX_GRID or min(go.shape) < 1:
+            continue
+        if go.shape == gi.shape and (go == gi).all():
+            continue
+        h = (gi.shape, gi.tobytes())
+        if h in seen:
+            continue
+        seen.add(h)
+        pairs.append((gi.astype(np.uint8), np.ascontiguousarray(go, dtype=np.uint8)))
+    return pairs if len(pairs) == n else None

@@ -1,0 +1,385 @@
+"""Shared pieces of every demonstration encoder.
+
+Interface (docs/architecture.md §3)::
+
+    encoder(demo_inputs [b, D, S] int, demo_labels [b, D, S] int, demo_mask [b, D] bool, state=None)
+        -> EncoderOutput(context [b, puzzle_emb_len, hidden], kl [b] | None, state | None)
+
+Padding rules (pitfall 16): PAD tokens (id 0) inside a demo are never attended to and never pooled;
+demo slots with ``demo_mask == False`` (or containing only PAD) are skipped entirely (never encoded);
+a sample with no demo at all gets a well-defined context (attention always has a learned "null" key,
+so no attention row is ever fully masked and no NaN can appear).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
+
+import pydantic
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dataset.common import PAD_ID
+
+
+class EncoderConfigError(ValueError):
+    """Bad encoder configuration; the message names the encoder and the field."""
+
+
+@dataclass
+class EncoderOutput:
+    context: torch.Tensor  # [b, puzzle_emb_len, hidden]
+    kl: Optional[torch.Tensor] = None  # [b] per-sample KL (unweighted), variational encoders only
+    state: Optional[torch.Tensor] = None  # recurrent encoders: new z_E (NOT detached)
+
+
+class BaseEncoderConfig(pydantic.BaseModel):
+    """Fields shared by every encoder. Unknown keys raise (pitfall 8)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    name: str
+    hidden_size: int = 512  # encoder width (independent of the decoder hidden size)
+    num_layers: int = 2  # per-demo transformer layers
+    num_heads: int = 8
+    expansion: float = 4.0  # SwiGLU expansion
+    norm_eps: float = 1e-5
+    # cross-demo aggregation: learned queries attend over the per-demo embeddings, or a masked mean
+    aggregation: Literal["cross_attention", "mean"] = "cross_attention"
+    num_queries: Optional[int] = None  # None = puzzle_emb_len (one query per context token)
+    # optional learned scale / gate on the context (pitfall 10): "none" | "scalar" (one learned scale)
+    # | "gate" (per context token sigmoid gate)
+    context_scale: Literal["none", "scalar", "gate"] = "none"
+    context_scale_init: float = 1.0
+    # crop the all-PAD tail of the demo canvases before encoding (exact: masked tokens have no effect)
+    crop_padding: bool = True
+    # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
+    zero_demos: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _check(self):
+        if self.hidden_size % self.num_heads != 0:
+            raise ValueError(f"encoder {self.name}: hidden_size={self.hidden_size} is not divisible by "
+                             f"num_heads={self.num_heads}")
+        if self.num_layers < 0:
+            raise ValueError(f"encoder {self.name}: num_layers must be >= 0, got {self.num_layers}")
+        return self
+
+
+# name -> (config class, module class); filled by @register_encoder in the variant modules
+ENCODER_REGISTRY: dict[str, tuple[type[BaseEncoderConfig], type["DemoEncoder"]]] = {}
+
+
+def register_encoder(name: str, config_cls: type[BaseEncoderConfig]) -> Callable:
+    def deco(cls):
+        if name in ENCODER_REGISTRY:
+            raise KeyError(f"encoder {name!r} registered twice")
+        ENCODER_REGISTRY[name] = (config_cls, cls)
+        cls.registry_name = name
+        return cls
+
+    return deco
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def build_encoder(cfg: dict, *, hidden_size: int, vocab_size: int, seq_len: int, puzzle_emb_len: int,
+                  verbose: bool = True) -> "DemoEncoder":
+    """Build an encoder from its config dict (``cfg["name"]`` = registry key). Unknown keys raise."""
+    if hasattr(cfg, "items") and not isinstance(cfg, dict):  # OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = dict(cfg)
+    name = cfg.get("name")
+    if name not in ENCODER_REGISTRY:
+        raise EncoderConfigError(f"encoder.name={name!r} is not a registered encoder; "
+                                 f"choose one of {sorted(ENCODER_REGISTRY)}")
+    config_cls, module_cls = ENCODER_REGISTRY[name]
+    try:
+        config = config_cls(**cfg)
+    except pydantic.ValidationError as e:
+        raise EncoderConfigError(f"invalid config for encoder {name!r}: {e}") from None
+    if puzzle_emb_len <= 0:
+        raise EncoderConfigError(f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
+                                 f"puzzle-embedding prefix), got {puzzle_emb_len}")
+    enc = module_cls(config, hidden_size=hidden_size, vocab_size=vocab_size, seq_len=seq_len,
+                     puzzle_emb_len=puzzle_emb_len)
+    if verbose:
+        print(f"[encoder] {name}: {count_parameters(enc):,} trainable parameters "
+              f"(width {config.hidden_size}, {config.num_layers} layers, context {puzzle_emb_len}x{hidden_size})")
+    return enc
+
+
+# ----------------------------------------------------------------------------------------------
+# Small building blocks (own implementation; post-norm RMSNorm + SwiGLU, like the TRM core)
+# ----------------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    return (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, expansion: float):
+        super().__init__()
+        inner = int(round(expansion * dim * 2 / 3 / 64)) * 64 or 64
+        self.gate_up = nn.Linear(dim, 2 * inner, bias=False)
+        self.down = nn.Linear(inner, dim, bias=False)
+
+    def forward(self, x):
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(g) * u)
+
+
+class Attention(nn.Module):
+    """Multi-head attention; ``key_mask`` [n, Tk] bool, True = attend. Callers guarantee every row
+    has at least one attendable key."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.h = num_heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, ctx: Optional[torch.Tensor] = None,
+                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        ctx = x if ctx is None else ctx
+        n, tq, d = x.shape
+        tk = ctx.shape[1]
+        q = self.q(x).view(n, tq, self.h, d // self.h).transpose(1, 2)
+        k, v = self.kv(ctx).view(n, tk, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        mask = None if key_mask is None else key_mask[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o(out.transpose(1, 2).reshape(n, tq, d))
+
+
+class Block(nn.Module):
+    """Post-norm block: x = norm(x + attn(x, ctx)); x = norm(x + mlp(x))."""
+
+    def __init__(self, dim: int, num_heads: int, expansion: float, eps: float):
+        super().__init__()
+        self.attn = Attention(dim, num_heads)
+        self.mlp = SwiGLU(dim, expansion)
+        self.eps = eps
+
+    def forward(self, x, ctx=None, key_mask=None):
+        x = rms_norm(x + self.attn(x, ctx, key_mask), self.eps)
+        return rms_norm(x + self.mlp(x), self.eps)
+
+
+def _trunc_normal_(w: torch.Tensor, std: float) -> torch.Tensor:
+    return nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-demo trunk: (input canvas, output canvas) -> token states + pooled demo embedding
+# ----------------------------------------------------------------------------------------------
+class DemoTrunk(nn.Module):
+    """Encodes each valid demo pair independently.
+
+    Tokens: input canvas then output canvas (2*S tokens), embedded as token + canvas position + segment
+    (input/output) embeddings; an optional CLS token is prepended. PAD tokens are masked as attention keys
+    and excluded from mean pooling.
+    """
+
+    def __init__(self, cfg: BaseEncoderConfig, vocab_size: int, seq_len: int, pooling: Literal["mean", "cls"]):
+        super().__init__()
+        d = cfg.hidden_size
+        self.cfg = cfg
+        self.pooling = pooling
+        self.seq_len = seq_len
+        self.embed_scale = math.sqrt(d)
+        std = 1.0 / self.embed_scale
+        self.tok = nn.Parameter(_trunc_normal_(torch.empty(vocab_size, d), std))
+        self.pos = nn.Parameter(_trunc_normal_(torch.empty(seq_len, d), std))
+        self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
+        self.cls = nn.Parameter(_trunc_normal_(torch.empty(d), std)) if pooling == "cls" else None
+        self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.num_layers))
+
+    # Runs eagerly under torch.compile: skipping empty slots and cropping PAD give data-dependent shapes, which
+    # would otherwise force a recompilation for every new shape.
+    @torch.compiler.disable
+    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """Returns (pooled [b, D, d] (zeros for skipped slots), valid [b, D] bool)."""
+        b, D, S = demo_inputs.shape
+        if S > self.seq_len:
+            raise ValueError(f"demo sequence length {S} exceeds the encoder's seq_len {self.seq_len}")
+        if self.cfg.zero_demos:
+            demo_inputs = torch.zeros_like(demo_inputs)
+            demo_labels = torch.zeros_like(demo_labels)
+        tokens = torch.cat([demo_inputs, demo_labels], dim=-1).long()  # [b, D, 2S]
+        nonpad = tokens != PAD_ID
+        valid = demo_mask.bool() & nonpad.any(-1)  # skip empty slots and all-PAD demos
+        pooled = torch.zeros(b, D, self.cfg.hidden_size, device=tokens.device, dtype=self.tok.dtype)
+        idx = valid.flatten().nonzero().squeeze(-1)
+        if idx.numel() == 0:
+            return pooled, valid
+        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
+        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        pos = torch.arange(S, device=tokens.device)
+        if self.cfg.crop_padding:  # exact: trailing PAD is masked anyway
+            li = int((inp != PAD_ID).any(0).nonzero().max().item()) + 1 if (inp != PAD_ID).any() else 1
+            lo = int((out != PAD_ID).any(0).nonzero().max().item()) + 1 if (out != PAD_ID).any() else 1
+            inp, out = inp[:, :li], out[:, :lo]
+            pi, po = pos[:li], pos[:lo]
+        else:
+            pi = po = pos
+        x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0], self.tok[out] + self.pos[po] + self.seg[1]], dim=1)
+        mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
+        if self.cls is not None:
+            n = x.shape[0]
+            x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1)
+            mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
+        x = self.embed_scale * x
+        for blk in self.blocks:
+            x = blk(x, key_mask=mask)
+        if self.cls is not None:
+            z = x[:, 0]
+        else:
+            m = mask.to(x.dtype).unsqueeze(-1)
+            z = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+        pooled = pooled.flatten(0, 1).index_copy(0, idx, z.to(pooled.dtype)).view(b, D, -1)
+        return pooled, valid
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of x [b, D, ...] over D where mask [b, D]; zeros where no entry is valid."""
+    m = mask.to(x.dtype).view(*mask.shape, *([1] * (x.dim() - 2)))
+    return (x * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class DemoAggregator(nn.Module):
+    """Order-invariant aggregation of per-demo embeddings [b, D, d] -> [b, Q, d].
+
+    cross_attention: Q learned queries attend over the valid demos plus one learned null key (so a sample
+    without demos is well defined; no attention row is ever fully masked); the attention output (not added to
+    the queries, so the result is dominated by the demos, not by the query vectors) is normalised and refined by
+    a residual SwiGLU. mean: masked mean of the demos, projected to Q tokens by one linear map.
+    """
+
+    def __init__(self, cfg: BaseEncoderConfig, num_queries: int):
+        super().__init__()
+        d = cfg.hidden_size
+        self.mode = cfg.aggregation
+        self.eps = cfg.norm_eps
+        self.Q = num_queries
+        if self.mode == "cross_attention":
+            self.queries = nn.Parameter(_trunc_normal_(torch.empty(num_queries, d), 1.0))
+            self.null_key = nn.Parameter(_trunc_normal_(torch.empty(1, d), 1.0))
+            self.attn = Attention(d, cfg.num_heads)
+            self.mlp = SwiGLU(d, cfg.expansion)
+        else:
+            self.proj = nn.Linear(d, num_queries * d)
+
+    def forward(self, demos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        b, d = demos.shape[0], demos.shape[-1]
+        if self.mode == "mean":
+            return rms_norm(self.proj(masked_mean(demos, valid)).view(b, self.Q, d), self.eps)
+        q = self.queries.unsqueeze(0).expand(b, -1, -1).to(demos.dtype)
+        keys = torch.cat([self.null_key.unsqueeze(0).expand(b, -1, -1).to(demos.dtype), demos], dim=1)
+        mask = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=valid.device), valid], dim=1)
+        x = rms_norm(self.attn(q, keys, mask), self.eps)
+        return rms_norm(x + self.mlp(x), self.eps)
+
+
+class ContextHead(nn.Module):
+    """Projects encoder tokens [b, Q, d_in] to the decoder context [b, L, hidden], with optional
+    learned scale / gate (pitfall 10)."""
+
+    def __init__(self, cfg: BaseEncoderConfig, d_in: int, num_tokens: int, hidden_size: int, puzzle_emb_len: int):
+        super().__init__()
+        self.L, self.hidden = puzzle_emb_len, hidden_size
+        self.num_tokens = num_tokens
+        if num_tokens not in (1, puzzle_emb_len):
+            raise EncoderConfigError(f"encoder {cfg.name}: num_queries={num_tokens} must be 1 or equal to "
+                                     f"puzzle_emb_len={puzzle_emb_len}")
+        self.proj = nn.Linear(d_in, hidden_size * (puzzle_emb_len if num_tokens == 1 and puzzle_emb_len > 1 else 1))
+        # The decoder multiplies its input embeddings (prefix included) by sqrt(hidden); initialise so that a
+        # unit-RMS encoder state gives context entries of std 1/sqrt(hidden), i.e. the scale of the decoder's own
+        # token embeddings (std 1 after that multiplication).
+        _trunc_normal_(self.proj.weight, 1.0 / math.sqrt(d_in * hidden_size))
+        nn.init.zeros_(self.proj.bias)
+        self.mode = cfg.context_scale
+        if self.mode == "scalar":
+            self.scale = nn.Parameter(torch.tensor(float(cfg.context_scale_init)))
+        elif self.mode == "gate":
+            # sigmoid gate per context token, initialised so that sigmoid(g) = context_scale_init
+            p = min(max(cfg.context_scale_init, 1e-4), 1 - 1e-4)
+            self.gate = nn.Parameter(torch.full((puzzle_emb_len,), math.log(p / (1 - p))))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        b = z.shape[0]
+        ctx = self.proj(z).reshape(b, self.L, self.hidden)
+        if self.mode == "scalar":
+            ctx = ctx * self.scale
+        elif self.mode == "gate":
+            ctx = ctx * torch.sigmoid(self.gate).view(1, -1, 1).to(ctx.dtype)
+        return ctx
+
+
+class Gaussian(nn.Module):
+    """Variational bottleneck: mean / log-variance heads, reparameterised sample in training, mean in eval.
+    KL(q || N(0, I)) per sample = sum over every latent coordinate of the sample (pitfall 6)."""
+
+    def __init__(self, d_in: int, latent: int, logvar_min: float = -10.0, logvar_max: float = 5.0):
+        super().__init__()
+        self.mu = nn.Linear(d_in, latent)
+        self.logvar = nn.Linear(d_in, latent)
+        nn.init.zeros_(self.logvar.weight)
+        nn.init.constant_(self.logvar.bias, -2.0)
+        self.lo, self.hi = logvar_min, logvar_max
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu = self.mu(x)
+        logvar = self.logvar(x).clamp(self.lo, self.hi)
+        if self.training:
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        else:
+            z = mu
+        return z, gaussian_kl(mu, logvar)
+
+
+def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """Per-sample KL(N(mu, exp(logvar)) || N(0, I)) summed over all non-batch dims -> [b] (float32)."""
+    mu, logvar = mu.float(), logvar.float()
+    kl = 0.5 * (mu.square() + logvar.exp() - 1.0 - logvar)
+    return kl.flatten(1).sum(-1)
+
+
+class DemoEncoder(nn.Module):
+    """Base class of every encoder module."""
+
+    registry_name: str = "?"
+    is_recurrent: bool = False
+    kl_weight: float = 0.0
+
+    def __init__(self, cfg: BaseEncoderConfig, *, hidden_size: int, vocab_size: int, seq_len: int,
+                 puzzle_emb_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.puzzle_emb_len = puzzle_emb_len
+
+    @staticmethod
+    def _check_inputs(demo_inputs, demo_labels, demo_mask):
+        if demo_inputs.shape != demo_labels.shape or demo_inputs.dim() != 3:
+            raise ValueError(f"demo_inputs {tuple(demo_inputs.shape)} and demo_labels {tuple(demo_labels.shape)} "
+                             f"must both be [batch, max_demos, seq]")
+        if tuple(demo_mask.shape) != tuple(demo_inputs.shape[:2]):
+            raise ValueError(f"demo_mask {tuple(demo_mask.shape)} must be [batch, max_demos] = "
+                             f"{tuple(demo_inputs.shape[:2])}")
+
+    def initial_state(self, batch_size: int, device) -> Optional[torch.Tensor]:
+        return None
+
+    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor,
+                state: Optional[torch.Tensor] = None) -> EncoderOutput:  # pragma: no cover - abstract
+        raise NotImplementedError

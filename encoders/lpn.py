@@ -1,0 +1,57 @@
+"""`lpn` encoder (Latent-Program-Network style): each demo pair -> one latent (CLS pooling), optionally
+Gaussian per pair; latents averaged over the valid pairs; the mean latent is projected to the whole context.
+
+Test-time latent search (evaluation option) lives in :mod:`encoders.latent_search`.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import pydantic
+import torch
+from torch import nn
+
+from .base import (BaseEncoderConfig, ContextHead, DemoEncoder, DemoTrunk, EncoderOutput, Gaussian, masked_mean,
+                   register_encoder)
+
+
+class LPNEncoderConfig(BaseEncoderConfig):
+    name: Literal["lpn"] = "lpn"
+    latent_dim: int = pydantic.Field(256, gt=0)
+    variational: bool = False
+    kl_weight: float = pydantic.Field(1e-4, ge=0)
+    # test-time latent search defaults (used by encoders.latent_search when enabled at evaluation)
+    search_steps: int = pydantic.Field(0, ge=0)
+    search_lr: float = pydantic.Field(0.1, gt=0)
+
+
+@register_encoder("lpn", LPNEncoderConfig)
+class LPNEncoder(DemoEncoder):
+    def __init__(self, cfg: LPNEncoderConfig, **kw):
+        super().__init__(cfg, **kw)
+        self.kl_weight = cfg.kl_weight if cfg.variational else 0.0
+        self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="cls")
+        if cfg.variational:
+            self.bottleneck = Gaussian(cfg.hidden_size, cfg.latent_dim)
+        else:
+            self.to_latent = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self.head = ContextHead(cfg, cfg.latent_dim, 1, self.hidden_size, self.puzzle_emb_len)
+
+    def encode_latent(self, demo_inputs, demo_labels, demo_mask) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Mean latent over the valid pairs [b, latent] and the per-sample KL (mean over pairs) or None."""
+        self._check_inputs(demo_inputs, demo_labels, demo_mask)
+        pairs, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        if self.cfg.variational:
+            z, kl_pair = self.bottleneck(pairs.flatten(0, 1))  # [b*D, latent], [b*D]
+            z, kl_pair = z.view(*valid.shape, -1), kl_pair.view(valid.shape)
+            kl = (kl_pair * valid).sum(-1) / valid.sum(-1).clamp_min(1)
+        else:
+            z, kl = self.to_latent(pairs), None
+        return masked_mean(z, valid), kl
+
+    def context_from_latent(self, z: torch.Tensor) -> torch.Tensor:
+        return self.head(z.unsqueeze(1))
+
+    def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
+        z, kl = self.encode_latent(demo_inputs, demo_labels, demo_mask)
+        return EncoderOutput(context=self.context_from_latent(z), kl=kl)

@@ -1,0 +1,29 @@
+"""`standard` encoder: per-demo transformer (mean pooling over non-PAD tokens), order-invariant aggregation
+across demos (cross-attention from learned queries, or masked mean), linear projection to the context."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+
+from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput,
+                   register_encoder)
+
+
+class StandardEncoderConfig(BaseEncoderConfig):
+    name: Literal["standard"] = "standard"
+
+
+@register_encoder("standard", StandardEncoderConfig)
+class StandardEncoder(DemoEncoder):
+    def __init__(self, cfg: StandardEncoderConfig, **kw):
+        super().__init__(cfg, **kw)
+        q = cfg.num_queries or self.puzzle_emb_len
+        self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
+        self.aggregate = DemoAggregator(cfg, q)
+        self.head = ContextHead(cfg, cfg.hidden_size, q, self.hidden_size, self.puzzle_emb_len)
+
+    def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
+        self._check_inputs(demo_inputs, demo_labels, demo_mask)
+        demos, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        return EncoderOutput(context=self.head(self.aggregate(demos, valid)))

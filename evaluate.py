@@ -1,0 +1,233 @@
+"""Evaluate one checkpoint on a built dataset (ARC voting pass@K): a thin Hydra entry point.
+
+    python evaluate.py checkpoint=checkpoints/proj/run/step_1000.pt data_path=data/arc1-aug-1000
+    python evaluate.py checkpoint=... data_path=... num_augmentations=64 halt_early=true batch_size=1024
+    python evaluate.py checkpoint=trm_official.pt original_trm_checkpoint=true data_path=... \\
+        arch.L_cycles=4 arch.H_cycles=3 [original_arch_config=all_config.yaml]
+    torchrun --nproc-per-node 4 evaluate.py checkpoint=... data_path=...
+
+Writes ``metrics.json``, ``submission.json`` (Kaggle format), ``predictions.json`` and ``pictures/`` to
+``output_dir``. Same inference path and evaluator as the training loop's eval hook (docs/evaluation.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import pydantic
+
+log = logging.getLogger("evaluate")
+
+
+class EvaluateConfig(pydantic.BaseModel):
+    """Validated form of config/cfg_evaluate.yaml (unknown keys raise, pitfall 8)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    checkpoint: str
+    data_path: str
+    arch: Optional[dict[str, Any]] = None
+    use_ema: bool = True
+    original_trm_checkpoint: bool = False
+    original_arch_config: Optional[str] = None
+    allow_arch_mismatch: list[str] = []
+    num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)
+    max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
+    halt_early: bool = False
+    batch_size: Optional[int] = pydantic.Field(default=None, ge=1)
+    device: str = "auto"
+    autocast: str = "auto"
+    compile: bool = False
+    num_workers: int = pydantic.Field(default=0, ge=0)
+    output_dir: Optional[str] = None
+    pass_ks: list[int] = [1, 2, 5, 10, 100, 1000]
+    strict_decode: bool = True
+    rank_malformed: bool = False
+    num_pictures: int = pydantic.Field(default=8, ge=0)
+    submission_k: int = pydantic.Field(default=10, ge=1)
+    progress: bool = True
+    seed: int = 0
+    wandb_project: Optional[str] = None
+    wandb_run_name: Optional[str] = None
+
+
+class EvaluateError(ValueError):
+    """Bad evaluate.py input; the message names the field and value."""
+
+
+def default_output_dir(checkpoint: str) -> str:
+    ck = os.path.abspath(checkpoint)
+    if os.path.isdir(ck):
+        return os.path.join(ck, "evaluate", "latest")
+    return os.path.join(os.path.dirname(ck), "evaluate", os.path.splitext(os.path.basename(ck))[0])
+
+
+def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any):
+    """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict)."""
+    import torch
+
+    if not os.path.exists(cfg.checkpoint):
+        raise EvaluateError(f"checkpoint={cfg.checkpoint!r}: no such file or directory")
+    if cfg.original_trm_checkpoint:
+        import models
+        from models.compat import load_original_trm_checkpoint
+
+        if cfg.arch is None:
+            raise EvaluateError("original_trm_checkpoint=true needs an arch (the format stores no config): arch=trm")
+        original_arch = None
+        if cfg.original_arch_config:
+            from omegaconf import OmegaConf
+
+            raw = OmegaConf.to_container(OmegaConf.load(cfg.original_arch_config), resolve=True)
+            original_arch = raw.get("arch", raw) if isinstance(raw, dict) else None
+            if not isinstance(original_arch, dict):
+                raise EvaluateError(f"original_arch_config={cfg.original_arch_config!r}: no arch section")
+        model = models.build_model(cfg.arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
+                                   num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=batch_size)
+        info = load_original_trm_checkpoint(model, cfg.checkpoint, original_arch=original_arch,
+                                            allow=cfg.allow_arch_mismatch)
+        head = models.build_loss_head(model)
+        return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"])}
+
+    from training.checkpoint import load_model_for_inference
+    from training.loop import build_loss_head
+
+    model, pcfg, train_meta = load_model_for_inference(cfg.checkpoint, use_ema=cfg.use_ema, device=device,
+                                                       batch_size=batch_size)
+    for key in ("vocab_size", "seq_len"):
+        if getattr(train_meta, key) != getattr(metadata, key):
+            raise EvaluateError(f"data_path={cfg.data_path!r}: test split {key}={getattr(metadata, key)} differs from "
+                                f"the checkpoint's training data ({getattr(train_meta, key)})")
+    if getattr(train_meta, "num_puzzle_identifiers", None) not in (None, metadata.num_puzzle_identifiers) \
+            and getattr(pcfg, "encoder", None) is None:
+        raise EvaluateError(f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
+                            f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
+                            "would address the wrong puzzles")
+    head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
+    encoder_mode = getattr(pcfg, "encoder", None) is not None
+    return head, encoder_mode, getattr(pcfg, "max_demos", None), {
+        "format": "ours", "global_batch_size": int(pcfg.global_batch_size)}
+
+
+def _checkpoint_global_batch_size(path: str) -> int:
+    """The run's global batch size, read through a memory map (the weights are not loaded twice)."""
+    import torch
+
+    from training.checkpoint import find_latest_checkpoint
+
+    if not os.path.exists(path):
+        raise EvaluateError(f"checkpoint={path!r}: no such file or directory")
+    f = find_latest_checkpoint(path) if os.path.isdir(path) else path
+    if f is None:
+        raise EvaluateError(f"checkpoint={path!r}: no step_*.pt checkpoint in this directory")
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=False, mmap=True)
+        return int(state["config"]["global_batch_size"])
+    except Exception as e:  # noqa: BLE001 - re-raised with the file name
+        raise EvaluateError(f"checkpoint={f!r}: cannot read config.global_batch_size ({type(e).__name__}: {e}); "
+                            "pass batch_size=... (or original_trm_checkpoint=true for original TRM files)") from None
+
+
+def run(cfg: EvaluateConfig) -> dict[str, float]:
+    """Evaluate ``cfg.checkpoint`` on ``cfg.data_path``; returns the metrics (rank 0; {} elsewhere)."""
+    import torch
+
+    from dataset.common import load_metadata
+    from evaluators import ARCEvaluator
+    from evaluators.data import build_eval_loader
+    from evaluators.inference import evaluate
+    from training.distributed import init_distributed, shutdown_distributed
+
+    dist_info = init_distributed(cfg.device)
+    device = dist_info.device
+    try:
+        meta = load_metadata(os.path.join(cfg.data_path, "test"))
+        if cfg.batch_size is not None:
+            gbs = cfg.batch_size
+        elif cfg.original_trm_checkpoint:
+            gbs = 256
+        else:
+            gbs = _checkpoint_global_batch_size(cfg.checkpoint)
+        if gbs % dist_info.world_size:
+            raise EvaluateError(f"batch_size={gbs} must be divisible by the world size {dist_info.world_size}")
+        local_bs = gbs // dist_info.world_size
+        head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device)
+        model = torch.compile(head) if cfg.compile else head
+        loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
+                                         rank=dist_info.rank, world_size=dist_info.world_size,
+                                         max_groups=cfg.max_groups, encoder_mode=encoder_mode,
+                                         max_demos=max_demos, num_workers=cfg.num_workers)
+        out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
+        evaluator = ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
+                                 rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
+                                 submission_k=cfg.submission_k, seed=cfg.seed)
+        run_wandb = None
+        if cfg.wandb_project and dist_info.is_main:
+            import wandb
+
+            run_wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="evaluate",
+                                   config=cfg.model_dump())
+        t0 = time.time()
+        metrics = evaluate(model, loader, [evaluator], device=device, autocast_dtype=cfg.autocast,
+                           halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir)
+        if not dist_info.is_main:
+            return {}
+        metrics["eval/wall_seconds"] = time.time() - t0
+        with open(os.path.join(out_dir, "metrics.json"), "w") as f:
+            json.dump({"metrics": metrics, "config": cfg.model_dump(), "checkpoint_info": info,
+                       "world_size": dist_info.world_size, "device": str(device)}, f, indent=1)
+        if run_wandb is not None:
+            run_wandb.log(metrics)
+            run_wandb.finish()
+        return metrics
+    finally:
+        shutdown_distributed(dist_info)
+
+
+def config_from_hydra(hcfg: Any) -> EvaluateConfig:
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(hcfg, resolve=True)
+    raw.pop("hydra", None)
+    try:
+        return EvaluateConfig(**raw)
+    except pydantic.ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise EvaluateError(f"config/cfg_evaluate.yaml: {problems}") from None
+
+
+def _main() -> None:
+    import hydra
+    from omegaconf import DictConfig
+
+    from training.checkpoint import CheckpointError
+
+    @hydra.main(config_path="config", config_name="cfg_evaluate", version_base=None)
+    def main(hcfg: DictConfig) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+        try:
+            cfg = config_from_hydra(hcfg)
+            from hydra.core.hydra_config import HydraConfig
+
+            arch_over = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").startswith("arch")]
+            if arch_over and not cfg.original_trm_checkpoint:
+                raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
+                                    "(our checkpoints carry their own architecture)")
+            metrics = run(cfg)
+        except (EvaluateError, ValueError, KeyError, FileNotFoundError, CheckpointError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        if metrics:
+            keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs",
+                                                                        "all.exact_accuracy", "eval/seconds"]
+            print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=1))
+
+    main()
+
+
+if __name__ == "__main__":
+    _main()

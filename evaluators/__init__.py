@@ -1,0 +1,43 @@
+"""Evaluator registry. Protocol (docs/architecture.md §5):
+``__init__(data_path, metadata, output_dir, **kwargs)``, ``required_outputs``, ``begin_eval()``,
+``update(batch, outputs)``, ``result(save_path) -> Optional[dict[str, float]]``."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from evaluators.arc import ARCEvaluator, EvaluatorError
+
+EVALUATOR_REGISTRY: dict[str, type] = {"arc": ARCEvaluator}
+
+
+def _spec_name_kwargs(spec: Any) -> tuple[str, dict]:
+    if isinstance(spec, str):
+        return spec, {}
+    if hasattr(spec, "items"):  # dict or DictConfig
+        d = dict(spec.items())
+        if "name" not in d:
+            raise EvaluatorError(f"evaluator spec {d!r} has no 'name' (choose from {sorted(EVALUATOR_REGISTRY)})")
+        name = d.pop("name")
+        return str(name), dict(d)
+    raise EvaluatorError(f"evaluator spec must be a name or a mapping with 'name', got {spec!r}")
+
+
+def build_evaluators(specs: Iterable[Union[str, Mapping[str, Any]]], *, data_path: Any, metadata: Any = None,
+                     output_dir: Optional[str] = None) -> list:
+    """Build evaluators from ``specs`` (``"arc"`` or ``{"name": "arc", **kwargs}``).
+
+    Raises on an unknown name and re-raises constructor errors naming the evaluator (pitfall 14)."""
+    out = []
+    for spec in specs or []:
+        name, kwargs = _spec_name_kwargs(spec)
+        cls = EVALUATOR_REGISTRY.get(name)
+        if cls is None:
+            raise EvaluatorError(f"unknown evaluator {name!r}; registered: {sorted(EVALUATOR_REGISTRY)}")
+        try:
+            out.append(cls(data_path, metadata, output_dir, **kwargs))
+        except Exception as e:
+            raise EvaluatorError(f"evaluator {name!r} could not be built: {type(e).__name__}: {e}") from e
+    return out
+
+
+__all__ = ["EVALUATOR_REGISTRY", "ARCEvaluator", "EvaluatorError", "build_evaluators"]

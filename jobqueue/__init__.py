@@ -1,0 +1,16 @@
+"""Experiment queue: the ``jobs.txt`` format (:mod:`jobqueue.jobfile`), gates on run summaries
+(:mod:`jobqueue.gates`), the runner (:mod:`jobqueue.runner`, CLI ``run_jobs.py``), config checks of queued
+commands (:mod:`jobqueue.check`) and the SLURM / torch.distributed bridge for Hydra's submitit launcher
+(:mod:`jobqueue.slurm`). User documentation: docs/experiments.md.
+"""
+from .gates import GateDecision, Requirement, evaluate_gates, lookup_metric, parse_requirement, summary_path
+from .jobfile import (
+    DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFile, JobFileError, JobStore, atomic_write_text, parse_job_line,
+)
+from .runner import Runner, RunnerConfig, resume_command
+
+__all__ = [
+    "DONE", "FAILED", "PENDING", "RUNNING", "SKIPPED", "Job", "JobFile", "JobFileError", "JobStore",
+    "atomic_write_text", "parse_job_line", "GateDecision", "Requirement", "evaluate_gates", "lookup_metric",
+    "parse_requirement", "summary_path", "Runner", "RunnerConfig", "resume_command",
+]

@@ -1,0 +1,215 @@
+"""ACT (adaptive computation time) wrapper and the input/output stem shared by every architecture.
+
+One ACT ``forward(carry, batch)`` is one supervision step:
+
+1. :meth:`ACTModel.refill`: slots whose ``carry.halted`` is True get a fresh inner state (the initial states),
+   ``steps = 0`` and their ``current_data`` replaced by the rows of ``batch``; other slots keep theirs.
+2. :meth:`ACTModel.step`: the inner model runs once on ``current_data`` (optionally with an external
+   ``prefix_context``), then the halting decision:
+   * ``steps += 1``; a slot halts when ``steps >= halt_max_steps`` (forced);
+   * in training (and ``halt_max_steps > 1``) it also halts when ``q_halt > 0`` (``no_ACT_continue=True``)
+     or ``q_halt > q_continue``; exploration: with probability ``halt_exploration_prob`` a slot gets a random
+     minimum step count in ``[2, halt_max_steps]`` before which it cannot halt;
+   * in eval every slot runs ``halt_max_steps`` unless ``halt_early_in_eval`` (then Q-halting, no exploration).
+   With ``no_ACT_continue=False`` the training step also returns ``target_q_continue`` (bootstrapped from a
+   second, gradient-free inner pass on the new state, as in the published code).
+
+Everything runs on tensors (no ``.item()``, no data-dependent Python branches), so ``torch.compile`` can
+trace it; only ``self.training`` / config flags select code paths.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, resolve_dtype
+from models.sparse_embedding import SparsePuzzleEmbedding
+
+Batch = Dict[str, torch.Tensor]
+
+
+@dataclass
+class ACTCarry:
+    """State carried between supervision steps (architecture.md §2)."""
+
+    inner_carry: Any
+    steps: torch.Tensor  # int32 [b]
+    halted: torch.Tensor  # bool [b]
+    current_data: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def prefix_length(puzzle_emb_ndim: int, puzzle_emb_len: int, hidden_size: int) -> int:
+    """Number of prefix positions: ``puzzle_emb_len`` if > 0, else ceil(puzzle_emb_ndim / hidden_size)."""
+    return puzzle_emb_len if puzzle_emb_len > 0 else -(-puzzle_emb_ndim // hidden_size)
+
+
+class IOStem(nn.Module):
+    """Token/puzzle/position embeddings, LM head and Q head (submodule names as in the published code, so
+    original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods."""
+
+    def __init__(self, *, vocab_size: int, seq_len: int, hidden_size: int, num_heads: int, num_puzzle_identifiers: int,
+                 batch_size: int, puzzle_emb_ndim: int, puzzle_emb_len: int, pos_encodings: str, rope_theta: float,
+                 forward_dtype: str) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.hidden_size = hidden_size
+        self.forward_dtype = resolve_dtype(forward_dtype)
+        self.puzzle_emb_ndim = puzzle_emb_ndim
+        self.puzzle_emb_len = prefix_length(puzzle_emb_ndim, puzzle_emb_len, hidden_size)
+        if puzzle_emb_ndim > self.puzzle_emb_len * hidden_size:
+            raise ValueError(f"puzzle_emb_ndim={puzzle_emb_ndim} does not fit in puzzle_emb_len={self.puzzle_emb_len} "
+                             f"tokens of hidden_size={hidden_size}")
+        self.total_seq_len = seq_len + self.puzzle_emb_len
+        self.pos_encodings = pos_encodings
+
+        self.embed_scale = math.sqrt(hidden_size)
+        embed_init_std = 1.0 / self.embed_scale
+        self.embed_tokens = CastedEmbedding(vocab_size, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
+        self.lm_head = CastedLinear(hidden_size, vocab_size, bias=False)
+        self.q_head = CastedLinear(hidden_size, 2, bias=True)
+        if puzzle_emb_ndim > 0:
+            self.puzzle_emb = SparsePuzzleEmbedding(num_puzzle_identifiers, puzzle_emb_ndim, batch_size=batch_size,
+                                                    init_std=0.0, cast_to=self.forward_dtype)
+        if pos_encodings == "rope":
+            self.rotary_emb = RotaryEmbedding(hidden_size // num_heads, self.total_seq_len, base=rope_theta)
+        elif pos_encodings == "learned":
+            self.embed_pos = CastedEmbedding(self.total_seq_len, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
+        elif pos_encodings != "none":
+            raise ValueError(f"pos_encodings must be rope, learned or none, got {pos_encodings!r}")
+        # Q head: zero weights, bias -5 (almost never halts early at the start of training).
+        with torch.no_grad():
+            self.q_head.weight.zero_()
+            self.q_head.bias.fill_(-5.0)  # type: ignore[union-attr]
+
+    def cos_sin(self):
+        return self.rotary_emb() if self.pos_encodings == "rope" else None
+
+    def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor,
+                         prefix_context: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[b, P + seq, hidden] in ``forward_dtype``, scaled by sqrt(hidden).
+
+        Prefix (P = ``puzzle_emb_len`` positions): ``prefix_context`` [b, P, hidden] when given (ETRM), else the
+        puzzle embedding in the first ``ceil(puzzle_emb_ndim/hidden)`` positions and zeros after it (TRM: one
+        learned token + 15 zero tokens), else zeros. The prefix goes through the same sqrt(hidden) scaling.
+        """
+        emb = self.embed_tokens(inputs.to(torch.int32))
+        b = emb.shape[0]
+        P = self.puzzle_emb_len
+        if P > 0:
+            if prefix_context is not None:
+                if tuple(prefix_context.shape) != (b, P, self.hidden_size):
+                    raise ValueError(f"prefix_context must have shape {(b, P, self.hidden_size)} "
+                                     f"[batch, puzzle_emb_len, hidden_size], got {tuple(prefix_context.shape)}")
+                prefix = prefix_context.to(emb.dtype)
+            elif self.puzzle_emb_ndim > 0:
+                pe = self.puzzle_emb(puzzle_identifiers)
+                pad = P * self.hidden_size - pe.shape[-1]
+                if pad > 0:
+                    pe = F.pad(pe, (0, pad))
+                prefix = pe.view(b, P, self.hidden_size).to(emb.dtype)
+            else:
+                prefix = emb.new_zeros(b, P, self.hidden_size)
+            emb = torch.cat((prefix, emb), dim=-2)
+        elif prefix_context is not None:
+            raise ValueError("prefix_context was given but the model has puzzle_emb_len = 0")
+        if self.pos_encodings == "learned":
+            emb = 0.707106781 * (emb + self.embed_pos.embedding_weight.to(emb.dtype))  # keep the variance
+        return self.embed_scale * emb
+
+    def heads(self, z_H: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits [b, seq, vocab] without the prefix, q_halt [b] fp32, q_continue [b] fp32)."""
+        logits = self.lm_head(z_H)[:, self.puzzle_emb_len:]
+        q = self.q_head(z_H[:, 0]).to(torch.float32)
+        return logits, q[..., 0], q[..., 1]
+
+
+class ACTModel(nn.Module):
+    """Base ACT wrapper; subclasses set ``self.config`` and ``self.inner`` (an :class:`IOStem` with
+    ``empty_carry(b, device)``, ``reset_carry(flag, carry)`` and
+    ``forward(carry, data, prefix_context=None) -> (carry, logits, (q_halt, q_continue))``)."""
+
+    config: Any
+    inner: nn.Module
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.halt_early_in_eval = False  # evaluators may flip this at run time
+
+    # -- properties used by the loop / evaluators -------------------------------------------
+    @property
+    def halt_max_steps(self) -> int:
+        return int(getattr(self.config, "halt_max_steps", 1))
+
+    @property
+    def puzzle_emb(self) -> Optional[SparsePuzzleEmbedding]:
+        return getattr(self.inner, "puzzle_emb", None)
+
+    @property
+    def puzzle_emb_len(self) -> int:
+        return self.inner.puzzle_emb_len
+
+    @property
+    def hidden_size(self) -> int:
+        return self.inner.hidden_size
+
+    # -- ACT interface -----------------------------------------------------------------------
+    def initial_carry(self, batch: Batch) -> ACTCarry:
+        b = batch["inputs"].shape[0]
+        device = batch["inputs"].device
+        return ACTCarry(
+            inner_carry=self.inner.empty_carry(b, device),
+            steps=torch.zeros(b, dtype=torch.int32, device=device),
+            halted=torch.ones(b, dtype=torch.bool, device=device),
+            current_data={k: torch.zeros_like(v) for k, v in batch.items() if isinstance(v, torch.Tensor)},
+        )
+
+    def refill(self, carry: ACTCarry, batch: Batch) -> ACTCarry:
+        """Reset halted slots' state and steps, and take their data from ``batch``."""
+        halted = carry.halted
+        data = {}
+        for k, v in carry.current_data.items():
+            new = batch[k]
+            data[k] = torch.where(halted.view((-1,) + (1,) * (new.ndim - 1)), new, v)
+        return ACTCarry(inner_carry=self.inner.reset_carry(halted, carry.inner_carry),
+                        steps=torch.where(halted, torch.zeros_like(carry.steps), carry.steps),
+                        halted=halted, current_data=data)
+
+    def step(self, carry: ACTCarry, prefix_context: Optional[torch.Tensor] = None) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
+        """Run one supervision step on an already refilled carry (see module docstring)."""
+        inner_carry, logits, (q_halt, q_continue) = self.inner(carry.inner_carry, carry.current_data, prefix_context=prefix_context)
+        outputs: Dict[str, torch.Tensor] = {"logits": logits, "q_halt_logits": q_halt, "q_continue_logits": q_continue}
+        cfg = self.config
+        max_steps = self.halt_max_steps
+        with torch.no_grad():
+            steps = carry.steps + 1
+            is_last = steps >= max_steps
+            halted = is_last
+            act = max_steps > 1 and (self.training or self.halt_early_in_eval)
+            if act:
+                if getattr(cfg, "no_ACT_continue", True):
+                    halted = halted | (q_halt > 0)
+                else:
+                    halted = halted | (q_halt > q_continue)
+                if self.training:
+                    explore = torch.rand_like(q_halt) < cfg.halt_exploration_prob
+                    min_steps = explore.to(steps.dtype) * torch.randint_like(steps, low=2, high=max_steps + 1)
+                    halted = halted & (steps >= min_steps)
+                    if not getattr(cfg, "no_ACT_continue", True):
+                        _, _, (next_halt, next_cont) = self.inner(inner_carry, carry.current_data, prefix_context=prefix_context)
+                        outputs["target_q_continue"] = torch.sigmoid(
+                            torch.where(is_last, next_halt, torch.maximum(next_halt, next_cont)))
+        return ACTCarry(inner_carry, steps.to(torch.int32), halted, carry.current_data), outputs
+
+    def forward(self, carry: ACTCarry, batch: Batch, prefix_context: Optional[torch.Tensor] = None
+                ) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
+        """One supervision step: refill halted slots from ``batch``, then :meth:`step`.
+
+        ``prefix_context`` must correspond to the *refilled* data (ETRM: call :meth:`refill`, encode
+        ``carry.current_data``, then :meth:`step`)."""
+        return self.step(self.refill(carry, batch), prefix_context=prefix_context)

@@ -1,0 +1,331 @@
+"""ETRM: the TRM core whose puzzle-embedding prefix is replaced by a neural encoding of the demo pairs.
+
+``build_etrm_model(cfg, metadata) -> ETRM`` (an :class:`models.act.ACTModel`): submodules ``inner`` (the TRM
+core's inner model, so parameter names match TRM checkpoints) and ``encoder`` (so the encoder's parameters are
+named ``encoder.*`` for the loop's optimizer groups and gradient norms).
+
+One ACT step (``forward(carry, batch)``)::
+
+    carry = refill(carry, batch)               # halted slots take new data; z_E reset to its init for them
+    enc   = encoder(carry.current_data demos)  # every step by default (encoder gets gradient every step)
+    carry', outputs = step(carry, prefix_context=enc.context)
+    outputs["kl"] = enc.kl (per sample, unweighted); outputs["encoder_context"] = context
+
+``encoder_cache=True`` (ablation, pitfall 2): the context computed at a slot's first step is stored detached
+and reused for its later steps, so the encoder gets gradient only from the first step of each sample.
+The recurrent encoder's z_E is stored detached in the carry but the fresh z_E that produces this step's
+context is never detached (pitfall 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from models.act import ACTCarry, ACTModel
+
+DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
+# outputs the loop should request (loss head ``return_keys``) for :meth:`ETRM.diagnostics`
+DIAGNOSTIC_KEYS = ("encoder_context", "encoder_sample_mask", "kl")
+
+
+def _compiler_disable(fn):
+    dis = getattr(getattr(torch, "compiler", None), "disable", None)
+    return dis(fn) if dis is not None else fn
+
+
+def _is_compiling() -> bool:
+    try:
+        return bool(torch.compiler.is_compiling())
+    except AttributeError:  # pragma: no cover - older torch
+        return False
+
+
+@dataclass
+class ETRMCarry(ACTCarry):
+    """ACT carry plus the encoder's state: ``z_E`` (recurrent encoder, detached) and ``cached_context``
+    (``encoder_cache=True``, detached). With the recurrent encoder the carry is (z_E, z_H, z_L)."""
+
+    z_E: Optional[torch.Tensor] = None
+    cached_context: Optional[torch.Tensor] = None
+
+
+class ETRM(ACTModel):
+    def __init__(self, core: ACTModel, encoder: nn.Module, *, encoder_cache: bool = False) -> None:
+        super().__init__()
+        if getattr(core, "puzzle_emb", None) is not None:
+            raise ValueError("ETRM core must be built with puzzle_emb_ndim=0 (the encoder provides the prefix)")
+        if core.puzzle_emb_len <= 0:
+            raise ValueError("ETRM core needs puzzle_emb_len > 0 prefix positions for the encoder context")
+        if encoder_cache and getattr(encoder, "is_recurrent", False):
+            raise ValueError("encoder_cache=true is incompatible with the recurrent encoder (it refines z_E every "
+                             "ACT step)")
+        self.config = core.config
+        self.inner = core.inner
+        self.encoder = encoder
+        self.encoder_cache = bool(encoder_cache)
+        self.halt_early_in_eval = core.halt_early_in_eval
+        self._core_cls = type(core)
+        self._last_diag: Optional[tuple] = None
+        # lpn test-time latent search at evaluation (0 = off); see encoders/latent_search.py
+        self.latent_search_steps = int(getattr(encoder.cfg, "search_steps", 0) or 0)
+        self.latent_search_lr = float(getattr(encoder.cfg, "search_lr", 0.1) or 0.1)
+
+    # -- properties --------------------------------------------------------------------------------
+    @property
+    def kl_weight(self) -> float:
+        return float(getattr(self.encoder, "kl_weight", 0.0))
+
+    @property
+    def extra_loss_weights(self) -> Dict[str, float]:
+        """Per-sample extra loss terms in ``outputs`` and their weights (the loss head adds w * outputs[k])."""
+        return {"kl": self.kl_weight} if self.kl_weight > 0 else {}
+
+    # -- carry ---------------------------------------------------------------------------------------
+    def initial_carry(self, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
+        missing = [k for k in DEMO_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"ETRM needs encoder-mode batches; missing keys {missing} (build the dataset with demos and "
+                           f"load it with encoder_mode=True)")
+        base = super().initial_carry(batch)
+        b, device = batch["inputs"].shape[0], batch["inputs"].device
+        z_E = None
+        if getattr(self.encoder, "is_recurrent", False):
+            z_E = torch.zeros_like(self.encoder.initial_state(b, device).detach())
+        cached = None
+        if self.encoder_cache:
+            p = next(self.inner.parameters())
+            cached = torch.zeros(b, self.puzzle_emb_len, self.hidden_size, device=device, dtype=p.dtype)
+        return ETRMCarry(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)}, z_E=z_E,
+                         cached_context=cached)
+
+    def refill(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
+        base = super().refill(carry, batch)
+        return ETRMCarry(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)},
+                         z_E=getattr(carry, "z_E", None), cached_context=getattr(carry, "cached_context", None))
+
+    # -- encoding -----------------------------------------------------------------------------------
+    def encode(self, carry: ETRMCarry):
+        """Context for the (refilled) carry's current data. Returns (EncoderOutput, context)."""
+        data = carry.current_data
+        for k in DEMO_KEYS:
+            if k not in data:
+                raise KeyError(f"ETRM batch is missing {k!r}; the dataset must be loaded with encoder_mode=True")
+        state = None
+        if getattr(self.encoder, "is_recurrent", False):
+            b = data["inputs"].shape[0]
+            init = self.encoder.initial_state(b, data["inputs"].device)  # carries gradient to z_init
+            prev = carry.z_E if carry.z_E is not None else torch.zeros_like(init)
+            state = torch.where(carry.halted.view(-1, 1, 1), init, prev.to(init.dtype))
+        out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
+        ctx = out.context
+        if not self.training and self.latent_search_steps > 0:
+            return out, self._search_context(carry, ctx)
+        if self.encoder_cache:
+            prev = carry.cached_context if carry.cached_context is not None else torch.zeros_like(ctx)
+            # fresh (with gradient) only for slots that were just (re)filled; stored detached for the rest
+            ctx = torch.where(carry.halted.view(-1, 1, 1), ctx, prev.to(ctx.dtype))
+        return out, ctx
+
+    @_compiler_disable
+    def _stash_diag(self, ctx: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.Tensor]) -> None:
+        self._last_diag = (ctx, mask, kl)
+
+    def _search_context(self, carry: ETRMCarry, ctx: torch.Tensor) -> torch.Tensor:
+        """Eval only: latent search once per query (when its slot is refilled), reused for its later steps."""
+        from encoders.latent_search import latent_search_context
+
+        data = carry.current_data
+        fresh = carry.halted
+        prev = carry.cached_context if carry.cached_context is not None else ctx
+        if bool(fresh.any()):
+            found = latent_search_context(self, data["demo_inputs"], data["demo_labels"], data["demo_mask"],
+                                          steps=self.latent_search_steps, lr=self.latent_search_lr, rows=fresh)
+            prev = torch.where(fresh.view(-1, 1, 1), found.to(ctx.dtype), prev.to(ctx.dtype))
+        return prev
+
+    def forward(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
+                ) -> Tuple[ETRMCarry, Dict[str, torch.Tensor]]:
+        if prefix_context is not None:
+            raise ValueError("ETRM computes its own prefix_context from the demos; do not pass one")
+        if not isinstance(carry, ETRMCarry):
+            raise TypeError("ETRM.forward needs the carry from ETRM.initial_carry")
+        carry = self.refill(carry, batch)
+        enc, ctx = self.encode(carry)
+        new, outputs = self._core_cls.step(self, carry, prefix_context=ctx)
+        outputs["encoder_context"] = ctx
+        outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)
+        # fallback for diagnostics() when the loss head does not return these outputs (runs eagerly)
+        self._stash_diag(ctx.detach(), outputs["encoder_sample_mask"], None if enc.kl is None else enc.kl.detach())
+        if enc.kl is not None:
+            # with encoder_cache the KL belongs to the first step only (the later steps reuse that encoding)
+            outputs["kl"] = torch.where(carry.halted, enc.kl, torch.zeros_like(enc.kl)) if self.encoder_cache \
+                else enc.kl
+        new_carry = ETRMCarry(**{f.name: getattr(new, f.name) for f in dataclasses.fields(ACTCarry)},
+                              z_E=None if enc.state is None else enc.state.detach(),
+                              cached_context=ctx.detach() if (self.encoder_cache or (
+                                  not self.training and self.latent_search_steps > 0)) else None)
+        return new_carry, outputs
+
+    # -- diagnostics (outside the compiled forward; pitfall 18) --------------------------------------
+    @torch.no_grad()
+    def diagnostics(self, outputs: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """Encoder-health statistics of the last step's context (docs/metrics.md), measured at the scale the
+        decoder sees it: ``context * sqrt(hidden)`` (the decoder's input-embedding scale, token embeddings have
+        std ~1 there), over the samples that have at least one demo."""
+        from encoders.health import context_statistics
+
+        ctx, mask, kl = outputs.get("encoder_context"), outputs.get("encoder_sample_mask"), outputs.get("kl")
+        if ctx is None and self._last_diag is not None:
+            ctx, mask, kl = self._last_diag
+        if ctx is None:
+            return {}
+        if mask is not None and int(mask.sum()) == 0:
+            mask = None
+        stats = context_statistics(ctx.float() * float(getattr(self.inner, "embed_scale", 1.0)), mask)
+        if kl is not None:
+            stats["train/kl"] = float(kl.float().mean())
+        head = getattr(self.encoder, "head", None)
+        if head is not None and hasattr(head, "scale"):
+            stats["train/encoder_context_scale"] = float(head.scale)
+        elif head is not None and hasattr(head, "gate"):
+            stats["train/encoder_context_scale"] = float(torch.sigmoid(head.gate).mean())
+        return stats
+
+
+# ---------------------------------------------------------------------------------------------------
+# Construction
+# ---------------------------------------------------------------------------------------------------
+def _get(cfg: Any, key: str, default=None):
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def etrm_core_arch(arch: Dict[str, Any], kl_weight: float = 0.0) -> Dict[str, Any]:
+    """The TRM core's arch config for ETRM: no learned puzzle embedding (puzzle_emb_ndim=0), the prefix
+    positions (puzzle_emb_len, default 16) are fed by the encoder. With ``kl_weight > 0`` the loss section gets
+    ``extra_loss_weights.kl`` so the loss head adds ``kl_weight * outputs["kl"]`` per sample (pitfall 6)."""
+    arch = dict(arch)
+    if kl_weight > 0:
+        loss = dict(arch.get("loss") or {})
+        extra = dict(loss.get("extra_loss_weights") or {})
+        extra["kl"] = float(kl_weight)
+        loss["extra_loss_weights"] = extra
+        arch["loss"] = loss
+    if int(arch.get("puzzle_emb_len", 16) or 0) <= 0:
+        ndim = int(arch.get("puzzle_emb_ndim", 0) or 0)
+        hidden = int(arch.get("hidden_size", 512))
+        arch["puzzle_emb_len"] = max(1, -(-ndim // hidden))
+    arch["puzzle_emb_ndim"] = 0
+    return arch
+
+
+def build_etrm_model(cfg: Any, metadata: Any, *, batch_size: Optional[int] = None, verbose: bool = True) -> ETRM:
+    """Build ETRM from a training config (``PretrainConfig`` or dict with ``arch``, ``encoder``,
+    ``encoder_cache``, ``load_pretrained_decoder``) and the train split's ``DatasetMetadata``."""
+    from encoders import build_encoder
+    from models import build_model
+
+    enc_cfg = _get(cfg, "encoder")
+    if not enc_cfg:
+        raise ValueError("build_etrm_model: cfg.encoder is empty (choose one with encoder=<name>)")
+    arch = dict(_get(cfg, "arch"))
+    core_arch = etrm_core_arch(arch)
+    bs = batch_size or int(_get(cfg, "global_batch_size", 1) or 1)
+    core = build_model(core_arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
+                       num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=bs)
+    encoder = build_encoder(enc_cfg, hidden_size=core.hidden_size, vocab_size=metadata.vocab_size,
+                            seq_len=metadata.seq_len, puzzle_emb_len=core.puzzle_emb_len, verbose=verbose)
+    if getattr(encoder, "kl_weight", 0.0) > 0:  # rebuild the config so model.config.loss carries the KL weight
+        core_arch = etrm_core_arch(arch, encoder.kl_weight)
+        core.config = type(core.config)(**core_arch)
+    model = ETRM(core, encoder, encoder_cache=bool(_get(cfg, "encoder_cache", False)))
+    ckpt = _get(cfg, "load_pretrained_decoder")
+    if ckpt:
+        load_pretrained_decoder(model, ckpt, arch={k: v for k, v in core_arch.items() if k != "loss"},
+                                verbose=verbose)
+    return model
+
+
+_DECODER_IGNORED_ARCH_KEYS = ("puzzle_emb_ndim", "halt_exploration_prob", "forward_dtype", "loss", "halt_max_steps",
+                              "halt_early_in_eval", "no_ACT_continue")
+
+
+def _load_original_layout(path: str) -> Tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]]]:
+    """State dict (keys ``inner.*``) and our-format arch of a checkpoint written by the original TRM code; the
+    arch comes from ``all_config.yaml`` beside the file (None when absent)."""
+    import os
+    import warnings
+
+    from models import compat
+
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ValueError(f"{path}: neither a trm-platform checkpoint nor an original TRM state dict")
+    sd = compat.normalise_original_keys(sd)
+    cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "all_config.yaml")
+    arch = None
+    if os.path.isfile(cfg_path):
+        from omegaconf import OmegaConf
+
+        raw = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+        if isinstance(raw, dict) and isinstance(raw.get("arch"), dict):
+            arch = compat.original_arch_to_ours(raw["arch"])
+    if arch is None:
+        warnings.warn(f"{path}: no all_config.yaml beside the original TRM checkpoint; the architecture cannot be "
+                      f"checked (pitfall 10: e.g. L_cycles must match the training run)", stacklevel=3)
+    return sd, arch
+
+
+def load_pretrained_decoder(model: ETRM, path: str, *, arch: Optional[Dict[str, Any]] = None,
+                            verbose: bool = True) -> Dict[str, Any]:
+    """Initialise ``model.inner`` from a TRM checkpoint: ours (training.checkpoint format, EMA weights when
+    present) or the original TRM layout (``models.compat`` key normalisation; arch from ``all_config.yaml``).
+    The architecture must match (pitfall 10: structural keys such as L_cycles are refused when different) except
+    for the puzzle embedding (dropped: ETRM's prefix comes from the encoder) and halting settings."""
+    from training.checkpoint import CheckpointError, check_arch_compatible, load_checkpoint_file
+
+    def _cmp(d):
+        return {k: v for k, v in dict(d).items() if k not in _DECODER_IGNORED_ARCH_KEYS}
+
+    try:
+        state = load_checkpoint_file(path)
+        saved_arch, sd = state.get("arch") or {}, dict(state["model"])
+        if state.get("ema"):
+            sd.update(state["ema"].get("shadow", {}))
+        source = state["_path"]
+    except CheckpointError as e:
+        if "not a trm-platform checkpoint" not in str(e):
+            raise
+        sd, saved_arch = _load_original_layout(path)
+        source = path
+    if arch is None:
+        arch = model.config.model_dump() if hasattr(model.config, "model_dump") else None
+    if arch is not None and saved_arch:
+        saved, cur = _cmp(saved_arch), _cmp(arch)
+        try:
+            from models.compat import check_arch_compat
+
+            check_arch_compat(saved, cur, context=f"pretrained decoder {source}")
+        except ImportError:  # pragma: no cover
+            check_arch_compatible(saved, cur, source=source)
+    inner_sd = {k[len("inner."):]: v for k, v in sd.items()
+                if k.startswith("inner.") and not k.startswith("inner.puzzle_emb")}
+    if not inner_sd:
+        raise CheckpointError(f"{source}: no 'inner.*' weights found in the checkpoint")
+    own = model.inner.state_dict()
+    bad = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in inner_sd.items()
+           if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in inner_sd and not k.startswith("puzzle_emb")]
+    unexpected = [k for k in inner_sd if k not in own]
+    if bad or missing or unexpected:
+        raise CheckpointError(f"{source}: decoder weights do not match the ETRM core; shape mismatches={bad[:4]} "
+                              f"missing={missing[:8]} unexpected={unexpected[:8]}")
+    model.inner.load_state_dict(inner_sd, strict=False)
+    if verbose:
+        print(f"[etrm] decoder initialised from {source} ({len(inner_sd)} tensors; puzzle embedding dropped)")
+    return {"source": source, "tensors": len(inner_sd)}

@@ -1,0 +1,233 @@
+"""Building blocks shared by every architecture (TRM, HRM, transformer baseline).
+
+Numerics follow the published TRM/HRM code:
+
+* weights are stored in float32 and cast to the compute dtype of the input at use
+  (:class:`CastedLinear`, :class:`CastedEmbedding`);
+* initialisation is a truncated normal (cut at +-2 std) whose *actual* standard deviation equals the
+  requested one (LeCun-style ``1/sqrt(fan_in)`` for linear layers), see :func:`trunc_normal_init_`;
+* post-norm blocks: ``h = rms_norm(h + attn(h)); h = rms_norm(h + mlp(h))``, RMSNorm without a weight;
+* SwiGLU with intermediate size ``round(expansion * hidden * 2/3)`` rounded up to a multiple of 256;
+* non-causal multi-head attention through ``torch.nn.functional.scaled_dot_product_attention``;
+* RoPE with the "rotate half" layout, learned positions, or none;
+* ``mlp_t``: an MLP over the sequence axis replaces attention (for small fixed grids such as Sudoku).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CosSin = Optional[Tuple[torch.Tensor, torch.Tensor]]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """Map a config dtype name to a torch dtype. ``"auto"`` = bfloat16 when CUDA is available, else float32
+    (bf16 on CPU is several times slower for this model, pitfall 24)."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"forward_dtype must be one of {['auto', *DTYPES]}, got {name!r}")
+    return DTYPES[name]
+
+
+# ----------------------------------------------------------------------------------------------
+# Initialisation
+# ----------------------------------------------------------------------------------------------
+def trunc_normal_init_(tensor: torch.Tensor, std: float = 1.0, lower: float = -2.0, upper: float = 2.0) -> torch.Tensor:
+    """Fill ``tensor`` in place with a normal distribution truncated to ``[lower, upper]`` (in units of the
+    underlying normal's std), rescaled so that the standard deviation *of the truncated distribution* is ``std``.
+
+    (``torch.nn.init.trunc_normal_`` does not correct the std for the truncation; JAX/Flax does, and so do we.)
+    ``std == 0`` gives zeros.
+    """
+    with torch.no_grad():
+        if std == 0:
+            return tensor.zero_()
+        # Variance of a standard normal truncated to [lower, upper].
+        phi = lambda x: math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)  # noqa: E731
+        cdf = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2)))  # noqa: E731
+        mass = cdf(upper) - cdf(lower)
+        mean_t = (phi(lower) - phi(upper)) / mass
+        var_t = 1.0 + (lower * phi(lower) - upper * phi(upper)) / mass - mean_t ** 2
+        scale = std / math.sqrt(var_t)
+        # Inverse-CDF sampling: u ~ U(erf(lower/sqrt2), erf(upper/sqrt2)) -> sqrt2 * erfinv(u).
+        tensor.uniform_(math.erf(lower / math.sqrt(2)), math.erf(upper / math.sqrt(2)))
+        tensor.erfinv_()
+        tensor.mul_(math.sqrt(2) * scale)
+        tensor.clamp_(lower * scale, upper * scale)
+    return tensor
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------------------------
+# Casted layers (fp32 master weights, compute in the input's dtype)
+# ----------------------------------------------------------------------------------------------
+class CastedLinear(nn.Module):
+    """Linear layer with fp32 weights cast to the input dtype; truncated LeCun-normal init, zero bias."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(trunc_normal_init_(torch.empty(out_features, in_features), std=1.0 / math.sqrt(in_features)))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class CastedEmbedding(nn.Module):
+    """Embedding table in fp32, looked up and cast to ``cast_to``. The weight is named ``embedding_weight``
+    (as in the published code, so original checkpoints map 1:1)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, init_std: float, cast_to: torch.dtype) -> None:
+        super().__init__()
+        self.cast_to = cast_to
+        self.embedding_weight = nn.Parameter(trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embedding_weight.to(self.cast_to))
+
+
+# ----------------------------------------------------------------------------------------------
+# Positions
+# ----------------------------------------------------------------------------------------------
+class RotaryEmbedding(nn.Module):
+    """RoPE tables ``(cos, sin)`` of shape [max_positions, dim] in the "rotate half" layout."""
+
+    def __init__(self, dim: int, max_position_embeddings: int, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got {dim}")
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        angles = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos_cached", angles.cos(), persistent=False)
+        self.register_buffer("sin_cached", angles.sin(), persistent=False)
+
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.cos_cached, self.sin_cached
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q, k: [b, seq, heads, head_dim]; cos, sin: [seq, head_dim]. Computed in the tables' dtype (fp32)."""
+    dtype = q.dtype
+    q, k = q.to(cos.dtype), k.to(cos.dtype)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    q_out = q * cos + rotate_half(q) * sin
+    k_out = k * cos + rotate_half(k) * sin
+    return q_out.to(dtype), k_out.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention / MLP / norm
+# ----------------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """Multi-head (optionally grouped-query) attention through SDPA; non-causal by default; no padding mask
+    (parity with the published TRM, pitfall 22)."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.head_dim = head_dim
+        self.num_heads = num_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.causal = causal
+        self.qkv_proj = CastedLinear(hidden_size, (num_heads + 2 * num_key_value_heads) * head_dim, bias=False)
+        self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False)
+
+    def forward(self, cos_sin: CosSin, hidden_states: torch.Tensor) -> torch.Tensor:
+        b, s, _ = hidden_states.shape
+        qkv = self.qkv_proj(hidden_states).view(b, s, self.num_heads + 2 * self.num_key_value_heads, self.head_dim)
+        q = qkv[:, :, : self.num_heads]
+        k = qkv[:, :, self.num_heads: self.num_heads + self.num_key_value_heads]
+        v = qkv[:, :, self.num_heads + self.num_key_value_heads:]
+        if cos_sin is not None:
+            cos, sin = cos_sin
+            q, k = apply_rotary_pos_emb(q, k, cos[:s], sin[:s])
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [b, heads, s, d]
+        if self.num_key_value_heads != self.num_heads:  # grouped-query attention: share each k/v head
+            rep = self.num_heads // self.num_key_value_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
+
+
+def swiglu_intermediate_size(hidden_size: int, expansion: float) -> int:
+    """Intermediate width of :class:`SwiGLU`: ``round(expansion * hidden * 2/3)`` rounded up to a multiple of 256."""
+    return _round_up(round(expansion * hidden_size * 2 / 3), 256)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, expansion: float) -> None:
+        super().__init__()
+        inter = swiglu_intermediate_size(hidden_size, expansion)
+        self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False)
+        self.down_proj = CastedLinear(inter, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def rms_norm(hidden_states: torch.Tensor, variance_epsilon: float) -> torch.Tensor:
+    """Weight-free RMSNorm computed in fp32, returned in the input dtype."""
+    dtype = hidden_states.dtype
+    x = hidden_states.to(torch.float32)
+    x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + variance_epsilon)
+    return x.to(dtype)
+
+
+class TransformerBlock(nn.Module):
+    """Post-norm block: (attention | MLP over the sequence axis) then SwiGLU, each followed by RMSNorm."""
+
+    def __init__(self, hidden_size: int, num_heads: int, expansion: float, rms_norm_eps: float,
+                 mlp_t: bool = False, total_seq_len: Optional[int] = None) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+        self.use_mlp_t = mlp_t
+        if mlp_t:
+            if not total_seq_len:
+                raise ValueError("mlp_t needs the total sequence length (seq_len + puzzle_emb_len)")
+            self.mlp_t = SwiGLU(total_seq_len, expansion)
+        else:
+            self.self_attn = Attention(hidden_size, hidden_size // num_heads, num_heads, num_heads, causal=False)
+        self.mlp = SwiGLU(hidden_size, expansion)
+        self.norm_eps = rms_norm_eps
+
+    def forward(self, cos_sin: CosSin, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.use_mlp_t:
+            h = hidden_states.transpose(1, 2)  # [b, hidden, seq]: mix along the sequence
+            h = rms_norm(h + self.mlp_t(h), self.norm_eps)
+            hidden_states = h.transpose(1, 2)
+        else:
+            hidden_states = rms_norm(hidden_states + self.self_attn(cos_sin, hidden_states), self.norm_eps)
+        return rms_norm(hidden_states + self.mlp(hidden_states), self.norm_eps)
+
+
+class ReasoningModule(nn.Module):
+    """A stack of blocks applied to ``hidden + injection`` (input injection by addition)."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, hidden_states: torch.Tensor, input_injection: torch.Tensor, cos_sin: CosSin = None) -> torch.Tensor:
+        hidden_states = hidden_states + input_injection
+        for layer in self.layers:
+            hidden_states = layer(cos_sin, hidden_states)
+        return hidden_states

@@ -1,0 +1,63 @@
+"""Pre-train a TRM-family model: a thin Hydra entry point around ``training.loop.train``.
+
+    python pretrain.py arch=trm data_paths="[data/arc1concept-aug-1000]" arch.L_layers=2 \
+        arch.H_cycles=3 arch.L_cycles=4 +run_name=my_run ema=True
+    torchrun --nproc-per-node 4 pretrain.py ...          # multi-GPU (NCCL) / multi-process CPU (gloo)
+    python pretrain.py --multirun lr=1e-4,3e-4 ...        # Hydra sweep (one run per value)
+
+Checkpoints, summary.json and the W&B run live in ``checkpoint_path`` (default
+``checkpoints/<project_name>/<run_name>``); Hydra's own output dir (``outputs/…``) only holds Hydra's logs.
+Exit status: 0 completed / max_steps, 1 error, 2 non-finite loss, 3 early stop, 130 interrupted.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+
+def run(cfg: DictConfig) -> dict:
+    """Validate the composed config and train; returns the summary dict."""
+    from training.config import config_from_hydra
+    from training.loop import train
+
+    pcfg = config_from_hydra(cfg)
+    config_path = None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        config_path = os.path.join(HydraConfig.get().runtime.output_dir, ".hydra", "config.yaml")
+    except Exception:
+        pass
+    return train(pcfg, config_path=config_path)
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from training.config import ConfigError
+
+    try:
+        summary = run(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    status = int((summary or {}).get("exit_status") or 0)
+    if status != 0:
+        from hydra.core.hydra_config import HydraConfig
+
+        multirun = False
+        try:
+            multirun = HydraConfig.get().mode.name == "MULTIRUN"
+        except Exception:
+            pass
+        if not multirun:  # in a sweep, let the remaining jobs run
+            sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""dataset.loader: DDP sharding, test-mode exactly-once, max_groups, resume, encoder mode, translation,
+multiple data paths, original-TRM directories, worker processes."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.build_synthetic_dataset import generate_synthetic_arc
+from dataset.common import IGNORE_LABEL_ID, DatasetError, find_content_extent, translate_canvas
+from dataset.loader import PuzzleDataset, PuzzleDatasetConfig, content_extents, create_dataloader
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("synth")
+    paths = generate_synthetic_arc(str(root / "raw"), "syn", num_train=24, num_test=6, max_grid=7, seed=3,
+                                   progress=False)
+    out = str(root / "built")
+    build_arc_dataset(out, load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
+                      test_set_name="evaluation", num_aug=3, seed=0, mode="etrm", progress=False)
+    return out
+
+
+def cfg(path, **kw) -> PuzzleDatasetConfig:
+    base = dict(data_paths=[path], global_batch_size=8, seed=0)
+    base.update(kw)
+    return PuzzleDatasetConfig(**base)
+
+
+def take(ds, n):
+    it = iter(ds)
+    return [next(it) for _ in range(n)]
+
+
+def test_batch_keys_dtypes_and_label_mapping(synth_dir):
+    name, b, eff = take(PuzzleDataset(cfg(synth_dir, translate_augment=False), "train"), 1)[0]
+    assert name == "all" and eff == 8
+    assert b["inputs"].dtype == torch.int32 and b["inputs"].shape == (8, 900)
+    assert b["labels"].dtype == torch.int64 and b["puzzle_identifiers"].dtype == torch.int32
+    assert b["example_index"].dtype == torch.int64
+    # disk labels: PAD(0) -> -100, everything else kept; rows match the stored example exactly
+    raw = np.load(os.path.join(synth_dir, "train", "all__labels.npy"))
+    raw_in = np.load(os.path.join(synth_dir, "train", "all__inputs.npy"))
+    for k in range(8):
+        e = int(b["example_index"][k])
+        expect = raw[e].astype(np.int64)
+        expect[expect == 0] = IGNORE_LABEL_ID
+        assert np.array_equal(b["labels"][k].numpy(), expect)
+        assert np.array_equal(b["inputs"][k].numpy(), raw_in[e])
+    assert (b["labels"] == IGNORE_LABEL_ID).any() and (b["labels"] == 1).any()  # PAD ignored, EOS supervised
+
+
+def test_ddp_sharding_disjoint_union_is_global(synth_dir):
+    glob = take(PuzzleDataset(cfg(synth_dir, global_batch_size=8), "train"), 6)
+    r0 = take(PuzzleDataset(cfg(synth_dir, global_batch_size=8, rank=0, world_size=2), "train"), 6)
+    r1 = take(PuzzleDataset(cfg(synth_dir, global_batch_size=8, rank=1, world_size=2), "train"), 6)
+    for (_, g, eg), (_, a, ea), (_, b, eb) in zip(glob, r0, r1):
+        assert eg == ea == eb == 8
+        ia, ib = set(a["example_index"].tolist()), set(b["example_index"].tolist())
+        assert len(a["example_index"]) == len(b["example_index"]) == 4
+        assert not ia & ib
+        assert torch.equal(torch.cat([a["example_index"], b["example_index"]]), g["example_index"])
+        # translation is drawn for the global batch: a rank's rows equal the single-process rows
+        assert torch.equal(torch.cat([a["inputs"], b["inputs"]]), g["inputs"])
+
+
+def test_epochs_reshuffle_and_are_seeded(synth_dir):
+    ds = PuzzleDataset(cfg(synth_dir), "train")
+    n0 = ds.num_batches(0)
+    batches = take(ds, n0 + 2)
+    e0 = torch.cat([b["example_index"] for _, b, _ in batches[:n0]])
+    assert len(set(e0.tolist())) == len(e0)  # one epoch: no example twice
+    again = take(PuzzleDataset(cfg(synth_dir), "train"), n0 + 2)
+    assert all(torch.equal(a[1]["inputs"], b[1]["inputs"]) for a, b in zip(batches, again))
+    other = take(PuzzleDataset(cfg(synth_dir, seed=1), "train"), 2)
+    assert not torch.equal(other[0][1]["example_index"], batches[0][1]["example_index"])
+    assert ds.state_dict()["epoch"] == 1
+
+
+def test_one_puzzle_per_group_per_epoch(synth_dir):
+    ds = PuzzleDataset(cfg(synth_dir, global_batch_size=2), "train")
+    s = ds.sets[0]
+    plan = ds._epoch_plan(0, 0).reshape(-1)
+    puzzles = s.example_puzzle[plan]
+    groups = np.searchsorted(s.group_indices, puzzles, side="right") - 1
+    # every puzzle seen belongs to a distinct group (one augmented copy per group per epoch)
+    per_group = {}
+    for g, p in zip(groups, puzzles):
+        per_group.setdefault(int(g), set()).add(int(p))
+    assert all(len(v) == 1 for v in per_group.values())
+    assert len(per_group) >= s.num_groups - 2  # only the dropped last partial batch may miss groups
+
+
+@pytest.mark.parametrize("world_size,gbs", [(1, 8), (2, 8), (3, 6), (4, 32)])
+def test_test_mode_exactly_once_in_order(synth_dir, world_size, gbs):
+    n_examples = int(np.load(os.path.join(synth_dir, "test", "all__puzzle_indices.npy"))[-1])
+    seen, per_rank_batches = [], []
+    for rank in range(world_size):
+        ds = PuzzleDataset(cfg(synth_dir, global_batch_size=gbs, test_mode=True, rank=rank, world_size=world_size),
+                           "test")
+        batches = list(ds)
+        per_rank_batches.append(len(batches))
+        for j, (_, b, eff) in enumerate(batches):
+            idx = b["example_index"]
+            real = idx >= 0
+            seen.append((j, rank, idx[real].tolist()))
+            assert (b["puzzle_identifiers"][~real] == 0).all()
+            assert (b["labels"][~real] == IGNORE_LABEL_ID).all() and (b["inputs"][~real] == 0).all()
+            assert eff <= gbs
+    assert len(set(per_rank_batches)) == 1  # same number of batches on every rank (no DDP hang)
+    order = [e for _, _, ex in sorted(seen) for e in ex]
+    assert order == list(range(n_examples))  # every example exactly once, in order
+
+
+def test_max_groups_seeded_choice(synth_dir):
+    a = PuzzleDataset(cfg(synth_dir, max_groups=5, test_mode=True), "train")
+    b = PuzzleDataset(cfg(synth_dir, max_groups=5, test_mode=True), "train")
+    c = PuzzleDataset(cfg(synth_dir, max_groups=5, test_mode=True, seed=7), "train")
+    assert np.array_equal(a.active_groups[0], b.active_groups[0]) and len(a.active_groups[0]) == 5
+    assert not np.array_equal(a.active_groups[0], c.active_groups[0])
+    s = a.sets[0]
+    ex = torch.cat([bt["example_index"] for _, bt, _ in a])
+    ex = ex[ex >= 0].numpy()
+    groups = set((np.searchsorted(s.group_indices, s.example_puzzle[ex], side="right") - 1).tolist())
+    assert groups == set(a.active_groups[0].tolist())
+    # all examples of the chosen groups
+    g = a.active_groups[0]
+    expected = sum(int(s.puzzle_indices[s.group_indices[k + 1]] - s.puzzle_indices[s.group_indices[k]]) for k in g)
+    assert len(ex) == expected
+    tr = PuzzleDataset(cfg(synth_dir, max_groups=5), "train")
+    ex = torch.cat([bt["example_index"] for _, bt, _ in take(tr, 6)]).numpy()
+    assert set((np.searchsorted(s.group_indices, s.example_puzzle[ex], side="right") - 1).tolist()) <= set(g.tolist())
+
+
+def test_resume_exact_without_reading_data(synth_dir, monkeypatch):
+    ds = PuzzleDataset(cfg(synth_dir), "train")
+    n = ds.num_batches(0) + 3
+    ref = take(ds, n + 4)
+    ds2 = PuzzleDataset(cfg(synth_dir), "train")
+    take(ds2, n)
+    state = ds2.state_dict()
+    assert state["epoch"] == 1 and state["batch"] == 3
+    ds3 = PuzzleDataset(cfg(synth_dir), "train")
+    calls = []
+    orig = ds3.sets[0].inputs.take
+    ds3.sets[0].inputs.take = lambda idx: calls.append(len(idx)) or orig(idx)
+    ds3.load_state_dict(json.loads(json.dumps(state)))
+    resumed = take(ds3, 4)
+    assert len(calls) == 4  # skipping needed no data reads: one read per served batch
+    for (_, a, _), (_, b, _) in zip(ref[n:], resumed):
+        assert torch.equal(a["example_index"], b["example_index"]) and torch.equal(a["inputs"], b["inputs"])
+    with pytest.raises(DatasetError, match="seed"):
+        PuzzleDataset(cfg(synth_dir, seed=5), "train").load_state_dict(state)
+
+
+def test_translation_same_offset_for_input_and_label(synth_dir):
+    ds = PuzzleDataset(cfg(synth_dir, global_batch_size=16), "train")
+    assert ds.translate  # metadata.translate_augment is true for ARC train splits
+    raw_in = np.load(os.path.join(synth_dir, "train", "all__inputs.npy"))
+    raw_lab = np.load(os.path.join(synth_dir, "train", "all__labels.npy"))
+    shifted = 0
+    for _, b, _ in take(ds, 3):
+        for k in range(16):
+            e = int(b["example_index"][k])
+            x = b["inputs"][k].numpy().reshape(30, 30)
+            y = b["labels"][k].numpy().copy()
+            y[y == IGNORE_LABEL_ID] = 0
+            y = y.reshape(30, 30)
+            nz = np.argwhere(x >= 2)
+            dr, dc = nz[:, 0].min(), nz[:, 1].min()
+            shifted += (dr, dc) != (0, 0)
+            # exactly the stored canvases shifted by one offset (EOS past the edge dropped)
+            assert np.array_equal(x.reshape(-1), translate_canvas(raw_in[e], dr, dc))
+            assert np.array_equal(y.reshape(-1), translate_canvas(raw_lab[e], dr, dc))
+            h = max(find_content_extent(raw_in[e])[0], find_content_extent(raw_lab[e])[0])
+            w = max(find_content_extent(raw_in[e])[1], find_content_extent(raw_lab[e])[1])
+            assert dr + h <= 30 and dc + w <= 30  # legal: no colour pushed off the canvas
+            # label sits at the same offset as the input
+            assert np.argwhere(y >= 2)[:, 0].min() == dr and np.argwhere(y >= 2)[:, 1].min() == dc
+    assert shifted > 20
+    # redrawn per epoch: the same example gets another offset in another epoch (with high probability)
+    assert not PuzzleDataset(cfg(synth_dir, translate_augment=False), "train").translate
+    assert not PuzzleDataset(cfg(synth_dir, test_mode=True), "test").translate
+
+
+def test_content_extents_matches_common(synth_dir):
+    raw = np.load(os.path.join(synth_dir, "train", "all__inputs.npy"))[:50]
+    r, c = content_extents(raw)
+    assert [(int(a), int(b)) for a, b in zip(r, c)] == [find_content_extent(x) for x in raw]
+
+
+def test_encoder_mode_demos_masks_no_self(synth_dir):
+    for split, test_mode in (("train", False), ("test", True)):
+        ds = PuzzleDataset(cfg(synth_dir, encoder_mode=True, test_mode=test_mode, translate_augment=False), split)
+        d = os.path.join(synth_dir, split)
+        demo_in = np.load(os.path.join(d, "all__demo_inputs.npy"))
+        demo_idx = np.load(os.path.join(d, "all__demo_indices.npy"))
+        pidx = np.load(os.path.join(d, "all__puzzle_indices.npy"))
+        inputs = np.load(os.path.join(d, "all__inputs.npy"))
+        m = ds.max_demos
+        for _, b, _ in take(ds, 3):
+            assert b["demo_inputs"].shape == (8, m, 900) and b["demo_mask"].dtype == torch.bool
+            for k in range(8):
+                e = int(b["example_index"][k])
+                if e < 0:
+                    assert not b["demo_mask"][k].any()
+                    continue
+                p = int(np.searchsorted(pidx, e, side="right") - 1)
+                own = demo_in[demo_idx[p]:demo_idx[p + 1]]
+                n_avail = len(own) - (1 if split == "train" else 0)
+                nreal = int(b["demo_mask"][k].sum())
+                assert nreal == min(m, n_avail)
+                assert bool(b["demo_mask"][k, :nreal].all()) and not b["demo_mask"][k, nreal:].any()
+                assert (b["demo_inputs"][k, nreal:] == 0).all()
+                served = b["demo_inputs"][k, :nreal].numpy().astype(np.uint8)
+                own_set = {r.tobytes() for r in own}
+                assert all(r.tobytes() in own_set for r in served)  # demos of its own puzzle (same augmentation)
+                assert inputs[e].tobytes() not in {r.tobytes() for r in served}  # never itself
+    assert "demo_inputs" not in take(PuzzleDataset(cfg(synth_dir), "train"), 1)[0][1]
+
+
+def test_encoder_truncation_counted(synth_dir, caplog):
+    with caplog.at_level("WARNING"):
+        ds = PuzzleDataset(cfg(synth_dir, encoder_mode=True, max_demos=2), "train")
+    s = ds.sets[0]
+    avail = np.diff(s.demo_indices)[s.example_puzzle] - 1
+    assert ds.num_truncated_examples == int((avail > 2).sum()) > 0
+    assert "truncated" in caplog.text
+    for _, b, _ in take(ds, 2):
+        assert b["demo_mask"].sum(1).max() == 2
+    assert ds.truncated_rows_served > 0
+
+
+def test_multiple_data_paths_offsets_and_mismatch(synth_dir, tmp_path):
+    ds1 = PuzzleDataset(cfg(synth_dir, test_mode=True), "train")
+    ds2 = PuzzleDataset(cfg(synth_dir, test_mode=True, data_paths=[synth_dir, synth_dir]), "train")
+    n_ids = ds1.metadata.num_puzzle_identifiers
+    assert ds2.metadata.num_puzzle_identifiers == 2 * n_ids - 1
+    assert ds2.metadata.total_groups == 2 * ds1.metadata.total_groups
+    n = ds1.sets[0].num_examples
+    ids = torch.cat([b["puzzle_identifiers"] for _, b, _ in ds2])
+    ex = torch.cat([b["example_index"] for _, b, _ in ds2])
+    ids, ex = ids[ex >= 0], ex[ex >= 0]
+    assert len(ex) == 2 * n
+    assert torch.equal(ids[n:], ids[:n] + (n_ids - 1))
+    # vocabulary / seq_len mismatch is refused with the path and field named
+    bad = tmp_path / "bad"
+    os.makedirs(bad / "train")
+    meta = json.load(open(os.path.join(synth_dir, "train", "dataset.json")))
+    meta["seq_len"] = 81
+    json.dump(meta, open(bad / "train" / "dataset.json", "w"))
+    with pytest.raises(DatasetError, match="seq_len"):
+        PuzzleDataset(cfg(synth_dir, data_paths=[synth_dir, str(bad)]), "train")
+
+
+def test_loads_original_trm_directory(tmp_path):
+    """Published-TRM layout: no demo store, metadata without our fields, identifiers.json a list."""
+    d = tmp_path / "trm"
+    rng = np.random.default_rng(0)
+    for split, n_puz in (("train", 6), ("test", 3)):
+        os.makedirs(d / split)
+        sizes = rng.integers(1, 4, size=n_puz)
+        pidx = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+        n = int(pidx[-1])
+        np.save(d / split / "all__inputs.npy", rng.integers(0, 12, size=(n, 900)).astype(np.uint8))
+        np.save(d / split / "all__labels.npy", rng.integers(0, 12, size=(n, 900)).astype(np.uint8))
+        np.save(d / split / "all__puzzle_identifiers.npy", np.arange(1, n_puz + 1, dtype=np.int32))
+        np.save(d / split / "all__puzzle_indices.npy", pidx)
+        np.save(d / split / "all__group_indices.npy", np.arange(0, n_puz + 1, 1, dtype=np.int32))
+        json.dump({"pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": 12, "seq_len": 900,
+                   "num_puzzle_identifiers": 7, "total_groups": n_puz, "mean_puzzle_examples": float(sizes.mean()),
+                   "sets": ["all"]}, open(d / split / "dataset.json", "w"))
+    json.dump(["<blank>"] + [f"p{i}" for i in range(6)], open(d / "identifiers.json", "w"))
+    loader, meta = create_dataloader(cfg(str(d), global_batch_size=4, test_mode=True), "test")
+    assert meta.total_puzzles == 3 and not meta.has_demos
+    ex = torch.cat([b["example_index"] for _, b, _ in loader])
+    assert sorted(ex[ex >= 0].tolist()) == list(range(int(np.load(d / "test" / "all__puzzle_indices.npy")[-1])))
+    _, b, _ = take(PuzzleDataset(cfg(str(d), global_batch_size=4), "train"), 1)[0]
+    assert b["inputs"].shape == (4, 900)
+    with pytest.raises(DatasetError, match="has_demos"):
+        PuzzleDataset(cfg(str(d), encoder_mode=True), "train")
+
+
+def test_workers_deterministic_order_and_state(synth_dir):
+    ref = take(PuzzleDataset(cfg(synth_dir), "train"), 7)
+    loader, _ = create_dataloader(cfg(synth_dir, num_workers=2), "train")
+    it = iter(loader)
+    got = [next(it) for _ in range(7)]
+    for (_, a, _), (_, b, _) in zip(ref, got):
+        assert torch.equal(a["example_index"], b["example_index"]) and torch.equal(a["inputs"], b["inputs"])
+    ref_ds = PuzzleDataset(cfg(synth_dir), "train")
+    take(ref_ds, 7)
+    assert loader.dataset.state_dict() == ref_ds.state_dict()  # main-process position tracks consumed batches
+    import multiprocessing as mp
+    assert len(mp.active_children()) == 2
+    it.close()  # consumer stops: workers must be gone
+    assert mp.active_children() == []
+    # test mode with workers: still exactly once, in order
+    tl, _ = create_dataloader(cfg(synth_dir, num_workers=2, test_mode=True), "test")
+    ex = torch.cat([b["example_index"] for _, b, _ in tl])
+    ex = ex[ex >= 0]
+    assert ex.tolist() == list(range(len(ex)))
+
+
+def test_config_is_strict():
+    with pytest.raises(Exception, match="unknown_key"):
+        PuzzleDatasetConfig(data_paths=["x"], global_batch_size=8, unknown_key=1)
+    with pytest.raises(Exception, match="divisible"):
+        PuzzleDatasetConfig(data_paths=["x"], global_batch_size=6, world_size=4)
+    with pytest.raises(DatasetError, match="dataset.json"):
+        PuzzleDataset(PuzzleDatasetConfig(data_paths=["/nonexistent"], global_batch_size=8), "train")
+
+
+def test_pin_memory_follows_cuda(synth_dir):
+    loader, _ = create_dataloader(cfg(synth_dir), "train")
+    assert loader.pin_memory == torch.cuda.is_available()
+    forced, _ = create_dataloader(cfg(synth_dir, pin_memory=True), "train")
+    assert forced.pin_memory == torch.cuda.is_available()  # never pins without CUDA
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batches_pinned_on_cuda(synth_dir):
+    loader, _ = create_dataloader(cfg(synth_dir, encoder_mode=True, num_workers=1), "train")
+    it = iter(loader)
+    _, b, _ = next(it)
+    assert all(v.is_pinned() for v in b.values())
+    it.close()
+
+
+def test_dropping_iterator_stops_workers(synth_dir):
+    import gc
+    import multiprocessing as mp
+    loader, _ = create_dataloader(cfg(synth_dir, num_workers=2), "train")
+    it = iter(loader)
+    next(it)
+    assert len(mp.active_children()) == 2
+    del it
+    gc.collect()
+    assert mp.active_children() == []

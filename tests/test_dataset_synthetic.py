@@ -1,0 +1,139 @@
+"""Synthetic rule families: rule semantics checked independently, instance split, hold-out families,
+determinism and the --build-dir path into the ARC builder and the loader."""
+import filecmp
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dataset.build_synthetic_dataset import generate_synthetic_arc, main
+from dataset.common import DatasetError, dihedral_transform
+from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
+from dataset.synthetic_rules import FAMILIES
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    d = tmp_path_factory.mktemp("syn")
+    paths = generate_synthetic_arc(str(d), "s", num_train=64, num_test=24, min_grid=3, max_grid=8, seed=11,
+                                   progress=False)
+    load = lambda k: json.load(open(paths[k]))  # noqa: E731
+    return paths, {s: (load(f"{s}_challenges"), load(f"{s}_solutions")) for s in ("training", "evaluation")}, \
+        json.load(open(paths["rules"]))
+
+
+def _pairs(chal, sol, name):
+    p = chal[name]
+    demo = [(np.array(x["input"]), np.array(x["output"])) for x in p["train"]]
+    test = [(np.array(x["input"]), np.array(o)) for x, o in zip(p["test"], sol[name])]
+    return demo, test
+
+
+def _recolour(g, rc):
+    g = g.copy()
+    if rc:
+        g[g == rc[0]] = rc[1]
+    return g
+
+
+def _check(family, params, gi, go):
+    if family == "colour_map":
+        m = {int(k): v for k, v in params["map"].items()}
+        assert np.array_equal(go, np.vectorize(lambda c: m.get(int(c), int(c)))(gi))
+    elif family == "flip_rotate":
+        assert np.array_equal(go, _recolour(dihedral_transform(gi, params["dihedral"]), params["recolour"]))
+    elif family == "translate":
+        if params["wrap"]:
+            assert np.array_equal(go, np.roll(gi, (params["dr"], params["dc"]), axis=(0, 1)))
+        else:
+            ys, xs = np.nonzero(gi)
+            assert np.array_equal(go[ys + params["dr"], xs + params["dc"]], gi[ys, xs])
+            assert (go != 0).sum() == (gi != 0).sum()
+    elif family == "scale_up":
+        ky, kx = params["ky"], params["kx"]
+        assert go.shape == (gi.shape[0] * ky, gi.shape[1] * kx)
+        for a in range(ky):
+            for b in range(kx):
+                assert np.array_equal(go[a::ky, b::kx], _recolour(gi, params["recolour"]))
+    elif family == "gravity":
+        k = {"down": 0, "left": 1, "up": 2, "right": 3}[params["direction"]]
+        r_in, r_out = np.rot90(gi, k), np.rot90(go, k)  # now falling is "down"
+        wall = params["wall"]
+        for c in range(r_in.shape[1]):
+            a, b = r_in[:, c], r_out[:, c]
+            if wall is not None:
+                assert np.array_equal(a == wall, b == wall)  # walls never move
+            # colour order preserved, every moving cell rests on the floor, a wall or another cell
+            mv = lambda v: [x for x in v if x != 0 and x != wall]  # noqa: E731
+            assert mv(a) == mv(b)
+            for y in range(len(b) - 1):
+                if b[y] != 0 and b[y] != wall:
+                    assert b[y + 1] != 0
+    elif family == "fill_enclosed":
+        changed = gi != go
+        assert (gi[changed] == 0).all() and (go[changed] == params["fill"]).all() and changed.any()
+    elif family == "recolour_by_size":
+        assert not (go == params["src"]).any()
+        assert np.array_equal(gi == params["src"], np.isin(go, [params["big"], params["small"]]) & (gi == params["src"]))
+        assert {params["big"], params["small"]} <= set(np.unique(go).tolist())
+    elif family == "copy_pattern":
+        h, w = gi.shape
+        assert go.shape == (h * params["ry"], w * params["rx"])
+        assert np.array_equal(go[:h, :w], _recolour(gi, params["recolour"]))
+    else:
+        raise AssertionError(family)
+
+
+def test_every_pair_follows_its_rule(synth):
+    _, data, rules = synth
+    fams = set()
+    for subset, (chal, sol) in data.items():
+        for name in chal:
+            r = rules[name]
+            fams.add(r["family"])
+            demo, test = _pairs(chal, sol, name)
+            assert 2 <= len(demo) <= 5 and 1 <= len(test) <= 2
+            for gi, go in demo + test:
+                assert 3 <= gi.shape[0] <= 8 and 3 <= gi.shape[1] <= 8 or r["family"] in ("scale_up", "copy_pattern")
+                assert go.max() <= 9 and max(go.shape) <= 30
+                assert not (gi.shape == go.shape and (gi == go).all())
+                _check(r["family"], r["params"], gi, go)
+    assert fams == set(FAMILIES)
+
+
+def test_train_and_test_are_different_rule_instances(synth):
+    _, _, rules = synth
+    key = lambda r: (r["family"], json.dumps(r["params"], sort_keys=True))  # noqa: E731
+    tr = {key(r) for r in rules.values() if r["subset"] == "training"}
+    te = {key(r) for r in rules.values() if r["subset"] == "evaluation"}
+    assert len(te) > 10 and not tr & te
+
+
+def test_holdout_families(tmp_path):
+    p = generate_synthetic_arc(str(tmp_path), "h", num_train=16, num_test=8, holdout_families=["gravity"],
+                               max_grid=6, seed=0, progress=False)
+    rules = json.load(open(p["rules"]))
+    assert {r["family"] for r in rules.values() if r["subset"] == "evaluation"} == {"gravity"}
+    assert "gravity" not in {r["family"] for r in rules.values() if r["subset"] == "training"}
+    with pytest.raises(DatasetError, match="unknown family 'nope'"):
+        generate_synthetic_arc(str(tmp_path), "x", families=["nope"], progress=False)
+    with pytest.raises(DatasetError, match="max-grid"):
+        generate_synthetic_arc(str(tmp_path), "x", min_grid=5, max_grid=4, progress=False)
+
+
+def test_same_seed_identical_bytes_and_build_dir(tmp_path):
+    args = ["--num-train", "12", "--num-test", "4", "--max-grid", "6", "--seed", "5", "--no-progress"]
+    a = main(["--output-dir", str(tmp_path / "a")] + args + ["--build-dir", str(tmp_path / "built"), "--num-aug", "2"])
+    b = main(["--output-dir", str(tmp_path / "b")] + args)
+    c = main(["--output-dir", str(tmp_path / "c")] + args[:-2] + ["6", "--no-progress"])
+    for k in ("training_challenges", "training_solutions", "evaluation_challenges", "evaluation_solutions", "rules"):
+        assert filecmp.cmp(a[k], b[k], shallow=False)
+    assert not filecmp.cmp(a["training_challenges"], c["training_challenges"], shallow=False)
+    # the built directory is an etrm-mode ARC dataset the loader serves in encoder mode
+    ds = PuzzleDataset(PuzzleDatasetConfig(data_paths=[str(tmp_path / "built")], global_batch_size=4, test_mode=True,
+                                           encoder_mode=True), "test")
+    assert ds.metadata.test_demos_in_train is False
+    _, batch, _ = next(iter(ds))
+    assert batch["demo_mask"].any(dim=1).all()
+    assert os.path.exists(tmp_path / "built" / "test_puzzles.json")

@@ -1,0 +1,203 @@
+"""Encoder variants: shapes, padding / empty-slot invariance, demo-order invariance, gradients, KL, configs."""
+import pytest
+import torch
+
+from encoders import ENCODER_REGISTRY, EncoderConfigError, build_encoder, gaussian_kl
+
+NAMES = sorted(ENCODER_REGISTRY)
+H, V, S, L = 16, 12, 12, 4
+
+
+def make(name, seq_len=S, **over):
+    cfg = {"name": name, "hidden_size": 32, "num_heads": 4, **over}
+    torch.manual_seed(0)
+    return build_encoder(cfg, hidden_size=H, vocab_size=V, seq_len=seq_len, puzzle_emb_len=L, verbose=False)
+
+
+def demos(b=3, d=3, s=S, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    di = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
+    dl = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
+    di[..., s // 2:] = 0  # PAD tail, as on a canvas
+    dl[..., -3:] = 0
+    dl[..., -4] = 1  # an EOS token
+    mask = torch.ones(b, d, dtype=torch.bool)
+    mask[1, 2] = False
+    return di, dl, mask
+
+
+def run(enc, di, dl, m):
+    out = enc(di, dl, m, state=None)
+    if enc.is_recurrent:  # second ACT step from the returned state
+        out = enc(di, dl, m, state=out.state)
+    return out
+
+
+def test_registry_has_all_variants():
+    assert set(NAMES) == {"standard", "variational", "lpn", "hybrid", "recurrent"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shapes_and_finiteness(name):
+    enc = make(name)
+    di, dl, m = demos()
+    m[2] = False  # a sample without any demo must still be well defined (no NaN)
+    out = run(enc.train(), di, dl, m)
+    assert out.context.shape == (3, L, H)
+    assert torch.isfinite(out.context).all()
+    if name in ("variational", "hybrid"):
+        assert out.kl.shape == (3,) and torch.isfinite(out.kl).all() and (out.kl > 0).all()
+    if name == "recurrent":
+        assert out.state is not None and out.state.shape[0] == 3 and out.state.requires_grad
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_padding_and_empty_slots_do_not_change_output(name):
+    enc = make(name, seq_len=S + 5).eval()
+    di, dl, m = demos()
+    ref = run(enc, di, dl, m).context
+    # 1) extra trailing PAD tokens on every demo canvas
+    pad = torch.zeros(*di.shape[:2], 5, dtype=di.dtype)
+    out_pad = run(enc, torch.cat([di, pad], -1), torch.cat([dl, pad], -1), m).context
+    # 2) extra demo slots that are masked out (garbage content) or real-masked but all PAD
+    g = torch.randint(2, V, (3, 2, S), dtype=di.dtype)
+    di2, dl2 = torch.cat([di, g, torch.zeros_like(g)], 1), torch.cat([dl, g, torch.zeros_like(g)], 1)
+    m2 = torch.cat([m, torch.zeros(3, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)], 1)
+    out_slots = run(enc, di2, dl2, m2).context
+    # 3) garbage in the masked slot already present
+    di3 = di.clone()
+    di3[1, 2] = 7
+    out_garbage = run(enc, di3, dl, m).context
+    # 4) without cropping (full canvas attention with masks) the result is the same
+    enc_nc = make(name, seq_len=S + 5, crop_padding=False).eval()
+    enc_nc.load_state_dict(enc.state_dict())
+    out_nc = run(enc_nc, di, dl, m).context
+    for o in (out_pad, out_slots, out_garbage, out_nc):
+        torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+    # sanity: the content of a real demo does matter
+    di4 = di.clone()
+    di4[0, 0, 0] = 2 if di[0, 0, 0] != 2 else 3
+    assert not torch.allclose(run(enc, di4, dl, m).context[0], ref[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_demo_order_invariance(name):
+    enc = make(name).eval()
+    di, dl, m = demos(d=4)
+    ref = run(enc, di, dl, m).context
+    perm = torch.tensor([2, 0, 3, 1])
+    out = run(enc, di[:, perm], dl[:, perm], m[:, perm]).context
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_parameter_gets_gradient(name):
+    """Pitfall 1: one backward pass reaches every encoder parameter (incl. the recurrent z_E init)."""
+    over = {"variational": True} if name == "lpn" else {}
+    enc = make(name, context_scale="gate", **over).train()
+    di, dl, m = demos()
+    out = run(enc, di, dl, m)
+    w = torch.randn_like(out.context)
+    loss = (out.context * w).sum() + (out.kl.sum() if out.kl is not None else 0)
+    loss.backward()
+    missing = [n for n, p in enc.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, f"{name}: parameters without gradient: {missing}"
+
+
+def test_recurrent_state_is_refined_and_not_detached():
+    enc = make("recurrent").train()
+    di, dl, m = demos()
+    s0 = enc.initial_state(3, "cpu")
+    o1 = enc(di, dl, m, state=s0)
+    assert not torch.allclose(o1.state, s0)
+    o2 = enc(di, dl, m, state=o1.state)
+    assert not torch.allclose(o2.context, o1.context)  # the context depends on the carried state
+    # gradient of the step-2 context flows through the carried state into the trunk of step 1
+    g = torch.autograd.grad(o2.context.sum(), o1.state, retain_graph=True)[0]
+    assert g.abs().sum() > 0
+
+
+def test_zero_demos_control_ignores_demos():
+    enc = make("standard", zero_demos=True).eval()
+    di, dl, m = demos()
+    a = enc(di, dl, m).context
+    b = enc(torch.randint(2, V, di.shape, dtype=di.dtype), dl, m).context
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(a[0], a[1])  # every sample gets the same (demo-free) context
+    normal = make("standard").eval()
+    c = normal(di, dl, m).context
+    assert not torch.allclose(c[0], c[1])
+
+
+def test_gaussian_kl_matches_closed_form_and_is_per_sample():
+    mu = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    logvar = torch.tensor([[0.0, 0.0], [0.0, 1.0]])
+    # 0.5 * (mu^2 + e^lv - 1 - lv) summed over coordinates
+    expected = torch.tensor([0.5, 0.5 * 4 + 0.5 * (torch.e - 1 - 1)])
+    torch.testing.assert_close(gaussian_kl(mu, logvar), expected)
+    # per sample, not a batch mean: duplicating the batch leaves each value and doubles the sum
+    kl2 = gaussian_kl(torch.cat([mu, mu]), torch.cat([logvar, logvar]))
+    torch.testing.assert_close(kl2.sum(), 2 * expected.sum())
+
+
+@pytest.mark.parametrize("name", ["variational", "hybrid"])
+def test_variational_sampling_train_vs_eval(name):
+    enc = make(name)
+    di, dl, m = demos()
+    enc.train()
+    a, b = enc(di, dl, m).context, enc(di, dl, m).context
+    assert not torch.allclose(a, b)  # reparameterised sample
+    enc.eval()
+    c, d = enc(di, dl, m), enc(di, dl, m)
+    torch.testing.assert_close(c.context, d.context)  # mean in evaluation
+    assert enc.kl_weight == pytest.approx(1e-3)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(EncoderConfigError, match="latnt_dim"):
+        make("variational", latnt_dim=3)
+    with pytest.raises(EncoderConfigError, match="nope"):
+        build_encoder({"name": "nope"}, hidden_size=H, vocab_size=V, seq_len=S, puzzle_emb_len=L)
+    with pytest.raises(EncoderConfigError, match="num_heads"):
+        make("standard", num_heads=5)
+
+
+def test_yaml_configs_match_registry():
+    import os
+
+    from omegaconf import OmegaConf
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "encoder")
+    for name in NAMES:
+        cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(root, f"{name}.yaml")))
+        assert cfg["name"] == name
+        cfg.update(hidden_size=32, num_heads=4)
+        enc = build_encoder(cfg, hidden_size=H, vocab_size=V, seq_len=S, puzzle_emb_len=L, verbose=False)
+        assert type(enc) is ENCODER_REGISTRY[name][1]
+
+
+def test_parameter_count_printed(capsys):
+    build_encoder({"name": "standard", "hidden_size": 32, "num_heads": 4}, hidden_size=H, vocab_size=V,
+                  seq_len=S, puzzle_emb_len=L)
+    assert "trainable parameters" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["standard", "variational", "hybrid"])
+def test_mean_aggregation_is_padding_and_order_invariant(name):
+    enc = make(name, aggregation="mean").eval()
+    di, dl, m = demos(d=4)
+    ref = enc(di, dl, m).context
+    perm = torch.tensor([3, 1, 0, 2])
+    torch.testing.assert_close(enc(di[:, perm], dl[:, perm], m[:, perm]).context, ref, atol=1e-5, rtol=1e-5)
+    extra = torch.zeros(3, 2, S, dtype=di.dtype)
+    m2 = torch.cat([m, torch.zeros(3, 2, dtype=torch.bool)], 1)
+    torch.testing.assert_close(enc(torch.cat([di, extra + 5], 1), torch.cat([dl, extra], 1), m2).context, ref,
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_context_scale_gate_and_scalar_scale_the_context():
+    di, dl, m = demos()
+    base = make("standard").eval()
+    for mode, init, factor in (("scalar", 0.5, 0.5), ("gate", 0.25, 0.25)):
+        enc = make("standard", context_scale=mode, context_scale_init=init).eval()
+        enc.load_state_dict(base.state_dict(), strict=False)
+        torch.testing.assert_close(enc(di, dl, m).context, factor * base(di, dl, m).context, atol=1e-6, rtol=1e-4)

@@ -1,0 +1,48 @@
+"""LPN test-time latent search: improves the fit of the demos, runs under inference_mode, eval-only."""
+import torch
+import torch.nn.functional as F
+
+from encoders.latent_search import _decoder_logits, latent_search_context
+from tests.test_etrm_model import batch, build
+
+
+def _demo_loss(m, b, ctx):
+    B, D, S = b["demo_inputs"].shape
+    ctx_rep = ctx.repeat_interleave(D, 0)
+    logits = _decoder_logits(m, b["demo_inputs"].reshape(B * D, S), ctx_rep)
+    labels = b["demo_labels"].reshape(B * D, S).long()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).item()
+
+
+def test_latent_search_reduces_demo_loss_and_keeps_weights():
+    m = build("lpn").eval()
+    b = batch()
+    b["demo_mask"][:] = True
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        ctx0 = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
+        torch.testing.assert_close(ctx0, m.encoder(b["demo_inputs"], b["demo_labels"], b["demo_mask"]).context)
+    with torch.inference_mode():  # the evaluation path runs under inference_mode
+        ctx = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=6, lr=0.5,
+                                    leave_one_out=False)
+    with torch.no_grad():
+        assert _demo_loss(m, b, ctx) < _demo_loss(m, b, ctx0) - 1e-3
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert all(p.requires_grad for p in m.parameters())
+
+
+def test_latent_search_in_etrm_eval_forward_only():
+    m = build("lpn")
+    b = batch()
+    m.eval()
+    with torch.inference_mode():
+        base = m(m.initial_carry(b), b)[1]["logits"]
+        m.latent_search_steps = 3
+        carry, out = m(m.initial_carry(b), b)
+        assert not torch.allclose(out["logits"], base)
+        assert carry.cached_context is not None  # searched once per query, reused at later ACT steps
+    m.train()  # training ignores the option
+    torch.manual_seed(0)
+    out_train = m(m.initial_carry(b), b)[1]
+    assert out_train["encoder_context"].requires_grad

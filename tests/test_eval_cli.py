@@ -1,0 +1,128 @@
+"""evaluate.py: our checkpoints, the original TRM layout, strict config, and parity with the training hook."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pydantic
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, shared_arc_dir):
+    """6 real ARC evaluation puzzles x 4 copies, and a tiny TRM trained for 2 steps on them (with the
+    training loop's own eval hook running at the end)."""
+    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from training.loop import train
+    from training.toy_data import toy_train_config
+
+    root = tmp_path_factory.mktemp("evalcli")
+    data = str(root / "data")
+    puzzles = load_kaggle_subset(os.path.join(shared_arc_dir, "arc-agi"), "evaluation")[:6]
+    build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=3, seed=0, num_workers=1, progress=False)
+    cfg = toy_train_config(data, str(root / "ck"), max_steps=2, epochs=1, global_batch_size=8,
+                           evaluators=[{"name": "arc", "kwargs": {"num_pictures": 0}}])
+    summary = train(cfg)
+    n_inputs = sum(len(p.test) for p in puzzles)
+    return data, summary["last_checkpoint"], summary, n_inputs, root
+
+
+def _cfg(**kw):
+    from evaluate import EvaluateConfig
+
+    base = dict(device="cpu", progress=False, num_pictures=1, batch_size=8)
+    base.update(kw)
+    return EvaluateConfig(**base)
+
+
+def test_evaluate_our_checkpoint_writes_outputs_and_matches_training_hook(trained):
+    import evaluate
+
+    data, ck, summary, n_inputs, root = trained
+    out = str(root / "out_full")
+    m = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=out, use_ema=False))
+    assert m["ARC/num_puzzles"] == 6 and m["ARC/num_examples"] == 4 * n_inputs
+    # one evaluator, two callers: the training loop's eval hook saw the same model and data
+    final = summary["final"]
+    for k in ("all.accuracy", "all.lm_loss", "all.exact_accuracy", "all.steps"):
+        assert m[k] == pytest.approx(final[f"eval/{k}"], rel=1e-5), k
+    assert m["ARC/pass@1"] == pytest.approx(final["ARC/pass@1"])
+    files = set(os.listdir(out))
+    assert {"metrics.json", "submission.json", "predictions.json", "pictures"} <= files
+    saved = json.load(open(os.path.join(out, "metrics.json")))
+    assert saved["metrics"]["ARC/num_examples"] == 4 * n_inputs and saved["config"]["checkpoint"] == ck
+    sub = json.load(open(os.path.join(out, "submission.json")))
+    assert len(sub) == 6 and all(set(e) == {"attempt_1", "attempt_2"} for v in sub.values() for e in v)
+    assert len(os.listdir(os.path.join(out, "pictures"))) == 1
+
+
+def test_evaluate_subset_of_augmentations(trained):
+    import evaluate
+
+    data, ck, _, n_inputs, root = trained
+    # run directory + batch size from the checkpoint's config
+    m = evaluate.run(_cfg(checkpoint=os.path.dirname(ck), data_path=data, output_dir=str(root / "out_sub"),
+                          num_augmentations=1, num_pictures=0, halt_early=True, batch_size=None))
+    assert m["ARC/num_examples"] == n_inputs and m["ARC/num_puzzles"] == 6
+    saved = json.load(open(root / "out_sub" / "metrics.json"))
+    assert saved["checkpoint_info"]["global_batch_size"] == 8
+
+
+def test_original_trm_layout_gives_the_same_numbers(trained):
+    """Our weights re-saved in the original TRM state-dict layout (``_orig_mod.model.inner.*``) evaluate to
+    the same metrics with original_trm_checkpoint=true and the arch passed explicitly."""
+    import evaluate
+
+    data, ck, _, _, root = trained
+    state = torch.load(ck, map_location="cpu", weights_only=False)
+    orig = {f"_orig_mod.model.{k}": v for k, v in state["model"].items()}
+    path = str(root / "orig.pt")
+    torch.save(orig, path)
+    arch = dict(state["config"]["arch"])
+    ours = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "o1"), use_ema=False, num_pictures=0))
+    theirs = evaluate.run(_cfg(checkpoint=path, data_path=data, output_dir=str(root / "o2"), num_pictures=0,
+                               original_trm_checkpoint=True, arch=arch))
+    for k in ("all.accuracy", "all.lm_loss", "ARC/pass@1", "ARC/num_examples"):
+        assert theirs[k] == pytest.approx(ours[k], rel=1e-5), k
+    # a structurally different arch is refused, naming the shapes
+    bad = dict(arch, hidden_size=arch["hidden_size"] * 2, puzzle_emb_ndim=arch["hidden_size"] * 2)
+    with pytest.raises(Exception, match="does not fit|hidden_size"):
+        evaluate.run(_cfg(checkpoint=path, data_path=data, output_dir=str(root / "o3"), num_pictures=0,
+                          original_trm_checkpoint=True, arch=bad))
+
+
+def test_strict_config_and_clear_errors(trained):
+    import evaluate
+
+    data, ck, _, _, root = trained
+    with pytest.raises(pydantic.ValidationError, match="bogus"):
+        _cfg(checkpoint=ck, data_path=data, bogus=1)
+    with pytest.raises(evaluate.EvaluateError, match="no such file"):
+        evaluate.run(_cfg(checkpoint=str(root / "nope.pt"), data_path=data))
+    with pytest.raises(evaluate.EvaluateError, match="needs an arch"):
+        evaluate.run(_cfg(checkpoint=ck, data_path=data, original_trm_checkpoint=True))
+
+
+@pytest.mark.slow
+def test_cli_end_to_end_and_unknown_key(trained):
+    data, ck, _, n_inputs, root = trained
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    out = str(root / "cli_out")
+    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "device=cpu",
+                        "num_augmentations=2", "batch_size=8", f"output_dir={out}", "progress=false", "num_pictures=0"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    printed = json.loads(r.stdout[r.stdout.index("{"):])
+    assert printed["ARC/num_puzzles"] == 6.0
+    assert json.load(open(os.path.join(out, "metrics.json")))["metrics"]["ARC/num_examples"] == 2 * n_inputs
+    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "bogus_key=1"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "bogus_key" in r.stderr
+    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "arch.L_cycles=6",
+                        "device=cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "original_trm_checkpoint" in r.stderr

@@ -1,0 +1,238 @@
+"""End-to-end behaviour of training.loop on a tiny on-disk task (CPU, seconds per run)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from training import checkpoint as ckpt
+from training.config import config_from_dict
+from training.loop import Trainer, train
+from training.summary import read_summary
+from training.toy_data import toy_train_config, write_toy_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return write_toy_dataset(str(tmp_path_factory.mktemp("data") / "toy"), num_puzzles=4, train_examples=16,
+                             test_examples=4, seq_len=8, seed=0)
+
+
+def _state(path):
+    st = torch.load(path, map_location="cpu", weights_only=False)
+    return st
+
+
+def _assert_same_weights(a: dict, b: dict, tol: float = 1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k].float(), b[k].float(), atol=tol, rtol=0), f"{k} differs"
+
+
+# ---------------------------------------------------------------------------------------------- learning
+@pytest.fixture(scope="module")
+def learned_run(toy, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("learn") / "run")
+    summary = train(toy_train_config(toy, run, epochs=300, ema=True, ema_rate=0.99, eval_interval=150))
+    return run, summary
+
+
+@pytest.mark.slow
+def test_tiny_trm_learns_toy_task_and_writes_summary(learned_run):
+    run, summary = learned_run
+    assert summary["final"]["train/exact_accuracy"] >= 0.95
+    assert summary["final"]["train/q_halt_accuracy"] >= 0.9
+    # the eval hook ran on the held-out test split with the EMA weights
+    assert summary["final"]["eval/all.exact_accuracy"] >= 0.95
+    assert summary["final"]["eval/num_examples"] == 16  # 4 puzzles x 4 test examples, each once
+    d = read_summary(run)
+    assert d == json.loads(json.dumps(summary))
+    assert d["stop_reason"] == "completed" and d["exit_status"] == 0 and d["status"] == "finished"
+    assert d["steps"] == d["total_steps"] == 300 * 4  # epochs * (64 samples // 16)
+    assert d["epochs_completed"] == pytest.approx(300)
+    # halt_max_steps=2: each slot is trained on for 1-2 steps, so between half and all rows are new data
+    assert 0.5 * 1200 * 16 <= d["examples_seen"] <= 1200 * 16
+    assert d["final"]["train/examples_seen"] == d["examples_seen"]
+    assert d["best"]["train/exact_accuracy"] >= d["final"]["train/exact_accuracy"]
+    assert d["num_params"] > 0 and d["last_checkpoint"].endswith("step_1200.pt")
+    assert os.path.isfile(d["last_checkpoint"])
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def _resume_cfg(toy, run, init=None, **kw):
+    # Starting from the learned weights makes the ACT halting (q_halt > 0) and hence the random
+    # exploration matter: a resume that lost the RNG state, the carry or the data position diverges.
+    return toy_train_config(toy, run, epochs=3, ema=True, ema_rate=0.9, checkpoint_every=4, checkpoint_keep=None,
+                            lr_warmup_steps=3, lr_min_ratio=0.1, arch={"halt_exploration_prob": 0.5},
+                            load_checkpoint=init, **kw)
+
+
+@pytest.fixture(scope="module")
+def straight_run(toy, learned_run, tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("straight") / "run")
+    summary = train(_resume_cfg(toy, run, init=learned_run[0]))
+    assert summary["steps"] == 12
+    return run
+
+
+def test_resume_after_hard_kill_is_exact(toy, learned_run, straight_run, tmp_path):
+    """12 steps straight == 8 steps, SIGKILL right after checkpoint 8, resume, 4 more steps."""
+    run = str(tmp_path / "killed")
+    cfg = _resume_cfg(toy, run, init=learned_run[0])
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {ROOT!r})
+        from training import loop
+        orig = loop.Trainer.save_checkpoint
+        def save(self):
+            path = orig(self)
+            if self.step == 8:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return path
+        loop.Trainer.save_checkpoint = save
+        loop.train({cfg!r})
+    """)
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4, 8]
+    assert read_summary(run)["status"] == "running"
+
+    summary = train(dict(cfg, resume=True))
+    assert summary["steps"] == 12 and summary["stop_reason"] == "completed"
+    a, b = _state(os.path.join(straight_run, "step_12.pt")), _state(os.path.join(run, "step_12.pt"))
+    _assert_same_weights(a["model"], b["model"])  # includes the sparse puzzle-embedding table
+    _assert_same_weights(a["ema"]["shadow"], b["ema"]["shadow"])
+    assert a["examples_seen"] == b["examples_seen"]
+    assert a["per_rank"][0]["data_state"] == b["per_rank"][0]["data_state"]
+    for x, y in zip(a["optimizers"]["adam"]["state"].values(), b["optimizers"]["adam"]["state"].values()):
+        _assert_same_weights({k: v for k, v in x.items() if torch.is_tensor(v)},
+                             {k: v for k, v in y.items() if torch.is_tensor(v)})
+
+
+def test_resume_without_checkpoint_needs_run_name(toy, tmp_path):
+    cfg = _resume_cfg(toy, str(tmp_path / "r"))
+    cfg.pop("run_name")
+    cfg.pop("checkpoint_path")
+    from training.config import ConfigError
+
+    with pytest.raises(ConfigError, match="resume=true needs"):
+        train(dict(cfg, resume=True))
+
+
+# ---------------------------------------------------------------------------------------------- failures
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(toy, tmp_path, monkeypatch):
+    run = str(tmp_path / "nan")
+    orig = Trainer.train_step
+
+    def poisoned(self, batch):
+        if self.step == 6:
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        return orig(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+    summary = train(toy_train_config(toy, run, epochs=3, checkpoint_every=4, checkpoint_keep=None))
+    assert summary["stop_reason"] == "non-finite loss" and summary["exit_status"] == 2
+    assert summary["status"] == "failed" and "step 7" in summary["message"] and "loss=nan" in summary["message"]
+    assert summary["steps"] == 6
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4]  # nothing written after the last good one
+    good = _state(os.path.join(run, "step_4.pt"))
+    assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
+    assert read_summary(run)["stop_reason"] == "non-finite loss"
+
+
+class _CountingEvaluator:
+    required_outputs = {"preds"}
+    calls = []
+
+    def __init__(self, data_path, metadata, output_dir, fail=False):
+        self.fail, self.n = fail, 0
+
+    def begin_eval(self):
+        self.n = 0
+
+    def update(self, batch, outputs):
+        if self.fail:
+            raise RuntimeError("evaluator exploded")
+        self.n += int((batch["example_index"] >= 0).sum())
+
+    def result(self, save_path=None):
+        _CountingEvaluator.calls.append(self.n)
+        return {"count/examples": float(self.n)}
+
+
+def test_evaluators_receive_every_test_example_and_failures_raise(toy, tmp_path, monkeypatch):
+    import evaluators
+
+    monkeypatch.setitem(evaluators.EVALUATOR_REGISTRY, "counting", _CountingEvaluator)
+    _CountingEvaluator.calls = []
+    s = train(toy_train_config(toy, str(tmp_path / "ok"), epochs=2, eval_interval_steps=4,
+                               evaluators=[{"name": "counting"}]))
+    assert _CountingEvaluator.calls == [16, 16]  # step 4 and the end (step 8)
+    assert s["final"]["count/examples"] == 16.0
+    with pytest.raises(RuntimeError, match="evaluator exploded"):
+        train(toy_train_config(toy, str(tmp_path / "bad"), epochs=2, eval_interval_steps=4,
+                               evaluators=[{"name": "counting", "kwargs": {"fail": True}}]))
+    # construction failure (toy data has no ARC ground truth) raises at start, never "no evaluator found"
+    with pytest.raises(Exception, match="arc"):
+        train(toy_train_config(toy, str(tmp_path / "arc"), epochs=1, evaluators=[{"name": "arc"}]))
+    with pytest.raises(Exception, match="unknown evaluator 'nope'"):
+        train(toy_train_config(toy, str(tmp_path / "nope"), epochs=1, evaluators=[{"name": "nope"}]))
+
+
+# ---------------------------------------------------------------------------------------------- step mechanics
+def test_grad_norm_logged_before_clipping_and_max_steps(toy, tmp_path):
+    s = train(toy_train_config(toy, str(tmp_path / "clip"), epochs=50, max_steps=5, grad_clip=1e-4,
+                               log_interval=1, eval_at_end=False))
+    assert s["stop_reason"] == "max_steps" and s["steps"] == 5 and s["total_steps"] == 5
+    assert s["final"]["grad/total_norm"] > 1e-2  # pre-clip norm, far above the clip value
+
+
+def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
+    from training import distributed as D
+    from training.loop import build_act_model
+    from dataset.common import load_metadata
+
+    cfg = toy_train_config(toy, str(tmp_path / "frz"), epochs=50, max_steps=3, freeze_decoder_steps=3,
+                           log_interval=1, eval_at_end=False)
+    s = train(cfg)
+    assert s["final"]["train/decoder_frozen"] == 1.0
+    D.seed_everything(0, 0)
+    init = build_act_model(config_from_dict(cfg), load_metadata(os.path.join(toy, "train")), 16).state_dict()
+    _assert_same_weights(init, _state(os.path.join(cfg["checkpoint_path"], "step_3.pt"))["model"], tol=0)
+    s2 = train(dict(cfg, freeze_decoder_steps=1, checkpoint_path=str(tmp_path / "frz1")))
+    assert s2["final"]["train/decoder_frozen"] == 0.0
+    moved = _state(os.path.join(tmp_path / "frz1", "step_3.pt"))["model"]
+    changed = [k for k in init if init[k].is_floating_point() and not torch.equal(init[k], moved[k])]
+    assert any("puzzle_emb" in k for k in changed)  # trained after the frozen step
+    assert len([k for k in changed if "puzzle_emb" not in k]) >= len(init) // 2
+
+
+def test_weights_only_load_and_inference_loader(toy, straight_run, tmp_path):
+    from training.checkpoint import CheckpointError, load_model_for_inference
+
+    path = os.path.join(straight_run, "step_12.pt")
+    saved = _state(path)
+    cfg = config_from_dict(toy_train_config(toy, str(tmp_path / "ft"), load_checkpoint=path))
+    from training.distributed import DistInfo
+
+    t = Trainer(cfg, DistInfo())
+    _assert_same_weights(saved["model"], t.model.state_dict(), tol=0)
+    assert t.step == 0  # weights only: a fresh optimizer / schedule
+    bad = config_from_dict(toy_train_config(toy, str(tmp_path / "ft2"), load_checkpoint=path, arch={"L_cycles": 2}))
+    with pytest.raises(CheckpointError, match=r"L_cycles: checkpoint has 1, model has 2"):
+        Trainer(bad, DistInfo())
+
+    model, mcfg, meta = load_model_for_inference(straight_run, use_ema=True, device="cpu")
+    assert meta.seq_len == 8 and mcfg.epochs == 3 and not model.training
+    sd = model.state_dict()
+    for k, v in saved["ema"]["shadow"].items():
+        assert torch.equal(sd[k], v)
+    emb_key = next(k for k in sd if k.endswith("puzzle_emb.weights"))
+    assert torch.equal(sd[emb_key], saved["model"][emb_key])  # live table (never EMA-averaged)

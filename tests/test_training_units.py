@@ -1,0 +1,209 @@
+"""Unit tests of the training platform's pieces: config validation, LR schedule, EMA, summary,
+checkpoint files, optimizer wiring. Each test is sub-second."""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from training import checkpoint as ckpt
+from training.config import ConfigError, config_from_dict, load_config
+from training.distributed import local_batch_size
+from training.ema import EMA
+from training.schedule import lr_at_step
+from training.summary import RunSummary, read_summary
+from training.toy_data import toy_train_config, write_toy_dataset
+
+BASE = {"arch": {"name": "trm"}, "data_paths": ["data/x"]}
+
+
+# ------------------------------------------------------------------------------------------ config
+def test_unknown_top_level_key_is_named():
+    with pytest.raises(ConfigError, match=r"unknown config key 'lrr'"):
+        config_from_dict({**BASE, "lrr": 1e-3})
+
+
+def test_unknown_nested_key_has_dotted_name():
+    with pytest.raises(ConfigError, match=r"'wandb\.mod'"):
+        config_from_dict({**BASE, "wandb": {"mod": "offline"}})
+    with pytest.raises(ConfigError, match=r"'evaluators\.0\.kwarg'"):
+        config_from_dict({**BASE, "evaluators": [{"name": "arc", "kwarg": {}}]})
+
+
+def test_bad_value_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"'global_batch_size' = -3"):
+        config_from_dict({**BASE, "global_batch_size": -3})
+    with pytest.raises(ConfigError, match=r"ema_rate"):
+        config_from_dict({**BASE, "ema_rate": 1.5})
+
+
+def test_hydra_overrides_published_names():
+    cfg = load_config("cfg_pretrain", ["arch=trm", "data_paths=[data/arc1]", "arch.L_layers=2", "arch.H_cycles=3",
+                                       "arch.L_cycles=6", "global_batch_size=64", "epochs=7", "eval_interval=2",
+                                       "lr=3e-4", "puzzle_emb_lr=1e-3", "weight_decay=0.5", "ema=True",
+                                       "+run_name=foo", "+project_name=bar", "checkpoint_every=5", "seed=3"])
+    assert cfg.arch["L_cycles"] == 6 and cfg.arch["H_cycles"] == 3 and cfg.arch["hidden_size"] == 512
+    assert (cfg.run_name, cfg.project_name, cfg.lr, cfg.puzzle_emb_lr, cfg.weight_decay) == ("foo", "bar", 3e-4, 1e-3, 0.5)
+    assert (cfg.global_batch_size, cfg.epochs, cfg.eval_interval, cfg.checkpoint_every, cfg.seed) == (64, 7, 2, 5, 3)
+    assert cfg.ema is True and cfg.data_paths == ["data/arc1"]
+    assert cfg.run_name is not None and load_config("cfg_pretrain", []).run_name is None
+
+
+def test_hydra_added_unknown_key_fails_with_name():
+    with pytest.raises(ConfigError, match=r"'foo_bar'"):
+        load_config("cfg_pretrain", ["+foo_bar=1"])
+
+
+def test_unknown_arch_key_fails_at_model_build(tmp_path):
+    from training.loop import build_act_model
+
+    data = write_toy_dataset(str(tmp_path / "toy"))
+    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "run"), arch={"hiden_size": 16}))
+    from dataset.common import load_metadata
+
+    with pytest.raises(ConfigError, match=r"arch\.hiden_size"):
+        build_act_model(cfg, load_metadata(os.path.join(data, "train")), batch_size=16)
+
+
+def test_vocab_and_seq_len_mismatch_names_both_values(tmp_path):
+    from dataset.common import load_metadata
+    from training.loop import check_data_matches_arch
+
+    data = write_toy_dataset(str(tmp_path / "toy"), seq_len=8)
+    meta = load_metadata(os.path.join(data, "train"))
+    with pytest.raises(ConfigError, match=r"vocab_size=12.*arch\.vocab_size=10"):
+        check_data_matches_arch({"name": "trm", "vocab_size": 10}, meta, data)
+    with pytest.raises(ConfigError, match=r"seq_len=8.*arch\.seq_len=900"):
+        check_data_matches_arch({"name": "trm", "seq_len": 900}, meta, data)
+    assert check_data_matches_arch({"name": "trm", "seq_len": 8, "vocab_size": 12}, meta, data) == {"name": "trm"}
+
+
+def test_batch_not_divisible_by_world_size():
+    assert local_batch_size(12, 4) == 3
+    with pytest.raises(ConfigError, match=r"global_batch_size=10 is not divisible by the world size 4"):
+        local_batch_size(10, 4)
+
+
+# ------------------------------------------------------------------------------------------ schedule
+def test_lr_warmup_then_cosine_to_min_ratio():
+    f = lambda s: lr_at_step(s, base_lr=2.0, warmup_steps=4, total_steps=12, min_ratio=0.1)  # noqa: E731
+    assert [f(s) for s in (1, 2, 3)] == [0.5, 1.0, 1.5]
+    assert f(4) == pytest.approx(2.0)
+    # halfway through the decay: min + (1-min)/2
+    assert f(8) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5))
+    assert f(6) == pytest.approx(2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.25))))
+    assert f(12) == pytest.approx(0.2)
+    assert f(50) == pytest.approx(0.2)  # clamps after the end
+    assert lr_at_step(7, base_lr=1.0, warmup_steps=0, total_steps=10, min_ratio=1.0) == 1.0
+
+
+# ------------------------------------------------------------------------------------------ EMA
+def test_ema_update_and_buffers_excluded():
+    m = torch.nn.Linear(2, 1)
+    m.register_buffer("table", torch.zeros(3))
+    ema = EMA(m, rate=0.9)
+    w0 = m.weight.detach().clone()
+    with torch.no_grad():
+        m.weight.add_(1.0)
+        m.table.fill_(5.0)
+    ema.update(m)
+    assert torch.allclose(ema.shadow["weight"], 0.9 * w0 + 0.1 * (w0 + 1.0))
+    assert "table" not in ema.shadow
+    copy = ema.materialize(m)
+    assert torch.allclose(copy.weight, 0.9 * w0 + 0.1 * (w0 + 1.0))
+    assert torch.equal(copy.table, torch.full((3,), 5.0))  # live buffer, not averaged
+    assert torch.allclose(m.weight, w0 + 1.0)  # live model untouched
+    st = ema.state_dict()
+    ema2 = EMA(torch.nn.Linear(2, 1), rate=0.5)
+    ema2.load_state_dict(st)
+    assert ema2.rate == 0.9 and torch.equal(ema2.shadow["weight"], ema.shadow["weight"])
+
+
+# ------------------------------------------------------------------------------------------ summary
+def test_summary_final_best_and_atomic_write(tmp_path):
+    s = RunSummary(str(tmp_path), run_name="r", project_name="p", config_path=None, total_steps=10)
+    s.update_metrics(1, {"train/exact_accuracy": 0.2, "train/lm_loss": 3.0, "train/lr": 1e-3})
+    s.update_metrics(2, {"train/exact_accuracy": 0.5, "train/lm_loss": 4.0, "ARC/pass@1": 0.25})
+    s.update_metrics(3, {"train/exact_accuracy": 0.4, "train/lm_loss": float("nan")})
+    out = s.finish("completed", 0)
+    d = read_summary(str(tmp_path))
+    assert d == json.loads(json.dumps(out))
+    assert d["final"]["train/exact_accuracy"] == 0.4 and d["best"]["train/exact_accuracy"] == 0.5
+    assert d["best_step"]["train/exact_accuracy"] == 2
+    assert d["best"]["train/lm_loss"] == 3.0 and d["final"]["train/lm_loss"] == 4.0  # NaN not recorded
+    assert d["best"]["ARC/pass@1"] == 0.25 and "train/lr" not in d["best"]
+    assert d["stop_reason"] == "completed" and d["exit_status"] == 0 and d["status"] == "finished"
+    assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
+
+
+# ------------------------------------------------------------------------------------------ checkpoint files
+def test_checkpoint_files_atomic_list_prune(tmp_path):
+    d = str(tmp_path)
+    for step in (2, 10, 4):
+        ckpt.save_checkpoint_atomic({"format": ckpt.FORMAT, "step": step}, ckpt.checkpoint_file(d, step))
+    open(os.path.join(d, ".tmp-partial.pt"), "wb").write(b"garbage")  # a write interrupted by a crash
+    assert [s for s, _ in ckpt.list_checkpoints(d)] == [2, 4, 10]
+    assert ckpt.find_latest_checkpoint(d).endswith("step_10.pt")
+    assert ckpt.load_checkpoint_file(d)["step"] == 10
+    ckpt.prune_checkpoints(d, keep=2)
+    assert [s for s, _ in ckpt.list_checkpoints(d)] == [4, 10]
+    torch.save({"hello": 1}, os.path.join(d, "other.pt"))
+    with pytest.raises(ckpt.CheckpointError, match="not a trm-platform checkpoint"):
+        ckpt.load_checkpoint_file(os.path.join(d, "other.pt"))
+
+
+def test_arch_compat_refuses_other_architecture():
+    a = {"name": "trm", "L_cycles": 4, "hidden_size": 512, "halt_exploration_prob": 0.1}
+    ckpt.check_arch_compatible(a, dict(a, halt_exploration_prob=0.0))  # run-time knob: fine
+    with pytest.raises(ckpt.CheckpointError, match=r"name.*'trm'.*'hrm'"):
+        ckpt.check_arch_compatible(a, dict(a, name="hrm"))
+    with pytest.raises(ckpt.CheckpointError, match=r"L_cycles: checkpoint has 4, model has 6"):
+        ckpt.check_arch_compatible(a, dict(a, L_cycles=6))
+
+
+def test_tree_map_tensors_handles_carry_dataclass():
+    from models.act import ACTCarry
+
+    c = ACTCarry(inner_carry={"z": torch.ones(2)}, steps=torch.zeros(2, dtype=torch.int32),
+                 halted=torch.ones(2, dtype=torch.bool), current_data={"inputs": torch.arange(2)})
+    c2 = ckpt.tree_map_tensors(c, lambda t: t * 2)
+    assert isinstance(c2, ACTCarry) and torch.equal(c2.inner_carry["z"], torch.full((2,), 2.0))
+    assert torch.equal(c2.current_data["inputs"], torch.tensor([0, 2])) and torch.equal(c.steps, c2.steps)
+
+
+# ------------------------------------------------------------------------------------------ optimizers
+def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
+    """AdamATan2 gets every trainable parameter (lr / betas / wd from the config); the puzzle-embedding
+    buffer goes to SignSGDSparse with puzzle_emb_lr / puzzle_emb_weight_decay; one step moves only the
+    touched rows by exactly lr * sign(grad)."""
+    from dataset.common import load_metadata
+    from training.loop import build_act_model, build_loss_head, build_optimizers
+    from training.optim import AdamATan2
+
+    data = write_toy_dataset(str(tmp_path / "toy"))
+    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "r"), lr=2e-3, beta1=0.8, beta2=0.9,
+                                            weight_decay=0.05, puzzle_emb_lr=0.5, puzzle_emb_weight_decay=0.0))
+    torch.manual_seed(0)
+    model = build_act_model(cfg, load_metadata(os.path.join(data, "train")), batch_size=4)
+    opts = build_optimizers(cfg, model, world_size=1)
+    assert isinstance(opts["adam"], AdamATan2)
+    g = opts["adam"].param_groups[0]
+    assert (g["lr"], g["betas"], g["weight_decay"]) == (2e-3, (0.8, 0.9), 0.05)
+    adam_ids = {id(p) for grp in opts["adam"].param_groups for p in grp["params"]}
+    assert adam_ids == {id(p) for p in model.parameters() if p.requires_grad}
+    emb = model.puzzle_emb
+    assert {id(t) for t in opts["puzzle_emb"].param_groups[0]["params"]} == {id(t) for t in emb.buffers()}
+    assert opts["puzzle_emb"].param_groups[0]["lr"] == 0.5
+    head = build_loss_head(model, None)
+    batch = {"inputs": torch.randint(2, 12, (4, 8), dtype=torch.int32), "labels": torch.randint(2, 12, (4, 8)),
+             "puzzle_identifiers": torch.tensor([1, 1, 3, 3], dtype=torch.int32),
+             "example_index": torch.arange(4)}
+    carry = head.initial_carry(batch)
+    _, loss, *_ = head(carry=carry, batch=batch)
+    loss.backward()
+    before = emb.weights.detach().clone()
+    opts["puzzle_emb"].step()
+    delta = emb.weights - before
+    assert torch.count_nonzero(delta[[0, 2, 4]]) == 0
+    assert torch.allclose(delta[[1, 3]].abs(), torch.full_like(delta[[1, 3]], 0.5))

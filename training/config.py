@@ -1,0 +1,198 @@
+"""Validated training configuration.
+
+``PretrainConfig`` is the strict (``extra="forbid"``) pydantic form of the Hydra config used by
+``pretrain.py`` / ``pretrain_encoder.py``. Field names follow the published TRM commands so that e.g.
+``arch=trm data_paths="[data/arc1]" arch.L_cycles=4 lr=1e-4 ema=True +run_name=x`` work unchanged.
+
+The ``arch`` and ``encoder`` sections are plain dicts here; they are validated by their registries
+(``models.ARCH_REGISTRY`` / ``encoders.ENCODER_REGISTRY``) when the model is built, so an unknown key there
+fails too (pitfall 8) -- with its dotted name.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the dotted key and the offending value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class WandbConfig(_Strict):
+    """W&B settings. ``auto``: online when an API key / login exists, otherwise offline."""
+
+    mode: Literal["online", "offline", "disabled", "auto"] = "auto"
+    entity: Optional[str] = None
+    save_code: bool = True
+    dir: Optional[str] = None  # default: the run's checkpoint dir
+
+
+class EvaluatorSpec(_Strict):
+    """One evaluator of ``evaluators.EVALUATOR_REGISTRY``: ``{name: arc, kwargs: {...}}``."""
+
+    name: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PretrainConfig(_Strict):
+    # --- what to train ---
+    arch: dict[str, Any]
+    data_paths: list[str]
+    data_paths_test: list[str] = Field(default_factory=list)  # empty -> data_paths
+    max_train_groups: Optional[int] = None
+    max_eval_groups: Optional[int] = None
+    translate_augment: Optional[bool] = None  # None -> dataset metadata
+    loss_type: Optional[str] = None  # overrides arch.loss.loss_type when set
+
+    # --- schedule ---
+    global_batch_size: int = 768
+    epochs: int = 100000
+    max_steps: Optional[int] = None  # optional cap on optimizer steps
+    eval_interval: Optional[int] = 10000  # in epochs (TRM semantics); None -> only at the end
+    eval_interval_steps: Optional[int] = None  # overrides eval_interval when set
+    min_eval_interval: int = 0  # first eval not before this many epochs (TRM)
+    eval_at_end: bool = True
+    eval_halt_early: bool = False
+
+    # --- optimisation ---
+    lr: float = 1e-4
+    lr_min_ratio: float = 1.0
+    lr_warmup_steps: int = 2000
+    beta1: float = 0.9
+    beta2: float = 0.95
+    weight_decay: float = 0.1
+    puzzle_emb_lr: float = 1e-2
+    puzzle_emb_weight_decay: float = 0.1
+    grad_clip: Optional[float] = 1.0  # global norm after all-reduce; None/0 = off
+    ema: bool = False
+    ema_rate: float = 0.999
+
+    # --- run bookkeeping ---
+    seed: int = 0
+    project_name: Optional[str] = None  # None -> "<data dir name>-ACT-torch"
+    run_name: Optional[str] = None  # None -> "<arch>-<timestamp>-<random>"
+    checkpoint_path: Optional[str] = None  # None -> checkpoints/<project_name>/<run_name>
+    checkpoint_every: Optional[int] = None  # steps; None -> only at eval points and the end
+    checkpoint_every_eval: bool = True  # TRM name: also checkpoint at every eval
+    checkpoint_keep: Optional[int] = 3  # newest N step checkpoints kept; None = all
+    resume: bool = False
+    load_checkpoint: Optional[str] = None  # weights-only init (fine-tuning)
+    eval_save_outputs: list[str] = Field(default_factory=list)
+    evaluators: list[EvaluatorSpec] = Field(default_factory=list)
+
+    # --- runtime ---
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    compile: Optional[bool] = None  # None -> True on CUDA; always ignored on CPU
+    num_workers: int = 0
+    log_interval: int = 10
+    diag_interval: int = 100
+    progress: bool = True
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+
+    # --- ETRM (semantics implemented by the encoder side; passed through) ---
+    encoder: Optional[dict[str, Any]] = None
+    encoder_cache: bool = False
+    encoder_lr: Optional[float] = None  # None -> lr
+    max_demos: Optional[int] = None
+    load_pretrained_decoder: Optional[str] = None
+    freeze_decoder_steps: int = 0
+    early_stop: bool = False
+    health: dict[str, Any] = Field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------------------------
+    @pydantic.field_validator("global_batch_size", "epochs", "log_interval", "diag_interval")
+    @classmethod
+    def _positive(cls, v: int, info) -> int:
+        if v <= 0:
+            raise ValueError(f"{info.field_name} must be > 0, got {v}")
+        return v
+
+    @pydantic.field_validator("lr", "puzzle_emb_lr")
+    @classmethod
+    def _non_negative(cls, v: float, info) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
+        return v
+
+    @pydantic.field_validator("ema_rate", "lr_min_ratio")
+    @classmethod
+    def _unit_interval(cls, v: float, info) -> float:
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{info.field_name} must be in [0, 1], got {v}")
+        return v
+
+    @pydantic.field_validator("data_paths")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("data_paths must name at least one dataset directory")
+        return v
+
+    @pydantic.model_validator(mode="after")
+    def _check_arch(self) -> "PretrainConfig":
+        if "name" not in self.arch:
+            raise ValueError("arch.name is missing (e.g. arch=trm)")
+        for k in ("max_steps", "eval_interval", "eval_interval_steps", "checkpoint_every", "checkpoint_keep"):
+            v = getattr(self, k)
+            if v is not None and v <= 0:
+                raise ValueError(f"{k} must be > 0 or null, got {v}")
+        return self
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def test_paths(self) -> list[str]:
+        return list(self.data_paths_test) if self.data_paths_test else list(self.data_paths)
+
+    def arch_for_model(self) -> tuple[dict[str, Any], Optional[str]]:
+        """(arch config as given -- incl. its ``loss`` section, which models.build_loss_head reads --,
+        top-level ``loss_type`` override or None)."""
+        return dict(self.arch), self.loss_type
+
+
+def _format_validation_error(err: pydantic.ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown config key '{key}' (value {e.get('input')!r}); check its spelling")
+        elif e["type"] == "missing":
+            lines.append(f"missing required config key '{key}'")
+        else:
+            lines.append(f"config key '{key}' = {e.get('input')!r}: {e['msg']}")
+    return f"invalid training config ({source}):\n  " + "\n  ".join(lines)
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainConfig:
+    """Validate a plain dict (e.g. from YAML) into a PretrainConfig; ConfigError names every bad key."""
+    raw = {k: v for k, v in dict(raw).items() if k != "hydra"}
+    try:
+        return PretrainConfig.model_validate(raw)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_format_validation_error(e, source)) from None
+
+
+def config_from_hydra(cfg: Any) -> PretrainConfig:
+    """Validate a Hydra/OmegaConf DictConfig (resolved) into a PretrainConfig."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    return config_from_dict(raw, source="hydra config")
+
+
+def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]] = None,
+                config_dir: Optional[str] = None) -> PretrainConfig:
+    """Compose a config from ``config/`` with Hydra overrides (for tests, notebooks and scripts)."""
+    import os
+
+    from hydra import compose, initialize_config_dir
+
+    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+    with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
+        cfg = compose(config_name=config_name, overrides=list(overrides or []))
+    return config_from_hydra(cfg)

@@ -1,0 +1,185 @@
+"""Process-group, device, precision and seeding helpers.
+
+Works the same under ``torchrun --nproc-per-node N pretrain.py ...`` (NCCL on CUDA, gloo on CPU) and plain
+``python pretrain.py ...`` (no process group is created or needed -- pitfall 15). Every collective here is
+a no-op when ``world_size == 1``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from training.config import ConfigError
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    initialized_here: bool = False  # we created the process group (so we destroy it)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """``auto`` -> ``cuda:<local_rank>`` when CUDA is available, else ``cpu``."""
+    if device == "auto":
+        return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device!r} but CUDA is not available")
+        if dev.index is None:
+            dev = torch.device(f"cuda:{local_rank}")
+    return dev
+
+
+def init_distributed(device: str = "auto") -> DistInfo:
+    """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1), else single process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if world_size <= 1:
+        return DistInfo(0, 1, 0, dev, False)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+        created = True
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, created)
+
+
+def shutdown_distributed(info: DistInfo) -> None:
+    if info.initialized_here and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def local_batch_size(global_batch_size: int, world_size: int) -> int:
+    if global_batch_size % world_size != 0:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not divisible by the world size {world_size}; "
+            f"choose a multiple of {world_size}")
+    return global_batch_size // world_size
+
+
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Per-rank seeding (rank offsets the seed so dropout/exploration differ across ranks)."""
+    s = int(seed) + 1000003 * int(rank)
+    random.seed(s)
+    np.random.seed(s % (2**32))
+    torch.manual_seed(s)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(s)
+
+
+def autocast_dtype(device: torch.device) -> Optional[torch.dtype]:
+    """bf16 on CUDA, none (fp32) on CPU (pitfall 24)."""
+    return torch.bfloat16 if device.type == "cuda" else None
+
+
+def autocast(device: torch.device):
+    dt = autocast_dtype(device)
+    if dt is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dt)
+
+
+def should_compile(compile_flag: Optional[bool], device: torch.device) -> bool:
+    """torch.compile is on by default on CUDA, always off on CPU."""
+    if device.type != "cuda":
+        return False
+    return True if compile_flag is None else bool(compile_flag)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Collectives (no-ops in a single process)
+# ---------------------------------------------------------------------------------------------------
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
+    if _active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_grads_(params: Iterable[torch.nn.Parameter]) -> None:
+    """Sum gradients over ranks in one flat buffer (the loss is already divided by the global batch).
+
+    Parameters without a gradient on this rank contribute zeros, so every rank issues the same collective.
+    """
+    if not _active():
+        return
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    off = 0
+    for p in params:
+        n = p.numel()
+        g = flat[off:off + n].view_as(p).to(p.dtype)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        off += n
+
+
+def all_reduce_dict_(metrics: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sum a dict of scalar tensors over ranks (one collective, fixed key order)."""
+    if not metrics:
+        return metrics
+    keys = sorted(metrics)
+    stacked = torch.stack([metrics[k].detach().float().reshape(()) for k in keys])
+    all_reduce_sum_(stacked)
+    return {k: stacked[i] for i, k in enumerate(keys)}
+
+
+def broadcast_module_(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank."""
+    if not _active():
+        return
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t.data, src=src)
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """All ranks' objects (list indexed by rank); ``[obj]`` in a single process."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()

@@ -1,0 +1,126 @@
+"""``<checkpoint_dir>/summary.json``: the run's outcome, read by the experiment queue's gates.
+
+Written atomically (temp file + ``os.replace``) at every checkpoint and at the end. Keys::
+
+    run_name, project_name, checkpoint_dir, config_path, status ("running" | "finished" | "failed"),
+    stop_reason ("completed" | "max_steps" | "early_stop: <reason>" | "non-finite loss" | "interrupted" | null),
+    exit_status (int or null while running), steps, total_steps, epochs_completed, examples_seen,
+    wall_time_s, num_params, final {metric: value} (the last logged value of every train/ and eval/ metric),
+    best {metric: value} (max for accuracies / pass@K, min for losses), best_step {metric: step},
+    last_checkpoint, warnings (health warnings), message (error text when failed)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Optional
+
+SUMMARY_FILE = "summary.json"
+
+STOP_COMPLETED = "completed"
+STOP_MAX_STEPS = "max_steps"
+STOP_NONFINITE = "non-finite loss"
+STOP_INTERRUPTED = "interrupted"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NONFINITE = 2
+EXIT_EARLY_STOP = 3
+EXIT_INTERRUPTED = 130
+
+
+# bookkeeping values: reported in "final" only
+_NO_BEST = {"train/lr", "train/examples_seen", "train/epoch", "train/count", "train/decoder_frozen", "num_params"}
+
+
+def _lower_is_better(name: str) -> bool:
+    leaf = name.rsplit("/", 1)[-1]
+    return "loss" in leaf or leaf in ("steps", "kl") or leaf.endswith("_norm")
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class RunSummary:
+    """Tracks final/best metrics and writes summary.json."""
+
+    def __init__(self, checkpoint_dir: str, *, run_name: str, project_name: str, config_path: Optional[str],
+                 total_steps: int, num_params: int = 0):
+        self.path = os.path.join(checkpoint_dir, SUMMARY_FILE)
+        self.start = time.time()
+        self.wall_offset = 0.0  # wall time of earlier segments (resume)
+        self.data: dict[str, Any] = {
+            "run_name": run_name, "project_name": project_name, "checkpoint_dir": os.path.abspath(checkpoint_dir),
+            "config_path": config_path, "status": "running", "stop_reason": None, "exit_status": None,
+            "steps": 0, "total_steps": int(total_steps), "epochs_completed": 0.0, "examples_seen": 0,
+            "wall_time_s": 0.0, "num_params": int(num_params), "final": {}, "best": {}, "best_step": {},
+            "last_checkpoint": None, "warnings": [], "message": None,
+        }
+
+    def update_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            if not (k.startswith("train/") or k.startswith("eval/") or "/" in k):
+                continue
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                continue
+            if not math.isfinite(v):
+                continue
+            self.data["final"][k] = v
+            if k in _NO_BEST:
+                continue
+            best = self.data["best"].get(k)
+            better = best is None or (v < best if _lower_is_better(k) else v > best)
+            if better:
+                self.data["best"][k] = v
+                self.data["best_step"][k] = int(step)
+
+    def set(self, **kw: Any) -> None:
+        self.data.update(kw)
+
+    def add_warning(self, msg: str) -> None:
+        self.data["warnings"].append(msg)
+
+    def write(self) -> None:
+        self.data["wall_time_s"] = round(self.wall_offset + time.time() - self.start, 3)
+        write_json_atomic(self.path, self.data)
+
+    def finish(self, stop_reason: str, exit_status: int, message: Optional[str] = None) -> dict[str, Any]:
+        self.data.update(stop_reason=stop_reason, exit_status=int(exit_status), message=message,
+                         status="finished" if exit_status in (EXIT_OK, EXIT_EARLY_STOP) else "failed")
+        self.write()
+        return dict(self.data)
+
+    def state_dict(self) -> dict[str, Any]:
+        d = dict(self.data)
+        d["wall_time_s"] = round(self.wall_offset + time.time() - self.start, 3)
+        return json.loads(json.dumps(d))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        keep = {k: self.data[k] for k in ("total_steps", "config_path", "checkpoint_dir")}
+        self.data.update(state)
+        self.data.update(keep)
+        self.data.update(status="running", stop_reason=None, exit_status=None, message=None)
+        self.wall_offset = float(state.get("wall_time_s", 0.0))
+
+
+def read_summary(checkpoint_dir: str) -> dict[str, Any]:
+    with open(os.path.join(checkpoint_dir, SUMMARY_FILE)) as f:
+        return json.load(f)
