@@ -39,11 +39,13 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 
 @hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain", version_base=None)
 def main(cfg: DictConfig) -> None:
+    from dataset.common import DatasetError
+    from training.checkpoint import CheckpointError
     from training.config import ConfigError
 
     try:
         summary = run(cfg)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError, DatasetError) as e:  # bad input: a clear one-line message
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     status = int((summary or {}).get("exit_status") or 0)

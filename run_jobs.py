@@ -4,7 +4,7 @@
     python run_jobs.py                         # run pending lines one after another
     python run_jobs.py jobs.txt --parallel 4 --gpus 0,1,2,3
     python run_jobs.py --dry-run               # what would run, gate decisions; changes nothing
-    python run_jobs.py --check                 # compose each queued Hydra command (--cfg job), run nothing
+    python run_jobs.py --check                 # compose + validate each queued Hydra command, run nothing
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a job tagged gpus=K gets K)")
     p.add_argument("--dry-run", "-n", action="store_true", help="print what would run and gate decisions; change nothing")
     p.add_argument("--check", action="store_true",
-                   help="check that each pending Hydra command composes (runs it with --cfg job); change nothing")
+                   help="check that each pending Hydra command composes and validates (in-process Hydra "
+                        "compose + strict config validation; no training); change nothing")
     p.add_argument("--check-all", action="store_true", help="with --check: also check done/failed/skipped lines")
     p.add_argument("--logs-dir", default="logs", help="one log file per job goes here")
     p.add_argument("--max-retries", type=int, default=1,

@@ -8,9 +8,10 @@ clipping, AdamATan2 + SignSGDSparse updates) on random ARC-shaped batches: hidde
 seq 900 + 16 puzzle-prefix tokens, H_cycles 3, L_cycles 4, L_layers 2, bf16 autocast on CUDA / fp32 on CPU.
 
 Reported per mode (eager / compiled): seconds per step, samples/s (= batch / step time: samples advanced by
-one supervision step), tokens/s (samples/s x 916). FLOPs per step are counted once with
-``torch.utils.flop_counter`` (matmuls + attention, forward + backward); achieved FLOP/s is that count / step
-time, and on CUDA it is also given as a fraction of a bf16 matmul measured in the same run. The evaluation
+one supervision step), tokens/s (samples/s x 916). Model FLOPs per step are analytic (``analytic_step_flops``:
+projections, SwiGLU, attention, lm head; forward of every cycle + backward of the last) and cross-checked with
+``torch.utils.flop_counter`` (``flops_per_step_counted``; on CPU it misses the SDPA kernel's attention FLOPs).
+Achieved FLOP/s = model FLOPs / step time; on CUDA also as a fraction of a bf16 matmul measured in the same run. The evaluation
 engineer's ``benchmarks.eval_throughput`` is run afterwards when ``--with-eval`` is given.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ def _batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.
     return {k: v.to(device) for k, v in b.items()}
 
 
-def build(batch_size: int, device: torch.device, compiled: bool):
+def build(batch_size: int, device: torch.device, compiled: bool, arch: Optional[dict] = None):
     """Model, loss head (maybe compiled), optimizers and a step function identical to the training loop's."""
     from training import distributed as D
     from training.config import config_from_dict
@@ -47,10 +48,11 @@ def build(batch_size: int, device: torch.device, compiled: bool):
 
     import models
 
+    arch = arch or ARC_ARCH
     torch.manual_seed(0)
-    cfg = config_from_dict({"arch": ARC_ARCH, "data_paths": ["<benchmark>"], "global_batch_size": batch_size,
+    cfg = config_from_dict({"arch": arch, "data_paths": ["<benchmark>"], "global_batch_size": batch_size,
                             "lr": 1e-4, "lr_warmup_steps": 0})
-    model = models.build_model(ARC_ARCH, vocab_size=VOCAB, seq_len=SEQ_LEN, num_puzzle_identifiers=NUM_IDS,
+    model = models.build_model(arch, vocab_size=VOCAB, seq_len=SEQ_LEN, num_puzzle_identifiers=NUM_IDS,
                                batch_size=batch_size).to(device)
     head = build_loss_head(model, None).to(device)
     opts = build_optimizers(cfg, model, world_size=1)
@@ -82,15 +84,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def count_step_flops(batch_size: int, device: torch.device) -> float:
+def count_step_flops(batch_size: int, device: torch.device, arch: Optional[dict] = None) -> float:
     """FLOPs of one training step (forward + backward), counted on an eager model."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    _, step = build(batch_size, device, compiled=False)
+    _, step = build(batch_size, device, compiled=False, arch=arch)
     batch = _batch(batch_size, device, 0)
     with FlopCounterMode(display=False) as fc:
         step(batch)
     return float(fc.get_total_flops())
+
+
+def analytic_step_flops(batch_size: int, arch: dict) -> float:
+    """Model FLOPs of one TRM training step from the architecture (2 FLOPs per multiply-add).
+
+    Per block and token: q/k/v/o projections 8h^2, SwiGLU 6*h*inter, attention scores + weighted sum 4*S*h.
+    Forward: H_cycles x (L_cycles + 1) passes of L_layers blocks; backward (last H cycle only): 2x the forward
+    of its (L_cycles + 1) passes. Plus the lm head (forward + backward). This is the usual MFU convention."""
+    from models.layers import swiglu_intermediate_size
+
+    h, seq = arch["hidden_size"], SEQ_LEN + arch["puzzle_emb_len"]
+    inter = swiglu_intermediate_size(h, arch["expansion"])
+    per_token_block = 8 * h * h + 6 * h * inter + 4 * seq * h
+    passes = arch["H_cycles"] * (arch["L_cycles"] + 1) + 2 * (arch["L_cycles"] + 1)
+    blocks = passes * arch["L_layers"] * per_token_block
+    head = 3 * 2 * h * VOCAB
+    return float(batch_size * seq * (blocks + head))
 
 
 def bf16_matmul_flops(device: torch.device, n: int = 8192, iters: int = 20) -> float:
@@ -107,9 +126,10 @@ def bf16_matmul_flops(device: torch.device, n: int = 8192, iters: int = 20) -> f
     return 2 * n ** 3 * iters / (time.perf_counter() - t)
 
 
-def measure(batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool) -> dict[str, float]:
+def measure(batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool,
+            arch: Optional[dict] = None) -> dict[str, float]:
     t0 = time.perf_counter()
-    _, step = build(batch_size, device, compiled)
+    _, step = build(batch_size, device, compiled, arch)
     batches = [_batch(batch_size, device, s) for s in range(2)]
     for i in range(warmup):
         step(batches[i % 2])
@@ -121,12 +141,16 @@ def measure(batch_size: int, steps: int, warmup: int, device: torch.device, comp
     _sync(device)
     dt = (time.perf_counter() - t) / steps
     return {"seconds_per_step": dt, "samples_per_s": batch_size / dt,
-            "tokens_per_s": batch_size * (SEQ_LEN + ARC_ARCH["puzzle_emb_len"]) / dt, "setup_and_warmup_s": warm_s}
+            "tokens_per_s": batch_size * (SEQ_LEN + (arch or ARC_ARCH)["puzzle_emb_len"]) / dt, "setup_and_warmup_s": warm_s}
 
 
 def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = "auto", compile: str = "auto",
-        warmup: Optional[int] = None, with_eval: bool = False) -> dict[str, Any]:
+        warmup: Optional[int] = None, with_eval: bool = False,
+        arch_overrides: Optional[dict] = None) -> dict[str, Any]:
+    """Measure; ``arch_overrides`` changes the ARC config (tests use a tiny model)."""
     from training.distributed import resolve_device
+
+    arch = {**ARC_ARCH, **(arch_overrides or {})}
 
     dev = resolve_device(device)
     cuda = dev.type == "cuda"
@@ -138,15 +162,18 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
     torch.set_float32_matmul_precision("high")
     out: dict[str, Any] = {"device": str(dev), "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
                            "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": batch,
-                           "steps": steps, "arch": ARC_ARCH, "seq_len": SEQ_LEN + ARC_ARCH["puzzle_emb_len"],
+                           "steps": steps, "arch": arch, "seq_len": SEQ_LEN + arch["puzzle_emb_len"],
                            "dtype": "bf16 autocast" if cuda else "fp32"}
-    flops = count_step_flops(min(batch, 2), dev) * batch / min(batch, 2)  # FLOPs are linear in the batch
-    out["flops_per_step"] = flops
+    counted = count_step_flops(min(batch, 2), dev, arch) * batch / min(batch, 2)  # linear in the batch
+    flops = analytic_step_flops(batch, arch)
+    out["flops_per_step"] = flops  # analytic model FLOPs (used for FLOP/s)
+    # torch.utils.flop_counter cross-check; it does not see the CPU SDPA kernel (attention FLOPs missing on CPU)
+    out["flops_per_step_counted"] = counted
     peak = bf16_matmul_flops(dev) if cuda else None
     if peak:
         out["bf16_matmul_flops_per_s"] = peak
     for mode in modes:
-        r = measure(batch, steps, warmup, dev, compiled=(mode == "compiled"))
+        r = measure(batch, steps, warmup, dev, compiled=(mode == "compiled"), arch=arch)
         r["model_flops_per_s"] = flops / r["seconds_per_step"]
         if peak:
             r["fraction_of_bf16_matmul"] = r["model_flops_per_s"] / peak

@@ -19,6 +19,7 @@ from typing import Callable, Literal, Optional
 import pydantic
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from dataset.common import PAD_ID
@@ -57,6 +58,8 @@ class BaseEncoderConfig(pydantic.BaseModel):
     crop_padding: bool = True
     # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
+    # recompute each per-demo block in the backward pass (saves activation memory on full 30x30 ARC demos)
+    activation_checkpointing: bool = False
 
     @pydantic.model_validator(mode="after")
     def _check(self):
@@ -238,7 +241,10 @@ class DemoTrunk(nn.Module):
             mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
         x = self.embed_scale * x
         for blk in self.blocks:
-            x = blk(x, key_mask=mask)
+            if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, use_reentrant=False)
+            else:
+                x = blk(x, key_mask=mask)
         if self.cls is not None:
             z = x[:, 0]
         else:

@@ -41,10 +41,6 @@ SECTIONS = ("best", "final")
 SUMMARY_FILE = "summary.json"
 
 
-class GateError(ValueError):
-    """A malformed requirement."""
-
-
 @dataclass(frozen=True)
 class Requirement:
     job_id: str

@@ -152,6 +152,7 @@ class Job:
             raise ValueError(f"unknown job mark {mark!r}; expected one of {sorted(MARKS)}")
         if "\n" in note or "\r" in note:
             note = " ".join(note.split())
+        note = note.replace("#", "%23")  # a '#' would start a new segment when the line is read back
         self.mark, self.note, self._orig = mark, note.strip(), None
 
     def render(self) -> str:

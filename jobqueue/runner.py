@@ -40,6 +40,9 @@ from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError,
 _RUN_NOTE_RE = re.compile(r"pid (?P<pid>\d+) on (?P<host>[^,\s]+)")
 _CHILD_RE = re.compile(r"child (?P<child>\d+)")
 _SAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
+# torch.distributed variables of the runner's own environment are not passed on (a job starts its own group)
+_DIST_VARS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                        "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"})
 
 
 def _now() -> str:
@@ -330,7 +333,7 @@ class Runner:
         os.makedirs(self.logs_dir, exist_ok=True)
         a.attempt_started = time.time()
         cmd = a.effective_command
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}  # a job is its own process group
         env.update(
             PYTHONUNBUFFERED="1", TRM_JOB_NAME=a.label, TRM_JOB_ATTEMPT=str(a.attempt),
             TRM_JOB_RESUME="1" if a.resume else "0", TRM_JOB_LOG=a.log_path,

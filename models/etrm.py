@@ -186,8 +186,6 @@ class ETRM(ACTModel):
         if mask is not None and int(mask.sum()) == 0:
             mask = None
         stats = context_statistics(ctx.float() * float(getattr(self.inner, "embed_scale", 1.0)), mask)
-        if kl is not None:
-            stats["train/kl"] = float(kl.float().mean())
         head = getattr(self.encoder, "head", None)
         if head is not None and hasattr(head, "scale"):
             stats["train/encoder_context_scale"] = float(head.scale)

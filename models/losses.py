@@ -133,5 +133,5 @@ class ACTLossHead(nn.Module):
                                  f"got {tuple(term.shape)}")
             term_sum = term.to(torch.float32).sum()
             loss = loss + weight * term_sum
-            metrics[f"{key}_loss"] = term_sum.detach()
+            metrics[key] = term_sum.detach()  # unweighted per-sample sum, e.g. "kl" -> train/kl
         return loss, metrics

@@ -201,3 +201,14 @@ def test_context_scale_gate_and_scalar_scale_the_context():
         enc = make("standard", context_scale=mode, context_scale_init=init).eval()
         enc.load_state_dict(base.state_dict(), strict=False)
         torch.testing.assert_close(enc(di, dl, m).context, factor * base(di, dl, m).context, atol=1e-6, rtol=1e-4)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    di, dl, m = demos()
+    grads = []
+    for ckpt in (False, True):
+        enc = make("standard", activation_checkpointing=ckpt).train()
+        enc(di, dl, m).context.square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5)

@@ -156,7 +156,7 @@ def test_kl_scale_is_per_sample_like_the_lm_loss(name):
     assert kl.shape == (B,) and (kl > 0).all()
     torch.testing.assert_close(loss_w - loss_0, w * kl.sum(), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close((loss_w - loss_0) / B, w * kl.mean(), rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(metrics["kl_loss"], kl.sum(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(metrics["kl"], kl.sum(), rtol=1e-5, atol=1e-5)
 
 
 def test_diagnostics_on_identical_and_different_demos():

@@ -53,7 +53,7 @@ def test_end_to_end_and_health_early_stop(tmp_path):
     assert "[encoder] variational" in p.stdout and "trainable parameters" in p.stdout
     m = s["metrics"] if "metrics" in s else s
     flat = json.dumps(m)
-    for key in ("grad/encoder_norm", "grad/inner_norm", "train/encoder_cross_sample_var", "train/kl_loss",
+    for key in ("grad/encoder_norm", "grad/inner_norm", "train/encoder_cross_sample_var", "train/kl",
                 "train/decoder_frozen"):
         assert key in flat, key
     # early stop: an impossible starvation threshold fires at once -> checkpoint, reason, exit status 3
@@ -62,3 +62,35 @@ def test_end_to_end_and_health_early_stop(tmp_path):
     assert p.returncode == 3, (p.returncode, p.stderr[-3000:])
     assert s["stop_reason"].startswith("early_stop: gradient starvation") and s["exit_status"] == 3
     assert s["steps"] < 50 and any(f.startswith("step_") for f in os.listdir(tmp_path / "ck2"))
+
+
+@pytest.mark.slow
+def test_load_pretrained_decoder_from_a_trm_run_of_the_loop(tmp_path):
+    """A TRM trained by the loop initialises the ETRM decoder (puzzle embedding dropped); an L_cycles mismatch
+    is refused (pitfall 10)."""
+    import torch
+
+    from encoders.science import science_config
+    from training.checkpoint import find_latest_checkpoint, load_checkpoint_file, load_model_for_inference
+    from training.loop import train
+
+    data = str(tmp_path / "data")
+    write_recolour_dataset(data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2,
+                           test_puzzles_per_instance=1)
+    tiny = dict(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1)
+    trm = science_config(data, str(tmp_path / "trm"), steps=2, global_batch_size=8)
+    trm.pop("encoder")
+    trm["arch"] = dict(trm["arch"], puzzle_emb_ndim=32, **tiny)
+    train(trm)
+    ck = find_latest_checkpoint(str(tmp_path / "trm"))
+    saved = load_checkpoint_file(ck)["model"]
+    etrm = science_config(data, str(tmp_path / "etrm"), steps=1, global_batch_size=8, load_pretrained_decoder=ck,
+                          freeze_decoder_steps=1, arch=tiny, encoder={"hidden_size": 32, "num_heads": 2})
+    assert train(etrm)["exit_status"] == 0
+    m, _, _ = load_model_for_inference(str(tmp_path / "etrm"), use_ema=False)
+    for k in ("inner.H_init", "inner.lm_head.weight", "inner.embed_tokens.embedding_weight"):
+        torch.testing.assert_close(m.state_dict()[k], saved[k])  # frozen step: decoder == the TRM's
+    bad = science_config(data, str(tmp_path / "bad"), steps=1, global_batch_size=8, load_pretrained_decoder=ck,
+                         arch=dict(tiny, L_cycles=2), encoder={"hidden_size": 32, "num_heads": 2})
+    with pytest.raises(Exception, match="L_cycles"):
+        train(bad)

@@ -61,6 +61,10 @@ def test_status_change_rewrites_only_that_line():
                       "# failed: exit code 1 second line")
     again = JobFile.parse(jf.render()).jobs[1]
     assert again.mark == FAILED and again.id == "b" and again.note == "failed: exit code 1 second line"
+    # a '#' in a note cannot break the line's structure
+    again.set_status(FAILED, "failed: see # 3 in /tmp/a #b")
+    back = JobFile.parse(again.render()).jobs[0]
+    assert back.note == "failed: see %23 3 in /tmp/a %23b" and back.id == "b" and back.body == again.body
     # a status note is replaced, not stacked
     again.set_status(DONE, "done: 1s")
     assert again.render().count("#") == 3 and again.render().endswith("# free comment  # done: 1s")
@@ -261,7 +265,8 @@ def test_submitit_slurm_launcher_config_composes(monkeypatch):
     assert cfg.hydra.runtime.choices["hydra/launcher"] == "submitit_slurm"
     cb = instantiate(cfg.hydra.callbacks.slurm_torch_distributed)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "unset")  # recorded, so the callback's exports are undone after the test
+        monkeypatch.delenv(k)
     for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
                  "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n01"}.items():
         monkeypatch.setenv(k, v)

@@ -129,7 +129,7 @@ def test_extra_per_sample_term_scale():
     head = ACTLossHead(model, extra_loss_weights={"kl": 0.1})
     _, loss, metrics, _, _ = head(None, {})
     assert loss.item() == pytest.approx(base.item() + 0.1 * 3.0, rel=1e-6)
-    assert metrics["kl_loss"].item() == pytest.approx(3.0)
+    assert metrics["kl"].item() == pytest.approx(3.0)
     with pytest.raises(KeyError, match="'beta'"):
         ACTLossHead(model, extra_loss_weights={"beta": 1.0})(None, {})
     model.out["kl"] = torch.tensor(3.0)

@@ -38,7 +38,7 @@ def test_torchrun_two_process_gloo_equals_one_process(toy, tmp_path):
     one = _run([sys.executable, os.path.join(ROOT, "pretrain.py"), *args, f"checkpoint_path={tmp_path / 'one'}"],
                cwd=str(tmp_path))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29617",
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                 os.path.join(ROOT, "pretrain.py"), *args, f"checkpoint_path={tmp_path / 'two'}"], cwd=str(tmp_path))
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world size 2" in two.stdout + two.stderr

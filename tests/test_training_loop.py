@@ -179,6 +179,9 @@ def test_evaluators_receive_every_test_example_and_failures_raise(toy, tmp_path,
     with pytest.raises(RuntimeError, match="evaluator exploded"):
         train(toy_train_config(toy, str(tmp_path / "bad"), epochs=2, eval_interval_steps=4,
                                evaluators=[{"name": "counting", "kwargs": {"fail": True}}]))
+    failed = read_summary(str(tmp_path / "bad"))
+    assert (failed["status"], failed["stop_reason"], failed["exit_status"]) == ("failed", "error", 1)
+    assert "evaluator exploded" in failed["message"] and failed["steps"] == 4
     # construction failure (toy data has no ARC ground truth) raises at start, never "no evaluator found"
     with pytest.raises(Exception, match="arc"):
         train(toy_train_config(toy, str(tmp_path / "arc"), epochs=1, evaluators=[{"name": "arc"}]))
@@ -236,3 +239,48 @@ def test_weights_only_load_and_inference_loader(toy, straight_run, tmp_path):
         assert torch.equal(sd[k], v)
     emb_key = next(k for k in sd if k.endswith("puzzle_emb.weights"))
     assert torch.equal(sd[emb_key], saved["model"][emb_key])  # live table (never EMA-averaged)
+
+
+def test_sigterm_checkpoints_and_resume_continues(toy, tmp_path, monkeypatch):
+    """A stop request (SIGTERM) ends the step loop, saves a checkpoint (exit 130); resume finishes the run."""
+    import signal as _signal
+
+    run = str(tmp_path / "term")
+    orig = Trainer.train_step
+
+    def term_at_5(self, batch):
+        if self.step == 4:
+            _signal.raise_signal(_signal.SIGTERM)  # handled by the loop's SIGTERM handler
+        return orig(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", term_at_5)
+    s = train(toy_train_config(toy, run, epochs=3))
+    assert (s["stop_reason"], s["exit_status"], s["steps"]) == ("interrupted", 130, 5)
+    assert [st for st, _ in ckpt.list_checkpoints(run)] == [5]
+    monkeypatch.setattr(Trainer, "train_step", orig)
+    s2 = train(toy_train_config(toy, run, epochs=3, resume=True))
+    assert (s2["stop_reason"], s2["steps"]) == ("completed", 12)
+
+
+def test_health_early_stop_saves_checkpoint_and_exit_status_3(toy, tmp_path):
+    run = str(tmp_path / "stuck")
+    s = train(toy_train_config(toy, run, epochs=5, lr=0.0, puzzle_emb_lr=0.0, log_interval=1, early_stop=True,
+                               health={"stuck_steps": 3, "stop_on": ["stuck"]}, eval_at_end=False))
+    assert s["stop_reason"].startswith("early_stop: stuck") and s["exit_status"] == 3
+    assert s["status"] == "finished" and s["steps"] < 20
+    assert any("stuck" in w for w in s["warnings"])
+    assert ckpt.find_latest_checkpoint(run).endswith(f"step_{s['steps']}.pt")
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_lives_in_the_run_dir(toy, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login -> auto = offline
+    run = str(tmp_path / "wb")
+    s = train(toy_train_config(toy, run, epochs=1, wandb={"mode": "auto", "save_code": False}))
+    assert s["stop_reason"] == "completed"
+    runs = [d for d in os.listdir(os.path.join(run, "wandb")) if d.startswith("offline-run-")]
+    assert len(runs) == 1
+    files = os.listdir(os.path.join(run, "wandb", runs[0]))
+    assert any(f.endswith(".wandb") for f in files)

@@ -6,9 +6,9 @@ Layout of ``<checkpoint_dir>/step_<N>.pt`` (``format = "trm-platform/1"``)::
     ema         EMA shadow of the trainable parameters (or None)
     optimizers  {name: optimizer.state_dict()} -- "adam" (AdamATan2) and "puzzle_emb" (SignSGDSparse)
     step        optimizer updates done;  examples_seen
-    rng         [per rank] python / numpy / torch / cuda RNG states (gathered to rank 0)
-    data_state  [per rank] the train dataset's state_dict() (exact stream position)
-    carry       [per rank] the ACT carry (CPU tensors) -- resuming continues the very same slots
+    per_rank    [per rank] {"rng": python / numpy / torch / cuda RNG states, "data_state": the train dataset's
+                state_dict() (exact stream position), "carry": the ACT carry (CPU tensors)}, gathered to rank 0;
+                ``rng`` and ``data_state`` are also stored top-level as lists indexed by rank
     config      the validated PretrainConfig (dict);  arch  the resolved architecture config
     metadata    the train split's DatasetMetadata (dict);  summary  RunSummary state
 
@@ -193,7 +193,9 @@ def load_model_for_inference(path: str, use_ema: bool = True, device: Any = "cpu
     cfg = PretrainConfig.model_validate(state["config"])
     metadata = DatasetMetadata.model_validate(state["metadata"])
     bs = batch_size or int(state.get("local_batch_size") or cfg.global_batch_size)
-    model = build_act_model(cfg, metadata, batch_size=bs)
+    # the checkpoint holds every weight: do not re-load init-time sources (they may no longer exist)
+    build_cfg = cfg.model_copy(update={"load_pretrained_decoder": None, "load_checkpoint": None})
+    model = build_act_model(build_cfg, metadata, batch_size=bs)
     sd = dict(state["model"])
     if use_ema and state.get("ema"):
         sd.update({k: v for k, v in state["ema"]["shadow"].items()})

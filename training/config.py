@@ -191,7 +191,10 @@ def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]
     import os
 
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    if GlobalHydra.instance().is_initialized():  # e.g. called after a @hydra.main app in the same process
+        GlobalHydra.instance().clear()
     config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
         cfg = compose(config_name=config_name, overrides=list(overrides or []))

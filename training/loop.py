@@ -25,8 +25,9 @@ from training.config import ConfigError, PretrainConfig, config_from_dict, confi
 from training.ema import EMA
 from training.logging import RunLogger
 from training.schedule import lr_at_step, set_lr
-from training.summary import (EXIT_EARLY_STOP, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, STOP_COMPLETED,
-                              STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE, RunSummary)
+from training.summary import (EXIT_EARLY_STOP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK,
+                              STOP_COMPLETED, STOP_ERROR, STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE,
+                              RunSummary)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -166,6 +167,7 @@ class Trainer:
         self.project_name, self.run_name = D.broadcast_object((project, run))
         self.checkpoint_dir = os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", self.project_name,
                                                                                    self.run_name))
+        resolve_arch(cfg)  # fail fast on a bad arch.* key, before any data is read
         # identical seed on every rank for construction (same initial weights), per-rank seed afterwards
         D.seed_everything(cfg.seed, 0)
 
@@ -322,6 +324,8 @@ class Trainer:
                 "ema": self.ema.state_dict() if self.ema is not None else None,
                 "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
                 "step": self.step, "examples_seen": self.examples_seen, "per_rank": per_rank,
+                # contract keys (docs/architecture.md §4): lists indexed by rank (same objects as per_rank)
+                "rng": [r["rng"] for r in per_rank], "data_state": [r["data_state"] for r in per_rank],
                 "local_batch_size": self.local_bs, "config": self.cfg.model_dump(mode="json"), "arch": self.arch,
                 "metadata": self.metadata.model_dump(mode="json"), "summary": self.summary.state_dict(),
                 "health": self.health.state_dict() if self.health is not None else None,
@@ -360,6 +364,7 @@ class Trainer:
         sums = {k: v.detach().float() for k, v in metrics.items()}
         sums["loss"] = loss.detach().float()
         sums["new_examples"] = new_examples
+        sums["_stop"] = torch.tensor(1.0 if self._stop_flag else 0.0, device=loss.device)  # any rank -> all stop
         sums = D.all_reduce_dict_(sums)
         loss_sum = float(sums["loss"])
         if not math.isfinite(loss_sum):
@@ -432,7 +437,7 @@ class Trainer:
                 out[k] = v / max(n_steps, 1)
             elif k == "count":
                 out["train/count"] = v / max(n_steps, 1)
-            elif k.endswith("loss") or k in ("kl",):
+            elif k.endswith("loss") or k in self.head.extra_loss_weights:  # per-sample loss terms, e.g. kl
                 out[f"train/{k}"] = v / (self.cfg.global_batch_size * max(n_steps, 1))
             else:
                 out[f"train/{k}"] = v / max(count, 1.0)
@@ -505,16 +510,16 @@ class Trainer:
         n_acc = 0
         old_handler = None
         try:
-            if self.info.is_main:
-                try:
-                    old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-                except ValueError:  # not the main thread
-                    old_handler = None
+            try:
+                old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            except ValueError:  # not the main thread
+                old_handler = None
             while self.step < self.total_steps:
                 item, first = (first, None) if first is not None else (next(it), None)
                 _set_name, batch, _eff = item
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 sums = self.train_step(batch)
+                stop_requested = float(sums.pop("_stop")) > 0
                 for k, v in sums.items():
                     acc[k] = acc.get(k, 0.0) + float(v)
                 n_acc += 1
@@ -538,21 +543,24 @@ class Trainer:
                         self.summary.update_metrics(self.step, logs)
                         self.summary.set(steps=self.step, examples_seen=self.examples_seen,
                                          epochs_completed=self._epochs_completed())
+                        self.summary.write()  # live progress for watchers (status stays "running")
                     if self.health is not None:
                         for w in self.health.update(self.step, logs):
                             logger.print(f"[health] step {self.step}: {w}")
                             if self.info.is_main:
                                 self.summary.add_warning(f"step {self.step}: {w}")
-                        if cfg.early_stop and self.health.stop_reason:
-                            stop_reason, exit_status = f"early_stop: {self.health.stop_reason}", EXIT_EARLY_STOP
+                        # rank 0 decides (evaluator metrics exist only there), every rank follows
+                        early = D.broadcast_object(self.health.stop_reason if cfg.early_stop else None)
+                        if early:
+                            stop_reason, exit_status = f"early_stop: {early}", EXIT_EARLY_STOP
                             break
                 if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or \
                         self._pending_save:
                     self._pending_save = False
                     if self.step != self.total_steps:
                         self.save_checkpoint()
-                if self._stop_flag:
-                    stop_reason, exit_status = STOP_INTERRUPTED, EXIT_INTERRUPTED
+                if stop_requested:
+                    stop_reason, exit_status, message = STOP_INTERRUPTED, EXIT_INTERRUPTED, "SIGTERM"
                     break
             else:
                 stop_reason = STOP_MAX_STEPS if self.capped else STOP_COMPLETED
@@ -561,6 +569,9 @@ class Trainer:
             logger.print(f"[train] STOP: {e}; the last good checkpoint is left intact")
         except KeyboardInterrupt:
             stop_reason, exit_status, message = STOP_INTERRUPTED, EXIT_INTERRUPTED, "KeyboardInterrupt"
+        except BaseException as e:  # evaluator failure, data error, ...: record it, close W&B, re-raise
+            self._fail(logger, e)
+            raise
         finally:
             _shutdown_iter(it)
             if old_handler is not None:
@@ -586,9 +597,23 @@ class Trainer:
                 logger.print(f"[train] {stop_reason} after {self.step} steps. checkpoint dir: {self.checkpoint_dir}\n"
                              f"[train] summary: {self.summary.path}\n[train] W&B run ({logger.mode}): {where}")
             result = D.broadcast_object(result)
+        except BaseException as e:
+            if exit_status == EXIT_OK:
+                self._fail(logger, e)
+            raise
         finally:
             logger.close(exit_code=exit_status)
         return result
+
+    def _fail(self, logger: RunLogger, e: BaseException) -> None:
+        """Write summary.json with status failed (stop_reason "error") and close W&B with exit code 1."""
+        if self.info.is_main:
+            try:
+                self.summary.set(steps=self.step, examples_seen=self.examples_seen)
+                self.summary.finish(STOP_ERROR, EXIT_FAILED, f"{type(e).__name__}: {e}")
+            except Exception:
+                pass
+        logger.close(exit_code=EXIT_FAILED)
 
     def _on_sigterm(self, signum, frame) -> None:
         self._stop_flag = "SIGTERM"

@@ -3,7 +3,8 @@
 Written atomically (temp file + ``os.replace``) at every checkpoint and at the end. Keys::
 
     run_name, project_name, checkpoint_dir, config_path, status ("running" | "finished" | "failed"),
-    stop_reason ("completed" | "max_steps" | "early_stop: <reason>" | "non-finite loss" | "interrupted" | null),
+    stop_reason ("completed" | "max_steps" | "early_stop: <reason>" | "non-finite loss" | "interrupted" |
+    "error" | null while running),
     exit_status (int or null while running), steps, total_steps, epochs_completed, examples_seen,
     wall_time_s, num_params, final {metric: value} (the last logged value of every train/ and eval/ metric),
     best {metric: value} (max for accuracies / pass@K, min for losses), best_step {metric: step},
@@ -24,6 +25,7 @@ STOP_COMPLETED = "completed"
 STOP_MAX_STEPS = "max_steps"
 STOP_NONFINITE = "non-finite loss"
 STOP_INTERRUPTED = "interrupted"
+STOP_ERROR = "error"  # an exception ended the run (message has it); the process exits non-zero
 
 EXIT_OK = 0
 EXIT_FAILED = 1
