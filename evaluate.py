@@ -38,6 +38,10 @@ class EvaluateConfig(pydantic.BaseModel):
     num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)
     max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
     halt_early: bool = False
+    # ETRM with an LPN-style encoder: gradient steps on the latent per query at test time (0 = off,
+    # null = the checkpoint's encoder.search_steps). See docs/models.md.
+    latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
+    latent_search_lr: Optional[float] = pydantic.Field(default=None, gt=0)
     batch_size: Optional[int] = pydantic.Field(default=None, ge=1)
     device: str = "auto"
     autocast: str = "auto"
@@ -57,6 +61,20 @@ class EvaluateConfig(pydantic.BaseModel):
 
 class EvaluateError(ValueError):
     """Bad evaluate.py input; the message names the field and value."""
+
+
+def _configure_latent_search(head: Any, cfg: "EvaluateConfig") -> None:
+    """Apply ``latent_search_steps`` / ``latent_search_lr`` to an ETRM model (error for any other model)."""
+    if cfg.latent_search_steps is None and cfg.latent_search_lr is None:
+        return
+    model = getattr(head, "model", head)
+    if not hasattr(model, "latent_search_steps"):
+        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: the checkpoint's model "
+                            f"({type(model).__name__}) has no demonstration encoder to search")
+    if cfg.latent_search_steps is not None:
+        model.latent_search_steps = int(cfg.latent_search_steps)
+    if cfg.latent_search_lr is not None:
+        model.latent_search_lr = float(cfg.latent_search_lr)
 
 
 def default_output_dir(checkpoint: str) -> str:
@@ -156,6 +174,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             raise EvaluateError(f"batch_size={gbs} must be divisible by the world size {dist_info.world_size}")
         local_bs = gbs // dist_info.world_size
         head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device)
+        _configure_latent_search(head, cfg)
         model = torch.compile(head) if cfg.compile else head
         loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
                                          rank=dist_info.rank, world_size=dist_info.world_size,

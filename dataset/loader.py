@@ -56,6 +56,9 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
     encoder_mode: bool = False
     # Demo slots per example in encoder mode. None = metadata.max_demos_p99 (else metadata.max_demos).
     max_demos: Optional[int] = pydantic.Field(default=None, gt=0)
+    # Test mode: keep only the first N augmented puzzles of every group (the builder writes the identity copy
+    # first), so a quick evaluation uses fewer copies without rebuilding. None = all.
+    max_puzzles_per_group: Optional[int] = pydantic.Field(default=None, gt=0)
     num_workers: int = pydantic.Field(default=0, ge=0)
     # None = pin when CUDA is available.
     pin_memory: Optional[bool] = None
@@ -389,6 +392,8 @@ class PuzzleDataset(IterableDataset):
             for k, s in enumerate(self.sets):
                 groups = self.active_groups[k]
                 p0, p1 = s.group_indices[groups], s.group_indices[groups + 1]
+                if self.config.max_puzzles_per_group is not None:
+                    p1 = np.minimum(p1, p0 + self.config.max_puzzles_per_group)
                 e0, e1 = s.puzzle_indices[p0], s.puzzle_indices[p1]
                 ex = np.concatenate([np.arange(a, b) for a, b in zip(e0, e1)]) if len(groups) else np.zeros(0, np.int64)
                 gbs = self.config.global_batch_size

@@ -46,3 +46,31 @@ def test_latent_search_in_etrm_eval_forward_only():
     torch.manual_seed(0)
     out_train = m(m.initial_carry(b), b)[1]
     assert out_train["encoder_context"].requires_grad
+
+
+def test_evaluate_cli_switch_sets_search_and_refuses_models_without_encoder():
+    """evaluate.py latent_search_steps/lr reach the ETRM model; a TRM checkpoint is refused by name."""
+    import pytest
+
+    from evaluate import EvaluateConfig, EvaluateError, _configure_latent_search
+    from models import build_model
+
+    m = build("lpn").eval()
+    assert m.latent_search_steps == 0
+    cfg = EvaluateConfig(checkpoint="x.pt", data_path="d", latent_search_steps=5, latent_search_lr=0.3)
+    _configure_latent_search(m, cfg)
+    assert m.latent_search_steps == 5 and m.latent_search_lr == 0.3
+    # the switch changes predictions: the searched context differs from the plain encoding
+    b = batch()
+    b["demo_mask"][:] = True
+    with torch.inference_mode():
+        plain = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
+        searched = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"],
+                                         steps=m.latent_search_steps, lr=m.latent_search_lr, leave_one_out=False)
+    assert (plain - searched).abs().max() > 1e-4
+
+    trm = build_model({"name": "trm", "hidden_size": 16, "num_heads": 2, "H_cycles": 1, "L_cycles": 1,
+                       "L_layers": 1, "puzzle_emb_ndim": 0, "puzzle_emb_len": 0, "halt_max_steps": 2},
+                      vocab_size=12, seq_len=16, num_puzzle_identifiers=1, batch_size=2)
+    with pytest.raises(EvaluateError, match="latent_search_steps=5"):
+        _configure_latent_search(trm, cfg)

@@ -22,12 +22,13 @@ import glob
 import os
 import random
 import re
-import tempfile
 from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
+
+from training.summary import atomic_write
 
 FORMAT = "trm-platform/1"
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
@@ -92,19 +93,7 @@ def find_latest_checkpoint(checkpoint_dir: str) -> Optional[str]:
 
 
 def save_checkpoint_atomic(state: dict[str, Any], path: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".pt", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: torch.save(state, f), binary=True)
 
 
 def prune_checkpoints(checkpoint_dir: str, keep: Optional[int]) -> None:

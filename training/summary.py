@@ -17,7 +17,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Optional
+from typing import IO, Any, Callable, Optional
 
 SUMMARY_FILE = "summary.json"
 
@@ -43,13 +43,15 @@ def _lower_is_better(name: str) -> bool:
     return "loss" in leaf or leaf in ("steps", "kl") or leaf.endswith("_norm")
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
+def atomic_write(path: str, write: Callable[[IO], None], *, binary: bool = False) -> None:
+    """Write ``path`` atomically: ``write(f)`` into a temp file beside it, fsync, then ``os.replace``.
+    A crash at any point leaves either the old file or the new one, never a partial file."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=d)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False)
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -57,6 +59,10 @@ def write_json_atomic(path: str, obj: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False))
 
 
 class RunSummary:
