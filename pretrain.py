@@ -37,12 +37,16 @@ def run(cfg: DictConfig) -> dict:
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain", version_base=None)
-def main(cfg: DictConfig) -> None:
+def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
+    """Shared body of the entry points: train, turn bad input into a one-line error (exit 1), and map the run's
+    outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
     from dataset.common import DatasetError
     from training.checkpoint import CheckpointError
     from training.config import ConfigError
 
+    if require_encoder and not cfg.get("encoder"):
+        print("error: pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM", file=sys.stderr)
+        sys.exit(1)
     try:
         summary = run(cfg)
     except (ConfigError, CheckpointError, DatasetError) as e:  # bad input: a clear one-line message
@@ -59,6 +63,11 @@ def main(cfg: DictConfig) -> None:
             pass
         if not multirun:  # in a sweep, let the remaining jobs run
             sys.exit(status)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain", version_base=None)
+def main(cfg: DictConfig) -> None:
+    execute(cfg)
 
 
 if __name__ == "__main__":

@@ -9,36 +9,15 @@ Exit status as pretrain.py: 0 completed, 1 error, 2 non-finite loss, 3 early sto
 """
 from __future__ import annotations
 
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from pretrain import run
+from pretrain import CONFIG_DIR, execute
 
 
-@hydra.main(config_path="config", config_name="cfg_pretrain_encoder_arc_agi_1", version_base=None)
+@hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain_encoder_arc_agi_1", version_base=None)
 def main(cfg: DictConfig) -> None:
-    from training.config import ConfigError
-
-    if not cfg.get("encoder"):
-        print("error: pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM", file=sys.stderr)
-        sys.exit(1)
-    try:
-        summary = run(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    status = int((summary or {}).get("exit_status") or 0)
-    if status != 0:
-        from hydra.core.hydra_config import HydraConfig
-
-        try:
-            multirun = HydraConfig.get().mode.name == "MULTIRUN"
-        except Exception:
-            multirun = False
-        if not multirun:
-            sys.exit(status)
+    execute(cfg, require_encoder=True)
 
 
 if __name__ == "__main__":

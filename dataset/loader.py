@@ -318,6 +318,7 @@ class PuzzleDataset(IterableDataset):
         # stream position: (epoch, set index, batch index within that set's epoch)
         self._position = (0, 0, 0)
         self._plan_cache: dict = {}
+        self._passes: dict = {}  # (epoch, set) -> passes packed into that epoch
         self._test_plans: Optional[list[np.ndarray]] = None
 
     # ------------------------------------------------------------------------------------------
@@ -361,13 +362,12 @@ class PuzzleDataset(IterableDataset):
     # ------------------------------------------------------------------------------------------
     # Plans (index-only; never touch example data)
     # ------------------------------------------------------------------------------------------
-    def _epoch_plan(self, epoch: int, set_idx: int) -> np.ndarray:
-        """Flat example order of one training epoch of one set (full batches only)."""
-        key = (epoch, set_idx)
-        if key in self._plan_cache:
-            return self._plan_cache[key]
+    def _one_pass(self, epoch: int, set_idx: int, pass_idx: int) -> np.ndarray:
+        """Example order of one pass over the active groups: groups shuffled, one random augmented puzzle per
+        group, that puzzle's examples shuffled. Seeded from (seed, epoch, set, pass)."""
         s = self.sets[set_idx]
-        rng = np.random.default_rng([self.config.seed, epoch, set_idx])
+        seed = [self.config.seed, epoch, set_idx] + ([pass_idx] if pass_idx else [])
+        rng = np.random.default_rng(seed)
         groups = rng.permutation(self.active_groups[set_idx])
         g0, g1 = s.group_indices[groups], s.group_indices[groups + 1]
         puzzles = g0 + np.floor(rng.random(len(groups)) * (g1 - g0)).astype(np.int64)
@@ -377,7 +377,29 @@ class PuzzleDataset(IterableDataset):
         examples = s.puzzle_indices[puzzles][owner] + within
         # shuffle examples inside each puzzle, keep puzzle order
         order = np.lexsort((rng.random(len(owner)), owner))
-        examples = examples[order]
+        return examples[order]
+
+    def _epoch_plan(self, epoch: int, set_idx: int) -> np.ndarray:
+        """Flat example order of one training epoch of one set, cut into full global batches.
+
+        Normally an epoch is one pass over the active groups. When one pass holds fewer examples than a global
+        batch (e.g. the 32-group overfit phase with batch 768), the epoch packs the smallest number of passes
+        that fills one batch (like the published loader's ``epochs_per_iter``); :meth:`passes_per_epoch` reports
+        it so the training loop can keep ``epochs`` meaning passes over the data."""
+        key = (epoch, set_idx)
+        if key in self._plan_cache:
+            return self._plan_cache[key]
+        gbs = self.config.global_batch_size
+        chunks, total, passes = [], 0, 0
+        while True:
+            chunk = self._one_pass(epoch, set_idx, passes)
+            chunks.append(chunk)
+            total += len(chunk)
+            passes += 1
+            if total >= gbs or len(chunk) == 0:
+                break
+        examples = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+        self._passes[key] = passes
         n_batches = len(examples) // self.config.global_batch_size
         plan = examples[: n_batches * self.config.global_batch_size].reshape(n_batches, self.config.global_batch_size)
         if len(self._plan_cache) > 4:
@@ -403,6 +425,17 @@ class PuzzleDataset(IterableDataset):
                 plans.append(padded.reshape(n_batches, gbs))
             self._test_plans = plans
         return self._test_plans[set_idx]
+
+    def passes_per_epoch(self, epoch: int = 0) -> int:
+        """Passes over the active groups packed into training epoch ``epoch`` (1 unless one pass is smaller
+        than a global batch; the largest over the sets)."""
+        if self.config.test_mode:
+            return 1
+        passes = 1
+        for k in range(len(self.sets)):
+            self._epoch_plan(epoch, k)
+            passes = max(passes, self._passes[(epoch, k)])
+        return passes
 
     def num_batches(self, epoch: int = 0) -> int:
         """Global batches per epoch (train: of epoch ``epoch``; test: one full pass)."""

@@ -340,3 +340,27 @@ def test_dropping_iterator_stops_workers(synth_dir):
     del it
     gc.collect()
     assert mp.active_children() == []
+
+
+def test_small_group_subset_packs_passes_into_full_batches(synth_dir):
+    """The overfit phase (few groups, big batch): an epoch packs whole passes until one global batch is full;
+    each pass still takes exactly one augmented puzzle of every chosen group."""
+    big = 64
+    ds = PuzzleDataset(cfg(synth_dir, max_groups=3, global_batch_size=big), "train")
+    s = ds.sets[0]
+    one_pass = ds._one_pass(0, 0, 0)
+    assert 0 < len(one_pass) < big  # the situation that used to make training refuse to start
+    passes = ds.passes_per_epoch(0)
+    assert passes == ds._passes[(0, 0)] and passes >= 2
+    chunks = [ds._one_pass(0, 0, p) for p in range(passes)]
+    assert sum(map(len, chunks[:-1])) < big <= sum(map(len, chunks))  # the smallest number of passes
+    plan = ds._epoch_plan(0, 0)
+    assert plan.shape == (1 if sum(map(len, chunks)) < 2 * big else plan.shape[0], big)
+    assert np.array_equal(plan.reshape(-1), np.concatenate(chunks)[: plan.size])
+    for chunk in chunks:  # one puzzle per chosen group per pass
+        groups = np.searchsorted(s.group_indices, s.example_puzzle[chunk], side="right") - 1
+        assert sorted(set(groups.tolist())) == sorted(ds.active_groups[0].tolist())
+    _, batch, eff = next(iter(ds))
+    assert eff == big and (batch["example_index"] >= 0).all()
+    # a normal-sized batch keeps one pass per epoch and the published semantics
+    assert PuzzleDataset(cfg(synth_dir, global_batch_size=2), "train").passes_per_epoch(0) == 1

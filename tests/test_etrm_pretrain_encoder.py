@@ -16,7 +16,7 @@ TINY = ["arch.hidden_size=32", "arch.num_heads=2", "arch.expansion=2", "arch.L_l
         "arch.L_cycles=1", "arch.halt_max_steps=2", "arch.puzzle_emb_len=2", "arch.forward_dtype=float32",
         "encoder.hidden_size=32", "encoder.num_heads=2", "encoder.num_layers=1", "global_batch_size=16",
         "evaluators=[]", "ema=false", "lr_warmup_steps=1", "log_interval=1", "diag_interval=1", "device=cpu",
-        "wandb.mode=disabled", "+progress=false"]
+        "wandb.mode=disabled", "progress=false"]
 
 
 def test_issue_example_overrides_compose():

@@ -159,6 +159,19 @@ def test_steps_come_from_served_batches_and_no_batch_is_drawn_after_the_last_ste
     assert s["epochs_completed"] == pytest.approx(epochs)
 
 
+def test_group_subset_smaller_than_a_batch_trains_and_epochs_stay_passes(tmp_path):
+    """The overfit phase: the chosen groups hold fewer examples than one global batch (23 < 32). Training starts
+    (the loader packs passes into full batches) and `epochs` still counts passes over the data."""
+    from training.loop import train
+
+    data = _write_uneven(str(tmp_path / "uneven"))  # 23 examples in one pass
+    s = train(toy_train_config(data, str(tmp_path / "run"), global_batch_size=32, epochs=6, eval_at_end=False,
+                               arch=_no_explore()))
+    # 2 passes (46 examples) fill one batch of 32 per loader epoch -> 6 passes = 3 steps
+    assert s["total_steps"] == s["steps"] == 3
+    assert s["epochs_completed"] == pytest.approx(6)
+
+
 # ------------------------------------------------------------------------------------------------ pitfall 9
 TINY_ARCH = ["arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32", "arch.forward_dtype=float32"]
 
@@ -298,3 +311,24 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16():
     with D.autocast(cpu):
         carry, out = model(model.initial_carry(batch), batch)
     assert out["logits"].dtype == torch.float32 and carry.inner_carry.z_H.dtype == torch.float32
+
+
+def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(shared_arc_dir, tmp_path):
+    """An encoder model trained on a --mode trm build (the test puzzles' demos are in train/) would not be
+    evaluated few-shot: the loop refuses it by name unless allow_test_demos_in_train=true."""
+    from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+    from training.config import ConfigError
+    from training.loop import train
+
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", os.path.join(shared_arc_dir, "arc-agi"))
+    small = [p for p in puzzles if p.subset == "training"][:2] + [p for p in puzzles if p.subset == "evaluation"][:1]
+    data = str(tmp_path / "trm_mode")
+    build_arc_dataset(data, small, test_set_name="evaluation", num_aug=1, seed=0, mode="trm", progress=False)
+    enc = {"name": "standard", "hidden_size": 16, "num_heads": 2, "num_layers": 1}
+    cfg = toy_train_config(data, str(tmp_path / "run"), global_batch_size=4, epochs=1, eval_at_end=False,
+                           encoder=enc, arch={"puzzle_emb_ndim": 0, "puzzle_emb_len": 1, "hidden_size": 16,
+                                              "num_heads": 2})
+    with pytest.raises(ConfigError, match="test_demos_in_train"):
+        train(cfg)
+    s = train({**cfg, "allow_test_demos_in_train": True, "max_steps": 1})
+    assert s["steps"] == 1

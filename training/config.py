@@ -102,6 +102,9 @@ class PretrainConfig(_Strict):
     max_demos: Optional[int] = None
     load_pretrained_decoder: Optional[str] = None
     freeze_decoder_steps: int = 0
+    # ETRM refuses training data whose train/ split holds the test puzzles' demo pairs (a TRM-mode build): that
+    # would make held-out scores not few-shot. true = accept it anyway (e.g. to compare with TRM on equal data).
+    allow_test_demos_in_train: bool = False
     early_stop: bool = False
     health: dict[str, Any] = Field(default_factory=dict)
 

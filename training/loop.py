@@ -179,12 +179,24 @@ class Trainer:
             translate_augment=cfg.translate_augment, encoder_mode=encoder_mode, max_demos=cfg.max_demos,
             num_workers=cfg.num_workers), "train")
         self.train_dataset = self.train_loader.dataset
+        if encoder_mode and self.metadata.test_demos_in_train and not cfg.allow_test_demos_in_train:
+            raise ConfigError(
+                f"{cfg.data_paths}: metadata test_demos_in_train=true (a --mode trm build): the test puzzles' demo "
+                f"pairs are in train/, so an encoder model would not be evaluated few-shot. Build the data with "
+                f"--mode etrm, or pass allow_test_demos_in_train=true to accept it.")
         self.batches_per_epoch = int(self.train_dataset.num_batches(0))
         if self.batches_per_epoch <= 0:
             raise ConfigError(f"{cfg.data_paths}: fewer training examples than global_batch_size="
                               f"{cfg.global_batch_size}")
-        # Step accounting from the real number of samples (pitfall 7): one global batch per step.
-        self.total_steps = cfg.epochs * self.batches_per_epoch
+        # Step accounting from the real number of samples (pitfall 7): one global batch per step. When the active
+        # groups are smaller than one global batch the loader packs several passes into one of its epochs; `epochs`
+        # keeps meaning passes over the data.
+        self.passes_per_epoch = int(getattr(self.train_dataset, "passes_per_epoch", lambda e: 1)(0))
+        self.total_steps = max(1, math.ceil(cfg.epochs * self.batches_per_epoch / self.passes_per_epoch))
+        if self.passes_per_epoch > 1 and info.is_main:
+            print(f"[train] one pass over the {cfg.max_train_groups or 'selected'} training groups is smaller than "
+                  f"global_batch_size={cfg.global_batch_size}: each loader epoch packs {self.passes_per_epoch} "
+                  f"passes ({self.batches_per_epoch} batch(es)); {cfg.epochs} epochs = {self.total_steps} steps")
         self.capped = cfg.max_steps is not None and cfg.max_steps < self.total_steps
         if self.capped:
             self.total_steps = int(cfg.max_steps)
@@ -339,7 +351,8 @@ class Trainer:
 
     def _epochs_completed(self) -> float:
         st = self.train_dataset.state_dict()
-        return round(st.get("epoch", 0) + st.get("batch", 0) / max(1, self.batches_per_epoch), 4)
+        loader_epochs = st.get("epoch", 0) + st.get("batch", 0) / max(1, self.batches_per_epoch)
+        return round(loader_epochs * self.passes_per_epoch, 4)  # passes over the training groups
 
     # ------------------------------------------------------------------------------------------------
     def _grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
