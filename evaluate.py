@@ -86,8 +86,6 @@ def default_output_dir(checkpoint: str) -> str:
 
 def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any):
     """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict)."""
-    import torch
-
     if not os.path.exists(cfg.checkpoint):
         raise EvaluateError(f"checkpoint={cfg.checkpoint!r}: no such file or directory")
     if cfg.original_trm_checkpoint:

@@ -25,15 +25,15 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dataset.common import (DatasetError, DatasetMetadata, atomic_output_dir, dihedral_transform, save_split,
-                            set_default_dir_mode)
+from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, dihedral_transform,
+                            generate_pairs, iter_source_csv, save_split, set_default_dir_mode)
 
 log = logging.getLogger(__name__)
 
 CHARSET = "# SGo"  # token = index + 1 (0 is PAD)
 WALL, OPEN, START, GOAL, PATH = (CHARSET.index(c) for c in CHARSET)
 MAZE_SIZE = 30
-CSV_FIELDS = ("source", "question", "answer", "rating")
+CSV_FIELDS = SOURCE_CSV_FIELDS
 
 
 def bfs_distances(maze: np.ndarray, src: tuple[int, int]) -> np.ndarray:
@@ -155,30 +155,21 @@ def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = Fa
 
 def read_maze_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
     """(questions, answers) [N, 30, 30] of CHARSET indices, validated (one S, one G, answer = question + path)."""
-    if not os.path.exists(path):
-        raise DatasetError(f"{path}: file not found")
     qs, ans = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != list(CSV_FIELDS[:3]):
-            raise DatasetError(f"{path}: header must start with {','.join(CSV_FIELDS)}, got {header}")
-        for line, row in enumerate(reader, start=2):
-            if len(row) < 3:
-                raise DatasetError(f"{path}: line {line}: expected columns {CSV_FIELDS}")
-            q = _parse(row[1], f"{path}: line {line}: field question")
-            a = _parse(row[2], f"{path}: line {line}: field answer")
-            for name, m in (("question", q), ("answer", a)):
-                if (m == START).sum() != 1 or (m == GOAL).sum() != 1:
-                    raise DatasetError(f"{path}: line {line}: field {name}: needs exactly one 'S' and one 'G'")
-            if (q == PATH).any():
-                raise DatasetError(f"{path}: line {line}: field question: contains path marks 'o'")
-            diff = q != a
-            if not ((q[diff] == OPEN) & (a[diff] == PATH)).all():
-                raise DatasetError(f"{path}: line {line}: field answer: differs from the question other than by "
-                                   "marking open cells 'o'")
-            qs.append(q)
-            ans.append(a)
+    for line, row in iter_source_csv(path):
+        q = _parse(row[1], f"{path}: line {line}: field question")
+        a = _parse(row[2], f"{path}: line {line}: field answer")
+        for name, m in (("question", q), ("answer", a)):
+            if (m == START).sum() != 1 or (m == GOAL).sum() != 1:
+                raise DatasetError(f"{path}: line {line}: field {name}: needs exactly one 'S' and one 'G'")
+        if (q == PATH).any():
+            raise DatasetError(f"{path}: line {line}: field question: contains path marks 'o'")
+        diff = q != a
+        if not ((q[diff] == OPEN) & (a[diff] == PATH)).all():
+            raise DatasetError(f"{path}: line {line}: field answer: differs from the question other than by "
+                               "marking open cells 'o'")
+        qs.append(q)
+        ans.append(a)
     if not qs:
         raise DatasetError(f"{path}: no mazes")
     return np.stack(qs), np.stack(ans)
@@ -254,11 +245,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             source = f"csv:{args.source_dir}"
         elif args.generate_train is not None:
             rng = np.random.default_rng([args.seed, 0x3A2F])
-            gen = lambda n, what: [generate_maze(rng, min_path=args.min_path) for _ in tqdm(  # noqa: E731
-                range(n), desc=f"generating {what}", disable=args.no_progress)]
-            tr, te = gen(args.generate_train, "train"), gen(args.generate_test, "test")
-            train = (np.stack([q for q, _ in tr]), np.stack([a for _, a in tr]))
-            test = (np.stack([q for q, _ in te]), np.stack([a for _, a in te]))
+            make = lambda: generate_maze(rng, min_path=args.min_path)  # noqa: E731
+            train = generate_pairs(make, args.generate_train, "generating train", not args.no_progress)
+            test = generate_pairs(make, args.generate_test, "generating test", not args.no_progress)
             source = "generated"
         else:
             ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")

@@ -26,11 +26,12 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dataset.common import DatasetError, DatasetMetadata, atomic_output_dir, save_split, set_default_dir_mode
+from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, generate_pairs,
+                            iter_source_csv, save_split, set_default_dir_mode)
 
 log = logging.getLogger(__name__)
 
-CSV_FIELDS = ("source", "question", "answer", "rating")
+CSV_FIELDS = SOURCE_CSV_FIELDS
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,32 +170,23 @@ def generate_sudoku_csv(path: str, num: int, *, size: int = 9, seed: int = 0, pr
 # ----------------------------------------------------------------------------------------------
 def read_sudoku_csv(path: str, size: int = 9, min_rating: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
     """(questions, answers) as int arrays [N, size, size] (0 = blank), validated."""
-    if not os.path.exists(path):
-        raise DatasetError(f"{path}: file not found")
     qs, ans = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:3]] != list(CSV_FIELDS[:3]):
-            raise DatasetError(f"{path}: header must start with {','.join(CSV_FIELDS)}, got {header}")
-        for line, row in enumerate(reader, start=2):
-            if len(row) < 3:
-                raise DatasetError(f"{path}: line {line}: expected columns {CSV_FIELDS}, got {len(row)} fields")
-            if min_rating is not None and len(row) > 3 and row[3].strip():
-                try:
-                    rating = float(row[3])
-                except ValueError:
-                    raise DatasetError(f"{path}: line {line}: field rating: not a number: {row[3]!r}") from None
-                if rating < min_rating:
-                    continue
-            q = _parse_board(row[1], size, blank_ok=True, where=f"{path}: line {line}: field question")
-            a = _parse_board(row[2], size, blank_ok=False, where=f"{path}: line {line}: field answer")
-            if not is_valid_solution(a):
-                raise DatasetError(f"{path}: line {line}: field answer: not a valid Sudoku solution")
-            if ((q != 0) & (q != a)).any():
-                raise DatasetError(f"{path}: line {line}: field question: clues disagree with the answer")
-            qs.append(q)
-            ans.append(a)
+    for line, row in iter_source_csv(path):
+        if min_rating is not None and len(row) > 3 and row[3].strip():
+            try:
+                rating = float(row[3])
+            except ValueError:
+                raise DatasetError(f"{path}: line {line}: field rating: not a number: {row[3]!r}") from None
+            if rating < min_rating:
+                continue
+        q = _parse_board(row[1], size, blank_ok=True, where=f"{path}: line {line}: field question")
+        a = _parse_board(row[2], size, blank_ok=False, where=f"{path}: line {line}: field answer")
+        if not is_valid_solution(a):
+            raise DatasetError(f"{path}: line {line}: field answer: not a valid Sudoku solution")
+        if ((q != 0) & (q != a)).any():
+            raise DatasetError(f"{path}: line {line}: field question: clues disagree with the answer")
+        qs.append(q)
+        ans.append(a)
     if not qs:
         raise DatasetError(f"{path}: no puzzles")
     return np.stack(qs), np.stack(ans)
@@ -319,11 +311,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             source = f"csv:{args.source_dir}"
         elif args.generate_train is not None:
             rng = np.random.default_rng([args.seed, 0x6E4])
-            gen = lambda n, what: [generate_puzzle(rng, args.size) for _ in tqdm(  # noqa: E731
-                range(n), desc=f"generating {what}", disable=args.no_progress)]
-            tr, te = gen(args.generate_train, "train"), gen(args.generate_test, "test")
-            train = (np.stack([p for p, _ in tr]), np.stack([s for _, s in tr]))
-            test = (np.stack([p for p, _ in te]), np.stack([s for _, s in te]))
+            make = lambda: generate_puzzle(rng, args.size)  # noqa: E731
+            train = generate_pairs(make, args.generate_train, "generating train", not args.no_progress)
+            test = generate_pairs(make, args.generate_test, "generating test", not args.no_progress)
             source = f"generated:size{args.size}"
         else:
             ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")

@@ -334,6 +334,36 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
         json.dump(metadata.model_dump(exclude_none=False), f, indent=1)
 
 
+def generate_pairs(make, n: int, desc: str, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Call ``make() -> (question, answer)`` n times (with a progress bar) and stack the results."""
+    from tqdm import tqdm
+
+    pairs = [make() for _ in tqdm(range(n), desc=desc, disable=not progress)]
+    return np.stack([q for q, _ in pairs]), np.stack([a for _, a in pairs])
+
+
+# Column layout of the Sudoku-Extreme and Maze-Hard CSV files.
+SOURCE_CSV_FIELDS = ("source", "question", "answer", "rating")
+
+
+def iter_source_csv(path: str) -> Iterator[tuple[int, list[str]]]:
+    """Rows of a ``source,question,answer[,rating]`` CSV as ``(line number, row)``, after checking that the file
+    exists, the header starts with ``source,question,answer`` and every row has at least those three columns."""
+    import csv
+
+    if not os.path.exists(path):
+        raise DatasetError(f"{path}: file not found")
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != list(SOURCE_CSV_FIELDS[:3]):
+            raise DatasetError(f"{path}: header must start with {','.join(SOURCE_CSV_FIELDS)}, got {header}")
+        for line, row in enumerate(reader, start=2):
+            if len(row) < 3:
+                raise DatasetError(f"{path}: line {line}: expected columns {SOURCE_CSV_FIELDS}, got {len(row)} fields")
+            yield line, row
+
+
 def seq_to_str_ids(seq: Sequence[int]) -> str:  # small helper for debugging / identifiers
     return "".join(str(int(x)) for x in seq)
 

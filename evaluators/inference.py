@@ -46,33 +46,31 @@ def resolve_autocast_dtype(autocast_dtype: Union[None, str, torch.dtype], device
     return table[name]
 
 
-def find_halt_max_steps(model: Any) -> int:
-    """halt_max_steps of an ACT model or loss head (looks at ``.config`` / ``.model`` / ``._orig_mod``)."""
+def _wrapped_chain(model: Any):
+    """``model`` and the modules it wraps (``.model``, ``._orig_mod``, ``.module``, ``.inner``), breadth-first,
+    each once: loss head -> compiled module -> ACT model -> inner model."""
     seen, todo = set(), [model]
     while todo:
         m = todo.pop(0)
         if m is None or id(m) in seen:
             continue
         seen.add(id(m))
+        yield m
+        todo.extend(getattr(m, a, None) for a in ("model", "_orig_mod", "module", "inner"))
+
+
+def find_halt_max_steps(model: Any) -> int:
+    """halt_max_steps of an ACT model or loss head (looks at ``.config`` / ``.model`` / ``._orig_mod``)."""
+    for m in _wrapped_chain(model):
         for holder in (m, getattr(m, "config", None)):
             v = getattr(holder, "halt_max_steps", None) if holder is not None else None
             if isinstance(v, int) and v > 0:
                 return v
-        todo.extend(getattr(m, a, None) for a in ("model", "_orig_mod", "module", "inner"))
     raise ValueError(f"cannot find halt_max_steps on {type(model).__name__}; pass max_steps=")
 
 
 def _find_attr_owner(model: Any, attr: str) -> Any:
-    seen, todo = set(), [model]
-    while todo:
-        m = todo.pop(0)
-        if m is None or id(m) in seen:
-            continue
-        seen.add(id(m))
-        if hasattr(m, attr):
-            return m
-        todo.extend(getattr(m, a, None) for a in ("model", "_orig_mod", "module", "inner"))
-    return None
+    return next((m for m in _wrapped_chain(model) if hasattr(m, attr)), None)
 
 
 def _stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:

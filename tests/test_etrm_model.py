@@ -1,6 +1,5 @@
 """ETRM = TRM core + demo encoder: construction, gradients (pitfalls 1, 2), recurrent carry, KL scale
 (pitfall 6), diagnostics and pretrained-decoder loading (pitfall 10)."""
-import os
 
 import pytest
 import torch
@@ -8,7 +7,7 @@ import torch
 import models
 from dataset.common import DatasetMetadata
 from encoders import ENCODER_REGISTRY
-from models.etrm import ETRM, ETRMCarry, build_etrm_model, load_pretrained_decoder
+from models.etrm import ETRMCarry, build_etrm_model, load_pretrained_decoder
 
 V, S, B, D, HID, L = 12, 16, 4, 3, 32, 2
 NAMES = sorted(ENCODER_REGISTRY)

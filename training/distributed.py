@@ -52,7 +52,6 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1), else single process."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
     if world_size <= 1:

@@ -12,7 +12,6 @@ import math
 import os
 import secrets
 import signal
-import time
 from typing import Any, Optional, Union
 
 import torch
@@ -24,7 +23,7 @@ from training import distributed as D
 from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra
 from training.ema import EMA
 from training.logging import RunLogger
-from training.schedule import lr_at_step, set_lr
+from training.schedule import lr_at_step
 from training.summary import (EXIT_EARLY_STOP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK,
                               STOP_COMPLETED, STOP_ERROR, STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE,
                               RunSummary)
