@@ -30,11 +30,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Union
 
 import filelock
+
+from training.summary import atomic_write
 
 PENDING, RUNNING, DONE, FAILED, SKIPPED = " ", "~", "x", "!", "-"
 MARKS = {PENDING: "pending", RUNNING: "running", DONE: "done", FAILED: "failed", SKIPPED: "skipped"}
@@ -364,22 +365,8 @@ class JobFile:
 
 
 def atomic_write_text(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-        except FileNotFoundError:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Atomic replace of ``path`` (temp file, fsync, os.replace), keeping its permissions and line endings."""
+    atomic_write(path, lambda f: f.write(text), encoding="utf-8", newline="")
 
 
 class JobStore:

@@ -115,6 +115,20 @@ def test_resume_after_hard_kill_is_exact(toy, learned_run, straight_run, tmp_pat
                              {k: v for k, v in y.items() if torch.is_tensor(v)})
 
 
+def test_resume_applies_this_runs_optimizer_settings_and_says_so(toy, tmp_path, capsys):
+    """A resume with another weight_decay / lr uses them (moments still come from the checkpoint), loudly."""
+    run = str(tmp_path / "r")
+    train(toy_train_config(toy, run, epochs=3, max_steps=4, checkpoint_every=4, weight_decay=0.0))
+    capsys.readouterr()
+    summary = train(toy_train_config(toy, run, epochs=3, max_steps=8, checkpoint_every=4, weight_decay=0.25,
+                                     lr=5e-4, resume=True))
+    out = capsys.readouterr().out
+    assert summary["steps"] == 8
+    assert "weight_decay=0.25 (checkpoint had 0.0)" in out and "base_lr=0.0005 (checkpoint had 0.001)" in out
+    groups = _state(os.path.join(run, "step_8.pt"))["optimizers"]["adam"]["param_groups"]
+    assert all(g["weight_decay"] == 0.25 and g["base_lr"] == 5e-4 for g in groups)
+
+
 def test_resume_without_checkpoint_needs_run_name(toy, tmp_path):
     cfg = _resume_cfg(toy, str(tmp_path / "r"))
     cfg.pop("run_name")
@@ -284,3 +298,26 @@ def test_wandb_offline_run_lives_in_the_run_dir(toy, tmp_path, monkeypatch):
     assert len(runs) == 1
     files = os.listdir(os.path.join(run, "wandb", runs[0]))
     assert any(f.endswith(".wandb") for f in files)
+
+
+def test_eval_interval_counts_passes_when_an_epoch_packs_several(toy, tmp_path):
+    """64 training examples, global batch 128: each loader epoch packs 2 passes into 1 batch, so one step = 2
+    epochs (passes). eval_interval is in epochs: eval_interval=2 must evaluate after every step, and
+    min_eval_interval=4 (epochs) must skip the first step (2 epochs)."""
+    from training.distributed import DistInfo
+
+    cfg = toy_train_config(toy, str(tmp_path / "pp"), global_batch_size=128, epochs=8, eval_interval=2,
+                           min_eval_interval=4, checkpoint_keep=None, eval_at_end=False)
+    t = Trainer(config_from_dict(cfg), DistInfo())
+    assert (t.passes_per_epoch, t.batches_per_epoch, t.total_steps) == (2, 1, 4)
+    due = []
+    for step in range(1, 5):
+        t.step = step
+        due.append(t._eval_due())
+    assert due == [False, True, True, True]
+    t.cfg.eval_interval, t.cfg.min_eval_interval = 3, 0  # evaluate at the first step reaching 3, 6, ... epochs
+    due = []
+    for step in range(1, 6):
+        t.step = step
+        due.append(t._eval_due())
+    assert due == [False, True, True, False, True]

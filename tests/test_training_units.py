@@ -207,3 +207,59 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     delta = emb.weights - before
     assert torch.count_nonzero(delta[[0, 2, 4]]) == 0
     assert torch.allclose(delta[[1, 3]].abs(), torch.full_like(delta[[1, 3]], 0.5))
+
+
+def _grads_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from training import distributed as D
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        both, only0, unused = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+        both.grad = torch.full((3,), float(rank + 1))
+        if rank == 0:
+            only0.grad = torch.ones(3)
+        D.all_reduce_grads_([both, only0, unused])
+        torch.save({"both": both.grad, "only0": only0.grad, "unused": unused.grad},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_reduce_grads_sums_and_keeps_none_for_params_without_grad_anywhere(tmp_path):
+    """A parameter with no gradient on ANY rank must keep grad None (as in one process, where AdamATan2 then
+    skips it: no weight decay, no momentum step); one with a gradient on some ranks gets the sum."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_grads_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
+    for rank in range(2):
+        g = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(g["both"], torch.full((3,), 3.0))
+        assert torch.equal(g["only0"], torch.ones(3))
+        assert g["unused"] is None
+
+
+def test_reduce_window_uses_trm_metric_semantics():
+    """Log window of 2 steps, global batch 8: loss terms (and per-sample extra terms such as kl) / (B * steps),
+    accuracies and steps / halted count, count and grad norms / steps (docs/metrics.md, pitfall 17)."""
+    from types import SimpleNamespace
+
+    from training.loop import Trainer
+
+    stub = SimpleNamespace(cfg=SimpleNamespace(global_batch_size=8), head=SimpleNamespace(extra_loss_weights={"kl": 0.1}),
+                           examples_seen=40, _current_lr=lambda: 1e-3, _epochs_completed=lambda: 1.5)
+    acc = {"loss": 48.0, "lm_loss": 32.0, "q_halt_loss": 16.0, "kl": 8.0, "count": 6.0, "accuracy": 4.5,
+           "exact_accuracy": 3.0, "q_halt_accuracy": 5.0, "steps": 12.0, "grad/total_norm": 3.0,
+           "new_examples": 10.0, "train/decoder_frozen": 1.0}
+    out = Trainer.reduce_window(stub, acc, 2)
+    expected = {"train/loss": 3.0, "train/lm_loss": 2.0, "train/q_halt_loss": 1.0, "train/kl": 0.5,
+                "train/count": 3.0, "train/accuracy": 0.75, "train/exact_accuracy": 0.5,
+                "train/q_halt_accuracy": 5 / 6, "train/steps": 2.0, "grad/total_norm": 1.5,
+                "train/decoder_frozen": 0.5, "train/lr": 1e-3, "train/examples_seen": 40.0, "train/epoch": 1.5}
+    assert out == pytest.approx(expected)
+    # no halted sample in the window: accuracies are 0, not NaN
+    out = Trainer.reduce_window(stub, {"loss": 8.0, "count": 0.0, "accuracy": 0.0}, 1)
+    assert out["train/accuracy"] == 0.0 and out["train/count"] == 0.0

@@ -124,22 +124,32 @@ def all_reduce_grads_(params: Iterable[torch.nn.Parameter]) -> None:
     """Sum gradients over ranks in one flat buffer (the loss is already divided by the global batch).
 
     Parameters without a gradient on this rank contribute zeros, so every rank issues the same collective.
+    A parameter without a gradient on *every* rank keeps ``grad = None`` (as in one process, where the
+    optimizer then skips it: no weight decay, no momentum-only step); the buffer carries one has-grad flag
+    per parameter for that.
     """
     if not _active():
         return
     params = [p for p in params if p.requires_grad]
     if not params:
         return
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+    device = params[0].device
+    flags = torch.tensor([float(p.grad is not None) for p in params], device=device)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+                     + [flags])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    has_grad = flat[-len(params):].tolist()  # one small device->host copy
     off = 0
-    for p in params:
+    for p, any_rank in zip(params, has_grad):
         n = p.numel()
-        g = flat[off:off + n].view_as(p).to(p.dtype)
-        if p.grad is None:
-            p.grad = g.clone()
+        if any_rank == 0:
+            p.grad = None
         else:
-            p.grad.copy_(g)
+            g = flat[off:off + n].view_as(p).to(p.dtype)
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.copy_(g)
         off += n
 
 

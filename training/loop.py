@@ -301,7 +301,16 @@ class Trainer:
                                        f"{self.info.world_size}; exact resume needs the same number of processes")
         self.model.load_state_dict(state["model"])
         for name, opt in self.optimizers.items():
+            # hyper-parameters come from the config of *this* run (the moments from the checkpoint): a resume that
+            # changes lr / weight_decay / betas takes effect, and says so, instead of being silently overridden
+            wanted = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in opt.param_groups]
             opt.load_state_dict(state["optimizers"][name])
+            for g, want in zip(opt.param_groups, wanted):
+                changed = {k: (g.get(k), v) for k, v in want.items() if g.get(k) != v}
+                if changed:
+                    self._print(f"[train] resume: optimizer {name}/{g.get('name', '?')} uses this run's "
+                                + ", ".join(f"{k}={new} (checkpoint had {old})" for k, (old, new) in changed.items()))
+                g.update(want)
         if self.ema is not None and state.get("ema"):
             self.ema.load_state_dict(state["ema"])
         self.step = int(state["step"])
@@ -488,8 +497,13 @@ class Trainer:
             return self.step % cfg.eval_interval_steps == 0
         if cfg.eval_interval is None:
             return False
-        every = cfg.eval_interval * self.batches_per_epoch
-        return self.step % every == 0 and self.step >= cfg.min_eval_interval * self.batches_per_epoch
+        # eval_interval / min_eval_interval count epochs = passes over the data; a loader epoch of
+        # batches_per_epoch steps holds passes_per_epoch passes. Evaluate at the first step that completes a
+        # multiple of eval_interval passes (integer arithmetic; with one pass per epoch: every
+        # eval_interval * batches_per_epoch steps).
+        per = self.batches_per_epoch * cfg.eval_interval
+        crossed = (self.step * self.passes_per_epoch) // per > ((self.step - 1) * self.passes_per_epoch) // per
+        return crossed and self.step * self.passes_per_epoch >= cfg.min_eval_interval * self.batches_per_epoch
 
     # ------------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
