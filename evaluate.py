@@ -126,7 +126,7 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
     head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
     encoder_mode = getattr(pcfg, "encoder", None) is not None
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
-        "format": "ours", "global_batch_size": int(pcfg.global_batch_size)}
+        "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed)}
 
 
 def _checkpoint_global_batch_size(path: str) -> int:
@@ -177,7 +177,9 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
                                          rank=dist_info.rank, world_size=dist_info.world_size,
                                          max_groups=cfg.max_groups, encoder_mode=encoder_mode,
-                                         max_demos=max_demos, num_workers=cfg.num_workers)
+                                         max_demos=max_demos, num_workers=cfg.num_workers,
+                                         # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
+                                         seed=int(info.get("seed", 0)))
         out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
         evaluator = ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
                                  rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,

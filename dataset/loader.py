@@ -527,34 +527,39 @@ class PuzzleDataset(IterableDataset):
         return s.name, batch, effective
 
     def _demos(self, s: _SetData, ex: np.ndarray, real: np.ndarray, key: tuple, row0: int) -> dict:
+        """Each real row's own puzzle's demonstration pairs, packed left into ``max_demos`` slots (the query itself
+        excluded). Vectorised over rows; only rows with more demos than slots (training: a seeded random subset
+        per global row) take a per-row path."""
         m, seq, nloc = self.max_demos, self.metadata.seq_len, len(real)
         demo_in = np.zeros((nloc, m, seq), dtype=np.int32)
         demo_lab = np.zeros((nloc, m, seq), dtype=np.int32)
         mask = np.zeros((nloc, m), dtype=bool)
-        rows_needed, dest = [], []
-        for k, e in zip(np.nonzero(real)[0], ex):
-            p = s.example_puzzle[e]
-            d0, d1 = int(s.demo_indices[p]), int(s.demo_indices[p + 1])
-            cand = np.arange(d0, d1)
-            slot = int(s.example_demo_slot[e])
-            if slot >= 0:
-                cand = np.delete(cand, slot)  # a query never sees itself
-            if len(cand) > m:
-                self.truncated_rows_served += 1
-                if self.config.test_mode:
-                    cand = cand[:m]
-                else:  # seeded per global row: independent of rank count and of other rows
-                    r = np.random.default_rng(list(key) + [row0 + int(k), 0xDE40])
-                    cand = np.sort(r.choice(cand, size=m, replace=False))
-            rows_needed.append(cand)
-            dest.append(np.stack([np.full(len(cand), k), np.arange(len(cand))], axis=1))
-        if rows_needed:
-            allrows = np.concatenate(rows_needed)
-            where = np.concatenate(dest)
-            if len(allrows):
-                demo_in[where[:, 0], where[:, 1]] = s.demo_inputs.take(allrows)
-                demo_lab[where[:, 0], where[:, 1]] = s.demo_labels.take(allrows)
-                mask[where[:, 0], where[:, 1]] = True
+        if len(ex):
+            local = np.nonzero(real)[0]
+            p = s.example_puzzle[ex]
+            d0 = s.demo_indices[p]
+            slot = s.example_demo_slot[ex]
+            avail = (s.demo_indices[p + 1] - d0) - (slot >= 0)
+            j = np.arange(m)
+            # candidate j of a row = demo j of its puzzle, skipping the query's own slot (a query never sees itself)
+            src = d0[:, None] + j[None, :] + ((slot[:, None] >= 0) & (j[None, :] >= slot[:, None]))
+            ok = j[None, :] < np.minimum(avail, m)[:, None]
+            trunc = np.nonzero(avail > m)[0]
+            self.truncated_rows_served += len(trunc)
+            if not self.config.test_mode:  # test mode keeps the first m candidates (already in ``src``)
+                for t in trunc:  # seeded per global row: independent of rank count and of other rows
+                    cand = np.arange(d0[t], d0[t] + avail[t] + (slot[t] >= 0))
+                    if slot[t] >= 0:
+                        cand = np.delete(cand, slot[t])
+                    r = np.random.default_rng(list(key) + [row0 + int(local[t]), 0xDE40])
+                    src[t] = np.sort(r.choice(cand, size=m, replace=False))
+            where = np.zeros((nloc, m), dtype=bool)
+            where[local] = ok
+            rows = src[ok]
+            if len(rows):
+                demo_in[where] = s.demo_inputs.take(rows)
+                demo_lab[where] = s.demo_labels.take(rows)
+                mask = where
         return {"demo_inputs": torch.from_numpy(demo_in), "demo_labels": torch.from_numpy(demo_lab),
                 "demo_mask": torch.from_numpy(mask)}
 

@@ -20,7 +20,6 @@ import math
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
 from evaluators import dist as edist
 
@@ -73,25 +72,17 @@ def _find_attr_owner(model: Any, attr: str) -> Any:
     return next((m for m in _wrapped_chain(model) if hasattr(m, attr)), None)
 
 
-def _stablemax_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    s = torch.where(logits < 0, 1 / (1 - logits), logits + 1)
-    return torch.log(s / s.sum(-1, keepdim=True))
-
-
 def per_sample_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_type: str = "softmax_cross_entropy"
                        ) -> torch.Tensor:
-    """Mean token loss over each sample's supervised tokens ([b] float32; 0 for samples with none)."""
-    logits = logits.float()
-    if loss_type == "stable_max_cross_entropy":
-        logp = _stablemax_log_probs(logits.double()).float()
-    elif loss_type == "softmax_cross_entropy":
-        logp = F.log_softmax(logits, dim=-1)
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}")
+    """Mean token loss over each sample's supervised tokens ([b] float32; 0 for samples with none).
+
+    The token losses are the loss head's own functions (``models.losses.get_loss_fn``), so the metrics recomputed
+    here and the head's metric sums cannot drift apart."""
+    from models.losses import get_loss_fn
+
     mask = labels != IGNORE
-    tok = -torch.gather(logp, -1, torch.where(mask, labels, 0).long().unsqueeze(-1)).squeeze(-1)
-    tok = torch.where(mask, tok, 0.0)
-    return tok.sum(-1) / mask.sum(-1).clamp_min(1)
+    tok = get_loss_fn(loss_type)(logits, labels, ignore_index=IGNORE)
+    return (tok.sum(-1) / mask.sum(-1).clamp_min(1)).float()
 
 
 def per_sample_metrics(preds: torch.Tensor, labels: torch.Tensor, q_halt_logits: torch.Tensor,

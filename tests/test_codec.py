@@ -91,6 +91,12 @@ def test_augmentation_inverse_exact(grid, tid, perm):
 def test_dihedral_group_numbering():
     g = np.arange(6).reshape(2, 3)
     assert (dihedral_transform(g, 1) == np.rot90(g)).all()
+    # every id, not only some: the distinct-images check below would not catch two ids swapped (e.g. 2 and 3),
+    # which would silently disagree with the published identifiers.json / checkpoints
+    assert (dihedral_transform(g, 0) == g).all()
+    assert (dihedral_transform(g, 2) == np.rot90(g, k=2)).all()
+    assert (dihedral_transform(g, 3) == np.rot90(g, k=3)).all()
+    assert (dihedral_transform(g, 7) == np.fliplr(np.rot90(g, k=1))).all()
     assert (dihedral_transform(g, 4) == np.fliplr(g)).all()
     assert (dihedral_transform(g, 5) == np.flipud(g)).all()
     assert (dihedral_transform(g, 6) == g.T).all()

@@ -364,3 +364,42 @@ def test_small_group_subset_packs_passes_into_full_batches(synth_dir):
     assert eff == big and (batch["example_index"] >= 0).all()
     # a normal-sized batch keeps one pass per epoch and the published semantics
     assert PuzzleDataset(cfg(synth_dir, global_batch_size=2), "train").passes_per_epoch(0) == 1
+
+
+def _reference_demos(ds, s, ex, real, key, row0):
+    """Per-row reference of the demo packing: own puzzle's demos in order, self excluded, truncated rows take the
+    first m (test mode) or a seeded sorted subset per global row (training)."""
+    m, nloc = ds.max_demos, len(real)
+    din = np.zeros((nloc, m, 900), np.int32)
+    dlab = np.zeros((nloc, m, 900), np.int32)
+    mask = np.zeros((nloc, m), bool)
+    for k, e in zip(np.nonzero(real)[0], ex):
+        p = s.example_puzzle[e]
+        cand = np.arange(s.demo_indices[p], s.demo_indices[p + 1])
+        if s.example_demo_slot[e] >= 0:
+            cand = np.delete(cand, s.example_demo_slot[e])
+        if len(cand) > m:
+            if ds.config.test_mode:
+                cand = cand[:m]
+            else:
+                r = np.random.default_rng(list(key) + [row0 + int(k), 0xDE40])
+                cand = np.sort(r.choice(cand, size=m, replace=False))
+        din[k, :len(cand)] = s.demo_inputs.take(cand)
+        dlab[k, :len(cand)] = s.demo_labels.take(cand)
+        mask[k, :len(cand)] = True
+    return din, dlab, mask
+
+
+@pytest.mark.parametrize("split, test_mode, max_demos, rank", [("train", False, 2, 1), ("train", False, None, 0),
+                                                               ("test", True, 1, 0), ("test", True, None, 1)])
+def test_vectorised_demo_packing_equals_per_row_reference(synth_dir, split, test_mode, max_demos, rank):
+    ds = PuzzleDataset(cfg(synth_dir, encoder_mode=True, test_mode=test_mode, max_demos=max_demos, rank=rank,
+                           world_size=2, translate_augment=False), split)
+    s = ds.sets[0]
+    for pos in ([(0, 0, b) for b in range(ds.num_batches())] if test_mode else [(0, 0, 0), (1, 0, 1), (2, 0, 0)]):
+        _, b, _ = ds._make_batch(pos)
+        rows = b["example_index"].numpy()
+        real = rows >= 0
+        din, dlab, mask = _reference_demos(ds, s, rows[real], real, (0,) + pos, rank * ds.local_batch_size)
+        assert np.array_equal(b["demo_mask"].numpy(), mask)
+        assert np.array_equal(b["demo_inputs"].numpy(), din) and np.array_equal(b["demo_labels"].numpy(), dlab)

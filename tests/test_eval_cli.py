@@ -126,3 +126,31 @@ def test_cli_end_to_end_and_unknown_key(trained):
     r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "arch.L_cycles=6",
                         "device=cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "original_trm_checkpoint" in r.stderr
+
+
+def test_max_groups_picks_the_groups_of_the_runs_eval_hook(trained):
+    """evaluate.py max_groups=N must evaluate the puzzles the run's own max_eval_groups=N hook evaluated: the
+    seeded group choice uses the checkpoint's training seed (it used 0 whatever the run's seed was)."""
+    import evaluate
+    from dataset.common import Augmentation
+    from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
+
+    data, ck, _, _, root = trained
+    state = torch.load(ck, map_location="cpu", weights_only=False)
+    state["config"]["seed"] = 5
+    ck5 = str(root / "seed5.pt")
+    torch.save(state, ck5)
+    ids = json.load(open(os.path.join(data, "identifiers.json")))
+
+    def hook_names(seed):  # what the training loop's eval loader (seed=cfg.seed) would serve
+        ds = PuzzleDataset(PuzzleDatasetConfig(data_paths=[data], global_batch_size=8, seed=seed, test_mode=True,
+                                               max_groups=2), "test")
+        return {Augmentation.parse_name(ids[int(p)])[0] for _, b, _ in ds for p, e in
+                zip(b["puzzle_identifiers"], b["example_index"]) if e >= 0}
+
+    assert hook_names(5) != hook_names(0)  # the check below can tell the seeds apart
+    out = str(root / "out_groups")
+    m = evaluate.run(_cfg(checkpoint=ck5, data_path=data, output_dir=out, use_ema=False, max_groups=2,
+                          num_pictures=0))
+    assert m["ARC/num_puzzles"] == 2
+    assert set(json.load(open(os.path.join(out, "submission.json")))) == hook_names(5)

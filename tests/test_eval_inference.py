@@ -257,3 +257,21 @@ def test_etrm_model_in_encoder_mode(arc_data):
                  device="cpu", progress=False)
     assert sorted(rec.seen) == sorted(set(rec.seen)) and len(rec.seen) == n_inputs
     assert m["ARC/num_examples"] == n_inputs and m["ARC/num_puzzles"] == n_puz and m["all.steps"] == 2.0
+
+
+@pytest.mark.parametrize("loss_type", ["softmax_cross_entropy", "stable_max_cross_entropy", "stablemax_cross_entropy"])
+def test_recomputed_lm_loss_is_the_loss_heads_definition(loss_type):
+    """The per-sample loss of the recomputed metrics is the loss head's token loss / supervised-token count (one
+    definition; any alias the head accepts is accepted here)."""
+    from models.losses import get_loss_fn
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 30, 12, generator=g) * 20  # large magnitudes: both stablemax branches
+    labels = torch.randint(0, 12, (4, 30), generator=g)
+    labels[1, ::2] = -100
+    labels[3] = -100  # no supervised token -> 0
+    n = (labels != -100).sum(-1).clamp_min(1)
+    expect = (get_loss_fn(loss_type)(logits, labels).sum(-1) / n).float()
+    got = per_sample_lm_loss(logits, labels, loss_type)
+    assert got.dtype == torch.float32 and got[3] == 0.0
+    assert torch.allclose(got, expect, rtol=1e-6, atol=0)
