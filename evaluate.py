@@ -71,6 +71,11 @@ def _configure_latent_search(head: Any, cfg: "EvaluateConfig") -> None:
     if not hasattr(model, "latent_search_steps"):
         raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: the checkpoint's model "
                             f"({type(model).__name__}) has no demonstration encoder to search")
+    encoder = getattr(model, "encoder", None)
+    if cfg.latent_search_steps and not hasattr(encoder, "encode_latent"):
+        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: test-time latent search needs an "
+                            f"LPN-style encoder (encoder=lpn); this checkpoint's encoder is "
+                            f"{type(encoder).__name__}")
     if cfg.latent_search_steps is not None:
         model.latent_search_steps = int(cfg.latent_search_steps)
     if cfg.latent_search_lr is not None:

@@ -227,8 +227,10 @@ class DemoTrunk(nn.Module):
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         pos = torch.arange(S, device=tokens.device)
         if self.cfg.crop_padding:  # exact: trailing PAD is masked anyway
-            li = int((inp != PAD_ID).any(0).nonzero().max().item()) + 1 if (inp != PAD_ID).any() else 1
-            lo = int((out != PAD_ID).any(0).nonzero().max().item()) + 1 if (out != PAD_ID).any() else 1
+            # kept length of each canvas = last column holding a non-PAD token + 1 (at least 1); one host sync
+            col = torch.arange(1, S + 1, device=tokens.device)
+            li, lo = torch.stack([((inp != PAD_ID).any(0) * col).max(), ((out != PAD_ID).any(0) * col).max()]
+                                 ).clamp_min(1).tolist()
             inp, out = inp[:, :li], out[:, :lo]
             pi, po = pos[:li], pos[:lo]
         else:

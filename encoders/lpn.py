@@ -24,6 +24,19 @@ class LPNEncoderConfig(BaseEncoderConfig):
     search_steps: int = pydantic.Field(0, ge=0)
     search_lr: float = pydantic.Field(0.1, gt=0)
 
+    @pydantic.model_validator(mode="after")
+    def _refuse_unused(self):
+        # pitfall 8: base-config keys this encoder never reads must not be silently ignored
+        if self.aggregation != "cross_attention":
+            raise ValueError(f"encoder lpn: aggregation={self.aggregation!r} is not used (lpn always takes the masked "
+                             f"mean of its pair latents); remove it")
+        if self.num_queries is not None:
+            raise ValueError(f"encoder lpn: num_queries={self.num_queries} is not used (one latent is projected to "
+                             f"the whole context); remove it")
+        if not self.variational and self.kl_weight != type(self).model_fields["kl_weight"].default:
+            raise ValueError(f"encoder lpn: kl_weight={self.kl_weight} has no effect without variational: true")
+        return self
+
 
 @register_encoder("lpn", LPNEncoderConfig)
 class LPNEncoder(DemoEncoder):

@@ -18,6 +18,14 @@ class RecurrentEncoderConfig(BaseEncoderConfig):
     name: Literal["recurrent"] = "recurrent"
     encoder_refinement_steps: int = pydantic.Field(2, ge=1)
 
+    @pydantic.model_validator(mode="after")
+    def _refuse_unused(self):
+        # pitfall 8: the demos are aggregated by z_E's own cross-attention; `aggregation` is never read
+        if self.aggregation != "cross_attention":
+            raise ValueError(f"encoder recurrent: aggregation={self.aggregation!r} is not used (z_E cross-attends to "
+                             f"the demos); remove it")
+        return self
+
 
 @register_encoder("recurrent", RecurrentEncoderConfig)
 class RecurrentEncoder(DemoEncoder):

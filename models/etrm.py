@@ -11,6 +11,10 @@ One ACT step (``forward(carry, batch)``)::
     carry', outputs = step(carry, prefix_context=enc.context)
     outputs["kl"] = enc.kl (per sample, unweighted); outputs["encoder_context"] = context
 
+In eval mode a non-recurrent encoder's context depends only on the slot's demos (posterior mean, no dropout), so
+it is computed when a slot is (re)filled and reused (with its KL) at the slot's later steps: the encoder runs once
+per refill instead of ``halt_max_steps`` times per evaluation batch. Training always re-encodes.
+
 ``encoder_cache=True`` (ablation, pitfall 2): the context computed at a slot's first step is stored detached
 and reused for its later steps, so the encoder gets gradient only from the first step of each sample.
 The recurrent encoder's z_E is stored detached in the carry but the fresh z_E that produces this step's
@@ -51,6 +55,7 @@ class ETRMCarry(ACTCarry):
 
     z_E: Optional[torch.Tensor] = None
     cached_context: Optional[torch.Tensor] = None
+    cached_kl: Optional[torch.Tensor] = None  # eval only: the per-sample KL that goes with cached_context
 
 
 class ETRM(ACTModel):
@@ -105,7 +110,13 @@ class ETRM(ACTModel):
     def refill(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
         base = super().refill(carry, batch)
         return ETRMCarry(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)},
-                         z_E=getattr(carry, "z_E", None), cached_context=getattr(carry, "cached_context", None))
+                         z_E=getattr(carry, "z_E", None), cached_context=getattr(carry, "cached_context", None),
+                         cached_kl=getattr(carry, "cached_kl", None))
+
+    def _reuses_eval_context(self) -> bool:
+        """Eval with a non-recurrent encoder: the context of a slot depends only on its demos (posterior mean, no
+        dropout), so it is computed when the slot is (re)filled and reused at its later ACT steps."""
+        return not self.training and not self.encoder.training and not getattr(self.encoder, "is_recurrent", False)
 
     # -- encoding -----------------------------------------------------------------------------------
     def encode(self, carry: ETRMCarry):
@@ -114,6 +125,11 @@ class ETRM(ACTModel):
         for k in DEMO_KEYS:
             if k not in data:
                 raise KeyError(f"ETRM batch is missing {k!r}; the dataset must be loaded with encoder_mode=True")
+        if (self._reuses_eval_context() and carry.cached_context is not None
+                and not bool(carry.halted.any())):  # eval, no slot refilled: same demos, same context
+            from encoders.base import EncoderOutput
+
+            return EncoderOutput(context=carry.cached_context, kl=carry.cached_kl), carry.cached_context
         state = None
         if getattr(self.encoder, "is_recurrent", False):
             b = data["inputs"].shape[0]
@@ -166,8 +182,10 @@ class ETRM(ACTModel):
                 else enc.kl
         new_carry = ETRMCarry(**{f.name: getattr(new, f.name) for f in dataclasses.fields(ACTCarry)},
                               z_E=None if enc.state is None else enc.state.detach(),
-                              cached_context=ctx.detach() if (self.encoder_cache or (
-                                  not self.training and self.latent_search_steps > 0)) else None)
+                              cached_context=ctx.detach() if (self.encoder_cache or self._reuses_eval_context())
+                              else None,
+                              cached_kl=enc.kl.detach() if (enc.kl is not None and self._reuses_eval_context())
+                              else None)
         return new_carry, outputs
 
     # -- diagnostics (outside the compiled forward; pitfall 18) --------------------------------------

@@ -212,3 +212,18 @@ def test_activation_checkpointing_gives_the_same_gradients():
         grads.append({n: p.grad.clone() for n, p in enc.named_parameters()})
     for n in grads[0]:
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,over,field", [("lpn", {"aggregation": "mean"}, "aggregation"),
+                                             ("lpn", {"num_queries": 4}, "num_queries"),
+                                             ("lpn", {"kl_weight": 0.5}, "kl_weight"),
+                                             ("recurrent", {"aggregation": "mean"}, "aggregation")])
+def test_settings_an_encoder_does_not_use_are_refused_not_ignored(name, over, field):
+    """Pitfall 8: a shared base-config key the chosen encoder never reads (lpn always mean-pools its pair latents
+    into one latent; recurrent aggregates by its own z_E cross-attention; lpn's KL exists only with
+    variational: true) must raise naming the field instead of silently doing nothing."""
+    with pytest.raises(EncoderConfigError, match=field):
+        make(name, **over)
+    make(name)  # the defaults (as in config/encoder/*.yaml) stay valid
+    if name == "lpn" and field == "kl_weight":
+        assert make(name, variational=True, **over).kl_weight == 0.5

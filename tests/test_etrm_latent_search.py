@@ -74,3 +74,50 @@ def test_evaluate_cli_switch_sets_search_and_refuses_models_without_encoder():
                       vocab_size=12, seq_len=16, num_puzzle_identifiers=1, batch_size=2)
     with pytest.raises(EvaluateError, match="latent_search_steps=5"):
         _configure_latent_search(trm, cfg)
+
+
+def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch):
+    """Leave-one-out: at the first search step (delta = 0) demo j of sample i is decoded from the context of the
+    mean latent of sample i's OTHER valid demos (computed here independently, by masking demo j out), in
+    sample-major order over the valid pairs only; masked slots are never decoded."""
+    import encoders.latent_search as ls
+
+    m = build("lpn").eval()
+    b = batch()  # sample 0 has its third slot masked: two valid demos
+    b["demo_mask"][3, 1] = False  # and sample 3 its second
+    seen = []
+    orig = ls._decoder_logits
+
+    def spy(model, inputs, context):
+        seen.append((inputs.clone(), context.detach().clone()))
+        return orig(model, inputs, context)
+
+    monkeypatch.setattr(ls, "_decoder_logits", spy)
+    with torch.inference_mode():
+        latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=1, lr=0.5,
+                              leave_one_out=True)
+    inputs, ctx = seen[0]
+    exp_inputs, exp_ctx = [], []
+    with torch.no_grad():
+        for i in range(b["demo_inputs"].shape[0]):
+            for j in range(b["demo_inputs"].shape[1]):
+                if not b["demo_mask"][i, j]:
+                    continue
+                loo = b["demo_mask"][i:i + 1].clone()
+                loo[0, j] = False
+                z, _ = m.encoder.encode_latent(b["demo_inputs"][i:i + 1], b["demo_labels"][i:i + 1], loo)
+                exp_ctx.append(m.encoder.context_from_latent(z)[0])
+                exp_inputs.append(b["demo_inputs"][i, j])
+    assert inputs.shape[0] == len(exp_inputs) == int(b["demo_mask"].sum())
+    torch.testing.assert_close(inputs, torch.stack(exp_inputs))
+    torch.testing.assert_close(ctx, torch.stack(exp_ctx), atol=1e-5, rtol=1e-5)
+
+
+def test_evaluate_cli_refuses_latent_search_for_encoders_without_a_latent():
+    import pytest
+
+    from evaluate import EvaluateConfig, EvaluateError, _configure_latent_search
+
+    m = build("standard").eval()
+    with pytest.raises(EvaluateError, match="encoder=lpn"):
+        _configure_latent_search(m, EvaluateConfig(checkpoint="x.pt", data_path="d", latent_search_steps=3))

@@ -215,3 +215,64 @@ def test_load_pretrained_decoder_original_layout(tmp_path):
                                                                                                  "L_cycles: 1"))
     load_pretrained_decoder(m, str(path), verbose=False)
     torch.testing.assert_close(m.inner.state_dict()["lm_head.weight"], trm.inner.state_dict()["lm_head.weight"])
+
+
+def test_encoder_cache_refilled_slots_get_a_fresh_live_context_others_their_cached_one():
+    """Pitfall 2 ablation, per slot: with encoder_cache a slot refilled at a later step gets the fresh (graph-carrying)
+    encoding of its NEW demos; a running slot keeps its first-step context, stored detached."""
+    m = build(encoder_cache=True).train()
+    b1, b2 = batch(seed=0), batch(seed=1)
+    carry, out1 = m(m.initial_carry(b1), b1)
+    ctx1 = out1["encoder_context"].detach()
+    carry.halted = torch.tensor([True, False, True, False])
+    _, out2 = m(carry, b2)
+    ctx2 = out2["encoder_context"]
+    m.eval()  # the standard encoder is deterministic: its fresh encoding of b2
+    fresh = m.encoder(b2["demo_inputs"], b2["demo_labels"], b2["demo_mask"]).context.detach()
+    torch.testing.assert_close(ctx2[[0, 2]].detach(), fresh[[0, 2]])
+    torch.testing.assert_close(ctx2[[1, 3]].detach(), ctx1[[1, 3]])
+    enc_params = [p for p in m.encoder.parameters()]
+    g_fresh = torch.autograd.grad(ctx2[0].sum(), enc_params, retain_graph=True, allow_unused=True)
+    g_cached = torch.autograd.grad(ctx2[1].sum(), enc_params, retain_graph=True, allow_unused=True)
+    assert sum(float(g.abs().sum()) for g in g_fresh if g is not None) > 0
+    assert all(g is None or float(g.abs().sum()) == 0 for g in g_cached)
+
+
+@pytest.mark.parametrize("name", ["standard", "variational", "recurrent"])
+def test_eval_encodes_once_per_refill_and_matches_re_encoding(name):
+    """Evaluator hot path: in eval a slot's demos do not change between ACT steps and the encoding is deterministic
+    (posterior mean), so the encoder runs only when a slot is (re)filled; the contexts and KL equal a fresh
+    re-encoding at every step. The recurrent encoder refines z_E and must still run every step."""
+    m = build(name).eval()
+    b = batch()
+    calls = []
+    orig = m.encoder.forward
+
+    def spy(*a, **k):
+        calls.append(1)
+        return orig(*a, **k)
+
+    m.encoder.forward = spy
+    with torch.inference_mode():
+        carry = m.initial_carry(b)
+        outs = []
+        for _ in range(m.halt_max_steps):
+            carry, out = m(carry, b)
+            outs.append(out)
+        assert len(calls) == (m.halt_max_steps if name == "recurrent" else 1)
+        if name != "recurrent":
+            ref = orig(b["demo_inputs"], b["demo_labels"], b["demo_mask"])
+            for out in outs:
+                torch.testing.assert_close(out["encoder_context"], ref.context)
+                if name == "variational":
+                    torch.testing.assert_close(out["kl"], ref.kl)
+        # a refilled slot triggers a new encoding of its new demos
+        carry.halted = torch.tensor([False, True, False, False])
+        b2 = batch(seed=3)
+        calls.clear()
+        _, out = m(carry, b2)
+        assert len(calls) == 1
+        if name != "recurrent":
+            torch.testing.assert_close(out["encoder_context"][1],
+                                       orig(b2["demo_inputs"], b2["demo_labels"], b2["demo_mask"]).context[1])
+            torch.testing.assert_close(out["encoder_context"][0], outs[-1]["encoder_context"][0])
