@@ -52,10 +52,13 @@ class IOStem(nn.Module):
     """Token/puzzle/position embeddings, LM head and Q head (submodule names as in the published code, so
     original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods."""
 
-    def __init__(self, *, vocab_size: int, seq_len: int, hidden_size: int, num_heads: int, num_puzzle_identifiers: int,
-                 batch_size: int, puzzle_emb_ndim: int, puzzle_emb_len: int, pos_encodings: str, rope_theta: float,
-                 forward_dtype: str) -> None:
+    def __init__(self, config, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
+        """``config``: the arch config (a ``models.trm._StemConfig``); its stem fields set the embeddings/heads."""
         super().__init__()
+        self.config = config
+        hidden_size, num_heads = config.hidden_size, config.num_heads
+        puzzle_emb_ndim, puzzle_emb_len = config.puzzle_emb_ndim, config.puzzle_emb_len
+        pos_encodings, rope_theta, forward_dtype = config.pos_encodings, config.rope_theta, config.forward_dtype
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.hidden_size = hidden_size

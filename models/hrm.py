@@ -38,11 +38,8 @@ class HRMInnerCarry:
 
 class HRMInner(IOStem):
     def __init__(self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(vocab_size=vocab_size, seq_len=seq_len, hidden_size=config.hidden_size, num_heads=config.num_heads,
-                         num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size,
-                         puzzle_emb_ndim=config.puzzle_emb_ndim, puzzle_emb_len=config.puzzle_emb_len,
-                         pos_encodings=config.pos_encodings, rope_theta=config.rope_theta, forward_dtype=config.forward_dtype)
-        self.config = config
+        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
+                         batch_size=batch_size)
 
         def stack(n: int) -> ReasoningModule:
             return ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,

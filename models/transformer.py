@@ -9,47 +9,29 @@ from __future__ import annotations
 from typing import Dict, Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field
 
 from models.act import ACTModel, IOStem
 from models.layers import ReasoningModule, TransformerBlock
-from models.trm import LossConfig, check_heads
+from models.trm import _StemConfig
 
 
-class TransformerConfig(BaseModel):
+class TransformerConfig(_StemConfig):
     """Validated ``arch`` config of the transformer baseline."""
 
-    model_config = ConfigDict(extra="forbid")
     name: Literal["transformer"] = "transformer"
-    hidden_size: int = Field(512, gt=0)
-    num_heads: int = Field(8, gt=0)
-    expansion: float = Field(4.0, gt=0)
     num_layers: int = Field(8, ge=1)
-    puzzle_emb_ndim: int = Field(512, ge=0)
-    puzzle_emb_len: int = Field(16, ge=0)
-    pos_encodings: Literal["rope", "learned", "none"] = "rope"
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
     mlp_t: bool = False
-    forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
-    loss: LossConfig = Field(default_factory=LossConfig)
 
     @property
     def halt_max_steps(self) -> int:
         return 1
 
-    @model_validator(mode="after")
-    def _check_heads(self):
-        return check_heads(self)
-
 
 class TransformerInner(IOStem):
     def __init__(self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(vocab_size=vocab_size, seq_len=seq_len, hidden_size=config.hidden_size, num_heads=config.num_heads,
-                         num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size,
-                         puzzle_emb_ndim=config.puzzle_emb_ndim, puzzle_emb_len=config.puzzle_emb_len,
-                         pos_encodings=config.pos_encodings, rope_theta=config.rope_theta, forward_dtype=config.forward_dtype)
-        self.config = config
+        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
+                         batch_size=batch_size)
         self.layers = ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
                                                         config.rms_norm_eps, mlp_t=config.mlp_t,
                                                         total_seq_len=self.total_seq_len)

@@ -44,7 +44,9 @@ def check_heads(cfg):
     return cfg
 
 
-class _ArchBase(BaseModel):
+class _StemConfig(BaseModel):
+    """Fields every architecture shares: the IOStem (embeddings, positions, heads), dtype and loss."""
+
     model_config = ConfigDict(extra="forbid")
 
     hidden_size: int = Field(512, gt=0)
@@ -56,15 +58,20 @@ class _ArchBase(BaseModel):
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
-    halt_max_steps: int = Field(16, ge=1)
-    halt_exploration_prob: float = Field(0.1, ge=0.0, le=1.0)
-    halt_early_in_eval: bool = False
-    no_ACT_continue: bool = True
     loss: LossConfig = Field(default_factory=LossConfig)
 
     @model_validator(mode="after")
     def _check_heads(self):
         return check_heads(self)
+
+
+class _ArchBase(_StemConfig):
+    """A recurrent architecture with ACT halting."""
+
+    halt_max_steps: int = Field(16, ge=1)
+    halt_exploration_prob: float = Field(0.1, ge=0.0, le=1.0)
+    halt_early_in_eval: bool = False
+    no_ACT_continue: bool = True
 
 
 class TRMConfig(_ArchBase):
@@ -86,11 +93,8 @@ class TRMInnerCarry:
 
 class TRMInner(IOStem):
     def __init__(self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(vocab_size=vocab_size, seq_len=seq_len, hidden_size=config.hidden_size, num_heads=config.num_heads,
-                         num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size,
-                         puzzle_emb_ndim=config.puzzle_emb_ndim, puzzle_emb_len=config.puzzle_emb_len,
-                         pos_encodings=config.pos_encodings, rope_theta=config.rope_theta, forward_dtype=config.forward_dtype)
-        self.config = config
+        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
+                         batch_size=batch_size)
         self.L_level = ReasoningModule([
             TransformerBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps,
                              mlp_t=config.mlp_t, total_seq_len=self.total_seq_len)
