@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import os
 import sys
@@ -26,7 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, dihedral_transform,
-                            generate_pairs, iter_source_csv, save_split, set_default_dir_mode)
+                            generate_pairs, iter_source_csv, save_one_example_split, subsample_pairs,
+                            set_default_dir_mode, write_blank_identifiers)
 
 log = logging.getLogger(__name__)
 
@@ -192,21 +192,15 @@ def _write_split(d: str, qs: np.ndarray, ans: np.ndarray, group_sizes: list, see
                            mean_puzzle_examples=1.0, total_puzzles=n, sets=["all"], kind="maze",
                            grid_size=MAZE_SIZE, translate_augment=False, seed=seed, num_aug=7 if aug else 0,
                            source=source)
-    save_split(d, {"inputs": (qs.reshape(n, -1) + 1).astype(np.uint8),
-                   "labels": (ans.reshape(n, -1) + 1).astype(np.uint8),
-                   "puzzle_identifiers": np.zeros(n, np.int32),
-                   "puzzle_indices": np.arange(n + 1, dtype=np.int32),
-                   "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32)}, meta)
+    save_one_example_split(d, (qs.reshape(n, -1) + 1).astype(np.uint8), (ans.reshape(n, -1) + 1).astype(np.uint8),
+                           group_sizes, meta)
 
 
 def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], *,
                        aug: bool = False, subsample_size: Optional[int] = None, seed: int = 0,
                        overwrite: bool = False, source: str = "", progress: bool = True) -> dict:
     t0 = time.time()
-    tq, ta = train
-    if subsample_size is not None and subsample_size < len(tq):
-        sel = np.sort(np.random.default_rng([seed, 0x5AB]).choice(len(tq), subsample_size, replace=False))
-        tq, ta = tq[sel], ta[sel]
+    tq, ta = subsample_pairs(*train, subsample_size, seed)
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         tids = range(8) if aug else range(1)
         qs, ans = [], []
@@ -216,8 +210,7 @@ def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], te
                 ans.append(dihedral_transform(ta[i], t))
         _write_split(os.path.join(tmp, "train"), np.stack(qs), np.stack(ans), [len(tids)] * len(tq), seed, aug, source)
         _write_split(os.path.join(tmp, "test"), test[0], test[1], [1] * len(test[0]), seed, False, source)
-        with open(os.path.join(tmp, "identifiers.json"), "w") as f:
-            json.dump(["<blank>"], f)
+        write_blank_identifiers(tmp)
         set_default_dir_mode(tmp)
     return {"train_mazes": len(tq), "train_examples": len(qs), "test_examples": len(test[0]),
             "seconds": round(time.time() - t0, 2)}

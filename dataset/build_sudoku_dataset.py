@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import os
 import sys
@@ -27,7 +26,8 @@ import numpy as np
 from tqdm import tqdm
 
 from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, generate_pairs,
-                            iter_source_csv, save_split, set_default_dir_mode)
+                            iter_source_csv, save_one_example_split, subsample_pairs,
+                            set_default_dir_mode, write_blank_identifiers)
 
 log = logging.getLogger(__name__)
 
@@ -245,10 +245,7 @@ def _write_split(d: str, qs: list, ans: list, group_sizes: list, seed: int, num_
                            seq_len=size * size, num_puzzle_identifiers=1, total_groups=len(group_sizes),
                            mean_puzzle_examples=1.0, total_puzzles=n, sets=["all"], kind="sudoku", grid_size=size,
                            translate_augment=False, seed=seed, num_aug=num_aug, source=source)
-    save_split(d, {"inputs": inputs, "labels": labels,
-                   "puzzle_identifiers": np.zeros(n, np.int32),
-                   "puzzle_indices": np.arange(n + 1, dtype=np.int32),
-                   "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32)}, meta)
+    save_one_example_split(d, inputs, labels, group_sizes, meta)
 
 
 def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
@@ -257,13 +254,7 @@ def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], 
     """Write ``train/`` (subsampled, augmented) and ``test/`` (as given) from (questions, answers) arrays."""
     t0 = time.time()
     size = train[0].shape[1]
-    tq, ta = train
-    if subsample_size is not None:
-        if subsample_size <= 0:
-            raise DatasetError(f"--subsample-size must be > 0, got {subsample_size}")
-        if subsample_size < len(tq):
-            sel = np.sort(np.random.default_rng([seed, 0x5AB]).choice(len(tq), subsample_size, replace=False))
-            tq, ta = tq[sel], ta[sel]
+    tq, ta = subsample_pairs(*train, subsample_size, seed)
     rng = np.random.default_rng([seed, 0xA06])
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         qs, ans, groups = [], [], []
@@ -281,8 +272,7 @@ def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], 
             groups.append(1 + num_aug)
         _write_split(os.path.join(tmp, "train"), qs, ans, groups, seed, num_aug, size, source)
         _write_split(os.path.join(tmp, "test"), list(test[0]), list(test[1]), [1] * len(test[0]), seed, 0, size, source)
-        with open(os.path.join(tmp, "identifiers.json"), "w") as f:
-            json.dump(["<blank>"], f)
+        write_blank_identifiers(tmp)
         set_default_dir_mode(tmp)
     return {"train_puzzles": len(tq), "train_examples": len(qs), "test_examples": len(test[0]),
             "augmentations": len(qs) - len(tq), "seconds": round(time.time() - t0, 2)}

@@ -334,6 +334,36 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
         json.dump(metadata.model_dump(exclude_none=False), f, indent=1)
 
 
+def subsample_pairs(questions: np.ndarray, answers: np.ndarray, size: Optional[int], seed: int):
+    """Seeded subsample (order kept) of ``size`` (question, answer) pairs; all of them when ``size`` is None or
+    not smaller than the data (pitfall 20: never unseeded)."""
+    if size is None:
+        return questions, answers
+    if size <= 0:
+        raise DatasetError(f"--subsample-size must be > 0, got {size}")
+    if size >= len(questions):
+        return questions, answers
+    sel = np.sort(np.random.default_rng([seed, 0x5AB]).choice(len(questions), size, replace=False))
+    return questions[sel], answers[sel]
+
+
+def save_one_example_split(split_dir: str, inputs: np.ndarray, labels: np.ndarray, group_sizes: Sequence[int],
+                           metadata: DatasetMetadata) -> None:
+    """Save a split where every puzzle is one example (Sudoku, Maze): blank puzzle ids, groups of augmented copies
+    of ``group_sizes`` puzzles each."""
+    n = len(inputs)
+    save_split(split_dir, {"inputs": inputs, "labels": labels,
+                           "puzzle_identifiers": np.zeros(n, np.int32),
+                           "puzzle_indices": np.arange(n + 1, dtype=np.int32),
+                           "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32)}, metadata)
+
+
+def write_blank_identifiers(data_dir: str) -> None:
+    """identifiers.json of a dataset without puzzle identities (only the blank id 0)."""
+    with open(os.path.join(data_dir, "identifiers.json"), "w") as f:
+        json.dump(["<blank>"], f)
+
+
 def generate_pairs(make, n: int, desc: str, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Call ``make() -> (question, answer)`` n times (with a progress bar) and stack the results."""
     from tqdm import tqdm

@@ -140,3 +140,20 @@ def test_maze_csv_roundtrip_and_errors(tmp_path):
     bad.write_text(f"source,question,answer,rating\nx,{q[:-1]}x,{rows[0]['answer']},1\n")
     with pytest.raises(DatasetError, match=r"line 2: field question: invalid characters \['x'\]"):
         MZ.read_maze_csv(str(bad))
+
+
+def test_subsample_is_seeded_ordered_and_rejects_non_positive_sizes(tmp_path):
+    from dataset.build_maze_dataset import build_maze_dataset
+    from dataset.common import DatasetError, subsample_pairs
+
+    q = np.arange(50).reshape(50, 1)
+    a1, _ = subsample_pairs(q, q, 10, seed=4)
+    a2, _ = subsample_pairs(q, q, 10, seed=4)
+    b, _ = subsample_pairs(q, q, 10, seed=5)
+    assert np.array_equal(a1, a2) and not np.array_equal(a1, b)
+    assert len(a1) == 10 and (np.diff(a1[:, 0]) > 0).all()  # order of the source kept
+    assert subsample_pairs(q, q, 80, seed=4)[0] is q
+    maze = np.zeros((2, 30, 30), dtype=np.uint8)
+    with pytest.raises(DatasetError, match="subsample-size must be > 0"):
+        build_maze_dataset(str(tmp_path / "m"), (maze, maze), (maze, maze), subsample_size=0, progress=False)
+    assert not (tmp_path / "m").exists()
