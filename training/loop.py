@@ -369,8 +369,9 @@ class Trainer:
             return torch.zeros((), device=self.device)
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One optimizer update on one global batch. Returns the rank-summed raw metric sums."""
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """One optimizer update on one global batch. Returns the rank-summed raw metric sums (host floats: the
+        step's only device-to-host transfer)."""
         cfg = self.cfg
         if self.carry is None:
             with torch.device(self.device):
@@ -387,13 +388,6 @@ class Trainer:
         sums["new_examples"] = new_examples
         sums["_stop"] = torch.tensor(1.0 if self._stop_flag else 0.0, device=loss.device)  # any rank -> all stop
         sums = D.all_reduce_dict_(sums)
-        loss_sum = float(sums["loss"])
-        if not math.isfinite(loss_sum):
-            for p in self.trainable:
-                p.grad = None
-            raise NonFiniteLossError(f"non-finite loss at step {self.step + 1}: loss={loss_sum} "
-                                     f"(sum over the global batch); weights of step {self.step} kept")
-
         # gradients summed over ranks (loss already / global batch) -> norms BEFORE clipping (pitfall 4)
         D.all_reduce_grads_(self.trainable)
         total_norm = self._grad_norm(self.trainable)
@@ -401,6 +395,13 @@ class Trainer:
         if self.encoder_params:
             sums["grad/encoder_norm"] = self._grad_norm(self.encoder_params)
             sums["grad/inner_norm"] = self._grad_norm(self.inner_params)
+        # one transfer of every scalar; the finiteness check comes before anything is applied to the weights
+        host = dict(zip(sums, torch.stack([v.float().reshape(()) for v in sums.values()]).tolist()))
+        if not math.isfinite(host["loss"]):
+            for p in self.trainable:
+                p.grad = None
+            raise NonFiniteLossError(f"non-finite loss at step {self.step + 1}: loss={host['loss']} "
+                                     f"(sum over the global batch); weights of step {self.step} kept")
 
         frozen = self.step < cfg.freeze_decoder_steps
         if frozen:  # per parameter, whatever the optimizer count (pitfall 3)
@@ -430,10 +431,10 @@ class Trainer:
         if self.ema is not None:
             self.ema.update(self.model)
         self.step = step1
-        self.examples_seen += int(sums["new_examples"])
-        sums["train/decoder_frozen"] = torch.tensor(float(frozen))
+        self.examples_seen += int(host["new_examples"])
+        host["train/decoder_frozen"] = float(frozen)
         self._last_outputs = outputs
-        return sums
+        return host
 
     def _return_keys(self) -> tuple:
         """Outputs the loss head must return for ``model.diagnostics`` (ETRM: models.etrm.DIAGNOSTIC_KEYS)."""
@@ -545,9 +546,9 @@ class Trainer:
                 _set_name, batch, _eff = item
                 batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
                 sums = self.train_step(batch)
-                stop_requested = float(sums.pop("_stop")) > 0
+                stop_requested = sums.pop("_stop") > 0
                 for k, v in sums.items():
-                    acc[k] = acc.get(k, 0.0) + float(v)
+                    acc[k] = acc.get(k, 0.0) + v
                 n_acc += 1
                 logger.advance()
 
