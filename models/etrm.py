@@ -57,6 +57,11 @@ class ETRMCarry(ACTCarry):
     cached_context: Optional[torch.Tensor] = None
     cached_kl: Optional[torch.Tensor] = None  # eval only: the per-sample KL that goes with cached_context
 
+    @classmethod
+    def extend(cls, base: ACTCarry, **encoder_state) -> "ETRMCarry":
+        """The ACT fields of ``base`` plus the given encoder fields."""
+        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)}, **encoder_state)
+
 
 class ETRM(ACTModel):
     def __init__(self, core: ACTModel, encoder: nn.Module, *, encoder_cache: bool = False) -> None:
@@ -104,14 +109,11 @@ class ETRM(ACTModel):
         if self.encoder_cache:
             p = next(self.inner.parameters())
             cached = torch.zeros(b, self.puzzle_emb_len, self.hidden_size, device=device, dtype=p.dtype)
-        return ETRMCarry(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)}, z_E=z_E,
-                         cached_context=cached)
+        return ETRMCarry.extend(base, z_E=z_E, cached_context=cached)
 
     def refill(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
         base = super().refill(carry, batch)
-        return ETRMCarry(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)},
-                         z_E=getattr(carry, "z_E", None), cached_context=getattr(carry, "cached_context", None),
-                         cached_kl=getattr(carry, "cached_kl", None))
+        return ETRMCarry.extend(base, **{k: getattr(carry, k, None) for k in ("z_E", "cached_context", "cached_kl")})
 
     def _reuses_eval_context(self) -> bool:
         """Eval with a non-recurrent encoder: the context of a slot depends only on its demos (posterior mean, no
@@ -147,8 +149,8 @@ class ETRM(ACTModel):
         return out, ctx
 
     @_compiler_disable
-    def _stash_diag(self, ctx: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.Tensor]) -> None:
-        self._last_diag = (ctx, mask, kl)
+    def _stash_diag(self, ctx: torch.Tensor, mask: torch.Tensor) -> None:
+        self._last_diag = (ctx, mask)
 
     def _search_context(self, carry: ETRMCarry, ctx: torch.Tensor) -> torch.Tensor:
         """Eval only: latent search once per query (when its slot is refilled), reused for its later steps."""
@@ -175,17 +177,15 @@ class ETRM(ACTModel):
         outputs["encoder_context"] = ctx
         outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)
         # fallback for diagnostics() when the loss head does not return these outputs (runs eagerly)
-        self._stash_diag(ctx.detach(), outputs["encoder_sample_mask"], None if enc.kl is None else enc.kl.detach())
+        self._stash_diag(ctx.detach(), outputs["encoder_sample_mask"])
         if enc.kl is not None:
             # with encoder_cache the KL belongs to the first step only (the later steps reuse that encoding)
             outputs["kl"] = torch.where(carry.halted, enc.kl, torch.zeros_like(enc.kl)) if self.encoder_cache \
                 else enc.kl
-        new_carry = ETRMCarry(**{f.name: getattr(new, f.name) for f in dataclasses.fields(ACTCarry)},
-                              z_E=None if enc.state is None else enc.state.detach(),
-                              cached_context=ctx.detach() if (self.encoder_cache or self._reuses_eval_context())
-                              else None,
-                              cached_kl=enc.kl.detach() if (enc.kl is not None and self._reuses_eval_context())
-                              else None)
+        reuse = self._reuses_eval_context()
+        new_carry = ETRMCarry.extend(new, z_E=None if enc.state is None else enc.state.detach(),
+                                     cached_context=ctx.detach() if (self.encoder_cache or reuse) else None,
+                                     cached_kl=enc.kl.detach() if (enc.kl is not None and reuse) else None)
         return new_carry, outputs
 
     # -- diagnostics (outside the compiled forward; pitfall 18) --------------------------------------
@@ -196,9 +196,9 @@ class ETRM(ACTModel):
         std ~1 there), over the samples that have at least one demo."""
         from encoders.health import context_statistics
 
-        ctx, mask, kl = outputs.get("encoder_context"), outputs.get("encoder_sample_mask"), outputs.get("kl")
+        ctx, mask = outputs.get("encoder_context"), outputs.get("encoder_sample_mask")
         if ctx is None and self._last_diag is not None:
-            ctx, mask, kl = self._last_diag
+            ctx, mask = self._last_diag
         if ctx is None:
             return {}
         if mask is not None and int(mask.sum()) == 0:
