@@ -215,13 +215,15 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
                     if step == steps_max:
                         halted = torch.ones_like(halted)
                     newly = halted & ~done
+                    # one host transfer per step: "did any slot halt for the first time / again"
+                    any_new, rerun = torch.stack([newly.any(), (carry.halted.to(device).bool() & done).any()]).tolist()
                     if head_metrics is not None and not halt_early:
-                        if bool((carry.halted.to(device).bool() & done).any()):
+                        if rerun:
                             head_ok = False  # a re-run slot halted again: head sums would double count
-                        if bool(newly.any()):
+                        if any_new:
                             hm = {k: v.detach().float().sum() for k, v in head_metrics.items()}
                             head_sums = hm if head_sums is None else {k: head_sums[k] + hm.get(k, 0) for k in head_sums}
-                    if bool(newly.any()):
+                    if any_new:
                         for k in want:
                             if k not in outs:
                                 continue
