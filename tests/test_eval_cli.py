@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, shared_arc_dir):
+def trained(tmp_path_factory, arc_kaggle_dir):
     """6 real ARC evaluation puzzles x 4 copies, and a tiny TRM trained for 2 steps on them (with the
     training loop's own eval hook running at the end)."""
     from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
@@ -23,7 +23,7 @@ def trained(tmp_path_factory, shared_arc_dir):
 
     root = tmp_path_factory.mktemp("evalcli")
     data = str(root / "data")
-    puzzles = load_kaggle_subset(os.path.join(shared_arc_dir, "arc-agi"), "evaluation")[:6]
+    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:6]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=3, seed=0, num_workers=1, progress=False)
     cfg = toy_train_config(data, str(root / "ck"), max_steps=2, epochs=1, global_batch_size=8,
                            evaluators=[{"name": "arc", "kwargs": {"num_pictures": 0}}])

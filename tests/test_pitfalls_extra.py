@@ -313,14 +313,14 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16():
     assert out["logits"].dtype == torch.float32 and carry.inner_carry.z_H.dtype == torch.float32
 
 
-def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(shared_arc_dir, tmp_path):
+def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(arc_kaggle_dir, tmp_path):
     """An encoder model trained on a --mode trm build (the test puzzles' demos are in train/) would not be
     evaluated few-shot: the loop refuses it by name unless allow_test_demos_in_train=true."""
     from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
     from training.config import ConfigError
     from training.loop import train
 
-    puzzles = load_puzzles(["training", "evaluation"], "evaluation", os.path.join(shared_arc_dir, "arc-agi"))
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", os.path.join(arc_kaggle_dir, "arc-agi"))
     small = [p for p in puzzles if p.subset == "training"][:2] + [p for p in puzzles if p.subset == "evaluation"][:1]
     data = str(tmp_path / "trm_mode")
     build_arc_dataset(data, small, test_set_name="evaluation", num_aug=1, seed=0, mode="trm", progress=False)
