@@ -146,7 +146,7 @@ def _checkpoint_global_batch_size(path: str) -> int:
     if f is None:
         raise EvaluateError(f"checkpoint={path!r}: no step_*.pt checkpoint in this directory")
     try:
-        state = torch.load(f, map_location="cpu", weights_only=False, mmap=True)
+        state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
         return int(state["config"]["global_batch_size"])
     except Exception as e:  # noqa: BLE001 - re-raised with the file name
         raise EvaluateError(f"checkpoint={f!r}: cannot read config.global_batch_size ({type(e).__name__}: {e}); "

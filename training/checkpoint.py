@@ -14,15 +14,25 @@ Layout of ``<checkpoint_dir>/step_<N>.pt`` (``format = "trm-platform/1"``)::
 
 Files are written to a temp file in the same directory and ``os.replace``-d, so a crash never leaves a
 truncated ``step_*.pt``; the previous checkpoint stays intact.
+
+Loading never executes code from the file: every ``torch.load`` uses ``weights_only=True``. The state is stored
+as plain data (tensors, numbers, strings, lists, tuples, dicts): :func:`to_plain` encodes what is not (numpy
+arrays / scalars, e.g. numpy's RNG state; dataclasses of our own packages, e.g. the ACT carry) as tagged dicts
+and :func:`from_plain` decodes them after loading. A file that needs anything else (a crafted pickle) is refused.
+A truncated or corrupt newest checkpoint makes :func:`load_latest_intact` fall back to the newest readable one,
+with a warning naming the bad file.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
+import importlib
 import os
 import random
 import re
-from typing import Any, Callable, Optional
+import sys
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -50,6 +60,71 @@ def tree_map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> An
         return type(obj)((k, tree_map_tensors(v, fn)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         return type(obj)(tree_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+# Dataclasses that may be rebuilt from a checkpoint: only those defined in these packages of this project.
+_DATACLASS_PACKAGES = ("models", "encoders", "training", "dataset", "evaluators")
+_TAG = "__trm_plain__"
+
+
+def to_plain(obj: Any, where: str = "state") -> Any:
+    """``obj`` as plain data that ``torch.load(weights_only=True)`` accepts: tensors, numbers, strings, None,
+    lists, tuples, sets and dicts pass through; numpy arrays / scalars and this project's dataclasses become
+    tagged dicts (see :func:`from_plain`). Anything else raises ``TypeError`` naming where it is."""
+    if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return {_TAG: "ndarray", "dtype": obj.dtype.str, "data": torch.from_numpy(obj.astype(np.int64, copy=True))
+                if obj.dtype.kind in "ui" else torch.from_numpy(np.array(obj, copy=True))}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        return {_TAG: "dataclass", "class": f"{cls.__module__}:{cls.__qualname__}",
+                "fields": {f.name: to_plain(getattr(obj, f.name), f"{where}.{f.name}") for f in dataclasses.fields(obj)}}
+    if isinstance(obj, torch.Size):
+        return obj
+    if type(obj) in (dict, collections.OrderedDict):
+        if _TAG in obj:
+            raise TypeError(f"{where}: a dict key may not be {_TAG!r}")
+        return type(obj)((k, to_plain(v, f"{where}[{k!r}]")) for k, v in obj.items())
+    if type(obj) in (list, tuple, set, frozenset):
+        return type(obj)(to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    raise TypeError(f"{where}: {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in a checkpoint "
+                    "(plain data only: tensors, numbers, strings, lists, tuples, dicts, numpy arrays, dataclasses)")
+
+
+def _dataclass_by_name(name: str) -> type:
+    module, _, qualname = name.partition(":")
+    if module.split(".")[0] not in _DATACLASS_PACKAGES:
+        raise CheckpointError(f"dataclass {name!r}: not a class of this project; refusing to rebuild it")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise CheckpointError(f"dataclass {name!r}: no such dataclass")
+    return obj
+
+
+def from_plain(obj: Any) -> Any:
+    """Inverse of :func:`to_plain`."""
+    if isinstance(obj, dict):
+        tag = obj.get(_TAG)
+        if tag == "ndarray":
+            return obj["data"].numpy().astype(np.dtype(obj["dtype"]))
+        if tag == "dataclass":
+            cls = _dataclass_by_name(obj["class"])
+            fields = {k: from_plain(v) for k, v in obj["fields"].items()}
+            init = {f.name for f in dataclasses.fields(cls) if f.init}
+            inst = cls(**{k: v for k, v in fields.items() if k in init})
+            for k, v in fields.items():
+                if k not in init:
+                    setattr(inst, k, v)
+            return inst
+        return type(obj)((k, from_plain(v)) for k, v in obj.items())
+    if type(obj) in (list, tuple, set, frozenset):
+        return type(obj)(from_plain(v) for v in obj)
     return obj
 
 
@@ -93,36 +168,107 @@ def find_latest_checkpoint(checkpoint_dir: str) -> Optional[str]:
 
 
 def save_checkpoint_atomic(state: dict[str, Any], path: str) -> None:
-    atomic_write(path, lambda f: torch.save(state, f), binary=True)
+    """Write ``state`` (encoded with :func:`to_plain`, so that it loads with ``weights_only=True``) atomically."""
+    plain = to_plain(state)
+    atomic_write(path, lambda f: torch.save(plain, f), binary=True)
 
 
-def prune_checkpoints(checkpoint_dir: str, keep: Optional[int]) -> None:
+def prune_checkpoints(checkpoint_dir: str, keep: Optional[int], protect: Iterable[Optional[str]] = ()) -> list[str]:
+    """Delete all but the newest ``keep`` ``step_*.pt`` files; never a file in ``protect`` (the checkpoint just
+    written, the one summary.json's ``last_checkpoint`` names). Returns the deleted paths."""
     if keep is None:
-        return
-    ckpts = list_checkpoints(checkpoint_dir)
-    for _, p in ckpts[:-keep] if keep > 0 else ckpts:
+        return []
+    keep = max(int(keep), 1)
+    safe = {os.path.abspath(p) for p in protect if p}
+    deleted = []
+    for _, p in list_checkpoints(checkpoint_dir)[:-keep]:
+        if os.path.abspath(p) in safe:
+            continue
         try:
             os.unlink(p)
+            deleted.append(p)
         except FileNotFoundError:
             pass
+    return deleted
 
 
-def load_checkpoint_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
-    """Load one of our checkpoints (trusted pickle: it holds the ACT carry and RNG states)."""
-    if os.path.isdir(path):
-        latest = find_latest_checkpoint(path)
-        if latest is None:
-            raise CheckpointError(f"{path}: no step_*.pt checkpoint in this directory")
-        path = latest
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:  # torch's weights_only refusal: the informative line names the offending global
+        if "Unsupported global" in ln or "WeightsUnpickler error" in ln:
+            return ln
+    return lines[0] if lines else type(e).__name__
+
+
+def read_checkpoint(path: str, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """Load one ``step_*.pt`` file with ``weights_only=True`` (no code in the file is ever executed) and decode
+    it. Raises :class:`CheckpointError` (one line naming the file) when it is missing, truncated, corrupt, holds
+    objects other than plain data, or is not a trm-platform checkpoint."""
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: checkpoint file not found")
-    state = torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # noqa: BLE001 - every failure becomes one line naming the file
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise CheckpointError(f"{path}: refused: the file holds objects other than plain data "
+                                  f"({_first_line(e)}); nothing in it was executed") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint, truncated or corrupt "
+                              f"({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(
             f"{path}: not a trm-platform checkpoint (format={state.get('format') if isinstance(state, dict) else None!r}); "
             "checkpoints of the original TRM code load through models.compat")
+    try:
+        state = from_plain(state)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     state["_path"] = path
     return state
+
+
+def load_latest_intact(checkpoint_dir: str, map_location: Any = "cpu", *, quarantine: bool = False,
+                       warn: Optional[Callable[[str], None]] = None) -> Optional[dict[str, Any]]:
+    """The newest checkpoint of ``checkpoint_dir`` that loads (None when the directory has none). A newer file
+    that does not load (truncated, corrupt, refused) is reported through ``warn`` (default: stderr) and skipped;
+    with ``quarantine`` it is renamed to ``<name>.corrupt`` so that later saves / pruning never count it.
+    Raises :class:`CheckpointError` when checkpoints exist but none of them loads."""
+    warn = warn or (lambda m: print(m, file=sys.stderr, flush=True))
+    bad: list[str] = []
+    for _, p in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            state = read_checkpoint(p, map_location)
+        except CheckpointError as e:
+            bad.append(p)
+            moved = ""
+            if quarantine:
+                try:
+                    os.replace(p, p + ".corrupt")
+                    moved = f"; moved aside to {os.path.basename(p)}.corrupt"
+                except OSError:
+                    pass
+            warn(f"[checkpoint] WARNING: skipping {e}{moved}; falling back to the previous checkpoint")
+            continue
+        if bad:
+            warn(f"[checkpoint] WARNING: using {p} (step {state.get('step')}); newer checkpoint(s) could not be "
+                 f"loaded: {', '.join(os.path.basename(b) for b in bad)}")
+        return state
+    if bad:
+        raise CheckpointError(f"{checkpoint_dir}: no loadable checkpoint (all of "
+                              f"{', '.join(os.path.basename(b) for b in bad)} are truncated, corrupt or refused)")
+    return None
+
+
+def load_checkpoint_file(path: str, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load one of our checkpoints: a ``step_*.pt`` file, or a run directory (its newest loadable checkpoint,
+    with a warning when newer files are corrupt). Always ``weights_only=True``."""
+    if os.path.isdir(path):
+        state = load_latest_intact(path, map_location)
+        if state is None:
+            raise CheckpointError(f"{path}: no step_*.pt checkpoint in this directory")
+        return state
+    return read_checkpoint(path, map_location)
 
 
 # ---------------------------------------------------------------------------------------------------
