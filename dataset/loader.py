@@ -641,9 +641,18 @@ def create_dataloader(config: PuzzleDatasetConfig | dict, split: str = "train") 
     pin = torch.cuda.is_available() if config.pin_memory is None else (config.pin_memory and torch.cuda.is_available())
     kwargs = {}
     if config.num_workers > 0:
-        kwargs = dict(prefetch_factor=4, persistent_workers=False, multiprocessing_context=_mp_context())
+        kwargs = dict(prefetch_factor=4, persistent_workers=False, multiprocessing_context=_mp_context(),
+                      worker_init_fn=_ignore_sigint)
     loader = _TrackingDataLoader(ds, batch_size=None, num_workers=config.num_workers, pin_memory=pin, **kwargs)
     return loader, ds.metadata
+
+
+def _ignore_sigint(_worker_id: int) -> None:
+    """Loader workers ignore Ctrl-C (SIGINT reaches the whole process group): the training loop stops at a step
+    boundary and shuts them down itself."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _mp_context():

@@ -113,6 +113,71 @@ def test_resume_after_hard_kill_is_exact(toy, learned_run, straight_run, tmp_pat
     for x, y in zip(a["optimizers"]["adam"]["state"].values(), b["optimizers"]["adam"]["state"].values()):
         _assert_same_weights({k: v for k, v in x.items() if torch.is_tensor(v)},
                              {k: v for k, v in y.items() if torch.is_tensor(v)})
+    # the open log window (8 of the 12 steps of the only window) was checkpointed: same summary numbers
+    _assert_same_summary(read_summary(straight_run), read_summary(run))
+
+
+def _assert_same_summary(a: dict, b: dict):
+    assert a["steps"] == b["steps"] and a["examples_seen"] == b["examples_seen"]
+    for key in ("final", "best"):
+        assert a[key].keys() == b[key].keys()
+        for k in a[key]:
+            if "second" in k:  # eval timing (wall clock)
+                continue
+            assert b[key][k] == pytest.approx(a[key][k], rel=1e-6, abs=1e-7), f"{key}[{k}]"
+    assert a["best_step"] == b["best_step"]
+
+
+def _all_tensors(state: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (state.items() if isinstance(state, dict) else enumerate(state)):
+        if torch.is_tensor(v):
+            out[f"{prefix}{k}"] = v
+        elif isinstance(v, (dict, list, tuple)):
+            out.update(_all_tensors(v, f"{prefix}{k}."))
+    return out
+
+
+def test_ctrl_c_resume_is_exact(toy, learned_run, straight_run, tmp_path):
+    """Ctrl-C (SIGINT) lands in the middle of step 6 (after the forward pass, before the optimizer update): the
+    steps in flight complete (all ranks agree on the stop at the next step boundary), the run stops with a
+    checkpoint at step 7 (exit 130), and a resume ends exactly where the uninterrupted 12-step run does -- every
+    tensor of the checkpoint and the summary's final / best numbers."""
+    run = str(tmp_path / "ctrlc")
+    cfg = _resume_cfg(toy, run, init=learned_run[0])
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {ROOT!r})
+        from training import loop
+        orig = loop.Trainer._grad_norm
+        def grad_norm(self, params):
+            if self.step == 5 and not getattr(self, "_sent", False):
+                self._sent = True
+                os.kill(os.getpid(), signal.SIGINT)  # mid-step: the carry and data have advanced already
+            return orig(self, params)
+        loop.Trainer._grad_norm = grad_norm
+        s = loop.train({cfg!r})
+        sys.exit(s["exit_status"])
+    """)
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "SIGINT: stopping after the current step" in proc.stderr
+    d = read_summary(run)
+    assert (d["stop_reason"], d["message"], d["steps"]) == ("interrupted", "SIGINT", 7)
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [4, 7]
+
+    summary = train(dict(cfg, resume=True))
+    assert summary["steps"] == 12 and summary["stop_reason"] == "completed"
+    a = ckpt.read_checkpoint(os.path.join(straight_run, "step_12.pt"))
+    b = ckpt.read_checkpoint(os.path.join(run, "step_12.pt"))
+    ta = _all_tensors({k: a[k] for k in ("model", "ema", "optimizers", "per_rank")})
+    tb = _all_tensors({k: b[k] for k in ("model", "ema", "optimizers", "per_rank")})
+    assert len(ta) > 15 and ta.keys() == tb.keys()
+    _assert_same_weights(ta, tb)  # weights, EMA, optimizer moments, RNG states, ACT carry
+    assert a["per_rank"][0]["data_state"] == b["per_rank"][0]["data_state"]
+    assert a["examples_seen"] == b["examples_seen"]
+    _assert_same_summary(read_summary(straight_run), read_summary(run))
 
 
 def test_resume_applies_this_runs_optimizer_settings_and_says_so(toy, tmp_path, capsys):

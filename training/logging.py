@@ -1,4 +1,11 @@
-"""Rank-0 logging: W&B (online / offline / disabled) and a tqdm progress bar.
+"""Rank-0 logging: W&B (online / offline / disabled), a tqdm progress bar and plain metric lines.
+
+On a terminal the progress bar (stderr) shows the latest train metrics. When stdout is not a terminal (a queue,
+SLURM, ``> log``) or the bar is off, every log window prints one line to stdout instead::
+
+    [train] step 50/500 loss 1.234 exact 0.12 acc 0.87 q_halt_acc 0.9 steps 2.1 lr 0.001 grad 0.53 epoch 2.5
+
+Every evaluation prints one line with its metrics (``[eval] step 50: ...``), terminal or not.
 
 ``wandb.mode``: ``auto`` (default) -> online when ``WANDB_API_KEY`` is set or a wandb login exists in
 ``~/.netrc``, otherwise offline; the ``WANDB_MODE`` environment variable, when set, wins over ``auto``;
@@ -12,6 +19,38 @@ import sys
 from typing import Any, Optional
 
 from tqdm import tqdm
+
+# (metric, short name) shown in the plain train line, in this order (those present)
+TRAIN_LINE_KEYS = (("train/loss", "loss"), ("train/lm_loss", "lm_loss"), ("train/exact_accuracy", "exact"),
+                   ("train/accuracy", "acc"), ("train/q_halt_accuracy", "q_halt_acc"), ("train/steps", "steps"),
+                   ("train/lr", "lr"), ("grad/total_norm", "grad"), ("train/epoch", "epoch"))
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def train_line(step: int, total_steps: int, metrics: dict[str, Any]) -> Optional[str]:
+    """``[train] step N/T loss … exact … lr …`` for a log window's metrics (None when it has no train loss)."""
+    if "train/loss" not in metrics:
+        return None
+    parts = [f"{short} {_fmt(metrics[k])}" for k, short in TRAIN_LINE_KEYS if k in metrics]
+    return f"[train] step {step}/{total_steps} " + " ".join(parts)
+
+
+def eval_line(step: int, metrics: dict[str, Any]) -> Optional[str]:
+    """``[eval] step N: name value, …`` with every metric of one evaluation (None when there are none)."""
+    if not metrics:
+        return None
+    items = ", ".join(f"{(k[5:] if k.startswith('eval/') else k)} {_fmt(v)}" for k, v in sorted(metrics.items()))
+    return f"[eval] step {step}: {items}"
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:
+        return False
 
 
 def _has_wandb_login() -> bool:
@@ -46,6 +85,8 @@ class RunLogger:
         self.mode = resolve_wandb_mode(mode)
         self.bar = None
         self.run_dir: Optional[str] = None
+        self.total_steps = int(total_steps)
+        self.lines = False  # plain metric lines on stdout (set below: stdout not a TTY, or no visible bar)
         if not enabled:
             return
         if self.mode != "disabled":
@@ -69,6 +110,8 @@ class RunLogger:
         if progress:
             self.bar = tqdm(total=total_steps, initial=initial_step, desc=run_name, dynamic_ncols=True,
                             file=sys.stderr, disable=None)
+        bar_visible = self.bar is not None and not getattr(self.bar, "disable", False)
+        self.lines = not bar_visible or not _isatty(sys.stdout)
 
     @property
     def run_id(self) -> Optional[str]:
@@ -79,6 +122,10 @@ class RunLogger:
             return
         if self.run is not None:
             self.run.log(metrics, step=step)
+        if self.lines:
+            line = train_line(step, self.total_steps, metrics)
+            if line:
+                self._stdout(line)
         if self.bar is not None:
             short = {k.split("/")[-1]: v for k, v in metrics.items()
                      if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")}
@@ -88,6 +135,18 @@ class RunLogger:
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)
+
+    def print_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """One line with an evaluation's metrics (always printed, terminal or not)."""
+        line = eval_line(step, metrics) if self.enabled else None
+        if line:
+            self._stdout(line)
+
+    def _stdout(self, msg: str) -> None:
+        if self.bar is not None and not getattr(self.bar, "disable", False):
+            self.bar.write(msg, file=sys.stdout)
+        else:
+            print(msg, flush=True)
 
     def print(self, msg: str) -> None:
         if not self.enabled:

@@ -12,6 +12,7 @@ import math
 import os
 import secrets
 import signal
+import sys
 from typing import Any, Optional, Union
 
 import torch
@@ -26,7 +27,9 @@ from training.logging import RunLogger
 from training.schedule import lr_at_step
 from training.summary import (EXIT_EARLY_STOP, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK,
                               STOP_COMPLETED, STOP_ERROR, STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE,
-                              RunSummary)
+                              SUMMARY_FILE, RunSummary)
+
+RUN_LOCK_FILE = ".run.lock"  # in the checkpoint dir: held (OS lock) by the run writing there
 
 
 class NonFiniteLossError(RuntimeError):
@@ -158,8 +161,6 @@ class Trainer:
     """Holds the state of one run. ``run()`` returns the summary dict."""
 
     def __init__(self, cfg: PretrainConfig, info: D.DistInfo, config_path: Optional[str] = None):
-        from dataset.loader import PuzzleDatasetConfig, create_dataloader
-
         self.cfg, self.info, self.device = cfg, info, info.device
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
         project, run = default_names(cfg)
@@ -167,6 +168,23 @@ class Trainer:
         self.checkpoint_dir = os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", self.project_name,
                                                                                    self.run_name))
         resolve_arch(cfg)  # fail fast on a bad arch.* key, before any data is read
+        if cfg.resume and cfg.run_name is None and cfg.checkpoint_path is None:
+            raise ConfigError("resume=true needs +run_name=… or checkpoint_path=… to find the run")
+        self._run_lock = None
+        self._created_dir = False
+        self._claim_run_dir()
+        try:
+            self._build(config_path)
+        except BaseException:
+            self.close()
+            self._remove_created_dir()
+            raise
+
+    def _build(self, config_path: Optional[str]) -> None:
+        """Data, model, optimizers, EMA, resume (the body of ``__init__`` once the run directory is ours)."""
+        from dataset.loader import PuzzleDatasetConfig, create_dataloader
+
+        cfg, info = self.cfg, self.info
         # identical seed on every rank for construction (same initial weights), per-rank seed afterwards
         D.seed_everything(cfg.seed, 0)
 
@@ -237,6 +255,10 @@ class Trainer:
         self.step = 0
         self.examples_seen = 0
         self.carry = None
+        # the open log window (raw metric sums of the steps since the last log): checkpointed, so that a resumed
+        # run logs -- and summarises -- exactly what an uninterrupted one does
+        self._acc: dict[str, float] = {}
+        self._n_acc = 0
         self.wandb_id: Optional[str] = None
         self._pending_rng: Optional[dict] = None
         self.summary = RunSummary(self.checkpoint_dir, run_name=self.run_name, project_name=self.project_name,
@@ -249,13 +271,9 @@ class Trainer:
 
         resume_state = None
         if cfg.resume:
-            latest = ckpt.find_latest_checkpoint(self.checkpoint_dir)
-            if latest is None:
-                if cfg.run_name is None and cfg.checkpoint_path is None:
-                    raise ConfigError("resume=true needs +run_name=… or checkpoint_path=… to find the run")
+            resume_state = self._load_resume_state()
+            if resume_state is None:
                 self._print(f"[train] resume=true but no checkpoint in {self.checkpoint_dir}; starting fresh")
-            else:
-                resume_state = ckpt.load_checkpoint_file(latest)
         elif cfg.load_checkpoint:
             st = ckpt.load_weights(self.model, cfg.load_checkpoint, arch=self.arch)
             self._check_metadata(st, cfg.load_checkpoint)
@@ -271,6 +289,92 @@ class Trainer:
         self._stop_flag: Optional[str] = None
         self._pending_save = False
         self._last_outputs: dict = {}
+
+    # ------------------------------------------------------------------------------------------------
+    def _claim_run_dir(self) -> None:
+        """Rank 0 locks the run directory (a second concurrent run on it is refused; the OS releases the lock
+        when the process dies) and, unless ``resume=true``, refuses a directory that holds another run's
+        checkpoints or summary.json. Every rank raises the same ConfigError."""
+        err = None
+        if self.info.is_main:
+            err = self._lock_and_check_run_dir()
+        err = D.broadcast_object(err)
+        if err:
+            self.close()
+            raise ConfigError(err)
+
+    def _lock_and_check_run_dir(self) -> Optional[str]:
+        import filelock
+
+        d = self.checkpoint_dir
+        try:
+            self._created_dir = not os.path.isdir(d)
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            return f"{d}: cannot create the run directory ({e.strerror or e})"
+        lock_path = os.path.join(d, RUN_LOCK_FILE)
+        kw = {"fallback_to_soft": False} if "fallback_to_soft" in inspect.signature(filelock.FileLock).parameters \
+            else {}  # a file-existence lock would outlive a killed process: better no lock than a stale one
+        lock = filelock.FileLock(lock_path, timeout=0, **kw)
+        try:
+            lock.acquire()
+            self._run_lock = lock
+        except filelock.Timeout:
+            return (f"{d}: another run is using this run directory right now ({RUN_LOCK_FILE} is locked by a live "
+                    f"process); wait for it to end, or give this run a new +run_name=… / checkpoint_path=…")
+        except OSError as e:  # e.g. a file system without flock: run unlocked, loudly
+            self._print(f"[train] WARNING: cannot lock {lock_path} ({e.strerror or e}); a second run on the same "
+                        f"directory would not be refused")
+        if not self.cfg.resume:
+            found = [os.path.basename(p) for _, p in ckpt.list_checkpoints(d)]
+            if os.path.isfile(os.path.join(d, SUMMARY_FILE)):
+                found.append(SUMMARY_FILE)
+            if found:
+                self.close()
+                shown = ", ".join(found[-3:]) if len(found) <= 3 else f"{len(found)} files incl. {found[-1]}"
+                return (f"{d}: already holds another run's files ({shown}); pass resume=true to continue that run, "
+                        f"or give this run a new +run_name=… / checkpoint_path=… (nothing was written)")
+        return None
+
+    def close(self) -> None:
+        """Release the run directory's lock (idempotent; also called at the end of ``run``)."""
+        lock, self._run_lock = getattr(self, "_run_lock", None), None
+        if lock is not None:
+            try:
+                lock.release(force=True)
+            except Exception:
+                pass
+
+    def _remove_created_dir(self) -> None:
+        """A run that failed while being set up leaves nothing behind: the directory it created (holding only its
+        lock file) is removed."""
+        if not (self._created_dir and self.info.is_main):
+            return
+        try:
+            if set(os.listdir(self.checkpoint_dir)) <= {RUN_LOCK_FILE}:
+                if os.path.exists(os.path.join(self.checkpoint_dir, RUN_LOCK_FILE)):
+                    os.unlink(os.path.join(self.checkpoint_dir, RUN_LOCK_FILE))
+                os.rmdir(self.checkpoint_dir)
+        except OSError:
+            pass
+
+    def _load_resume_state(self) -> Optional[dict]:
+        """The newest loadable checkpoint of the run dir (rank 0 picks it: a truncated / corrupt newer file is
+        reported, moved aside to ``*.corrupt`` and skipped); every rank loads the same file."""
+        choice = (None, None)
+        if self.info.is_main:
+            try:
+                st = ckpt.load_latest_intact(self.checkpoint_dir, quarantine=True,
+                                             warn=lambda m: print(m, file=sys.stderr, flush=True))
+                choice = (st["_path"] if st is not None else None, None)
+            except ckpt.CheckpointError as e:
+                choice = (None, str(e))
+        path, err = D.broadcast_object(choice)
+        if err:
+            raise ckpt.CheckpointError(err)
+        if path is None:
+            return None
+        return st if self.info.is_main else ckpt.read_checkpoint(path)
 
     # ------------------------------------------------------------------------------------------------
     def _print(self, msg: str) -> None:
@@ -324,6 +428,8 @@ class Trainer:
             self.health.load_state_dict(state["health"])
         if state.get("summary"):
             self.summary.load_state_dict(state["summary"])
+        window = state.get("log_window") or {}
+        self._acc, self._n_acc = dict(window.get("acc", {})), int(window.get("n", 0))
         self.wandb_id = state.get("wandb_id")
         self._print(f"[train] resumed from {state['_path']} at step {self.step}")
 
@@ -337,8 +443,10 @@ class Trainer:
         path = None
         if self.info.is_main:
             path = ckpt.checkpoint_file(self.checkpoint_dir, self.step)
-            self.summary.set(steps=self.step, examples_seen=self.examples_seen, last_checkpoint=path,
+            self.summary.set(steps=self.step, examples_seen=self.examples_seen,
                              epochs_completed=self._epochs_completed())
+            summary_state = self.summary.state_dict()
+            summary_state["last_checkpoint"] = path  # as it will be once this file exists
             state = {
                 "format": ckpt.FORMAT, "model": ckpt.unwrap_model(self.model).state_dict(),
                 "ema": self.ema.state_dict() if self.ema is not None else None,
@@ -347,12 +455,14 @@ class Trainer:
                 # contract keys (docs/architecture.md §4): lists indexed by rank (same objects as per_rank)
                 "rng": [r["rng"] for r in per_rank], "data_state": [r["data_state"] for r in per_rank],
                 "local_batch_size": self.local_bs, "config": self.cfg.model_dump(mode="json"), "arch": self.arch,
-                "metadata": self.metadata.model_dump(mode="json"), "summary": self.summary.state_dict(),
+                "metadata": self.metadata.model_dump(mode="json"), "summary": summary_state,
                 "health": self.health.state_dict() if self.health is not None else None,
                 "wandb_id": self.wandb_id, "run_name": self.run_name, "project_name": self.project_name,
+                "log_window": {"acc": dict(self._acc), "n": self._n_acc},
             }
             ckpt.save_checkpoint_atomic(state, path)
-            ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep)
+            self.summary.set(last_checkpoint=path)  # only once the file is complete
+            ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep, protect=(path,))
             self.summary.write()
         D.barrier()
         return path
@@ -533,14 +643,9 @@ class Trainer:
             self._pending_rng = None
 
         stop_reason, exit_status, message = STOP_COMPLETED, EXIT_OK, None
-        acc: dict[str, float] = {}
-        n_acc = 0
-        old_handler = None
+        aborted = False  # a hard abort (second Ctrl-C): the in-memory state may be mid-step, never checkpoint it
+        old_handlers = self._install_signal_handlers()
         try:
-            try:
-                old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-            except ValueError:  # not the main thread
-                old_handler = None
             while self.step < self.total_steps:
                 item, first = (first, None) if first is not None else (next(it), None)
                 _set_name, batch, _eff = item
@@ -548,20 +653,22 @@ class Trainer:
                 sums = self.train_step(batch)
                 stop_requested = sums.pop("_stop") > 0
                 for k, v in sums.items():
-                    acc[k] = acc.get(k, 0.0) + v
-                n_acc += 1
+                    self._acc[k] = self._acc.get(k, 0.0) + v
+                self._n_acc += 1
                 logger.advance()
 
                 logs: dict[str, float] = {}
                 if self.step % cfg.log_interval == 0 or self.step == self.total_steps:
-                    logs.update(self.reduce_window(acc, n_acc))
-                    acc, n_acc = {}, 0
+                    logs.update(self.reduce_window(self._acc, self._n_acc))
+                    self._acc, self._n_acc = {}, 0
                 if self._diag_fn is not None and self.step % cfg.diag_interval == 0:
                     with torch.no_grad():
                         d = self._diag_fn(self._last_outputs) or {}
                     logs.update({(k if "/" in k else f"diag/{k}"): float(v) for k, v in d.items()})
                 if self._eval_due() and self.step != self.total_steps:
-                    logs.update(self.evaluate())
+                    ev = self.evaluate()
+                    logger.print_eval(self.step, ev)
+                    logs.update(ev)
                     if cfg.checkpoint_every_eval:
                         self._pending_save = True
                 if logs:
@@ -587,32 +694,36 @@ class Trainer:
                     if self.step != self.total_steps:
                         self.save_checkpoint()
                 if stop_requested:
-                    stop_reason, exit_status, message = STOP_INTERRUPTED, EXIT_INTERRUPTED, "SIGTERM"
+                    stop_reason, exit_status, message = STOP_INTERRUPTED, EXIT_INTERRUPTED, self._stop_flag or "stop"
                     break
             else:
                 stop_reason = STOP_MAX_STEPS if self.capped else STOP_COMPLETED
         except NonFiniteLossError as e:
             stop_reason, exit_status, message = STOP_NONFINITE, EXIT_NONFINITE, str(e)
             logger.print(f"[train] STOP: {e}; the last good checkpoint is left intact")
-        except KeyboardInterrupt:
-            stop_reason, exit_status, message = STOP_INTERRUPTED, EXIT_INTERRUPTED, "KeyboardInterrupt"
+        except KeyboardInterrupt:  # second Ctrl-C (or no handler): possibly mid-step, so no final checkpoint
+            aborted = True
+            last = ckpt.find_latest_checkpoint(self.checkpoint_dir)
+            stop_reason, exit_status = STOP_INTERRUPTED, EXIT_INTERRUPTED
+            message = (f"KeyboardInterrupt: aborted without a final checkpoint; resume=true continues from "
+                       f"{os.path.basename(last) if last else 'the start (no checkpoint yet)'}")
+            logger.print(f"[train] {message}")
         except BaseException as e:  # evaluator failure, data error, ...: record it, close W&B, re-raise
             self._fail(logger, e)
             raise
         finally:
             _shutdown_iter(it)
-            if old_handler is not None:
-                signal.signal(signal.SIGTERM, old_handler)
 
         # ---- end of run: final eval, final checkpoint, summary ----
         try:
             if exit_status in (EXIT_OK, EXIT_EARLY_STOP):
                 if cfg.eval_at_end and self.test_loader is not None:
                     logs = self.evaluate()
+                    logger.print_eval(self.step, logs)
                     logger.log(logs, step=self.step)
                     if self.info.is_main:
                         self.summary.update_metrics(self.step, logs)
-            if exit_status != EXIT_NONFINITE and self.step > 0:
+            if exit_status != EXIT_NONFINITE and self.step > 0 and not aborted:
                 self.save_checkpoint()
             result = None
             if self.info.is_main:
@@ -630,6 +741,8 @@ class Trainer:
             raise
         finally:
             logger.close(exit_code=exit_status)
+            self._restore_signal_handlers(old_handlers)
+            self.close()
         return result
 
     def _fail(self, logger: RunLogger, e: BaseException) -> None:
@@ -642,8 +755,35 @@ class Trainer:
                 pass
         logger.close(exit_code=EXIT_FAILED)
 
-    def _on_sigterm(self, signum, frame) -> None:
-        self._stop_flag = "SIGTERM"
+    def _install_signal_handlers(self) -> dict:
+        """SIGTERM and SIGINT (Ctrl-C; also what run_jobs sends) request a stop at the next step boundary: the
+        step in progress completes, then the loop ends with a final checkpoint (exact resume). A second SIGINT
+        aborts at once (KeyboardInterrupt, no final checkpoint)."""
+        old = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                old[sig] = signal.signal(sig, self._on_stop_signal)
+            except ValueError:  # not the main thread: signals keep their default behaviour
+                pass
+        return old
+
+    @staticmethod
+    def _restore_signal_handlers(old: dict) -> None:
+        for sig, handler in old.items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, TypeError):
+                pass
+
+    def _on_stop_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self._stop_flag is not None:
+            raise KeyboardInterrupt
+        if self._stop_flag is None:
+            self._stop_flag = name
+            if self.info.is_main:  # os.write: safe inside a signal handler (print may be mid-write)
+                os.write(2, f"\n[train] {name}: stopping after the current step with a checkpoint "
+                            f"(Ctrl-C again aborts without one)\n".encode())
 
 
 def _etrm_diag_keys() -> tuple:
