@@ -246,3 +246,23 @@ def test_metric_lines_when_stdout_is_not_a_tty(toy, tmp_path, capsys):
     assert [ln.split()[2] for ln in eval_lines] == ["6:", "12:"]
     assert f"all.exact_accuracy {f['eval/all.exact_accuracy']:.4g}" in eval_lines[-1]
     assert f"num_examples {f['eval/num_examples']:.4g}" in eval_lines[-1]
+
+
+def test_legacy_pickled_checkpoint_is_refused_then_converted(toy, tmp_path, capsys):
+    """A checkpoint of the previous format (numpy RNG state and the carry dataclass pickled as objects) is refused
+    with the conversion command in the message; ``python -m training.checkpoint convert`` makes it loadable."""
+    run = str(tmp_path / "legacy")
+    train(toy_train_config(toy, run, epochs=1, max_steps=2))
+    f = os.path.join(run, "step_2.pt")
+    decoded = ckpt.read_checkpoint(f)
+    decoded.pop("_path")
+    assert type(decoded["per_rank"][0]["carry"]).__name__ == "ACTCarry"
+    torch.save(decoded, f)  # what the old code wrote
+    with pytest.raises(ckpt.CheckpointError, match=r"refused.*numpy.*python -m training.checkpoint convert"):
+        ckpt.read_checkpoint(f)
+    assert ckpt.main(["convert", run]) == 0
+    again = ckpt.read_checkpoint(f)
+    assert torch.equal(again["per_rank"][0]["carry"].inner_carry.z_H, decoded["per_rank"][0]["carry"].inner_carry.z_H)
+    assert again["rng"][0]["numpy"][0] == "MT19937"
+    s = train(toy_train_config(toy, run, epochs=1, max_steps=3, resume=True))
+    assert s["steps"] == 3

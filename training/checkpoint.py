@@ -213,7 +213,9 @@ def read_checkpoint(path: str, map_location: Any = "cpu", *, mmap: bool = False)
 
         if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
             raise CheckpointError(f"{path}: refused: the file holds objects other than plain data "
-                                  f"({_first_line(e)}); nothing in it was executed") from None
+                                  f"({_first_line(e)}); nothing in it was executed. A checkpoint written by an "
+                                  f"older version of this code can be converted, if you trust the file: "
+                                  f"python -m training.checkpoint convert {path}") from None
         raise CheckpointError(f"{path}: unreadable checkpoint, truncated or corrupt "
                               f"({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
@@ -337,3 +339,40 @@ def load_model_for_inference(path: str, use_ema: bool = True, device: Any = "cpu
     model.load_state_dict(sd, strict=True)
     model.to(device).eval()
     return model, cfg, metadata
+
+
+# ---------------------------------------------------------------------------------------------------
+def convert_legacy(path: str) -> str:
+    """Rewrite a checkpoint of an older version of this code (pickled numpy RNG state / carry dataclasses) as
+    plain data. Loads with ``weights_only=False``: only for files you trust (you wrote them)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a trm-platform checkpoint; nothing converted")
+    save_checkpoint_atomic(state, path)
+    read_checkpoint(path)  # loads with weights_only=True now
+    return path
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m training.checkpoint",
+                                 description="Checkpoint maintenance. convert: rewrite trusted checkpoints of an "
+                                             "older version of this code so that they load with weights_only=True.")
+    ap.add_argument("command", choices=["convert"])
+    ap.add_argument("paths", nargs="+", help="step_*.pt files (or run directories: all their step_*.pt)")
+    args = ap.parse_args(argv)
+    files = [p for a in args.paths for p in ([c for _, c in list_checkpoints(a)] if os.path.isdir(a) else [a])]
+    try:
+        for f in files:
+            if not os.path.isfile(f):
+                raise CheckpointError(f"{f}: checkpoint file not found")
+            print(f"converted {convert_legacy(f)}")
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
