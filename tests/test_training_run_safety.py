@@ -128,6 +128,10 @@ def test_last_checkpoint_is_set_only_after_a_successful_write(toy, tmp_path, mon
     assert d["status"] == "failed" and d["steps"] == 4
     assert d["last_checkpoint"] is not None and d["last_checkpoint"].endswith("step_2.pt")
     assert os.path.isfile(d["last_checkpoint"]) and not os.path.exists(os.path.join(run, "step_4.pt"))
+    # the failed run released its directory (its exception still holds the Trainer alive): resume continues
+    monkeypatch.setattr(ckpt, "save_checkpoint_atomic", orig)
+    s = train(toy_train_config(toy, run, epochs=2, checkpoint_every=2, resume=True))
+    assert s["steps"] == 8 and s["last_checkpoint"].endswith("step_8.pt")
 
 
 # ---------------------------------------------------------------------------------------------- item 4

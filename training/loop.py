@@ -618,6 +618,13 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Train to the end (or a stop) and return the summary dict; the run directory is released at exit."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> dict[str, Any]:
         cfg = self.cfg
         logger = RunLogger(enabled=self.info.is_main, project=self.project_name, run_name=self.run_name,
                            config=cfg.model_dump(mode="json"), mode=cfg.wandb.mode,
@@ -710,6 +717,7 @@ class Trainer:
             logger.print(f"[train] {message}")
         except BaseException as e:  # evaluator failure, data error, ...: record it, close W&B, re-raise
             self._fail(logger, e)
+            self._restore_signal_handlers(old_handlers)
             raise
         finally:
             _shutdown_iter(it)
@@ -742,7 +750,6 @@ class Trainer:
         finally:
             logger.close(exit_code=exit_status)
             self._restore_signal_handlers(old_handlers)
-            self.close()
         return result
 
     def _fail(self, logger: RunLogger, e: BaseException) -> None:
