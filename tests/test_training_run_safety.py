@@ -1,6 +1,5 @@
 """Run directories that never mix, checkpoints that never execute code or go missing, metric lines off a TTY
 (issue 9 items 2, 4 and 7). Tiny toy runs on CPU (a second or two each)."""
-import json
 import os
 import subprocess
 import sys
@@ -59,13 +58,12 @@ def test_second_concurrent_run_is_refused_and_the_lock_dies_with_its_process(toy
     first.close()
     del first
 
-    # a real second process holds the directory (mid-run), is refused to us, then killed: its lock goes with it
+    # another process holds the directory mid-run: we are refused; once it is killed (SIGKILL) its lock is gone
     marker = tmp_path / "started"
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {ROOT!r})
         from training import loop
-        orig = loop.Trainer.train_step
         def slow(self, batch):
             open({str(marker)!r}, "w").close()
             time.sleep(120)
