@@ -350,6 +350,7 @@ class Trainer:
                 "metadata": self.metadata.model_dump(mode="json"), "summary": self.summary.state_dict(),
                 "health": self.health.state_dict() if self.health is not None else None,
                 "wandb_id": self.wandb_id, "run_name": self.run_name, "project_name": self.project_name,
+                "identifiers_sha256": self.metadata.identifiers_sha256,  # evaluate.py refuses other data
             }
             ckpt.save_checkpoint_atomic(state, path)
             ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep)
