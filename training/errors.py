@@ -106,7 +106,7 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     if path:
         try:
             with open(path, "w", encoding="utf-8") as f:
-                f.write(f"exit {code}: {message}\n")
+                f.write(message + "\n")
         except OSError:
             pass
     sys.exit(code)
