@@ -139,17 +139,22 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
 
 
 def _checkpoint_file_and_step(path: str) -> tuple[str, Optional[int]]:
-    """The checkpoint file evaluated (the newest ``step_*.pt`` of a run directory) and its optimizer step, read
-    through a memory map (the weights are not loaded again)."""
+    """The checkpoint file evaluated (the newest ``step_*.pt`` of a run directory) and its optimizer step: read
+    through a memory map with ``weights_only=True`` (never executes code from the file), else from the
+    ``step_<N>.pt`` file name, else None."""
+    import re
+
     import torch
 
     from training.checkpoint import find_latest_checkpoint
 
     f = os.path.abspath(find_latest_checkpoint(path) if os.path.isdir(path) else path)
+    step = None
     try:
-        step = torch.load(f, map_location="cpu", weights_only=False, mmap=True).get("step")
+        step = torch.load(f, map_location="cpu", weights_only=True, mmap=True).get("step")
     except Exception:  # noqa: BLE001 - the model itself loaded; the step is informative only
-        step = None
+        m = re.fullmatch(r"step_(\d+)\.pt", os.path.basename(f))
+        step = m.group(1) if m else None
     return f, (int(step) if step is not None else None)
 
 

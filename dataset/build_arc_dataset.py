@@ -548,7 +548,7 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
                              args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
                              max_demos=max_demos, max_demos_p99=p99, source=source)
             with open(os.path.join(d, "dataset.json"), "w") as f:
-                json.dump(meta.model_dump(), f, indent=1)
+                json.dump(meta.model_dump(exclude={"identifiers_sha256"}), f, indent=1)
             summary[f"{split}_examples"] = n_ex
             summary[f"{split}_puzzles"] = len(ix["puzzle_identifiers"])
             summary[f"{split}_groups"] = len(ix["group_indices"]) - 1

@@ -171,7 +171,8 @@ def test_evaluate_records_checkpoint_and_refuses_other_identifiers(world, monkey
     assert not os.path.exists(tmp_path / "o2" / "metrics.json")
     # a checkpoint from before the hash: a warning, not a refusal
     del state["identifiers_sha256"], state["metadata"]["identifiers_sha256"]
-    old = str(tmp_path / "old.pt")
+    os.makedirs(tmp_path / "old")
+    old = str(tmp_path / "old" / "step_2.pt")
     torch.save(state, old)
     evaluate.run(evaluate.EvaluateConfig(checkpoint=old, data_path=world["other"], output_dir=str(tmp_path / "o3"),
                                          device="cpu", progress=False, num_pictures=0))
