@@ -37,6 +37,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
+from training.errors import ERROR_FILE_ENV  # where an entry point records its one-line bad-input message
+
 from .gates import evaluate_gates, read_summary, summary_path
 from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError, JobStore
 
@@ -144,8 +146,6 @@ def deliberate_stop(summary: Optional[dict]) -> bool:
 
 #: exit statuses that fail the same way on every attempt: usage error, command not executable, not found
 DETERMINISTIC_EXITS = {2: "usage error", 126: "command not executable", 127: "command not found"}
-#: environment variable naming the file where an entry point records its one-line bad-input message
-ERROR_FILE_ENV = "TRM_JOB_ERROR_FILE"  # = training.errors.ERROR_FILE_ENV (the queue does not import training)
 
 
 def deterministic_error(rc: int, error_file: Optional[str], since: float) -> Optional[str]:
