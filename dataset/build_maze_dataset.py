@@ -16,7 +16,6 @@ import argparse
 import csv
 import logging
 import os
-import sys
 import time
 from collections import deque
 from typing import Optional, Sequence
@@ -231,7 +230,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+    from training.errors import user_errors
+
+    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
         if args.source_dir is not None:
             train = read_maze_csv(os.path.join(args.source_dir, "train.csv"))
             test = read_maze_csv(os.path.join(args.source_dir, "test.csv"))
@@ -247,9 +248,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         s = build_maze_dataset(args.output_dir, train, test, aug=args.aug, subsample_size=args.subsample_size,
                                seed=args.seed, overwrite=args.overwrite, source=source,
                                progress=not args.no_progress)
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
     print(f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, "
           f"{s['seconds']} s")
     return s

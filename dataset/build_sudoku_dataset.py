@@ -18,7 +18,6 @@ import argparse
 import csv
 import logging
 import os
-import sys
 import time
 from typing import Optional, Sequence
 
@@ -294,7 +293,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+    from training.errors import user_errors
+
+    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
         if args.source_dir is not None:
             train = read_sudoku_csv(os.path.join(args.source_dir, "train.csv"), args.size, args.min_difficulty)
             test = read_sudoku_csv(os.path.join(args.source_dir, "test.csv"), args.size, args.min_difficulty)
@@ -310,9 +311,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         s = build_sudoku_dataset(args.output_dir, train, test, num_aug=args.num_aug,
                                  subsample_size=args.subsample_size, seed=args.seed, overwrite=args.overwrite,
                                  source=source, progress=not args.no_progress)
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
     print(f"built {args.output_dir}: {s['train_puzzles']} puzzles x (1 + {args.num_aug}) = {s['train_examples']} "
           f"train examples, {s['test_examples']} test examples, {s['seconds']} s")
     return s

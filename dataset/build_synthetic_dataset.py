@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import sys
 from typing import Optional, Sequence
 
 import numpy as np
@@ -144,7 +143,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
+    from training.errors import user_errors
+
+    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
         paths = generate_synthetic_arc(args.output_dir, args.output_prefix, num_train=args.num_train,
                                        num_test=args.num_test, families=args.families,
                                        holdout_families=args.holdout_families, min_grid=args.min_grid,
@@ -160,9 +161,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             paths["build_dir"] = args.build_dir
             print(f"built {args.build_dir}: train {s['train_examples']} / test {s['test_examples']} examples, "
                   f"{s['seconds']} s")
-    except DatasetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
     return paths
 
 

@@ -278,6 +278,29 @@ class DatasetMetadata(pydantic.BaseModel):
     seed: Optional[int] = None
     num_aug: Optional[int] = None
     source: Optional[str] = None
+    # sha256 of the dataset directory's identifiers.json (the puzzle-id -> name table), filled in by load_metadata
+    # and never written to dataset.json; stored in checkpoints so that evaluate.py can refuse other data
+    identifiers_sha256: Optional[str] = None
+
+
+_IDENTIFIERS_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def identifiers_sha256(data_dir: str) -> Optional[str]:
+    """sha256 of ``<data_dir>/identifiers.json`` (None when the file is absent); cached per (path, size, mtime)."""
+    path = os.path.abspath(os.path.join(data_dir, "identifiers.json"))
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _IDENTIFIERS_SHA_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _IDENTIFIERS_SHA_CACHE[key] = h.hexdigest()
+    return _IDENTIFIERS_SHA_CACHE[key]
 
 
 def load_metadata(split_dir: str) -> DatasetMetadata:
@@ -293,6 +316,7 @@ def load_metadata(split_dir: str) -> DatasetMetadata:
         idx = os.path.join(split_dir, "all__puzzle_indices.npy")
         if os.path.exists(idx):
             raw["total_puzzles"] = int(len(np.load(idx)) - 1)
+    raw["identifiers_sha256"] = identifiers_sha256(os.path.dirname(os.path.abspath(split_dir)))
     try:
         return DatasetMetadata(**raw)
     except pydantic.ValidationError as e:
@@ -302,16 +326,31 @@ def load_metadata(split_dir: str) -> DatasetMetadata:
 # ----------------------------------------------------------------------------------------------
 # Atomic output directory: build into a temp dir beside the target, rename at the end.
 # ----------------------------------------------------------------------------------------------
+def looks_like_dataset(path: str) -> bool:
+    """Whether ``path`` holds a built dataset (``identifiers.json`` or a ``train/`` / ``test/`` split with its
+    ``dataset.json``): the only kind of directory ``--overwrite`` may replace."""
+    return os.path.isfile(os.path.join(path, "identifiers.json")) or any(
+        os.path.isfile(os.path.join(path, split, "dataset.json")) for split in ("train", "test"))
+
+
 @contextlib.contextmanager
 def atomic_output_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
     output_dir = os.path.abspath(output_dir)
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise DatasetError(f"{output_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+    if os.path.isdir(output_dir) and os.listdir(output_dir):
+        if not overwrite:
+            raise DatasetError(f"{output_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+        if not looks_like_dataset(output_dir):
+            raise DatasetError(f"{output_dir}: --overwrite refuses to replace a directory that is not a dataset (no "
+                               f"identifiers.json, train/dataset.json or test/dataset.json); remove it yourself or "
+                               f"choose another --output-dir")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise DatasetError(f"{output_dir}: exists and is not a directory")
     parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
+    except OSError as e:
+        raise DatasetError(f"{output_dir}: cannot write the output directory here ({e.strerror or e})") from None
     try:
         yield tmp
     except BaseException:
@@ -331,7 +370,7 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
     for k, v in arrays.items():
         np.save(os.path.join(split_dir, f"{set_name}__{k}.npy"), v)
     with open(os.path.join(split_dir, "dataset.json"), "w") as f:
-        json.dump(metadata.model_dump(exclude_none=False), f, indent=1)
+        json.dump(metadata.model_dump(exclude_none=False, exclude={"identifiers_sha256"}), f, indent=1)
 
 
 def subsample_pairs(questions: np.ndarray, answers: np.ndarray, size: Optional[int], seed: int):

@@ -10,6 +10,7 @@ the same global batch, worker processes can take interleaved batches without coo
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -203,6 +204,8 @@ def _combine_metadata(metas: list[DatasetMetadata], paths: list[str]) -> Dataset
         test_demos_in_train=(None if any(m.test_demos_in_train is None for m in metas)
                              else any(m.test_demos_in_train for m in metas)),
         source=",".join(str(m.source) for m in metas),
+        identifiers_sha256=(None if any(m.identifiers_sha256 is None for m in metas) else hashlib.sha256(
+            ",".join(m.identifiers_sha256 for m in metas).encode()).hexdigest()),
     ))
 
 

@@ -106,7 +106,11 @@ def build_encoder(cfg: dict, *, hidden_size: int, vocab_size: int, seq_len: int,
     try:
         config = config_cls(**cfg)
     except pydantic.ValidationError as e:
-        raise EncoderConfigError(f"invalid config for encoder {name!r}: {e}") from None
+        bad = "; ".join(f"encoder.{'.'.join(map(str, x['loc']))}"
+                        + (f"={x.get('input')!r}: unknown key" if x["type"] == "extra_forbidden" else f": {x['msg']}")
+                        for x in e.errors())
+        raise EncoderConfigError(f"invalid config for encoder {name!r}: {bad} (keys of {config_cls.__name__}: "
+                                 f"{', '.join(config_cls.model_fields)})") from None
     if puzzle_emb_len <= 0:
         raise EncoderConfigError(f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
                                  f"puzzle-embedding prefix), got {puzzle_emb_len}")

@@ -92,8 +92,11 @@ class HealthConfig(pydantic.BaseModel):
     # rules about the encoder (starvation, collapse) are only judged from this optimizer step on: a fresh encoder
     # fed similar demos can start with a small cross-sample variance and needs some steps to differentiate
     encoder_rules_min_step: int = pydantic.Field(500, ge=0)
-    # stuck: train/exact_accuracy has not improved by more than min_delta for `stuck_steps` optimizer steps
+    # stuck: train/exact_accuracy has not improved by more than min_delta for `stuck_steps` optimizer steps,
+    # counted from the latest of: the best accuracy's step, the last step at which the learning rate still rose
+    # (LR warmup: the rule never fires before warmup end + stuck_steps), and `stuck_min_step`
     stuck_steps: int = pydantic.Field(300, ge=1)
+    stuck_min_step: int = pydantic.Field(0, ge=0)
     stuck_min_delta: float = 1e-4
     stuck_ignore_above: float = 0.999  # a run already at ~100% is not "stuck"
     # divergence: non-finite loss or grad norm, or loss > max(diverge_loss_abs, diverge_factor * best loss)
@@ -105,6 +108,7 @@ class HealthConfig(pydantic.BaseModel):
     grad_key: str = "grad/encoder_norm"
     collapse_key: str = "train/encoder_cross_sample_var"
     grad_norm_keys: list[str] = ["grad/total_norm"]
+    lr_key: str = "train/lr"
     # which rules set stop_reason (the loop stops only when early_stop is on)
     stop_on: list[str] = list(RULES)
 
@@ -131,6 +135,8 @@ class HealthMonitor:
         self._best_acc: Optional[float] = None
         self._best_acc_step: Optional[int] = None
         self._best_loss: Optional[float] = None
+        self._last_lr: Optional[float] = None
+        self._lr_rise_step = 0  # last step at which the learning rate was above its previous logged value
         self._active: set[str] = set()
         self._step = 0
 
@@ -203,15 +209,24 @@ class HealthMonitor:
                 self._collapse_count = 0
                 self._clear("encoder collapsed")
 
-        # stuck
+        # stuck (its clock restarts while the learning rate rises: no verdict during LR warmup)
+        lr = get(c.lr_key)
+        if lr is not None and math.isfinite(lr):
+            if self._last_lr is not None and lr > self._last_lr * (1 + 1e-6):
+                self._lr_rise_step = step
+            self._last_lr = lr
         a = get(c.accuracy_key)
         if a is not None and math.isfinite(a):
             if self._best_acc is None or a > self._best_acc + c.stuck_min_delta:
                 self._best_acc, self._best_acc_step = a, step
                 self._clear("stuck")
-            elif self._best_acc < c.stuck_ignore_above and step - self._best_acc_step >= c.stuck_steps:
-                self._fire("stuck", f"{c.accuracy_key} has not improved beyond {self._best_acc:.4f} for "
-                           f"{step - self._best_acc_step} steps (since step {self._best_acc_step})", out)
+            else:
+                since = max(self._best_acc_step, self._lr_rise_step, c.stuck_min_step)
+                if self._best_acc < c.stuck_ignore_above and step - since >= c.stuck_steps:
+                    why = ("" if since == self._best_acc_step else
+                           ", the end of LR warmup" if since == self._lr_rise_step else ", stuck_min_step")
+                    self._fire("stuck", f"{c.accuracy_key} has not improved beyond {self._best_acc:.4f} for "
+                               f"{step - since} steps (since step {since}{why})", out)
         return out
 
     def state_dict(self) -> dict:

@@ -6,7 +6,8 @@ For every evaluated test example (one augmented copy of one test input of one pu
    decode by default; ``strict_decode=False`` uses the published max-area crop);
 2. invert the copy's augmentation exactly (identifier name -> :class:`dataset.common.Augmentation`);
 3. hash shape + content (:func:`dataset.common.grid_hash`) and add one vote for that candidate of the
-   key ``(original puzzle, test input index)``, together with sigmoid(q_halt) of the copy.
+   key ``(original puzzle, test input index)``, together with sigmoid(q_halt) of the copy (in float64, as
+   the published evaluator: in fp32 it saturates to exactly 1.0 above a logit of ~17).
 
 Candidates are ranked by vote count, ties broken by the mean sigmoid(q_halt) of their voters (then by
 hash, for determinism). A test input is solved at K when its ground truth is among the top-K
@@ -235,7 +236,9 @@ class ARCEvaluator:
         pids = batch["puzzle_identifiers"].detach().cpu().numpy().astype(np.int64)
         inputs = batch["inputs"].detach().cpu().numpy()
         preds = outputs["preds"].detach().cpu().numpy()
-        q = torch.sigmoid(outputs["q_halt_logits"].detach().float()).cpu().numpy()
+        # float64 as the published evaluator: an fp32 sigmoid is exactly 1.0 above a logit of ~17, which would
+        # turn confident candidates into ties settled by hash
+        q = torch.sigmoid(outputs["q_halt_logits"].detach().cpu().to(torch.float64)).numpy()
         for r in np.nonzero(ex_idx >= 0)[0]:
             ex = int(ex_idx[r])
             name, aug = self._name_aug(int(pids[r]))

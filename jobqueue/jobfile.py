@@ -15,7 +15,9 @@ After the command, a shell-style comment (a ``#`` that starts a word outside quo
 
 * **metadata**: ``key=value`` tokens with keys from :data:`META_KEYS`, e.g.
   ``# id=overfit requires=base:train/exact_accuracy>0.9 retries=2``; or the long gate form
-  ``# requires: base train/exact_accuracy>0.90``;
+  ``# requires: base train/exact_accuracy>0.90``. A segment made only of ``key=value`` words is a tag segment:
+  an unknown key in it is an error (naming line, key and the known keys), and so is a near-miss of a tag
+  (``requirs=``, ``Retries=``) in a free comment;
 * **status note**: the last segment when it starts with one of :data:`STATUS_WORDS`
   (``done``, ``running:``, ``failed:``, ``skipped:``, ``interrupted``, ``crashed``); the runner owns it
   and rewrites only it;
@@ -168,6 +170,24 @@ class Job:
 Line = Union[Job, str]  # a str is a verbatim non-job line (without its line ending)
 
 
+def _close_tag(key: str) -> Optional[str]:
+    """The known tag ``key`` is probably a misspelling of (case or a letter or two), else None."""
+    import difflib
+
+    low = key.lower()
+    if low in META_KEYS:
+        return low
+    close = difflib.get_close_matches(low, META_KEYS, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def _unknown_tag(where: str, key: str, value: str) -> str:
+    guess = _close_tag(key)
+    return (f"{where}: unknown job tag '{key}={value}'" + (f" (did you mean '{guess}='?)" if guess else "")
+            + f"; known tags: {', '.join(META_KEYS)}. Free text goes in its own '# ...' segment with at least one "
+              f"word that is not key=value")
+
+
 def _parse_meta(segment: str, where: str) -> Optional[tuple[dict[str, str], list[str]]]:
     """Metadata of one comment segment, or None if it is a free comment."""
     if segment.startswith("requires:"):
@@ -185,16 +205,18 @@ def _parse_meta(segment: str, where: str) -> Optional[tuple[dict[str, str], list
                 f"{where}: metadata segment '# {segment}' mixes tags with free words; put free text in its "
                 f"own '# ...' segment"
             )
+        for m in kvs:  # a free comment, but a misspelt tag in it would silently drop e.g. a gate
+            if m is not None and m.group(1) not in META_KEYS and _close_tag(m.group(1)):
+                raise JobFileError(_unknown_tag(where, m.group(1), m.group(2)))
         return None
-    keys = [m.group(1) for m in kvs]  # type: ignore[union-attr]
-    if not any(k in META_KEYS for k in keys):
-        return None  # e.g. a free comment "# lr=1e-4"
+    # a segment of key=value words only is a tag segment: every key must be a known tag (a typo such as
+    # 'requirs=base' used to make the whole segment a free comment, dropping the gate without a word)
     meta: dict[str, str] = {}
     requires: list[str] = []
     for m in kvs:
         k, v = m.group(1), m.group(2)  # type: ignore[union-attr]
         if k not in META_KEYS:
-            raise JobFileError(f"{where}: unknown job tag '{k}={v}' (known tags: {', '.join(META_KEYS)})")
+            raise JobFileError(_unknown_tag(where, k, v))
         if not v:
             raise JobFileError(f"{where}: empty value for job tag '{k}='")
         if k == "requires":

@@ -10,8 +10,11 @@ Semantics (see docs/experiments.md for the user view):
   therefore never take the same line.
 * **Finishing**: exit status 0 -> ``[x]``; otherwise, if retries are left and the attempt was a crash --
   not a deliberate stop, i.e. the job's summary.json was not written by this attempt with ``status:
-  finished`` (early stop) or ``stop_reason: non-finite loss`` (see :func:`deliberate_stop`) -- the command is
-  rerun with the resume argument (default ``resume=true``) appended; else ``[!]`` with the reason.
+  finished`` (early stop) or ``stop_reason: non-finite loss`` (see :func:`deliberate_stop`), and not a
+  deterministic error (see :func:`deterministic_error`: bad input reported through ``training.errors``, which
+  writes its one-line message to the file named by ``TRM_JOB_ERROR_FILE``; exit status 2 = usage error, 126 /
+  127 = command not executable / not found) -- the command is rerun with the resume argument (default
+  ``resume=true``) appended; else ``[!]`` with the reason.
 * **Ctrl-C / SIGTERM**: children (each in its own process group) get SIGINT, then SIGKILL after
   ``kill_grace`` seconds; their lines go back to ``[ ]`` with the note ``interrupted: ...``, and the next
   run starts them with the resume argument. A second Ctrl-C kills at once.
@@ -33,6 +36,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
+
+from training.errors import ERROR_FILE_ENV  # where an entry point records its one-line bad-input message
 
 from .gates import evaluate_gates, read_summary, summary_path
 from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError, JobStore
@@ -139,6 +144,27 @@ def deliberate_stop(summary: Optional[dict]) -> bool:
     return summary.get("status") == "finished" or reason.startswith("early_stop") or reason == "non-finite loss"
 
 
+#: exit statuses that fail the same way on every attempt: usage error, command not executable, not found
+DETERMINISTIC_EXITS = {2: "usage error", 126: "command not executable", 127: "command not found"}
+
+
+def deterministic_error(rc: int, error_file: Optional[str], since: float) -> Optional[str]:
+    """Why a failed attempt would fail again if retried (None: a crash, worth a retry with resume): the one-line
+    message an entry point wrote to ``error_file`` during this attempt (bad input: a config key, a path, data
+    that does not fit), or an exit status of :data:`DETERMINISTIC_EXITS`."""
+    if rc > 0 and error_file:
+        try:
+            if os.path.getmtime(error_file) + 1.0 >= since:
+                with open(error_file, "r", encoding="utf-8", errors="replace") as f:
+                    msg = " ".join(f.read().split())
+                return f"bad input: {msg}" if msg else "bad input"
+        except OSError:
+            pass
+    if rc in DETERMINISTIC_EXITS:
+        return f"{DETERMINISTIC_EXITS[rc]} (exit code {rc})"
+    return None
+
+
 @dataclass
 class RunnerConfig:
     jobs_path: str = "jobs.txt"
@@ -181,6 +207,10 @@ class _Active:
     started: float = field(default_factory=time.time)
     attempt_started: float = field(default_factory=time.time)
     proc: Optional[subprocess.Popen] = None
+
+    @property
+    def error_file(self) -> str:
+        return os.path.splitext(self.log_path)[0] + ".error"
 
     @property
     def effective_command(self) -> str:
@@ -338,6 +368,11 @@ class Runner:
             PYTHONUNBUFFERED="1", TRM_JOB_NAME=a.label, TRM_JOB_ATTEMPT=str(a.attempt),
             TRM_JOB_RESUME="1" if a.resume else "0", TRM_JOB_LOG=a.log_path,
         )
+        env[ERROR_FILE_ENV] = a.error_file  # bad input is recorded here: failed, not retried
+        try:
+            os.unlink(a.error_file)
+        except FileNotFoundError:
+            pass
         if self.cfg.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpus)
         port = str(_free_port())
@@ -380,7 +415,8 @@ class Runner:
             return
         summary = self._summary_written(a)
         why = _describe_exit(rc)
-        if not deliberate_stop(summary) and a.attempt < a.max_attempts and not self._interrupts:
+        bad_input = None if deliberate_stop(summary) else deterministic_error(rc, a.error_file, a.attempt_started)
+        if not deliberate_stop(summary) and bad_input is None and a.attempt < a.max_attempts and not self._interrupts:
             self.log(f"{a.label} crashed ({why}); rerunning with resume (attempt {a.attempt + 1}/{a.max_attempts})")
             a.attempt += 1
             a.resume = True
@@ -395,7 +431,10 @@ class Runner:
         if summary is not None and summary.get("stop_reason"):
             parts.append(f"stop_reason {' '.join(str(summary['stop_reason']).split())}")
         last = _last_output_line(a.log_path)
-        if last:
+        if bad_input is not None:
+            parts[0] += ", not retried"
+            parts.append(bad_input if len(bad_input) <= 300 else bad_input[:297] + "...")
+        elif last:
             parts.append(f"last output: {last}")
         parts.append(f"log {logrel}")
         self._set(a, FAILED, "; ".join(parts))

@@ -261,6 +261,11 @@ def test_existing_output_dir_needs_overwrite(tmp_path, tiny_prefix):
     with pytest.raises(DatasetError, match="exists and is not empty.*--overwrite"):
         build(tiny_prefix, str(out), num_aug=0)
     assert (out / "keep.txt").exists()
+    # --overwrite replaces a dataset only, never some other directory (e.g. a mistyped --output-dir .)
+    with pytest.raises(DatasetError, match="refuses to replace a directory that is not a dataset"):
+        build(tiny_prefix, str(out), num_aug=0, overwrite=True)
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "identifiers.json").write_text("[]")  # an (old) dataset directory
     build(tiny_prefix, str(out), num_aug=0, overwrite=True)
     assert not (out / "keep.txt").exists() and (out / "train" / "dataset.json").exists()
 

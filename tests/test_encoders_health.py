@@ -78,6 +78,30 @@ def test_stuck_rule():
     assert mon2.update(1000, {"train/exact_accuracy": 1.0}) == []  # perfect is not stuck
 
 
+def test_stuck_rule_waits_for_the_end_of_lr_warmup():
+    """Accuracy 0 through a 1000-step warmup (normal: nothing is solved yet) is not 'stuck'; the clock starts
+    when the LR stops rising, so the rule fires at warmup end + stuck_steps, not at stuck_steps."""
+    mon = HealthMonitor(HealthConfig(stuck_steps=300))
+    fired = None
+    for step in range(10, 2001, 10):
+        lr = 1e-4 * min(1.0, step / 1000) * (1.0 if step <= 1000 else 0.99 ** ((step - 1000) / 100))  # warmup, decay
+        w = mon.update(step, {"train/exact_accuracy": 0.0, "train/lr": lr})
+        if w and fired is None:
+            fired = (step, w[0])
+    assert fired is not None and fired[0] == 1300 and "since step 1000, the end of LR warmup" in fired[1]
+    # an explicit minimum step works without an LR metric
+    mon = HealthMonitor(HealthConfig(stuck_steps=100, stuck_min_step=500))
+    steps = [s for s in range(10, 1001, 10) if mon.update(s, {"train/exact_accuracy": 0.0})]
+    assert steps[0] == 600
+    # a monitor restored from a checkpoint of an older version (no LR state) keeps working
+    old = HealthMonitor(HealthConfig(stuck_steps=100))
+    state = old.state_dict()
+    del state["_last_lr"], state["_lr_rise_step"]
+    new = HealthMonitor(HealthConfig(stuck_steps=100))
+    new.load_state_dict(state)
+    assert new.update(10, {"train/exact_accuracy": 0.0, "train/lr": 1.0}) == []
+
+
 def test_diverged_rule():
     mon = HealthMonitor()
     assert mon.update(1, {"train/lm_loss": 2.0}) == []

@@ -46,6 +46,18 @@ def _run(tmp_path, extra, ck_name="ck"):
     return p, summary
 
 
+def test_stuck_rule_does_not_stop_an_early_stop_run_during_lr_warmup(tmp_path):
+    """The overfit lines of jobs.txt run with early_stop=true. A run whose accuracy stays flat (lr 1e-6: nothing
+    is learnt) with a warmup (30 steps) longer than stuck_steps (10) must not be stopped as 'stuck' while the LR
+    is still rising (it was, at step 15); once warmup is over it is genuinely stuck and stops at 30 + 10."""
+    p, s = _run(tmp_path, ["encoder=standard", "max_steps=60", "lr=1e-6", "lr_warmup_steps=30", "log_interval=5",
+                           "diag_interval=5", "early_stop=true", "health.stuck_steps=10", "eval_at_end=false"])
+    assert p.returncode == 3, p.stdout[-2000:] + p.stderr[-3000:]
+    assert s["stop_reason"].startswith("early_stop: stuck") and "the end of LR warmup" in s["stop_reason"]
+    assert s["steps"] == 40, s["stop_reason"]
+    assert [w for w in s["warnings"] if "stuck" in w][0].startswith("step 40:")
+
+
 @pytest.mark.slow
 def test_end_to_end_and_health_early_stop(tmp_path):
     p, s = _run(tmp_path, ["encoder=variational", "encoder.kl_weight=0.01", "max_steps=3", "freeze_decoder_steps=2"])

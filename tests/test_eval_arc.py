@@ -347,3 +347,23 @@ def test_wandb_table_and_pictures_logged_with_an_active_run(tiny_data, tmp_path,
     assert isinstance(logged["ARC/predictions"], wandb.Table)
     assert len(logged["ARC/predictions"].data) == 4  # one row per test input (single candidate each)
     assert len(logged["ARC/pictures"]) == 2
+
+
+def test_q_halt_probability_in_float64_ranks_confident_candidates(tmp_path):
+    """Two candidates with one vote each: the tie is broken by sigmoid(q_halt). With logits 18 and 20 an fp32
+    sigmoid gives exactly 1.0 for both (a tie settled by hash, i.e. the same order both ways); the published
+    evaluator's float64 sigmoid keeps them apart, so swapping the logits must swap the ranking."""
+    data = write_tiny_arc_test_split(str(tmp_path / "d"), {"p": PUZZLES["p_one"]},
+                                     [Augmentation(), Augmentation(2)])  # dihedral only: wrong_tokens commutes
+
+    def preds(lab):  # example 0 (identity copy) predicts the truth, example 1 a wrong grid
+        return torch.stack([oracle_tokens(lab[0]), wrong_tokens(lab[1])])
+
+    assert torch.sigmoid(torch.tensor([18.0, 20.0])).tolist() == [1.0, 1.0]  # the fp32 saturation this guards
+    for truth_q, wrong_q, solved in ((20.0, 18.0, 1.0), (18.0, 20.0, 0.0)):
+        ev = ARCEvaluator(data, None, None, pass_ks=(1, 2), num_pictures=0)
+        m = _run(ev, data, preds, q=lambda e, a=truth_q, b=wrong_q: a if e == 0 else b, batch_size=2)
+        assert m["ARC/pass@1"] == solved, (truth_q, wrong_q)
+        assert m["ARC/pass@2"] == 1.0
+        top = ev.last_ranked["p"][0]
+        assert [c.votes for c in top] == [1, 1] and top[0].mean_q > top[1].mean_q

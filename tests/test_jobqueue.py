@@ -89,6 +89,10 @@ def test_find_by_token_survives_edits():
     ("[ ] echo x  # id=a/b", "may only contain"),
     ("[ ] echo x  # requires: a b c", "expected '# requires:"),
     ("[ ] echo x  # id=a first try", "mixes tags with free words"),
+    # a tag segment with a misspelt key used to be a free comment (the gate silently dropped)
+    ("[ ] echo x  # requirs=base", r"unknown job tag 'requirs=base' \(did you mean 'requires='\?\); known tags: id, "),
+    ("[ ] echo x  # lr=1e-4", "unknown job tag 'lr=1e-4'; known tags"),
+    ("[ ] echo x  # then Retries=2 if it crashes", "unknown job tag 'Retries=2' \\(did you mean 'retries='"),
 ])
 def test_malformed_lines_name_file_and_line(line, msg):
     with pytest.raises(JobFileError, match=msg) as ei:

@@ -59,6 +59,17 @@ elif mode == "crash":       # crash DIR: first attempt checkpoints step 5 then d
     with open(ck) as f:
         start = json.load(f)["step"]
     summary(d, **{"train/exact_accuracy": 1.0, "start_step": float(start)})
+elif mode == "badinput":    # badinput DIR: bad input reported through training.errors (deterministic)
+    os.makedirs(args[0], exist_ok=True)
+    with open(os.path.join(args[0], "attempts"), "a") as f:
+        f.write("x")
+    from training.errors import fail
+    fail("data_paths=[data/nowhere]: no such dataset directory")
+elif mode == "exit1":       # exit1 DIR: exit status 1 without a bad-input record (e.g. a traceback): a crash
+    os.makedirs(args[0], exist_ok=True)
+    with open(os.path.join(args[0], "attempts"), "a") as f:
+        f.write("x")
+    sys.exit(1)
 elif mode == "record":      # record FILE NAME: append NAME, sleep a bit (concurrency)
     with open(args[0], "a") as f:
         f.write(args[1] + "\n")
@@ -186,6 +197,54 @@ def test_deliberate_stop_with_summary_is_not_retried(qdir):
     assert rc == 1 and job.mark == FAILED
     assert "stop_reason early_stop: encoder collapsed" in job.note
     assert (qdir / "ck/e/attempts").read_text() == "x"  # ran once
+
+
+def test_deterministic_errors_are_not_retried_crashes_are(qdir, monkeypatch):
+    """Bad input (training.errors records its one line), 'command not found' and a usage error fail at once
+    with the reason on the line; an exit 1 without such a record (a traceback) is still a crash and retried."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    write_jobs(qdir, (
+        "[ ] HELPER badinput ck/b  # id=b retries=3\n"
+        "[ ] no_such_command_for_the_queue_test  # id=nf retries=3\n"
+        f"[ ] {PY} -c 'import sys; sys.exit(2)'  # id=usage retries=3\n"
+        "[ ] HELPER exit1 ck/c  # id=c retries=1\n"
+    ))
+    rc, out = run(qdir)
+    b, nf, usage, c = jobs_of(qdir)
+    assert rc == 1 and [j.mark for j in (b, nf, usage, c)] == [FAILED] * 4, out
+    assert (qdir / "ck/b/attempts").read_text() == "x"  # ran once despite retries=3
+    assert "exit code 1, not retried; bad input: data_paths=[data/nowhere]: no such dataset directory" in b.note
+    assert "not retried; command not found (exit code 127)" in nf.note
+    assert "not retried; usage error (exit code 2)" in usage.note
+    assert (qdir / "ck/c/attempts").read_text() == "xx" and "after 2 attempts" in c.note  # retried once
+    assert out.count("rerunning with resume") == 1
+
+
+def test_real_pretrain_config_error_is_failed_not_retried(tmp_path, monkeypatch):
+    """A real pretrain.py line with a misspelt key: one attempt, the key in the failure note."""
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    write_jobs(tmp_path, f"[ ] {PY} {os.path.join(ROOT, 'pretrain.py')} data_paths=[nowhere] +lrr=1e-3 "
+                         "hydra.run.dir=h  # id=typo retries=2\n")
+    rc, out = run(tmp_path)
+    (job,) = jobs_of(tmp_path)
+    assert rc == 1 and job.mark == FAILED
+    log = (tmp_path / "logs" / "typo.log").read_text()
+    assert log.count("=== $ ") == 1 and "attempt 1/3" in log and "Traceback" not in log  # one attempt of 3
+    assert "not retried; bad input:" in job.note and "'lrr'" in job.note, job.note
+    assert "rerunning" not in out
+
+
+def test_unknown_tag_is_rejected_by_runner_and_check(qdir):
+    """A misspelt tag used to turn its segment into a free comment, silently dropping the gate."""
+    text = write_jobs(qdir, "[ ] echo a  # id=a\n[ ] echo b  # requirs=a\n").read_text()
+    for extra in ([], ["--check"], ["--dry-run"]):
+        r = subprocess.run([PY, os.path.join(ROOT, "run_jobs.py"), *extra], cwd=qdir, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=ROOT))
+        assert r.returncode == 2, (extra, r.stderr)
+        assert "jobs.txt:2: unknown job tag 'requirs=a' (did you mean 'requires='?)" in r.stderr
+        assert "known tags: id, requires" in r.stderr and "Traceback" not in r.stderr
+    assert (qdir / "jobs.txt").read_text() == text and not (qdir / "logs").exists()  # nothing ran
 
 
 def test_concurrent_runners_never_take_the_same_line(qdir):

@@ -459,6 +459,7 @@ class Trainer:
                 "health": self.health.state_dict() if self.health is not None else None,
                 "wandb_id": self.wandb_id, "run_name": self.run_name, "project_name": self.project_name,
                 "log_window": {"acc": dict(self._acc), "n": self._n_acc},
+                "identifiers_sha256": self.metadata.identifiers_sha256,  # evaluate.py refuses other data
             }
             ckpt.save_checkpoint_atomic(state, path)
             self.summary.set(last_checkpoint=path)  # only once the file is complete

@@ -1,0 +1,138 @@
+"""Bad user input -> one line on stderr and an exit status, the same way for every entry point.
+
+``pretrain.py``, ``pretrain_encoder.py``, ``evaluate.py`` and the ``dataset.build_*`` commands run their work
+inside :func:`user_errors`; an exception that is bad input (a config key, a path, data that does not fit the
+checkpoint, ...) ends the process with ``error: <one line naming the key / file>`` and exit status 1 (the dataset
+builders: 2), with no traceback. Anything else is a crash and keeps its traceback.
+
+What counts as bad input:
+
+* the platform's own input errors: ``ConfigError``, ``CheckpointError``, ``DatasetError``, ``EvaluatorError``,
+  ``EncoderConfigError``, ``ArchConfigError``, ``ArchMismatchError`` (plus per-command ``extra`` types, e.g.
+  evaluate.py's ``EvaluateError``);
+* Hydra's composition errors (an unknown or misspelt override such as ``encoder.hiden_size=…``, a missing config
+  group option, override syntax); :func:`run_hydra_main` lets them reach :func:`user_errors`;
+* an ``OSError`` about a named path that retrying cannot fix: permission denied, read-only file system, no such
+  file or directory, not a directory, is a directory, exists (disk full / I/O errors stay crashes).
+
+When the environment names a file in ``TRM_JOB_ERROR_FILE`` (``run_jobs.py`` sets it for every job) the message
+is also written there: the queue then marks the job failed instead of retrying it (a deterministic error fails
+the same way on every attempt).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from typing import Iterator, NoReturn, Optional
+
+#: exit status of bad input (pretrain.py, pretrain_encoder.py, evaluate.py)
+EXIT_USER_ERROR = 1
+#: environment variable naming a file that receives the one-line message (set by run_jobs.py)
+ERROR_FILE_ENV = "TRM_JOB_ERROR_FILE"
+
+_USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+                          errno.EEXIST, errno.ENOTEMPTY, errno.ENAMETOOLONG})
+_MAX_LEN = 600
+
+
+def user_error_types() -> tuple[type[BaseException], ...]:
+    """The platform's exception classes that mean bad input (imported lazily: this module stays light)."""
+    types: list[type[BaseException]] = []
+    for mod, name in (("training.config", "ConfigError"), ("training.checkpoint", "CheckpointError"),
+                      ("dataset.common", "DatasetError"), ("evaluators.arc", "EvaluatorError"),
+                      ("encoders.base", "EncoderConfigError"), ("models", "ArchConfigError"),
+                      ("models.compat", "ArchMismatchError"), ("hydra.errors", "CompactHydraException")):
+        try:
+            module = __import__(mod, fromlist=[name])
+            types.append(getattr(module, name))
+        except (ImportError, AttributeError):  # pragma: no cover - optional component missing
+            continue
+    return tuple(types)
+
+
+def one_line(text: str) -> str:
+    """A multi-line message as one line: list items (tab-indented lines) joined with commas, other lines with
+    '; '; Hydra's config search path and OmegaConf's full_key / object_type trailers dropped."""
+    parts: list[str] = []
+    for raw in str(text).splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("full_key:", "object_type=", "reference_type=", "Set the environment")):
+            continue
+        if line.startswith("Config search path"):
+            break
+        if raw.startswith("\t") and parts:
+            parts[-1] += (" " if parts[-1].endswith(":") else ", ") + line
+        else:
+            parts.append(line.rstrip(";"))
+    msg = ""
+    for part in parts:  # sentences stay sentences; other lines are separated by '; '
+        msg += part if not msg else ((" " if msg.endswith((".", ":", "!", "?")) else "; ") + part)
+    msg = msg or "(no message)"
+    return msg if len(msg) <= _MAX_LEN else msg[: _MAX_LEN - 3] + "..."
+
+
+def _os_error_message(e: OSError) -> Optional[str]:
+    if e.errno not in _USER_ERRNOS or not e.filename:
+        return None
+    where = str(e.filename) + (f" -> {e.filename2}" if e.filename2 else "")
+    what = e.strerror or type(e).__name__
+    hint = " (choose a writable directory)" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+    return f"{where}: {what}{hint}"
+
+
+def user_error_message(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> Optional[str]:
+    """The one-line message of ``exc`` when it is bad input; None for a crash (keep the traceback)."""
+    types = user_error_types() + tuple(extra)
+    if isinstance(exc, types):
+        msg = str(exc)
+        cause = exc.__cause__ or (exc.__context__ if not exc.__suppress_context__ else None)
+        if type(exc).__module__.startswith("hydra") and cause is not None and str(cause).strip():
+            msg += "\n" + str(cause).strip().splitlines()[0]  # e.g. "Key 'hiden_size' is not in struct"
+        if isinstance(exc, KeyError) and exc.args:
+            msg = f"missing key {exc.args[0]!r}"
+        return one_line(msg)
+    if isinstance(exc, OSError):
+        return _os_error_message(exc)
+    return None
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
+    """Print ``error: <message>`` (one line) to stderr, record it for the job queue, exit with ``code``."""
+    message = one_line(message)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(message + "\n")
+        except OSError:
+            pass
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def user_errors(code: int = EXIT_USER_ERROR, extra: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """``with user_errors(): work()`` -- bad input ends the process with one line and ``code``; a crash keeps
+    its traceback."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - filtered by user_error_message; crashes are re-raised
+        msg = user_error_message(e, extra)
+        if msg is None:
+            raise
+        fail(msg, code)
+
+
+def run_hydra_main(main, code: int = EXIT_USER_ERROR, extra: tuple[type[BaseException], ...] = ()) -> None:
+    """Call a ``@hydra.main`` function so that Hydra's composition errors (unknown override key, missing config
+    option, override syntax) come out as one line through :func:`user_errors` instead of Hydra's multi-line report.
+    (Hydra re-raises instead of printing when HYDRA_FULL_ERROR=1.)"""
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    with user_errors(code, extra):
+        main()
+
+
+__all__ = ["EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
+           "user_errors", "run_hydra_main"]
