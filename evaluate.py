@@ -89,8 +89,10 @@ def default_output_dir(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(ck), "evaluate", os.path.splitext(os.path.basename(ck))[0])
 
 
-def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any):
-    """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict)."""
+def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
+               state: Optional[dict[str, Any]] = None):
+    """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict). ``state``: our checkpoint,
+    already loaded by :func:`_load_checkpoint_state` (loaded here when None)."""
     if not os.path.exists(cfg.checkpoint):
         raise EvaluateError(f"checkpoint={cfg.checkpoint!r}: no such file or directory")
     if cfg.original_trm_checkpoint:
@@ -118,7 +120,8 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
     from training.checkpoint import load_model_for_inference
     from training.loop import build_loss_head
 
-    model, pcfg, train_meta = load_model_for_inference(cfg.checkpoint, use_ema=cfg.use_ema, device=device,
+    state = state if state is not None else _load_checkpoint_state(cfg.checkpoint)
+    model, pcfg, train_meta = load_model_for_inference(state, use_ema=cfg.use_ema, device=device,
                                                        batch_size=batch_size)
     for key in ("vocab_size", "seq_len"):
         if getattr(train_meta, key) != getattr(metadata, key):
@@ -130,32 +133,13 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any)
                             f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
                             "would address the wrong puzzles")
     encoder_mode = getattr(pcfg, "encoder", None) is not None
-    ck_file, step = _checkpoint_file_and_step(cfg.checkpoint)
+    ck_file, step = os.path.abspath(state["_path"]), state.get("step")
+    step = int(step) if step is not None else None
     _check_identifiers(cfg.data_path, metadata, train_meta, ck_file, refuse=not encoder_mode)
     head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
         "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
         "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None)}
-
-
-def _checkpoint_file_and_step(path: str) -> tuple[str, Optional[int]]:
-    """The checkpoint file evaluated (the newest ``step_*.pt`` of a run directory) and its optimizer step: read
-    through a memory map with ``weights_only=True`` (never executes code from the file), else from the
-    ``step_<N>.pt`` file name, else None."""
-    import re
-
-    import torch
-
-    from training.checkpoint import find_latest_checkpoint
-
-    f = os.path.abspath(find_latest_checkpoint(path) if os.path.isdir(path) else path)
-    step = None
-    try:
-        step = torch.load(f, map_location="cpu", weights_only=True, mmap=True).get("step")
-    except Exception:  # noqa: BLE001 - the model itself loaded; the step is informative only
-        m = re.fullmatch(r"step_(\d+)\.pt", os.path.basename(f))
-        step = m.group(1) if m else None
-    return f, (int(step) if step is not None else None)
 
 
 def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
@@ -177,23 +161,18 @@ def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: 
     log.warning("%s; the encoder model does not use puzzle ids, evaluating anyway", msg)
 
 
-def _checkpoint_global_batch_size(path: str) -> int:
-    """The run's global batch size, read through a memory map (the weights are not loaded twice)."""
-    import torch
-
-    from training.checkpoint import find_latest_checkpoint
+def _load_checkpoint_state(path: str) -> dict[str, Any]:
+    """Our checkpoint's state, loaded once (``weights_only=True``; a run directory gives its newest loadable
+    ``step_*.pt``, skipping corrupt newer files loudly). Errors are one line naming the file."""
+    from training.checkpoint import CheckpointError, load_checkpoint_file
 
     if not os.path.exists(path):
         raise EvaluateError(f"checkpoint={path!r}: no such file or directory")
-    f = find_latest_checkpoint(path) if os.path.isdir(path) else path
-    if f is None:
-        raise EvaluateError(f"checkpoint={path!r}: no step_*.pt checkpoint in this directory")
     try:
-        state = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-        return int(state["config"]["global_batch_size"])
-    except Exception as e:  # noqa: BLE001 - re-raised with the file name
-        raise EvaluateError(f"checkpoint={f!r}: cannot read config.global_batch_size ({type(e).__name__}: {e}); "
-                            "pass batch_size=... (or original_trm_checkpoint=true for original TRM files)") from None
+        return load_checkpoint_file(path)
+    except CheckpointError as e:
+        raise EvaluateError(f"checkpoint={path!r}: {e} (original TRM files need original_trm_checkpoint=true)") \
+            from None
 
 
 def run(cfg: EvaluateConfig) -> dict[str, float]:
@@ -211,16 +190,18 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
     device = dist_info.device
     try:
         meta = load_metadata(os.path.join(cfg.data_path, "test"))
+        state = None if cfg.original_trm_checkpoint else _load_checkpoint_state(cfg.checkpoint)
         if cfg.batch_size is not None:
             gbs = cfg.batch_size
-        elif cfg.original_trm_checkpoint:
+        elif state is None:
             gbs = 256
         else:
-            gbs = _checkpoint_global_batch_size(cfg.checkpoint)
+            gbs = int(state["config"]["global_batch_size"])
         if gbs % dist_info.world_size:
             raise EvaluateError(f"batch_size={gbs} must be divisible by the world size {dist_info.world_size}")
         local_bs = gbs // dist_info.world_size
-        head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device)
+        head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device, state)
+        del state  # the model holds the weights now
         _configure_latent_search(head, cfg)
         model = torch.compile(head) if cfg.compile else head
         loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,

@@ -182,13 +182,13 @@ def test_crafted_pickle_is_refused_without_executing_it(toy, tmp_path, capsys):
     s = train(toy_train_config(toy, run, epochs=1, max_steps=3, checkpoint_keep=None, resume=True))
     assert s["steps"] == 3 and not os.path.exists(marker)
     assert "step_3.pt: refused" in capsys.readouterr().err
-    # evaluate.py's batch-size peek and models/compat.py's original-TRM loader are weights-only too
+    # evaluate.py's checkpoint load and models/compat.py's original-TRM loader are weights-only too
     import evaluate
     from models.compat import load_original_trm_checkpoint
 
     torch.save({"format": ckpt.FORMAT, "config": {"global_batch_size": 8}, "x": _Payload(marker)}, evil)
     with pytest.raises(evaluate.EvaluateError):
-        evaluate._checkpoint_global_batch_size(evil)
+        evaluate._load_checkpoint_state(evil)
     torch.save({"inner.w": _Payload(marker)}, evil)
     model, _, _ = ckpt.load_model_for_inference(os.path.join(run, "step_2.pt"))
     with pytest.raises(Exception, match="Weights only load failed"):

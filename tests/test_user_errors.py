@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -163,6 +164,18 @@ def test_evaluate_records_checkpoint_and_refuses_other_identifiers(world, monkey
     saved = json.load(open(os.path.join(out, "metrics.json")))
     assert saved["checkpoint_file"] == os.path.abspath(ck) and saved["checkpoint_step"] == state["step"] == 2
     assert saved["metrics"]["ARC/num_puzzles"] == m["ARC/num_puzzles"] == 3
+    # a truncated newer checkpoint in the run directory: evaluation falls back to step 2, loudly, and records the
+    # file it actually evaluated (not the newest name)
+    run_copy = tmp_path / "run_copy"
+    shutil.copytree(os.path.dirname(ck), run_copy)
+    with open(ck, "rb") as f:
+        (run_copy / "step_9.pt").write_bytes(f.read()[:1000])
+    capsys.readouterr()
+    evaluate.run(evaluate.EvaluateConfig(checkpoint=str(run_copy), data_path=arc, output_dir=str(tmp_path / "o4"),
+                                         device="cpu", progress=False, num_pictures=0))
+    saved = json.load(open(tmp_path / "o4" / "metrics.json"))
+    assert saved["checkpoint_file"] == str(run_copy / "step_2.pt") and saved["checkpoint_step"] == 2
+    assert "step_9.pt" in capsys.readouterr().err
     # the same number of puzzle ids but another identifiers.json: refused, one line naming data_path
     code, err = _evaluate(monkeypatch, capsys, tmp_path, f"checkpoint={ck}", f"data_path={world['other']}",
                           f"output_dir={tmp_path / 'o2'}")

@@ -315,9 +315,10 @@ def load_weights(model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] 
     return state
 
 
-def load_model_for_inference(path: str, use_ema: bool = True, device: Any = "cpu",
+def load_model_for_inference(path: "str | dict[str, Any]", use_ema: bool = True, device: Any = "cpu",
                              batch_size: Optional[int] = None):
-    """Rebuild the model of a checkpoint (file or run dir) for evaluation -> ``(model, cfg, metadata)``.
+    """Rebuild the model of a checkpoint (file or run dir, or a state already loaded by
+    :func:`load_checkpoint_file`) for evaluation -> ``(model, cfg, metadata)``.
 
     ``cfg`` is the run's PretrainConfig; ``metadata`` its train-split DatasetMetadata. With ``use_ema`` and
     an EMA present, the EMA weights are loaded (the puzzle-embedding buffer is always the live one).
@@ -326,7 +327,7 @@ def load_model_for_inference(path: str, use_ema: bool = True, device: Any = "cpu
     from training.config import PretrainConfig
     from training.loop import build_act_model
 
-    state = load_checkpoint_file(path)
+    state = path if isinstance(path, dict) else load_checkpoint_file(path)
     cfg = PretrainConfig.model_validate(state["config"])
     metadata = DatasetMetadata.model_validate(state["metadata"])
     bs = batch_size or int(state.get("local_batch_size") or cfg.global_batch_size)
