@@ -52,6 +52,18 @@ def arc_kaggle_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
+def _loggers_enabled():
+    """Hydra's logging set-up (an in-process ``pretrain.py`` / ``evaluate.py`` main) disables the loggers that
+    existed before it; re-enable them so a later test's ``caplog`` sees this project's warnings whatever the order."""
+    yield
+    import logging
+
+    for lg in list(logging.root.manager.loggerDict.values()):
+        if isinstance(lg, logging.Logger):
+            lg.disabled = False
+
+
+@pytest.fixture(autouse=True)
 def _torch_threads():
     try:
         import torch
