@@ -21,6 +21,14 @@ def test_demo_builds_data_trains_evaluates_and_reports(tmp_path, capsys):
     with open(os.path.join(run, "summary.json")) as f:
         assert json.load(f)["run_name"] == "demo_test"
     assert demo.ensure_demo_dataset(data) is False  # second call: already there
+    # the same run directory again without resume=true: one line naming it, exit 1, the first run untouched
+    before = sorted(os.listdir(run))
+    with pytest.raises(SystemExit) as e:
+        demo.main([f"data_paths=[{data}]", f"checkpoint_path={run}", "epochs=2", "progress=false",
+                   "wandb.mode=disabled", "+run_name=demo_test"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and err.startswith("error: ") and run in err and "resume=true" in err
+    assert "\n" not in err and sorted(os.listdir(run)) == before
 
 
 def test_train_step_benchmark_reports_throughput_and_flops():

@@ -30,7 +30,8 @@ def ensure_demo_dataset(path: str, progress: bool = True) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from training.config import ConfigError, load_config
+    from training.config import load_config
+    from training.errors import user_errors
     from training.loop import train
 
     overrides = list(sys.argv[1:] if argv is None else argv)
@@ -43,13 +44,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     # user asked otherwise through OMP_NUM_THREADS.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.time()
-    try:
+    with user_errors():  # bad input (override key, occupied run dir, ...): one line, exit 1
         cfg = load_config("cfg_demo", overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(1)
-    ensure_demo_dataset(cfg.data_paths[0], progress=cfg.progress)
-    summary = train(cfg)
+        ensure_demo_dataset(cfg.data_paths[0], progress=cfg.progress)
+        summary = train(cfg)
     final = summary["final"]
     print("\n[demo] ---------------------------------------------------------------")
     print(f"[demo] finished in {time.time() - t0:.0f} s: {summary['stop_reason']}, {summary['steps']} steps")
