@@ -353,6 +353,12 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
     return rec
 
 
+def default_max_grid(canvas_size: int) -> int:
+    """Largest input side by default: two cells less than the canvas (room for the loader's translations), at
+    most 10 (the builder's default)."""
+    return max(1, min(10, canvas_size - 2))
+
+
 def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
     """(pass@1, pass@2) of one puzzle from its predictions.json rows: the mean over its test inputs of whether
     the true grid is ranked first / among the first two (the evaluator's pass@K definition)."""
@@ -443,7 +449,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     if not os.path.exists(os.path.join(ROOT, "config", f"{config}.yaml")):
         raise ScienceError(f"--config {config}: no such file config/{config}.yaml")
     data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
-                     "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else min(10, canvas_size),
+                     "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
                      "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed}
     os.makedirs(out, exist_ok=True)
     built, rules_path = build_science_data(out, data_settings)
@@ -486,7 +492,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--holdout-families", nargs="+", default=[], help="families never seen in training")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: max_steps of the config)")
     ap.add_argument("--canvas-size", type=int, default=8)
-    ap.add_argument("--max-grid", type=int, default=6)
+    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: canvas - 2, at most 10)")
     ap.add_argument("--min-grid", type=int, default=3)
     ap.add_argument("--num-train", type=int, default=800)
     ap.add_argument("--num-test", type=int, default=160)
