@@ -10,7 +10,9 @@ Splits: demo ("train") pairs of every puzzle and the test pairs of every non-tes
 the test pairs of the test subset go to ``test/``. ``--mode trm`` (default, published-TRM parity) also puts the
 test subset's demo pairs in ``train/`` (puzzle embeddings need them); ``--mode etrm`` never does (true few-shot).
 Each puzzle gets the identity plus ``--num-aug`` distinct (dihedral x colour permutation) copies, applied to all
-its pairs in both splits. Both splits carry the ETRM demo store. See docs/data.md for the format.
+its pairs in both splits. Both splits carry the ETRM demo store. ``--canvas-size N`` (default 30, the published
+format) writes N x N canvases (seq_len N*N, ``grid_size`` N in dataset.json); a grid that does not fit is an error.
+See docs/data.md for the format.
 """
 from __future__ import annotations
 
