@@ -220,6 +220,11 @@ def run_plan(name: str) -> tuple[str, list[str]]:
     return name, []
 
 
+def _hq(path: str) -> str:
+    """A path as a quoted Hydra override value (spaces, commas, brackets and '=' survive)."""
+    return "'" + path.replace("'", "\\'") + "'"
+
+
 def _say(msg: str) -> None:
     print(f"[science] {msg}", flush=True)
 
@@ -319,8 +324,8 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
         import shutil
 
         shutil.rmtree(ev, ignore_errors=True)  # outputs of an older checkpoint
-        cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{built}]",
-               f"encoder={encoder}", f"checkpoint_path={ck}", f"hydra.run.dir={os.path.join(run_dir, 'hydra')}",
+        cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{_hq(built)}]",
+               f"encoder={encoder}", f"checkpoint_path={_hq(ck)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra'))}",
                "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
         cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
         _say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
@@ -337,8 +342,8 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
     if os.path.exists(metrics_path) and os.path.exists(pred_path):
         _say(f"{name}: evaluation exists, reused")
     else:
-        cmd = [sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={built}", f"output_dir={ev}",
-               f"hydra.run.dir={os.path.join(run_dir, 'hydra-eval')}", "progress=false", "num_pictures=0",
+        cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(built)}", f"output_dir={_hq(ev)}",
+               f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra-eval'))}", "progress=false", "num_pictures=0",
                "pass_ks=[1,2]", *eval_overrides]
         _say(f"{name}: evaluating the held-out puzzles")
         rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "eval.log"))
@@ -434,6 +439,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     from training.summary import atomic_write, write_json_atomic
 
     t0 = time.time()
+    out = os.path.abspath(out)  # the stages run in the repository root
     fams = list(families) if families else list(FAMILIES)
     for f in list(fams) + list(holdout_families):
         if f not in FAMILIES:

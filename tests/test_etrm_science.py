@@ -118,7 +118,7 @@ ARGS = ["--families", *FAMS, "--num-train", "16", "--num-test", "6", "--num-aug"
 
 @pytest.fixture(scope="module")
 def science_out(tmp_path_factory):
-    out = tmp_path_factory.mktemp("science")
+    out = tmp_path_factory.mktemp("science out,x=1")  # the paths reach Hydra overrides: quoted
     res = main(["--out", str(out)] + ARGS)
     return str(out), res
 
