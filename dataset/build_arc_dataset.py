@@ -10,7 +10,9 @@ Splits: demo ("train") pairs of every puzzle and the test pairs of every non-tes
 the test pairs of the test subset go to ``test/``. ``--mode trm`` (default, published-TRM parity) also puts the
 test subset's demo pairs in ``train/`` (puzzle embeddings need them); ``--mode etrm`` never does (true few-shot).
 Each puzzle gets the identity plus ``--num-aug`` distinct (dihedral x colour permutation) copies, applied to all
-its pairs in both splits. Both splits carry the ETRM demo store. See docs/data.md for the format.
+its pairs in both splits. Both splits carry the ETRM demo store. ``--canvas-size N`` (default 30, the published
+format) writes N x N canvases (seq_len N*N, ``grid_size`` N in dataset.json); a grid that does not fit is an error.
+See docs/data.md for the format.
 """
 from __future__ import annotations
 
@@ -178,9 +180,10 @@ def _stable_seed(*parts) -> int:
 
 
 def _encode_into(dst: np.ndarray, grid: np.ndarray, dih: np.ndarray, luts: np.ndarray) -> None:
-    """Write the canvases of ``grid`` under each augmentation into ``dst`` [A, 30, 30] (pre-filled with PAD).
-
-    ``dih`` [A] dihedral ids, ``luts`` [A, 10] colour maps; vectorised per dihedral transform."""
+    """Write the canvases of ``grid`` under each augmentation into ``dst`` [A, N, N] (pre-filled with PAD;
+    N = the canvas side, 30 for ARC). ``dih`` [A] dihedral ids, ``luts`` [A, 10] colour maps; vectorised per
+    dihedral transform."""
+    size = dst.shape[-1]
     for d in np.unique(dih):
         sel = np.nonzero(dih == d)[0]
         g = dihedral_transform(grid, int(d))
@@ -188,26 +191,26 @@ def _encode_into(dst: np.ndarray, grid: np.ndarray, dih: np.ndarray, luts: np.nd
         block = (luts[sel] + COLOR_OFFSET)[:, g]  # [k, h, w]
         if len(sel) == len(dih):
             dst[:, :h, :w] = block
-            if h < ARC_MAX_GRID:
+            if h < size:
                 dst[:, h, :w] = EOS_ID
-            if w < ARC_MAX_GRID:
+            if w < size:
                 dst[:, :h, w] = EOS_ID
         else:
             dst[sel, :h, :w] = block
-            if h < ARC_MAX_GRID:
+            if h < size:
                 dst[sel, h, :w] = EOS_ID
-            if w < ARC_MAX_GRID:
+            if w < size:
                 dst[sel, :h, w] = EOS_ID
 
 
-def _encode_many(grid: np.ndarray, augs: Sequence[Augmentation]) -> np.ndarray:
-    """Canvases [len(augs), 900] (uint8) of ``grid`` under each augmentation (reference-equal to
-    ``grid_to_canvas(aug.apply(grid))``)."""
-    out = np.zeros((len(augs), ARC_MAX_GRID, ARC_MAX_GRID), dtype=np.uint8)
+def _encode_many(grid: np.ndarray, augs: Sequence[Augmentation], canvas_size: int = ARC_MAX_GRID) -> np.ndarray:
+    """Canvases [len(augs), canvas_size**2] (uint8) of ``grid`` under each augmentation (reference-equal to
+    ``grid_to_canvas(aug.apply(grid), size=canvas_size)``)."""
+    out = np.zeros((len(augs), canvas_size, canvas_size), dtype=np.uint8)
     dih = np.array([a.dihedral for a in augs], dtype=np.int64)
     luts = np.array([a.colour_map for a in augs], dtype=np.uint8)
     _encode_into(out, grid, dih, luts)
-    return out.reshape(len(augs), ARC_SEQ_LEN)
+    return out.reshape(len(augs), canvas_size * canvas_size)
 
 
 def _random_augmentations(rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -280,14 +283,14 @@ def select_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np
     return np.concatenate(dl), np.concatenate(ll)
 
 
-def encode_puzzle(puzzle: ArcPuzzle, dih: np.ndarray, luts: np.ndarray) -> np.ndarray:
-    """Canvases [A, 2, n_pairs, 900] (uint8): axis 1 = input / output, demo pairs then test pairs."""
+def encode_puzzle(puzzle: ArcPuzzle, dih: np.ndarray, luts: np.ndarray, canvas_size: int = ARC_MAX_GRID) -> np.ndarray:
+    """Canvases [A, 2, n_pairs, canvas_size**2] (uint8): axis 1 = input / output, demo pairs then test pairs."""
     pairs = puzzle.train + puzzle.test
-    can = np.zeros((len(dih), 2, len(pairs), ARC_MAX_GRID, ARC_MAX_GRID), dtype=np.uint8)
+    can = np.zeros((len(dih), 2, len(pairs), canvas_size, canvas_size), dtype=np.uint8)
     for j, (gi, go) in enumerate(pairs):
         _encode_into(can[:, 0, j], gi, dih, luts)
         _encode_into(can[:, 1, j], go, dih, luts)
-    return can.reshape(len(dih), 2, len(pairs), ARC_SEQ_LEN)
+    return can.reshape(len(dih), 2, len(pairs), canvas_size * canvas_size)
 
 
 def choose_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -332,7 +335,7 @@ def _write_rows(path: str, row0: int, rows: np.ndarray) -> None:
     """pwrite rows at their final position (no memory map: resident memory stays one puzzle's worth)."""
     fd, off = _open_rows(path)
     buf = memoryview(np.ascontiguousarray(rows)).cast("B")
-    pos = off + row0 * ARC_SEQ_LEN
+    pos = off + row0 * rows.shape[1]
     while len(buf):
         n = os.pwrite(fd, buf, pos)
         buf, pos = buf[n:], pos + n
@@ -341,12 +344,13 @@ def _write_rows(path: str, row0: int, rows: np.ndarray) -> None:
 def _encode_task(args) -> int:
     """Encode one puzzle's copies and write them into the preallocated split files at their offsets.
     ``writes``: list of (inputs path, labels path, first row, pair slice)."""
-    puzzle, dih, luts, writes = args
-    can = encode_puzzle(puzzle, dih, luts)
+    puzzle, dih, luts, writes, canvas_size = args
+    can = encode_puzzle(puzzle, dih, luts, canvas_size)
+    seq_len = canvas_size * canvas_size
     for in_path, lab_path, row0, (p0, p1) in writes:
         n = len(dih) * (p1 - p0)
-        _write_rows(in_path, row0, can[:, 0, p0:p1].reshape(n, ARC_SEQ_LEN))
-        _write_rows(lab_path, row0, can[:, 1, p0:p1].reshape(n, ARC_SEQ_LEN))
+        _write_rows(in_path, row0, can[:, 0, p0:p1].reshape(n, seq_len))
+        _write_rows(lab_path, row0, can[:, 1, p0:p1].reshape(n, seq_len))
     return len(dih)
 
 
@@ -356,11 +360,11 @@ def _close_files() -> None:
     _FDS.clear()
 
 
-def _preallocate(path: str, rows: int) -> None:
-    """Write the .npy header of a [rows, 900] uint8 array and size the file (sparse until written)."""
+def _preallocate(path: str, rows: int, seq_len: int = ARC_SEQ_LEN) -> None:
+    """Write the .npy header of a [rows, seq_len] uint8 array and size the file (sparse until written)."""
     with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (rows, ARC_SEQ_LEN)})
-        f.truncate(f.tell() + rows * ARC_SEQ_LEN)
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (rows, seq_len)})
+        f.truncate(f.tell() + rows * seq_len)
 
 
 def _write_json(path: str, obj) -> None:
@@ -428,27 +432,47 @@ def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_fil
 
 
 def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_examples: int, args, test_in_train,
-              max_demos: int, max_demos_p99: int, source: str) -> DatasetMetadata:
+              max_demos: int, max_demos_p99: int, source: str, canvas_size: int = ARC_MAX_GRID) -> DatasetMetadata:
     return DatasetMetadata(
         pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=ARC_VOCAB_SIZE,
-        seq_len=ARC_SEQ_LEN, num_puzzle_identifiers=num_ids, total_groups=n_groups,
+        seq_len=canvas_size * canvas_size, num_puzzle_identifiers=num_ids, total_groups=n_groups,
         mean_puzzle_examples=(n_examples / n_puzzles) if n_puzzles else 0.0, total_puzzles=n_puzzles, sets=["all"],
-        kind="arc", grid_size=ARC_MAX_GRID, test_demos_in_train=test_in_train, has_demos=True,
+        kind="arc", grid_size=canvas_size, test_demos_in_train=test_in_train, has_demos=True,
         max_demos_p99=max_demos_p99, max_demos=max_demos, translate_augment=(split == "train"),
         seed=args["seed"], num_aug=args["num_aug"], source=source)
 
 
+def check_canvas_size(puzzles: Sequence[ArcPuzzle], canvas_size: int) -> None:
+    """Every grid of every puzzle must fit an ``canvas_size`` x ``canvas_size`` canvas (any dihedral transform:
+    both sides); a grid that fills a side gets no EOS on that side, exactly as a 30-wide ARC grid."""
+    if not 1 <= canvas_size <= ARC_MAX_GRID:
+        raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
+    for p in puzzles:
+        for kind, pairs in (("train", p.train), ("test", p.test)):
+            for k, pair in enumerate(pairs):
+                for side, g in zip(("input", "output"), pair):
+                    if g is not None and max(g.shape) > canvas_size:
+                        raise DatasetError(f"puzzle {p.name} ({p.subset}): {kind}[{k}].{side} grid "
+                                           f"{g.shape[0]}x{g.shape[1]} does not fit --canvas-size {canvas_size}")
+
+
 def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set_name: Optional[str],
                       num_aug: int = 1000, seed: int = 0, mode: str = "trm", test_demos_in_train: str = "auto",
-                      overwrite: bool = False, num_workers: int = 1, source: str = "", progress: bool = True) -> dict:
-    """Build ``output_dir`` from validated puzzles; returns the summary dict. Atomic: nothing half-written."""
+                      overwrite: bool = False, num_workers: int = 1, source: str = "", progress: bool = True,
+                      canvas_size: int = ARC_MAX_GRID) -> dict:
+    """Build ``output_dir`` from validated puzzles; returns the summary dict. Atomic: nothing half-written.
+
+    ``canvas_size`` N: every grid is written into the top-left of an N x N canvas (seq_len = N*N, recorded as
+    ``grid_size`` in dataset.json); 30 (the default) is the published ARC format. Every grid must fit."""
     if mode not in ("trm", "etrm"):
         raise DatasetError(f"--mode must be trm or etrm, got {mode!r}")
     if test_demos_in_train not in ("auto", "yes", "no"):
         raise DatasetError(f"--test-demos-in-train must be auto, yes or no, got {test_demos_in_train!r}")
     if num_aug < 0:
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
+    check_canvas_size(puzzles, canvas_size)
     tdit = (mode == "trm") if test_demos_in_train == "auto" else (test_demos_in_train == "yes")
+    seq_len = canvas_size * canvas_size
     t0 = time.time()
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         os.makedirs(os.path.join(tmp, "train"))
@@ -494,13 +518,13 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
                         writes.append((paths["test", "demo_inputs"], paths["test", "demo_labels"], d0, (0, nt)))
                         ix["slot"] += [-1] * (A * n)
                         ix["demo_indices"] += (d0 + nt * np.arange(1, A + 1)).tolist()
-                tasks.append((p, dih, luts, writes))
+                tasks.append((p, dih, luts, writes, canvas_size))
             n_aug_total = len(identifiers) - 1 - len(puzzles)
             for split in ("train", "test"):
-                _preallocate(paths[split, "inputs"], idx[split]["puzzle_indices"][-1])
-                _preallocate(paths[split, "labels"], idx[split]["puzzle_indices"][-1])
-            _preallocate(paths["test", "demo_inputs"], idx["test"]["demo_indices"][-1])
-            _preallocate(paths["test", "demo_labels"], idx["test"]["demo_indices"][-1])
+                _preallocate(paths[split, "inputs"], idx[split]["puzzle_indices"][-1], seq_len)
+                _preallocate(paths[split, "labels"], idx[split]["puzzle_indices"][-1], seq_len)
+            _preallocate(paths["test", "demo_inputs"], idx["test"]["demo_indices"][-1], seq_len)
+            _preallocate(paths["test", "demo_labels"], idx["test"]["demo_indices"][-1], seq_len)
             # phase 2 (the work): encode and pwrite straight into the preallocated files, in parallel
             it = pool.imap_unordered(_encode_task, tasks, chunksize=1) if pool else map(_encode_task, tasks)
             for _ in tqdm(it, total=len(tasks), desc="ARC encoding", unit="puzzle", disable=not progress):
@@ -547,7 +571,7 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
             meta = _metadata(split, num_ids=len(identifiers), n_groups=len(ix["group_indices"]) - 1,
                              n_puzzles=len(ix["puzzle_identifiers"]), n_examples=n_ex,
                              args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
-                             max_demos=max_demos, max_demos_p99=p99, source=source)
+                             max_demos=max_demos, max_demos_p99=p99, source=source, canvas_size=canvas_size)
             with open(os.path.join(d, "dataset.json"), "w") as f:
                 json.dump(meta.model_dump(), f, indent=1)
             summary[f"{split}_examples"] = n_ex
@@ -584,6 +608,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--mode", choices=["trm", "etrm"], default="trm")
     ap.add_argument("--test-demos-in-train", choices=["auto", "yes", "no"], default="auto",
                     help="auto: yes for --mode trm, no for --mode etrm")
+    ap.add_argument("--canvas-size", type=int, default=ARC_MAX_GRID,
+                    help=f"canvas side N (seq_len N*N); every grid must fit (default {ARC_MAX_GRID}, the ARC format)")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-progress", action="store_true")
@@ -599,7 +625,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,
             mode=args.mode, test_demos_in_train=args.test_demos_in_train, overwrite=args.overwrite,
             num_workers=args.num_workers, source=args.source or os.path.basename(args.input_file_prefix or ""),
-            progress=not args.no_progress)
+            progress=not args.no_progress, canvas_size=args.canvas_size)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2)

@@ -8,7 +8,8 @@ Token layout (identical to the published TRM ARC builder)::
     2..11    colours 0..9
 
 A grid of shape (h, w) is written into the top-left of a 30x30 canvas (optionally shifted by a
-translation offset at load time), flattened row-major to 900 tokens.
+translation offset at load time), flattened row-major to 900 tokens. Builders accept a smaller canvas
+(``--canvas-size N``: N*N tokens, ``DatasetMetadata.grid_size = N``); the encoders' ``size`` argument is the side.
 """
 from __future__ import annotations
 

@@ -206,6 +206,15 @@ def _combine_metadata(metas: list[DatasetMetadata], paths: list[str]) -> Dataset
     ))
 
 
+def canvas_side(metadata: DatasetMetadata) -> Optional[int]:
+    """Canvas side N of a canvas dataset (seq_len = N*N): ``metadata.grid_size`` when recorded, else 30 for a
+    900-token directory (the published ARC format); None when the data is not a square canvas."""
+    n = metadata.grid_size
+    if n is None and metadata.seq_len == ARC_MAX_GRID * ARC_MAX_GRID:
+        n = ARC_MAX_GRID
+    return int(n) if n is not None and int(n) * int(n) == metadata.seq_len else None
+
+
 def content_extents(canvases: np.ndarray, size: int = ARC_MAX_GRID) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised :func:`dataset.common.find_content_extent` for a batch [b, size*size] -> (rows [b], cols [b])."""
     arr = np.asarray(canvases).reshape(-1, size, size) >= COLOR_OFFSET
@@ -257,9 +266,13 @@ class PuzzleDataset(IterableDataset):
         self.metadata: DatasetMetadata = _combine_metadata(metas, config.data_paths)
         self.translate = (not config.test_mode) and bool(
             self.metadata.translate_augment if config.translate_augment is None else config.translate_augment)
-        if self.translate and self.metadata.seq_len != ARC_MAX_GRID * ARC_MAX_GRID:
-            raise DatasetError(f"{split_dirs[0]}: translate_augment needs a 30x30 canvas dataset "
-                               f"(seq_len 900), got seq_len={self.metadata.seq_len}")
+        # canvas side of canvas datasets: metadata.grid_size (ours), else 30 for a published 900-token ARC
+        # directory; None when seq_len is not a square canvas
+        self.canvas_size: Optional[int] = canvas_side(self.metadata)
+        if self.translate and self.canvas_size is None:
+            raise DatasetError(f"{split_dirs[0]}/dataset.json: translate_augment needs a square canvas dataset "
+                               f"(grid_size N with seq_len N*N), got grid_size={self.metadata.grid_size}, "
+                               f"seq_len={self.metadata.seq_len}")
 
         if config.encoder_mode:
             for m, d in zip(metas, split_dirs):
@@ -505,7 +518,7 @@ class PuzzleDataset(IterableDataset):
             # uniforms drawn for the whole global batch (ranks agree), then this rank's real rows
             u = rng.random((2, len(global_rows)))[:, cfg.rank * self.local_batch_size:
                                                      (cfg.rank + 1) * self.local_batch_size][:, real]
-            raw_in, raw_lab, _ = translate_batch(raw_in, raw_lab, u)
+            raw_in, raw_lab, _ = translate_batch(raw_in, raw_lab, u, self.canvas_size)
         inputs[real] = raw_in
         lab = raw_lab.astype(np.int64)
         # map on-disk ignore ids (per data path) to -100

@@ -296,15 +296,17 @@ FAMILIES: dict[str, Callable[[np.random.Generator, GridSpec], RuleInstance]] = {
 }
 
 
-def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: int = 200) -> Optional[list]:
-    """``n`` distinct, informative (output != input) pairs of one rule instance, or None."""
+def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: int = 200,
+               max_side: int = ARC_MAX_GRID) -> Optional[list]:
+    """``n`` distinct, informative (output != input) pairs of one rule instance, or None. Pairs whose input or
+    output has a side above ``max_side`` (the canvas) are skipped."""
     pairs, seen = [], set()
     for _ in range(max_tries):
         if len(pairs) == n:
             break
         gi = rule.make_input(rng)
         go = rule.apply(gi)
-        if go is None or go.shape[0] > ARC_MAX_GRID or go.shape[1] > ARC_MAX_GRID or min(go.shape) < 1:
+        if go is None or max(go.shape) > max_side or max(gi.shape) > max_side or min(go.shape) < 1:
             continue
         if go.shape == gi.shape and (go == gi).all():
             continue

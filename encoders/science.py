@@ -1,16 +1,31 @@
-"""CPU-sized science check for ETRM: does the encoder read the rule from the demonstrations?
+"""ETRM science: does a demonstration encoder infer a rule it never saw, from the demos alone?
 
-Task family ``recolour``: a rule instance is a pair of colours (a, b), a != b; the output grid is the input grid
-with every cell of colour ``a`` repainted ``b``. Every query input contains colour ``a``, so the answer cannot
-be guessed without knowing the instance. Train and test puzzles use DISJOINT rule instances (held-out
-instances), each puzzle has its own fresh demonstration pairs (true few-shot: test demos never occur in train).
-Grids are small (``grid x grid`` on a ``(grid+1)^2`` canvas with the usual EOS frame) so a tiny ETRM trains on
-CPU in about a minute with the real training loop (``training.loop.train``).
+``python -m encoders.science --out DIR`` runs the whole experiment through the user-facing commands, each stage a
+subprocess whose log lands in DIR:
 
-The control is the same model with ``encoder.zero_demos=true`` (the encoder sees only PAD demos): it cannot
-know (a, b) and stays near chance.
+1. data: ``python -m dataset.build_synthetic_dataset ... --canvas-size N --build-dir DIR/data/built --mode etrm``
+   (all 8 rule families of dataset/synthetic_rules.py; evaluation puzzles are rule instances never seen in
+   training, and with ``--holdout-families`` whole families never seen in training);
+2. training: ``python pretrain_encoder.py --config-name cfg_science encoder=<name> ...`` once per encoder
+   (standard, variational, lpn, hybrid, recurrent) and for the zero-demo control (``control`` = standard with
+   ``encoder.zero_demos=true``: the encoder sees only PAD demos, so it cannot know the rule). The recipe is
+   config/cfg_science.yaml; ``--override key=value`` passes Hydra overrides through;
+3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` (voting over the augmented copies, pass@K);
+4. report: held-out pass@1 / pass@2 per rule family (the family of each evaluated puzzle comes from the
+   builder's ``<prefix>_rules.json``, its score from evaluate.py's ``predictions.json``) for every run, written to
+   DIR/science.json and DIR/science.md and printed.
 
-    python -m encoders.science --out /tmp/etrm_science --steps 600        # prints both held-out accuracies
+Resumable: a run whose summary.json says ``finished`` is not trained again, an evaluation whose metrics.json and
+predictions.json exist is not repeated; a DIR built with other settings is refused (name a new --out).
+
+    python -m encoders.science --out runs/science                        # standard + control (the quick check)
+    python -m encoders.science --out runs/science-all --encoders all      # the benchmark: 5 encoders + control
+    python -m encoders.science --out runs/s --holdout-families gravity --steps 2000 --override lr=3e-4
+
+The older single-family check (``recolour``: repaint colour a as b; train and test instances disjoint), trained
+in-process with ``training.loop.train``, stays available for quick encoder experiments:
+
+    python -m encoders.science --recolour --out /tmp/etrm_recolour --steps 600
 """
 from __future__ import annotations
 
@@ -18,7 +33,7 @@ import argparse
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -182,16 +197,336 @@ def run_science(out_dir: str, *, steps: int = 600, seed: int = 0, encoder: "str 
     return result
 
 
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=600)
+# ==============================================================================================================
+# The science command: builder -> pretrain_encoder.py -> evaluate.py -> per-family table
+# ==============================================================================================================
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENCODERS = ("standard", "variational", "lpn", "hybrid", "recurrent")
+CONTROL = "control"  # the zero-demo control: encoder=standard encoder.zero_demos=true
+DATA_PREFIX = "synth"
+DEFAULT_CONFIG = "cfg_science"
+
+
+class ScienceError(ValueError):
+    """Bad science-command input (the message names the option / file and the value)."""
+
+
+def run_plan(name: str) -> tuple[str, list[str]]:
+    """(encoder group, extra Hydra overrides) of one run of the table."""
+    if name == CONTROL:
+        return "standard", ["encoder.zero_demos=true"]
+    if name not in ENCODERS:
+        raise ScienceError(f"--encoders: unknown run {name!r} (choose from {', '.join(ENCODERS + (CONTROL,))} or all)")
+    return name, []
+
+
+def _say(msg: str) -> None:
+    print(f"[science] {msg}", flush=True)
+
+
+def _read_json_or_none(path: str) -> Optional[Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> None:
+    """Refuse to mix results made with other settings in one --out directory."""
+    if saved is None or saved == wanted:
+        return
+    diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+    k = diff[0]
+    raise ScienceError(f"{path}: {what} was made with {k}={saved.get(k)!r}, this command asks for {k}={wanted.get(k)!r}; "
+                       "use a new --out (or the same options) to keep results comparable")
+
+
+def _subprocess(cmd: list[str], log_path: str) -> tuple[int, float, str]:
+    """Run ``cmd`` in the repository root, stdout+stderr to ``log_path``; (exit status, seconds, last log line)."""
+    import subprocess
+    import sys
+
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    with open(log_path) as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    return rc, time.time() - t0, (lines[-1] if lines else "")
+
+
+def build_science_data(out: str, settings: dict) -> tuple[str, str]:
+    """Stage 1: the synthetic rule families built by the user-facing builder (skipped when already built with the
+    same settings). Returns (built dataset dir, rules.json path)."""
+    import sys
+
+    data = os.path.join(out, "data")
+    built, raw = os.path.join(data, "built"), os.path.join(data, "raw")
+    rules = os.path.join(raw, f"{DATA_PREFIX}_rules.json")
+    spath = os.path.join(data, "settings.json")
+    done = os.path.exists(os.path.join(built, "test", "dataset.json")) and os.path.exists(rules)
+    if done:
+        _check_same(spath, _read_json_or_none(spath), settings, "the data")
+        if _read_json_or_none(spath) == settings:
+            _say(f"data: {built} already built, reused")
+            return built, rules
+    from training.summary import write_json_atomic
+
+    cmd = [sys.executable, "-m", "dataset.build_synthetic_dataset", "--output-dir", raw, "--output-prefix", DATA_PREFIX,
+           "--num-train", str(settings["num_train"]), "--num-test", str(settings["num_test"]),
+           "--min-grid", str(settings["min_grid"]), "--max-grid", str(settings["max_grid"]),
+           "--canvas-size", str(settings["canvas_size"]), "--seed", str(settings["seed"]),
+           "--families", *settings["families"]]
+    if settings["holdout_families"]:
+        cmd += ["--holdout-families", *settings["holdout_families"]]
+    cmd += ["--build-dir", built, "--num-aug", str(settings["num_aug"]), "--mode", "etrm", "--overwrite",
+            "--num-workers", "1", "--no-progress"]
+    _say(f"data: {settings['num_train']} training + {settings['num_test']} held-out puzzles, "
+         f"{len(settings['families'])} families, canvas {settings['canvas_size']} -> {built}")
+    log = os.path.join(data, "build.log")
+    rc, secs, last = _subprocess(cmd, log)
+    if rc != 0:
+        raise ScienceError(f"data build failed (exit {rc}): {last} (log: {log})")
+    write_json_atomic(spath, settings)
+    _say(f"data: built in {secs:.0f} s")
+    return built, rules
+
+
+def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: Optional[int], overrides: list[str],
+                       eval_overrides: list[str], data_settings: dict) -> dict:
+    """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished), then
+    evaluate.py (unless its outputs exist). Returns the run's record (status, times, metrics, paths)."""
+    import sys
+
+    encoder, extra = run_plan(name)
+    run_dir = os.path.join(out, "runs", name)
+    ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "eval")
+    spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
+            "data": data_settings}
+    spath = os.path.join(run_dir, "run.json")
+    _check_same(spath, _read_json_or_none(spath), spec, f"run {name!r}")
+    from training.summary import write_json_atomic
+
+    write_json_atomic(spath, spec)
+    rec: dict[str, Any] = {"encoder": encoder, "zero_demos": name == CONTROL, "run_dir": run_dir, "status": None}
+    summary = _read_json_or_none(os.path.join(ck, "summary.json"))
+    if summary is not None and summary.get("status") == "finished":
+        _say(f"{name}: training finished earlier ({summary.get('steps')} steps), reused")
+    else:
+        import shutil
+
+        shutil.rmtree(ev, ignore_errors=True)  # outputs of an older checkpoint
+        cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{built}]",
+               f"encoder={encoder}", f"checkpoint_path={ck}", f"hydra.run.dir={os.path.join(run_dir, 'hydra')}",
+               "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
+        cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
+        _say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
+             f"{', ' + str(steps) + ' steps' if steps else ''}); log {os.path.join(run_dir, 'train.log')}")
+        rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "train.log"))
+        summary = _read_json_or_none(os.path.join(ck, "summary.json"))
+        if rc not in (0, 3) or summary is None or summary.get("status") != "finished":
+            _say(f"{name}: training FAILED (exit {rc}): {last}")
+            return dict(rec, status="train_failed", exit_status=rc, message=last)
+        _say(f"{name}: trained {summary.get('steps')} steps in {secs:.0f} s")
+    rec.update(steps=summary.get("steps"), train_seconds=summary.get("wall_time_s"),
+               stop_reason=summary.get("stop_reason"), num_params=summary.get("num_params"))
+    metrics_path, pred_path = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
+    if os.path.exists(metrics_path) and os.path.exists(pred_path):
+        _say(f"{name}: evaluation exists, reused")
+    else:
+        cmd = [sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={built}", f"output_dir={ev}",
+               f"hydra.run.dir={os.path.join(run_dir, 'hydra-eval')}", "progress=false", "num_pictures=0",
+               "pass_ks=[1,2]", *eval_overrides]
+        _say(f"{name}: evaluating the held-out puzzles")
+        rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "eval.log"))
+        if rc != 0 or not os.path.exists(metrics_path):
+            _say(f"{name}: evaluation FAILED (exit {rc}): {last}")
+            return dict(rec, status="eval_failed", exit_status=rc, message=last)
+        _say(f"{name}: evaluated in {secs:.0f} s")
+    m = json.load(open(metrics_path))["metrics"]
+    rec.update(status="ok", eval_seconds=m.get("eval/wall_seconds"), predictions=pred_path,
+               metrics={k: m[k] for k in ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs",
+                                          "ARC/malformed_frac") if k in m})
+    return rec
+
+
+def default_max_grid(canvas_size: int) -> int:
+    """Largest input side by default: two cells less than the canvas (room for the loader's translations), at
+    most 10 (the builder's default)."""
+    return max(1, min(10, canvas_size - 2))
+
+
+def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
+    """(pass@1, pass@2) of one puzzle from its predictions.json rows: the mean over its test inputs of whether
+    the true grid is ranked first / among the first two (the evaluator's pass@K definition)."""
+    if not rows:
+        raise ScienceError("predictions.json: a puzzle with no test inputs")
+    r = [row.get("correct_rank") for row in rows]
+    return (sum(c == 1 for c in r) / len(r), sum(c is not None and c <= 2 for c in r) / len(r))
+
+
+def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Sequence[str] = ()) -> dict:
+    """Per-family held-out pass@1 / pass@2 of every run. ``rules``: the builder's rules.json (puzzle ->
+    {subset, family, ...}); ``predictions``: run -> evaluate.py's predictions.json. Every held-out puzzle
+    (subset ``evaluation``) must be in every run's predictions exactly once, and nothing else."""
+    heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
+    families = sorted(set(heldout.values()))
+    table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
+    table["all"] = {"count": len(heldout), "heldout_family": False, "runs": {}}
+    for f in heldout.values():
+        table[f]["count"] += 1
+    for run, pred in predictions.items():
+        extra, missing = sorted(set(pred) - set(heldout)), sorted(set(heldout) - set(pred))
+        if extra or missing:
+            raise ScienceError(f"run {run}: predictions.json does not hold exactly the held-out puzzles of rules.json "
+                               f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]})")
+        sums = {f: [0.0, 0.0] for f in table}
+        for p, fam in heldout.items():
+            a, b = puzzle_scores(pred[p])
+            for key in (fam, "all"):
+                sums[key][0] += a
+                sums[key][1] += b
+        for f, (a, b) in sums.items():
+            n = table[f]["count"]
+            table[f]["runs"][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
+    return table
+
+
+def render_markdown(result: dict) -> str:
+    runs = [r for r in result["runs"] if result["runs"][r]["status"] == "ok"]
+    s = result["settings"]
+    lines = ["# ETRM science: held-out pass@1 / pass@2 per rule family", "",
+             f"`{result['command']}`", "",
+             f"Data: {s['data']['num_train']} training / {s['data']['num_test']} held-out puzzles (held-out rule "
+             f"instances{'; held-out families: ' + ', '.join(s['data']['holdout_families']) if s['data']['holdout_families'] else ''}), "
+             f"canvas {s['data']['canvas_size']}x{s['data']['canvas_size']}, grids {s['data']['min_grid']}-"
+             f"{s['data']['max_grid']}, {s['data']['num_aug']} augmentations, seed {s['data']['seed']}. Recipe: "
+             f"config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
+             f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
+             "`encoder.zero_demos=true` (sees no demos).", ""]
+    if runs:
+        lines += ["| family | n | " + " | ".join(runs) + " |", "|---|---:|" + "---:|" * len(runs)]
+        for fam, row in result["families"].items():
+            label = f"**{fam}**" if fam == "all" else (f"{fam} (held-out family)" if row["heldout_family"] else fam)
+            cells = [f"{row['runs'][r]['pass@1']:.2f} / {row['runs'][r]['pass@2']:.2f}" for r in runs]
+            lines.append(f"| {label} | {row['count']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["| run | status | steps | train s | eval s |", "|---|---|---:|---:|---:|"]
+    for name, r in result["runs"].items():
+        ts, es = r.get("train_seconds"), r.get("eval_seconds")
+        lines.append(f"| {name} | {r['status']} | {r.get('steps', '')} | {'' if ts is None else f'{ts:.0f}'} | "
+                     f"{'' if es is None else f'{es:.0f}'} |")
+    lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONTROL),
+                        families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
+                        steps: Optional[int] = None, canvas_size: int = 8, max_grid: Optional[int] = None,
+                        min_grid: int = 3, num_train: int = 800, num_test: int = 160, num_aug: int = 8, seed: int = 0,
+                        overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
+                        config: str = DEFAULT_CONFIG, command: str = "") -> dict:
+    """The whole experiment (see the module docstring); returns the result written to science.json."""
+    from dataset.synthetic_rules import FAMILIES
+    from training.summary import atomic_write, write_json_atomic
+
+    t0 = time.time()
+    fams = list(families) if families else list(FAMILIES)
+    for f in list(fams) + list(holdout_families):
+        if f not in FAMILIES:
+            raise ScienceError(f"--families/--holdout-families: unknown family {f!r} (known: {', '.join(FAMILIES)})")
+    for f in holdout_families:
+        if f not in fams:
+            fams.append(f)
+    names = list(ENCODERS) + [CONTROL] if "all" in encoders else list(dict.fromkeys(encoders))
+    for n in names:
+        run_plan(n)
+    if steps is not None and steps <= 0:
+        raise ScienceError(f"--steps must be > 0, got {steps}")
+    if not os.path.exists(os.path.join(ROOT, "config", f"{config}.yaml")):
+        raise ScienceError(f"--config {config}: no such file config/{config}.yaml")
+    data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
+                     "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
+                     "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed}
+    os.makedirs(out, exist_ok=True)
+    built, rules_path = build_science_data(out, data_settings)
+    runs = {}
+    for n in names:
+        runs[n] = train_and_evaluate(out, n, built, config=config, steps=steps, overrides=list(overrides),
+                                     eval_overrides=list(eval_overrides), data_settings=data_settings)
+    rules = json.load(open(rules_path))
+    ok = {n: json.load(open(r["predictions"])) for n, r in runs.items() if r["status"] == "ok"}
+    table = family_table(rules, ok, holdout_families)
+    for n in ok:  # the table's overall numbers are the evaluator's (same puzzles, same definition)
+        for k in ("pass@1", "pass@2"):
+            a, b = table["all"]["runs"][n][k], runs[n]["metrics"][f"ARC/{k}"]
+            if abs(a - b) > 1e-9:
+                raise ScienceError(f"run {n}: {k} over the table's puzzles {a} differs from evaluate.py's {b}")
+    for r in runs.values():
+        r.pop("predictions", None)
+    result = {"command": command or "python -m encoders.science --out " + out,
+              "settings": {"data": data_settings, "encoders": names, "steps": steps, "config": config,
+                           "overrides": list(overrides), "eval_overrides": list(eval_overrides)},
+              "runs": runs, "families": table, "wall_seconds": round(time.time() - t0, 1)}
+    write_json_atomic(os.path.join(out, "science.json"), result)
+    md = render_markdown(result)
+    atomic_write(os.path.join(out, "science.md"), lambda f: f.write(md))
+    print(md, flush=True)
+    _say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    import shlex
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m encoders.science", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output directory (data, runs, science.json, science.md)")
+    ap.add_argument("--encoders", nargs="+", default=["standard", CONTROL],
+                    help=f"runs: any of {', '.join(ENCODERS)}, {CONTROL} (zero-demo standard), or all")
+    ap.add_argument("--families", nargs="+", default=None, help="rule families (default: all 8)")
+    ap.add_argument("--holdout-families", nargs="+", default=[], help="families never seen in training")
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: max_steps of the config)")
+    ap.add_argument("--canvas-size", type=int, default=8)
+    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: canvas - 2, at most 10)")
+    ap.add_argument("--min-grid", type=int, default=3)
+    ap.add_argument("--num-train", type=int, default=800)
+    ap.add_argument("--num-test", type=int, default=160)
+    ap.add_argument("--num-aug", type=int, default=8, help="augmented copies per puzzle (evaluation votes over them)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--encoder", default="standard")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="Hydra override for pretrain_encoder.py (repeatable), e.g. --override lr=3e-4")
+    ap.add_argument("--eval-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="override for evaluate.py (repeatable), e.g. --eval-override batch_size=256")
+    ap.add_argument("--config", default=DEFAULT_CONFIG, help="training config name under config/")
+    ap.add_argument("--recolour", action="store_true", help="run the older in-process recolour check instead")
+    ap.add_argument("--encoder", default="standard", help="--recolour only: the encoder")
     args = ap.parse_args(argv)
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    res = run_science(args.out, steps=args.steps, seed=args.seed, encoder=args.encoder)
-    print(json.dumps(res, indent=1))
+    if args.recolour:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        res = run_science(args.out, steps=args.steps or 600, seed=args.seed, encoder=args.encoder)
+        print(json.dumps(res, indent=1))
+        return res
+    command = "python -m encoders.science " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    try:
+        res = run_science_command(args.out, encoders=args.encoders, families=args.families,
+                                  holdout_families=args.holdout_families, steps=args.steps,
+                                  canvas_size=args.canvas_size, max_grid=args.max_grid, min_grid=args.min_grid,
+                                  num_train=args.num_train, num_test=args.num_test, num_aug=args.num_aug,
+                                  seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
+                                  config=args.config, command=command)
+    except ScienceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    failed = [n for n, r in res["runs"].items() if r["status"] != "ok"]
+    if failed:
+        print(f"error: runs failed: {', '.join(failed)} (see their train.log / eval.log under {args.out}/runs)",
+              file=sys.stderr)
+        raise SystemExit(1)
     return res
 
 

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from dataset.common import Augmentation, canvas_to_grid, grid_hash, load_metadata
+from dataset.common import ARC_MAX_GRID, Augmentation, canvas_to_grid, grid_hash, load_metadata
 from evaluators import dist as edist
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,8 @@ class ARCEvaluator:
 
         split_dir = os.path.join(data_path, split)
         self.metadata = metadata if metadata is not None else load_metadata(split_dir)
-        grid_size = getattr(self.metadata, "grid_size", None) or 30
+        # the data's canvas side (grid_size in dataset.json); a published TRM directory has none: 30
+        grid_size = getattr(self.metadata, "grid_size", None) or ARC_MAX_GRID
         self.grid_size = int(grid_size)
         if self.grid_size * self.grid_size != int(self.metadata.seq_len):
             raise EvaluatorError(

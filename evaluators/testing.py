@@ -17,25 +17,26 @@ from dataset.common import (ARC_VOCAB_SIZE, EOS_ID, IGNORE_LABEL_ID, PAD_ID, Aug
 
 
 def write_tiny_arc_test_split(out_dir: str, puzzles: dict[str, dict], augmentations: Sequence[Augmentation],
-                              ) -> str:
+                              canvas_size: int = 30) -> str:
     """Write ``out_dir/{identifiers.json, test_puzzles.json, test/...}`` in the on-disk layout of
-    docs/architecture.md §1: one group per puzzle, one augmented puzzle per augmentation (the first should
-    be the identity), one example per test input (labels: PAD = ignore id 0)."""
+    docs/architecture.md §1 on a ``canvas_size`` x ``canvas_size`` canvas: one group per puzzle, one augmented
+    puzzle per augmentation (the first should be the identity), one example per test input (labels: PAD =
+    ignore id 0)."""
     names = ["<blank>"]
     inputs, labels, pids, pidx, gidx = [], [], [], [0], [0]
     for name in sorted(puzzles):
         for aug in augmentations:
             names.append(aug.name_for(name))
             for ex in puzzles[name]["test"]:
-                inputs.append(grid_to_canvas(aug.apply(np.asarray(ex["input"]))))
-                labels.append(grid_to_canvas(aug.apply(np.asarray(ex["output"]))))
+                inputs.append(grid_to_canvas(aug.apply(np.asarray(ex["input"])), size=canvas_size))
+                labels.append(grid_to_canvas(aug.apply(np.asarray(ex["output"])), size=canvas_size))
             pids.append(len(names) - 1)
             pidx.append(len(inputs))
         gidx.append(len(pids))
     meta = DatasetMetadata(pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=ARC_VOCAB_SIZE,
-                           seq_len=900, num_puzzle_identifiers=len(names), total_groups=len(puzzles),
+                           seq_len=canvas_size * canvas_size, num_puzzle_identifiers=len(names), total_groups=len(puzzles),
                            mean_puzzle_examples=len(inputs) / max(len(pids), 1), total_puzzles=len(pids),
-                           sets=["all"], kind="arc", grid_size=30)
+                           sets=["all"], kind="arc", grid_size=canvas_size)
     save_split(os.path.join(out_dir, "test"), {
         "inputs": np.stack(inputs).astype(np.uint8), "labels": np.stack(labels).astype(np.uint8),
         "puzzle_identifiers": np.asarray(pids, np.int32), "puzzle_indices": np.asarray(pidx, np.int32),

@@ -1,11 +1,18 @@
-"""Science check (CPU, slow): on the synthetic ``recolour`` rule family (encoders/science.py), a small ETRM with the
-standard encoder, trained by the real loop, solves held-out rule instances well above chance and clearly above
-the same model whose demos are blanked (``encoder.zero_demos=true``, the control)."""
-import json
+"""ETRM science (encoders/science.py).
 
+The science command (``python -m encoders.science``): builder -> pretrain_encoder.py -> evaluate.py -> per-family
+table, end to end on a tiny setting; the table's arithmetic by hand; the zero-demo control's predictions do not
+depend on the demos. And the older recolour check: a small ETRM with the standard encoder, trained by the real
+loop, solves held-out rule instances well above chance and clearly above the zero-demo control."""
+import json
+import os
+import shutil
+
+import numpy as np
 import pytest
 
-from encoders.science import run_science
+from encoders.science import (CONTROL, ENCODERS, ScienceError, family_table, main, puzzle_scores, run_plan,
+                              run_science)
 
 # tuned to run in ~1-2 minutes on one CPU thread (see docs/models.md; measured numbers in the lead's report)
 STEPS = 500
@@ -58,3 +65,157 @@ def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
                 dy = canvas_to_grid(batch["demo_labels"][i, d].numpy(), size=4)
                 assert np.array_equal(np.where(dx == a, b, dx), dy)
     assert n == 4 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The science command
+# ---------------------------------------------------------------------------------------------------------------
+def test_family_table_by_hand():
+    rules = {"a1": {"subset": "evaluation", "family": "fa"}, "a2": {"subset": "evaluation", "family": "fa"},
+             "b1": {"subset": "evaluation", "family": "fb"}, "t1": {"subset": "training", "family": "fa"}}
+    row = lambda *ranks: [{"test_index": i, "correct_rank": r} for i, r in enumerate(ranks)]  # noqa: E731
+    pred = {"x": {"a1": row(1), "a2": row(2, None), "b1": row(3)},
+            "y": {"a1": row(None), "a2": row(1, 1), "b1": row(2)}}
+    assert puzzle_scores(row(2, None)) == (0.0, 0.5) and puzzle_scores(row(1, 2)) == (0.5, 1.0)
+    t = family_table(rules, pred, holdout_families=["fb"])
+    assert [(f, t[f]["count"], t[f]["heldout_family"]) for f in ("fa", "fb", "all")] == \
+        [("fa", 2, False), ("fb", 1, True), ("all", 3, False)]
+    assert t["fa"]["runs"]["x"] == {"pass@1": 0.5, "pass@2": 0.75}  # (1 + 0) / 2, (1 + 0.5) / 2
+    assert t["fb"]["runs"]["x"] == {"pass@1": 0.0, "pass@2": 0.0}
+    assert t["all"]["runs"]["x"] == {"pass@1": pytest.approx(1 / 3), "pass@2": pytest.approx(1.5 / 3)}
+    assert t["fa"]["runs"]["y"] == {"pass@1": 0.5, "pass@2": 0.5} and t["fb"]["runs"]["y"]["pass@2"] == 1.0
+    with pytest.raises(ScienceError, match="missing \\['b1'\\]"):
+        family_table(rules, {"x": {"a1": row(1), "a2": row(1)}})
+    with pytest.raises(ScienceError, match="unexpected \\['t1'\\]"):
+        family_table(rules, {"x": dict(pred["x"], t1=row(1))})
+
+
+@pytest.mark.parametrize("name", list(ENCODERS) + [CONTROL])
+def test_science_config_builds_every_run(name):
+    """config/cfg_science.yaml (the recipe) composes with every run of the table and builds a valid ETRM
+    (strict config validation, pitfall 8) on a canvas-8 dataset."""
+    from dataset.common import DatasetMetadata
+    from models.etrm import build_etrm_model
+    from training.config import load_config
+
+    encoder, extra = run_plan(name)
+    cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
+    assert cfg.encoder["name"] == name if name != CONTROL else cfg.encoder["name"] == "standard"
+    assert bool(cfg.encoder.get("zero_demos")) == (name == CONTROL) and cfg.arch["name"] == "trm"
+    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=64,
+                           num_puzzle_identifiers=5, total_groups=1, mean_puzzle_examples=1.0, sets=["all"],
+                           grid_size=8, has_demos=True, max_demos=3)
+    model = build_etrm_model(cfg.model_dump(), meta, batch_size=2, verbose=False)
+    assert model.encoder.seq_len == 64
+
+
+FAMS = ["colour_map", "flip_rotate"]
+TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
+        "encoder.num_layers=1", "global_batch_size=16"]
+ARGS = ["--families", *FAMS, "--num-train", "16", "--num-test", "6", "--num-aug", "2", "--steps", "4",
+        "--canvas-size", "8", "--max-grid", "5"] + [a for o in TINY for a in ("--override", o)]
+
+
+@pytest.fixture(scope="module")
+def science_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("science")
+    res = main(["--out", str(out)] + ARGS)
+    return str(out), res
+
+
+@pytest.mark.slow
+def test_science_command_table_counts_every_heldout_puzzle_once(science_out, capsys):
+    out, res = science_out
+    saved = json.load(open(os.path.join(out, "science.json")))
+    md = open(os.path.join(out, "science.md")).read()
+    assert saved["families"] == json.loads(json.dumps(res["families"])) and "| **all** | 6 |" in md
+    assert saved["settings"]["data"]["canvas_size"] == 8 and saved["settings"]["encoders"] == ["standard", CONTROL]
+    rules = json.load(open(os.path.join(out, "data", "raw", "synth_rules.json")))
+    heldout = [p for p, r in rules.items() if r["subset"] == "evaluation"]
+    assert len(heldout) == 6 and sorted(res["families"]) == sorted(FAMS + ["all"])
+    assert sum(res["families"][f]["count"] for f in FAMS) == res["families"]["all"]["count"] == 6
+    for f in FAMS:
+        assert res["families"][f]["count"] == sum(rules[p]["family"] == f for p in heldout)
+    for run in ("standard", CONTROL):
+        r = res["runs"][run]
+        assert r["status"] == "ok" and r["steps"] == 4 and r["metrics"]["ARC/num_puzzles"] == 6
+        assert r["zero_demos"] == (run == CONTROL)
+        # independent recount from evaluate.py's predictions.json, family from the puzzle name's suffix
+        pred = json.load(open(os.path.join(out, "runs", run, "eval", "predictions.json")))
+        assert sorted(pred) == sorted(heldout)
+        for f in FAMS:
+            names = [p for p in pred if p.endswith("-" + f)]
+            p1 = np.mean([np.mean([row["correct_rank"] == 1 for row in pred[p]]) for p in names])
+            row = res["families"][f]["runs"][run]
+            assert row["pass@1"] == pytest.approx(p1) and row["pass@2"] >= row["pass@1"]
+        # the run really went through pretrain_encoder.py with the control's override and the user's overrides
+        log = open(os.path.join(out, "runs", run, "train.log")).read()
+        assert "pretrain_encoder.py --config-name cfg_science" in log and "arch.hidden_size=32" in log
+        assert ("encoder.zero_demos=true" in log) == (run == CONTROL)
+    # resumable: nothing is trained or evaluated again; other settings in the same --out are refused
+    mtimes = {run: os.path.getmtime(os.path.join(out, "runs", run, "train.log")) for run in ("standard", CONTROL)}
+    capsys.readouterr()
+    again = main(["--out", out] + ARGS)
+    text = capsys.readouterr().out
+    assert text.count("training finished earlier") == 2 and text.count("evaluation exists, reused") == 2
+    assert again["families"] == res["families"]
+    assert mtimes == {run: os.path.getmtime(os.path.join(out, "runs", run, "train.log")) for run in mtimes}
+    with pytest.raises(SystemExit) as e:
+        main(["--out", out] + [("5" if a == "4" and ARGS[i - 1] == "--steps" else a) for i, a in enumerate(ARGS)])
+    assert e.value.code == 2 and "steps=4" in capsys.readouterr().err
+
+
+def _shuffle_heldout_demos(built, dst):
+    """A copy of the built data whose held-out (test split) demo pairs are permuted across puzzles."""
+    shutil.copytree(built, dst)
+    di = np.load(os.path.join(built, "test", "all__demo_inputs.npy"))
+    dl = np.load(os.path.join(built, "test", "all__demo_labels.npy"))
+    perm = np.random.default_rng(0).permutation(len(di))
+    assert (di[perm] != di).any(axis=1).mean() > 0.8  # most demo slots now hold another puzzle's pair
+    np.save(os.path.join(dst, "test", "all__demo_inputs.npy"), di[perm])
+    np.save(os.path.join(dst, "test", "all__demo_labels.npy"), dl[perm])
+    return dst
+
+
+@pytest.mark.slow
+def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, tmp_path):
+    """The trained checkpoints on the held-out puzzles, with their demos and with other puzzles' demos: the
+    control's outputs (logits, q) and evaluate.py predictions are identical, the standard encoder's logits are not
+    (the check can see demo information: it would fail if zero_demos leaked any)."""
+    import torch
+
+    from evaluate import EvaluateConfig, run
+    from evaluators.data import build_eval_loader
+    from training.checkpoint import load_model_for_inference
+
+    out, _ = science_out
+    built = os.path.join(out, "data", "built")
+    other = _shuffle_heldout_demos(built, str(tmp_path / "shuffled"))
+    ck = lambda name: os.path.join(out, "runs", name, "checkpoint")  # noqa: E731
+
+    @torch.no_grad()
+    def outputs(name, data):
+        model, cfg, _ = load_model_for_inference(ck(name), use_ema=False, batch_size=8)
+        model.eval()
+        loader, _ = build_eval_loader(data, 8, encoder_mode=True, max_demos=cfg.max_demos)
+        logits, q = [], []
+        for _, batch, _ in loader:
+            carry = model.initial_carry(batch)
+            for _ in range(cfg.arch["halt_max_steps"]):
+                carry, o = model(carry, batch)
+            logits.append(o["logits"])
+            q.append(o["q_halt_logits"])
+        return torch.cat(logits), torch.cat(q)
+
+    (lc, qc), (lc2, qc2) = outputs(CONTROL, built), outputs(CONTROL, other)
+    assert torch.equal(lc, lc2) and torch.equal(qc, qc2)
+    (ls, _), (ls2, _) = outputs("standard", built), outputs("standard", other)
+    assert ls.shape == ls2.shape == lc.shape and (ls - ls2).abs().max() > 1e-4
+
+    def predictions(data):
+        d = str(tmp_path / f"pred-{os.path.basename(data)}")
+        run(EvaluateConfig(checkpoint=ck(CONTROL), data_path=data, output_dir=d, device="cpu", progress=False,
+                           num_pictures=0, rank_malformed=True))
+        return json.load(open(os.path.join(d, "predictions.json")))
+
+    assert predictions(built) == predictions(other)
