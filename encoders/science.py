@@ -36,6 +36,7 @@ import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import pydantic
 import torch
 from tqdm import tqdm
 
@@ -266,6 +267,11 @@ def run_plan(name: str) -> tuple[str, list[str]]:
     return name, []
 
 
+def _hq(path: str) -> str:
+    """A path as a quoted Hydra override value (spaces, commas, brackets and '=' survive)."""
+    return "'" + path.replace("'", "\\'") + "'"
+
+
 def _say(msg: str) -> None:
     print(f"[science] {msg}", flush=True)
 
@@ -278,14 +284,51 @@ def _read_json_or_none(path: str) -> Optional[Any]:
         return None
 
 
+def _first_diff(a: Any, b: Any, key: str = "") -> tuple[str, Any, Any]:
+    """(dotted key, a's value, b's value) of the first difference between two JSON-like values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_diff(a.get(k), b.get(k), f"{key}.{k}" if key else k)
+    return key, a, b
+
+
 def _check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> None:
     """Refuse to mix results made with other settings in one --out directory."""
     if saved is None or saved == wanted:
         return
-    diff = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
-    k = diff[0]
-    raise ScienceError(f"{path}: {what} was made with {k}={saved.get(k)!r}, this command asks for {k}={wanted.get(k)!r}; "
+    k, old, new = _first_diff(saved, wanted)
+    raise ScienceError(f"{path}: {what} was made with {k}={old!r}, this command asks for {k}={new!r}; "
                        "use a new --out (or the same options) to keep results comparable")
+
+
+def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequence[str]) -> dict:
+    """The training config a run will use (composed and validated now, so a bad override fails before any
+    work), without the per-run paths and names; recorded in run.json so that a changed recipe is noticed."""
+    from encoders.base import ENCODER_REGISTRY, EncoderConfigError
+    from models import ArchConfigError, parse_arch_config
+    from training.config import ConfigError, load_config
+
+    encoder, extra = run_plan(name)
+    over = [f"encoder={encoder}"] + ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
+    try:
+        cfg = load_config(config, over, config_dir=os.path.join(ROOT, "config")).model_dump()
+        parse_arch_config(cfg["arch"])  # the arch and encoder sections are strict too (pitfall 8)
+        enc = dict(cfg["encoder"] or {})
+        if enc.get("name") not in ENCODER_REGISTRY:
+            raise EncoderConfigError(f"encoder.name={enc.get('name')!r} is not a registered encoder")
+        try:
+            ENCODER_REGISTRY[enc["name"]][0](**enc)
+        except pydantic.ValidationError as e:
+            raise EncoderConfigError("; ".join(f"encoder.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                               for err in e.errors())) from None
+    except (ConfigError, ArchConfigError, EncoderConfigError) as e:
+        raise ScienceError(f"config/{config}.yaml with {over}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - Hydra's override / composition errors, one line
+        raise ScienceError(f"config/{config}.yaml with {over}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    for k in ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume"):
+        cfg.pop(k, None)
+    return json.loads(json.dumps(cfg))
 
 
 def _subprocess(cmd: list[str], log_path: str) -> tuple[int, float, str]:
@@ -342,7 +385,7 @@ def build_science_data(out: str, settings: dict) -> tuple[str, str]:
 
 
 def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: Optional[int], overrides: list[str],
-                       eval_overrides: list[str], data_settings: dict) -> dict:
+                       eval_overrides: list[str], data_settings: dict, recipe: dict) -> dict:
     """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished), then
     evaluate.py (unless its outputs exist). Returns the run's record (status, times, metrics, paths)."""
     import sys
@@ -351,7 +394,7 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
     run_dir = os.path.join(out, "runs", name)
     ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "eval")
     spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
-            "data": data_settings}
+            "data": data_settings, "recipe": recipe}
     spath = os.path.join(run_dir, "run.json")
     _check_same(spath, _read_json_or_none(spath), spec, f"run {name!r}")
     from training.summary import write_json_atomic
@@ -365,8 +408,8 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
         import shutil
 
         shutil.rmtree(ev, ignore_errors=True)  # outputs of an older checkpoint
-        cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{built}]",
-               f"encoder={encoder}", f"checkpoint_path={ck}", f"hydra.run.dir={os.path.join(run_dir, 'hydra')}",
+        cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{_hq(built)}]",
+               f"encoder={encoder}", f"checkpoint_path={_hq(ck)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra'))}",
                "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
         cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
         _say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
@@ -383,8 +426,8 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
     if os.path.exists(metrics_path) and os.path.exists(pred_path):
         _say(f"{name}: evaluation exists, reused")
     else:
-        cmd = [sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={built}", f"output_dir={ev}",
-               f"hydra.run.dir={os.path.join(run_dir, 'hydra-eval')}", "progress=false", "num_pictures=0",
+        cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(built)}", f"output_dir={_hq(ev)}",
+               f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra-eval'))}", "progress=false", "num_pictures=0",
                "pass_ks=[1,2]", *eval_overrides]
         _say(f"{name}: evaluating the held-out puzzles")
         rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "eval.log"))
@@ -480,6 +523,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     from training.summary import atomic_write, write_json_atomic
 
     t0 = time.time()
+    out = os.path.abspath(out)  # the stages run in the repository root
     fams = list(families) if families else list(FAMILIES)
     for f in list(fams) + list(holdout_families):
         if f not in FAMILIES:
@@ -488,12 +532,11 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
         if f not in fams:
             fams.append(f)
     names = list(ENCODERS) + [CONTROL] if "all" in encoders else list(dict.fromkeys(encoders))
-    for n in names:
-        run_plan(n)
     if steps is not None and steps <= 0:
         raise ScienceError(f"--steps must be > 0, got {steps}")
     if not os.path.exists(os.path.join(ROOT, "config", f"{config}.yaml")):
         raise ScienceError(f"--config {config}: no such file config/{config}.yaml")
+    recipes = {n: resolve_recipe(config, n, steps, overrides) for n in names}
     data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
                      "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
                      "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed}
@@ -502,7 +545,8 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     runs = {}
     for n in names:
         runs[n] = train_and_evaluate(out, n, built, config=config, steps=steps, overrides=list(overrides),
-                                     eval_overrides=list(eval_overrides), data_settings=data_settings)
+                                     eval_overrides=list(eval_overrides), data_settings=data_settings,
+                                     recipe=recipes[n])
     rules = json.load(open(rules_path))
     ok = {n: json.load(open(r["predictions"])) for n, r in runs.items() if r["status"] == "ok"}
     table = family_table(rules, ok, holdout_families)

@@ -109,6 +109,22 @@ def test_science_config_builds_every_run(name):
     assert model.encoder.seq_len == 64
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--override", "+encoder.nope=1"], "encoder.nope: Extra inputs are not permitted"),
+    (["--override", "+arch.nope=1"], "unknown key 'arch.nope'"),
+    (["--override", "nope=1"], "Could not override 'nope'"),
+    (["--encoders", "standard", "lpm"], "unknown run 'lpm'"),
+    (["--families", "gravity", "gravitee"], "unknown family 'gravitee'"),
+    (["--steps", "0"], "--steps must be > 0"),
+])
+def test_bad_input_fails_at_once_and_writes_nothing(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as e:
+        main(["--out", str(tmp_path / "out")] + args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
 FAMS = ["colour_map", "flip_rotate"]
 TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
         "encoder.num_layers=1", "global_batch_size=16"]
@@ -118,7 +134,7 @@ ARGS = ["--families", *FAMS, "--num-train", "16", "--num-test", "6", "--num-aug"
 
 @pytest.fixture(scope="module")
 def science_out(tmp_path_factory):
-    out = tmp_path_factory.mktemp("science")
+    out = tmp_path_factory.mktemp("science out,x=1")  # the paths reach Hydra overrides: quoted
     res = main(["--out", str(out)] + ARGS)
     return str(out), res
 
