@@ -47,8 +47,14 @@ class BaseEncoderConfig(pydantic.BaseModel):
     num_heads: int = 8
     expansion: float = 4.0  # SwiGLU expansion
     norm_eps: float = 1e-5
-    # cross-demo aggregation: learned queries attend over the per-demo embeddings, or a masked mean
-    aggregation: Literal["cross_attention", "mean"] = "cross_attention"
+    # cross-demo aggregation: learned queries attend over the per-demo embeddings ("cross_attention"), a masked
+    # mean of them ("mean"), or learned queries attend over every non-PAD token of every valid demo ("tokens":
+    # no per-demo pooling, so which cell changed to what stays visible to the queries)
+    aggregation: Literal["cross_attention", "mean", "tokens"] = "cross_attention"
+    # how a demo pair becomes tokens: "sequence" = input canvas then output canvas (2*S tokens, segment embedding);
+    # "aligned" = one token per canvas cell, input-colour embedding + output-colour embedding (S tokens, a cell's
+    # change is visible locally)
+    pair_layout: Literal["sequence", "aligned"] = "sequence"
     num_queries: Optional[int] = None  # None = puzzle_emb_len (one query per context token)
     # optional learned scale / gate on the context (pitfall 10): "none" | "scalar" (one learned scale)
     # | "gate" (per context token sigmoid gate)
@@ -190,9 +196,10 @@ def _trunc_normal_(w: torch.Tensor, std: float) -> torch.Tensor:
 class DemoTrunk(nn.Module):
     """Encodes each valid demo pair independently.
 
-    Tokens: input canvas then output canvas (2*S tokens), embedded as token + canvas position + segment
-    (input/output) embeddings; an optional CLS token is prepended. PAD tokens are masked as attention keys
-    and excluded from mean pooling.
+    Tokens (``pair_layout``): "sequence" = input canvas then output canvas (2*S tokens), embedded as token +
+    canvas position + segment (input/output) embeddings; "aligned" = one token per canvas cell, embedded as
+    input-colour + output-colour (a second table) + position embeddings. An optional CLS token is prepended.
+    PAD tokens (aligned: cells PAD in both canvases) are masked as attention keys and excluded from mean pooling.
     """
 
     def __init__(self, cfg: BaseEncoderConfig, vocab_size: int, seq_len: int, pooling: Literal["mean", "cls"]):
@@ -201,46 +208,55 @@ class DemoTrunk(nn.Module):
         self.cfg = cfg
         self.pooling = pooling
         self.seq_len = seq_len
+        self.aligned = cfg.pair_layout == "aligned"
         self.embed_scale = math.sqrt(d)
         std = 1.0 / self.embed_scale
         self.tok = nn.Parameter(_trunc_normal_(torch.empty(vocab_size, d), std))
         self.pos = nn.Parameter(_trunc_normal_(torch.empty(seq_len, d), std))
-        self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
+        if self.aligned:  # output-colour table; the two tables already tell input from output
+            self.tok_out = nn.Parameter(_trunc_normal_(torch.empty(vocab_size, d), std))
+        else:
+            self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
         self.cls = nn.Parameter(_trunc_normal_(torch.empty(d), std)) if pooling == "cls" else None
         self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.num_layers))
 
     # Runs eagerly under torch.compile: skipping empty slots and cropping PAD give data-dependent shapes, which
     # would otherwise force a recompilation for every new shape.
     @torch.compiler.disable
-    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
-        """Returns (pooled [b, D, d] (zeros for skipped slots), valid [b, D] bool)."""
+    def encode_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """Token states of the valid demos. Returns (x [n, T, d] or None when no demo is valid, key mask [n, T],
+        idx [n] (flat b*D index of each encoded demo), valid [b, D] bool)."""
         b, D, S = demo_inputs.shape
         if S > self.seq_len:
             raise ValueError(f"demo sequence length {S} exceeds the encoder's seq_len {self.seq_len}")
         if self.cfg.zero_demos:
             demo_inputs = torch.zeros_like(demo_inputs)
             demo_labels = torch.zeros_like(demo_labels)
-        tokens = torch.cat([demo_inputs, demo_labels], dim=-1).long()  # [b, D, 2S]
-        nonpad = tokens != PAD_ID
-        valid = demo_mask.bool() & nonpad.any(-1)  # skip empty slots and all-PAD demos
-        pooled = torch.zeros(b, D, self.cfg.hidden_size, device=tokens.device, dtype=self.tok.dtype)
+        valid = demo_mask.bool() & ((demo_inputs != PAD_ID).any(-1) | (demo_labels != PAD_ID).any(-1))
         idx = valid.flatten().nonzero().squeeze(-1)
         if idx.numel() == 0:
-            return pooled, valid
+            return None, None, idx, valid
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
-        pos = torch.arange(S, device=tokens.device)
+        pos = torch.arange(S, device=inp.device)
         if self.cfg.crop_padding:  # exact: trailing PAD is masked anyway
             # kept length of each canvas = last column holding a non-PAD token + 1 (at least 1); one host sync
-            col = torch.arange(1, S + 1, device=tokens.device)
+            col = torch.arange(1, S + 1, device=inp.device)
             li, lo = torch.stack([((inp != PAD_ID).any(0) * col).max(), ((out != PAD_ID).any(0) * col).max()]
                                  ).clamp_min(1).tolist()
+            if self.aligned:
+                li = lo = max(li, lo)
             inp, out = inp[:, :li], out[:, :lo]
             pi, po = pos[:li], pos[:lo]
         else:
             pi = po = pos
-        x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0], self.tok[out] + self.pos[po] + self.seg[1]], dim=1)
-        mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
+        if self.aligned:
+            x = self.tok[inp] + self.tok_out[out] + self.pos[pi]
+            mask = (inp != PAD_ID) | (out != PAD_ID)
+        else:
+            x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0], self.tok[out] + self.pos[po] + self.seg[1]],
+                          dim=1)
+            mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
         if self.cls is not None:
             n = x.shape[0]
             x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1)
@@ -251,6 +267,16 @@ class DemoTrunk(nn.Module):
                 x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, use_reentrant=False)
             else:
                 x = blk(x, key_mask=mask)
+        return x, mask, idx, valid
+
+    @torch.compiler.disable
+    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """Returns (pooled [b, D, d] (zeros for skipped slots), valid [b, D] bool)."""
+        b, D, _ = demo_inputs.shape
+        x, mask, idx, valid = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
+        pooled = torch.zeros(b, D, self.cfg.hidden_size, device=demo_inputs.device, dtype=self.tok.dtype)
+        if x is None:
+            return pooled, valid
         if self.cls is not None:
             z = x[:, 0]
         else:
@@ -258,6 +284,28 @@ class DemoTrunk(nn.Module):
             z = (x * m).sum(1) / m.sum(1).clamp_min(1.0)
         pooled = pooled.flatten(0, 1).index_copy(0, idx, z.to(pooled.dtype)).view(b, D, -1)
         return pooled, valid
+
+    @torch.compiler.disable
+    def sample_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """Every token of every valid demo of a sample, unpooled: (tokens [b, D*T, d], key mask [b, D*T] bool;
+        False for PAD tokens and for the tokens of skipped slots). T >= 1 even when no demo is valid."""
+        b, D, _ = demo_inputs.shape
+        x, mask, idx, valid = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
+        if x is None:
+            dev = demo_inputs.device
+            return (torch.zeros(b, D, self.cfg.hidden_size, device=dev, dtype=self.tok.dtype),
+                    torch.zeros(b, D, dtype=torch.bool, device=dev))
+        T = x.shape[1]
+        full = x.new_zeros(b * D, T, x.shape[-1]).index_copy(0, idx, x)
+        fmask = mask.new_zeros(b * D, T).index_copy(0, idx, mask)
+        return full.view(b, D * T, -1), fmask.view(b, D * T)
+
+    def keys(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """What the aggregation attends over: every demo token (``aggregation: tokens``, :meth:`sample_tokens`)
+        or one pooled embedding per demo slot (:meth:`forward`). Returns (keys [b, K, d], key mask [b, K])."""
+        if self.cfg.aggregation == "tokens":
+            return self.sample_tokens(demo_inputs, demo_labels, demo_mask)
+        return self(demo_inputs, demo_labels, demo_mask)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -267,7 +315,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class DemoAggregator(nn.Module):
-    """Order-invariant aggregation of per-demo embeddings [b, D, d] -> [b, Q, d].
+    """Order-invariant aggregation of per-demo embeddings [b, D, d] (or, ``aggregation: tokens``, of every demo
+    token [b, D*T, d] with its key mask) -> [b, Q, d].
 
     cross_attention: Q learned queries attend over the valid demos plus one learned null key (so a sample
     without demos is well defined; no attention row is ever fully masked); the attention output (not added to
@@ -281,7 +330,7 @@ class DemoAggregator(nn.Module):
         self.mode = cfg.aggregation
         self.eps = cfg.norm_eps
         self.Q = num_queries
-        if self.mode == "cross_attention":
+        if self.mode in ("cross_attention", "tokens"):
             self.queries = nn.Parameter(_trunc_normal_(torch.empty(num_queries, d), 1.0))
             self.null_key = nn.Parameter(_trunc_normal_(torch.empty(1, d), 1.0))
             self.attn = Attention(d, cfg.num_heads)

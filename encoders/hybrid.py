@@ -35,7 +35,7 @@ class HybridEncoder(DemoEncoder):
 
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
-        demos, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         # rows without any valid demo would have a fully masked attention row: let them attend to themselves
         # (their result is discarded by the masked aggregation below)
         key_mask = valid | ~valid.any(-1, keepdim=True)

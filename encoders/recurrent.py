@@ -20,10 +20,11 @@ class RecurrentEncoderConfig(BaseEncoderConfig):
 
     @pydantic.model_validator(mode="after")
     def _refuse_unused(self):
-        # pitfall 8: the demos are aggregated by z_E's own cross-attention; `aggregation` is never read
-        if self.aggregation != "cross_attention":
+        # pitfall 8: the demos are aggregated by z_E's own cross-attention (over the pooled demos, or over every
+        # demo token with aggregation: tokens); a masked mean is not available
+        if self.aggregation not in ("cross_attention", "tokens"):
             raise ValueError(f"encoder recurrent: aggregation={self.aggregation!r} is not used (z_E cross-attends to "
-                             f"the demos); remove it")
+                             f"the pooled demos, or to every demo token with aggregation: tokens); remove it")
         return self
 
 
@@ -49,7 +50,7 @@ class RecurrentEncoder(DemoEncoder):
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
         b = demo_inputs.shape[0]
-        demos, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         z = self.initial_state(b) if state is None else state
         keys = torch.cat([self.null_key.unsqueeze(0).expand(b, -1, -1).to(demos.dtype), demos], dim=1)
         mask = torch.cat([torch.ones(b, 1, dtype=torch.bool, device=valid.device), valid], dim=1)

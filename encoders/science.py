@@ -59,13 +59,53 @@ def _pair(rng: np.random.Generator, a: int, b: int, grid: int, num_colours: int)
     return g, out
 
 
+def colour_augment_train(arrays: dict, instances: list[tuple[int, int]], heldout: list[tuple[int, int]],
+                         copies: int, seed: int) -> tuple[dict, set]:
+    """Consistent colour augmentation of a recolour train split: ``copies`` copies of every puzzle (in
+    ``arrays``, puzzle p of rule instance ``instances[p]``), each under its own permutation of colours 1..9 (0, the
+    background, fixed like the ARC builder's augmentation) applied to the puzzle's demos AND queries alike, so the
+    copy is a puzzle of instance (pi(a), pi(b)). A permutation that would make a held-out instance is redrawn:
+    held-out instances stay unseen. Returns (new arrays, the set of instances the copies show)."""
+    rng = np.random.default_rng([seed, 77])
+    heldout = set(map(tuple, heldout))
+    pi, di = arrays["puzzle_indices"], arrays["demo_indices"]
+    parts: dict[str, list] = {k: [] for k in ("inputs", "labels", "demo_inputs", "demo_labels")}
+    pidx, didx, pids, seen = [0], [0], [], set()
+    for _ in range(copies):
+        for p, (a, b) in enumerate(instances):
+            while True:
+                perm = np.concatenate([[0], 1 + rng.permutation(NUM_COLORS - 1)])
+                if (int(perm[a]), int(perm[b])) not in heldout:
+                    break
+            lut = np.arange(256, dtype=np.uint8)  # token ids below COLOR_OFFSET (PAD, EOS) unchanged
+            lut[COLOR_OFFSET:COLOR_OFFSET + NUM_COLORS] = COLOR_OFFSET + perm
+            for k, lo, hi in (("inputs", pi[p], pi[p + 1]), ("labels", pi[p], pi[p + 1]),
+                              ("demo_inputs", di[p], di[p + 1]), ("demo_labels", di[p], di[p + 1])):
+                parts[k].append(lut[arrays[k][lo:hi]])
+            pidx.append(pidx[-1] + int(pi[p + 1] - pi[p]))
+            didx.append(didx[-1] + int(di[p + 1] - di[p]))
+            pids.append(int(arrays["puzzle_identifiers"][p]))
+            seen.add((int(perm[a]), int(perm[b])))
+    out = {k: np.concatenate(v) for k, v in parts.items()}
+    out.update(puzzle_identifiers=np.asarray(pids, np.int32), puzzle_indices=np.asarray(pidx, np.int32),
+               group_indices=np.arange(len(pids) + 1, dtype=np.int32), demo_indices=np.asarray(didx, np.int64),
+               example_demo_slot=np.full(pidx[-1], -1, np.int64))
+    return out, seen
+
+
 def write_recolour_dataset(path: str, *, grid: int = 3, num_colours: int = 6, num_test_instances: int = 6,
                            train_puzzles_per_instance: int = 24, test_puzzles_per_instance: int = 6,
-                           num_demos: int = 3, train_queries: int = 2, seed: int = 0, overwrite: bool = True) -> dict:
+                           num_demos: int = 3, train_queries: int = 2, colour_aug: int = 0, seed: int = 0,
+                           overwrite: bool = True) -> dict:
     """Write the recolour task (train/ and test/ splits with the ETRM demo store) to ``path``.
-    Returns {"train_instances", "test_instances", "chance"} (chance = 1 / number of instances)."""
+    ``colour_aug`` = K > 0: the train split is K consistently colour-permuted copies of every train puzzle
+    (:func:`colour_augment_train`; held-out instances never appear in it); 0 = the puzzles as drawn.
+    Returns {"train_instances", "test_instances", "chance"} (chance = 1 / number of instances; with colour_aug,
+    train_instances lists the instances the augmented train split shows)."""
     if not 2 <= num_colours <= NUM_COLORS:
         raise ValueError(f"num_colours must be in 2..{NUM_COLORS}, got {num_colours}")
+    if colour_aug < 0:
+        raise ValueError(f"colour_aug must be >= 0, got {colour_aug}")
     rng = np.random.default_rng(seed)
     inst = recolour_instances(num_colours)
     order = rng.permutation(len(inst))
@@ -115,6 +155,12 @@ def write_recolour_dataset(path: str, *, grid: int = 3, num_colours: int = 6, nu
     with atomic_output_dir(path, overwrite=overwrite) as tmp:
         tr, tr_meta = split(train_inst, train_puzzles_per_instance, train_queries, 1)
         te, te_meta = split(test_inst, test_puzzles_per_instance, 1, 1 + n_train_p)
+        if colour_aug:
+            tr, seen = colour_augment_train(tr, [i for i in train_inst for _ in range(train_puzzles_per_instance)],
+                                            test_inst, colour_aug, seed)
+            tr_meta = tr_meta.model_copy(update={"total_groups": len(tr["puzzle_identifiers"]),
+                                                 "total_puzzles": len(tr["puzzle_identifiers"])})
+            train_inst = sorted(seen)
         save_split(os.path.join(tmp, "train"), tr, tr_meta)
         save_split(os.path.join(tmp, "test"), te, te_meta)
         with open(os.path.join(tmp, "identifiers.json"), "w") as f:

@@ -25,5 +25,5 @@ class StandardEncoder(DemoEncoder):
 
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
-        demos, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         return EncoderOutput(context=self.head(self.aggregate(demos, valid)))

@@ -30,6 +30,6 @@ class VariationalEncoder(DemoEncoder):
 
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
-        demos, valid = self.trunk(demo_inputs, demo_labels, demo_mask)
+        demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         z, kl = self.bottleneck(self.aggregate(demos, valid))
         return EncoderOutput(context=self.head(z), kl=kl)

@@ -227,3 +227,87 @@ def test_settings_an_encoder_does_not_use_are_refused_not_ignored(name, over, fi
     make(name)  # the defaults (as in config/encoder/*.yaml) stay valid
     if name == "lpn" and field == "kl_weight":
         assert make(name, variational=True, **over).kl_weight == 0.5
+
+
+# ------------------------------------------------------------------ trunk options: token aggregation, aligned pairs
+# (name, overrides): every encoder with the aligned per-cell pair layout; every encoder that aggregates with
+# cross-attention with ``aggregation: tokens`` (lpn always mean-pools its pair latents)
+OPTIONS = [(n, {"pair_layout": "aligned"}) for n in NAMES] + \
+          [(n, {"aggregation": "tokens"}) for n in NAMES if n != "lpn"] + \
+          [("standard", {"aggregation": "tokens", "pair_layout": "aligned"})]
+OPTION_IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in OPTIONS]
+
+
+def make_opt(name, over, **kw):
+    return make(name, **{**over, **kw})
+
+
+@pytest.mark.parametrize("name,over", OPTIONS, ids=OPTION_IDS)
+def test_options_shapes_padding_order_and_gradients(name, over):
+    """The trunk options keep every encoder invariant: shapes and no NaN without demos, trailing PAD / extra empty
+    or masked slots / cropping change nothing, demo order changes nothing, and every parameter gets gradient."""
+    di, dl, m = demos(d=4)
+    enc = make_opt(name, over, seq_len=S + 5).eval()
+    ref = run(enc, di, dl, m).context
+    assert ref.shape == (3, L, H) and torch.isfinite(ref).all()
+    m0 = m.clone()
+    m0[2] = False  # a sample without any demo
+    assert torch.isfinite(run(enc, di, dl, m0).context).all()
+    pad = torch.zeros(*di.shape[:2], 5, dtype=di.dtype)
+    g = torch.randint(2, V, (3, 2, S), dtype=di.dtype)
+    m2 = torch.cat([m, torch.zeros(3, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)], 1)
+    nc = make_opt(name, over, seq_len=S + 5, crop_padding=False).eval()
+    nc.load_state_dict(enc.state_dict())
+    perm = torch.tensor([2, 0, 3, 1])
+    for out in (run(enc, torch.cat([di, pad], -1), torch.cat([dl, pad], -1), m).context,
+                run(enc, torch.cat([di, g, torch.zeros_like(g)], 1), torch.cat([dl, g, torch.zeros_like(g)], 1),
+                    m2).context,
+                run(nc, di, dl, m).context,
+                run(enc, di[:, perm], dl[:, perm], m[:, perm]).context):
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    di4 = di.clone()
+    di4[0, 0, 0] = 2 if di[0, 0, 0] != 2 else 3
+    assert not torch.allclose(run(enc, di4, dl, m).context[0], ref[0], atol=1e-6)  # content matters
+    extra = {"variational": True} if name == "lpn" else {}
+    enc = make_opt(name, over, context_scale="gate", **extra).train()
+    out = run(enc, di, dl, m)
+    loss = (out.context * torch.randn_like(out.context)).sum() + (out.kl.sum() if out.kl is not None else 0)
+    loss.backward()
+    missing = [n for n, p in enc.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, f"{name} {over}: parameters without gradient: {missing}"
+
+
+def test_token_aggregation_attends_over_every_non_pad_token_of_every_valid_demo():
+    enc = make("standard", aggregation="tokens").eval()
+    di, dl, m = demos()
+    keys, mask = enc.trunk.keys(di, dl, m)
+    # cropped to the longest input (S/2) and output (S-3) canvas: T = 6 + 9 tokens per demo, 3 slots
+    assert keys.shape == (3, 3 * 15, 32) and mask.shape == (3, 45)
+    want = ((di != 0).sum(-1) + (dl != 0).sum(-1)) * m  # non-PAD tokens of the valid demos only
+    assert mask.sum(-1).tolist() == want.sum(-1).tolist()
+    assert (keys[~mask] == 0).all()
+    pooled, valid = make("standard").trunk.keys(di, dl, m)  # default: one pooled key per demo slot
+    assert pooled.shape == (3, 3, 32) and valid.tolist() == m.tolist()
+
+
+def test_aligned_layout_is_one_token_per_cell_and_keeps_the_direction_of_the_change():
+    enc = make("standard", pair_layout="aligned", aggregation="tokens").eval()
+    di, dl, m = demos()
+    keys, mask = enc.trunk.keys(di, dl, m)
+    assert keys.shape == (3, 3 * 9, 32)  # one token per cell up to the longer canvas (S-3), not 2*S
+    assert mask.sum(-1).tolist() == ((((di != 0) | (dl != 0)).sum(-1)) * m).sum(-1).tolist()
+    # input and output have separate colour tables: swapping them (the inverse rule) changes the context
+    x = torch.randint(2, V, (1, 2, 9), dtype=di.dtype)
+    y = torch.randint(2, V, (1, 2, 9), dtype=di.dtype)
+    mm = torch.ones(1, 2, dtype=torch.bool)
+    assert not torch.allclose(enc(x, y, mm).context, enc(y, x, mm).context, atol=1e-4)
+
+
+def test_trunk_option_values_are_validated_and_unused_ones_refused():
+    with pytest.raises(EncoderConfigError, match="pair_layout"):
+        make("standard", pair_layout="interleaved")
+    with pytest.raises(EncoderConfigError, match="aggregation"):
+        make("lpn", aggregation="tokens")  # lpn always mean-pools its pair latents
+    with pytest.raises(EncoderConfigError, match="aggregation"):
+        make("recurrent", aggregation="mean")
+    assert make("recurrent", aggregation="tokens").trunk.cfg.aggregation == "tokens"

@@ -1,0 +1,55 @@
+"""The science recipe's data side: consistent colour augmentation of the recolour train split
+(encoders.science.write_recolour_dataset(colour_aug=K)) multiplies the rule instances seen in training without
+ever showing a held-out one (docs/science.md)."""
+import numpy as np
+import pytest
+
+from dataset.common import canvas_to_grid
+from dataset.loader import create_dataloader
+from encoders.science import write_recolour_dataset
+
+
+def _puzzle_rules(path, split):
+    """(instance of every example, the instance its demos show) from the loader's encoder-mode batches."""
+    loader, meta = create_dataloader(dict(data_paths=[path], global_batch_size=16, test_mode=True,
+                                          encoder_mode=True), split)
+    rules = []
+    for _, batch, _ in loader:
+        for i in range(batch["inputs"].shape[0]):
+            if batch["example_index"][i] < 0:
+                continue
+            x = canvas_to_grid(batch["inputs"][i].numpy(), size=4)
+            lab = batch["labels"][i].numpy()
+            y = canvas_to_grid(np.where(lab < 0, 0, lab), size=4)
+            changed = {(int(a), int(b)) for a, b in zip(x.ravel(), y.ravel()) if a != b}
+            assert len(changed) == 1
+            (a, b), = changed
+            for d in range(int(batch["demo_mask"][i].sum())):  # the demos show the query's rule
+                dx = canvas_to_grid(batch["demo_inputs"][i, d].numpy(), size=4)
+                dy = canvas_to_grid(batch["demo_labels"][i, d].numpy(), size=4)
+                assert np.array_equal(np.where(dx == a, b, dx), dy)
+            rules.append((a, b))
+    return rules, meta
+
+
+def test_colour_aug_multiplies_train_instances_and_never_shows_a_heldout_one(tmp_path):
+    kw = dict(grid=3, num_colours=5, num_test_instances=4, train_puzzles_per_instance=3, test_puzzles_per_instance=2,
+              seed=3)
+    plain = write_recolour_dataset(str(tmp_path / "plain"), **kw)
+    aug = write_recolour_dataset(str(tmp_path / "aug"), colour_aug=3, **kw)
+    assert aug["test_instances"] == plain["test_instances"]  # the held-out instances do not move
+    heldout = set(map(tuple, plain["test_instances"]))
+    rules, meta = _puzzle_rules(str(tmp_path / "aug"), "train")
+    n_plain = len(plain["train_instances"]) * 3
+    assert meta.total_groups == 3 * n_plain and len(rules) == 3 * n_plain * 2  # K copies, 2 queries each
+    assert not set(rules) & heldout
+    assert set(rules) == set(map(tuple, aug["train_instances"]))
+    # colours 1..9 are permuted (0 fixed): far more instances than the 12 drawn, and colours beyond the 5 drawn
+    assert len(set(rules)) > 2 * len(plain["train_instances"])
+    assert max(max(r) for r in rules) >= 5
+    # the held-out split is the same data with and without augmentation
+    for name in ("inputs", "labels", "demo_inputs", "demo_labels"):
+        np.testing.assert_array_equal(np.load(tmp_path / "plain" / "test" / f"all__{name}.npy"),
+                                      np.load(tmp_path / "aug" / "test" / f"all__{name}.npy"))
+    with pytest.raises(ValueError, match="colour_aug"):
+        write_recolour_dataset(str(tmp_path / "bad"), colour_aug=-1, **kw)
