@@ -14,24 +14,24 @@ import pytest
 from encoders.science import (CONTROL, ENCODERS, ScienceError, family_table, main, puzzle_scores, run_plan,
                               run_science)
 
-# tuned to run in ~1-2 minutes on one CPU thread (see docs/models.md; measured numbers in the lead's report)
+# The recolour recipe (encoders.science.RECOLOUR_*: aligned pairs, token aggregation, consistent colour
+# augmentation, cosine lr) cut to 500 of its 3000 steps so that it runs in ~1.5 minutes on one CPU thread.
 STEPS = 500
-DATA = {"num_colours": 6, "num_test_instances": 5, "test_puzzles_per_instance": 12,
-        "train_puzzles_per_instance": 32}
-CFG = {}
 
 
 @pytest.mark.slow
 def test_standard_encoder_beats_zero_demo_control_on_heldout_rules(tmp_path):
-    res = run_science(str(tmp_path), steps=STEPS, data_kw=DATA, **CFG)
+    res = run_science(str(tmp_path), steps=STEPS)
     print(json.dumps({k: res[k] for k in ("chance", "etrm", "zero_demos")}, indent=1))
     etrm = res["etrm"]["heldout"]["exact_accuracy"]
     ctrl = res["zero_demos"]["heldout"]["exact_accuracy"]
     assert res["etrm"]["heldout"]["count"] == 5 * 12  # every held-out query evaluated once
     assert res["etrm"]["exit_status"] == 0 and res["zero_demos"]["exit_status"] == 0
-    # measured (seed 0, torch 2.x CPU): ETRM 0.20 vs control 0.00, chance 1/25 = 0.04
-    assert etrm >= 3 * res["chance"], res
-    assert etrm >= ctrl + 0.1, res
+    # measured (seed 0, torch 2.x CPU, 500 steps): ETRM 0.73 vs control 0.00, chance 1/25 = 0.04
+    # (the full 3000-step recipe: 0.93 / 0.93 / 1.00 on seeds 0 / 1 / 2, docs/science.md)
+    assert etrm >= 0.5, res
+    assert ctrl <= 0.1, res
+    assert etrm >= ctrl + 0.4, res
 
 
 def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
