@@ -20,17 +20,11 @@ import pytest
 import torch
 
 from dataset.common import COLOR_OFFSET, EOS_ID, PAD_ID, DatasetMetadata, atomic_output_dir, save_split
-from training.toy_data import toy_train_config, write_toy_dataset
+from training.toy_data import toy_train_config
 
 
 def _no_explore(**kw):
     return {"halt_exploration_prob": 0.0, **kw}
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    return write_toy_dataset(str(tmp_path_factory.mktemp("pit") / "toy"), num_puzzles=4, train_examples=16,
-                             test_examples=4, seq_len=8, seed=0)
 
 
 # ------------------------------------------------------------------------------------------------ pitfall 3

@@ -12,15 +12,9 @@ from training import checkpoint as ckpt
 from training.config import config_from_dict
 from training.loop import Trainer, train
 from training.summary import read_summary
-from training.toy_data import toy_train_config, write_toy_dataset
+from training.toy_data import toy_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    return write_toy_dataset(str(tmp_path_factory.mktemp("data") / "toy"), num_puzzles=4, train_examples=16,
-                             test_examples=4, seq_len=8, seed=0)
 
 
 def _state(path):
