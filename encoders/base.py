@@ -96,6 +96,25 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
+def parse_encoder_config(cfg: dict) -> "BaseEncoderConfig":
+    """The validated config of ``cfg["name"]``'s encoder (strict: an unknown or unused key raises
+    :class:`EncoderConfigError` naming it and listing the valid keys)."""
+    cfg = dict(cfg)
+    name = cfg.get("name")
+    if name not in ENCODER_REGISTRY:
+        raise EncoderConfigError(f"encoder.name={name!r} is not a registered encoder; "
+                                 f"choose one of {sorted(ENCODER_REGISTRY)}")
+    config_cls = ENCODER_REGISTRY[name][0]
+    try:
+        return config_cls(**cfg)
+    except pydantic.ValidationError as e:
+        bad = "; ".join(f"encoder.{'.'.join(map(str, x['loc']))}"
+                        + (f"={x.get('input')!r}: unknown key" if x["type"] == "extra_forbidden" else f": {x['msg']}")
+                        for x in e.errors())
+        raise EncoderConfigError(f"invalid config for encoder {name!r}: {bad} (keys of {config_cls.__name__}: "
+                                 f"{', '.join(config_cls.model_fields)})") from None
+
+
 def build_encoder(cfg: dict, *, hidden_size: int, vocab_size: int, seq_len: int, puzzle_emb_len: int,
                   verbose: bool = True) -> "DemoEncoder":
     """Build an encoder from its config dict (``cfg["name"]`` = registry key). Unknown keys raise."""
@@ -103,20 +122,9 @@ def build_encoder(cfg: dict, *, hidden_size: int, vocab_size: int, seq_len: int,
         from omegaconf import OmegaConf
 
         cfg = OmegaConf.to_container(cfg, resolve=True)
-    cfg = dict(cfg)
-    name = cfg.get("name")
-    if name not in ENCODER_REGISTRY:
-        raise EncoderConfigError(f"encoder.name={name!r} is not a registered encoder; "
-                                 f"choose one of {sorted(ENCODER_REGISTRY)}")
-    config_cls, module_cls = ENCODER_REGISTRY[name]
-    try:
-        config = config_cls(**cfg)
-    except pydantic.ValidationError as e:
-        bad = "; ".join(f"encoder.{'.'.join(map(str, x['loc']))}"
-                        + (f"={x.get('input')!r}: unknown key" if x["type"] == "extra_forbidden" else f": {x['msg']}")
-                        for x in e.errors())
-        raise EncoderConfigError(f"invalid config for encoder {name!r}: {bad} (keys of {config_cls.__name__}: "
-                                 f"{', '.join(config_cls.model_fields)})") from None
+    config = parse_encoder_config(cfg)
+    name = config.name
+    module_cls = ENCODER_REGISTRY[name][1]
     if puzzle_emb_len <= 0:
         raise EncoderConfigError(f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
                                  f"puzzle-embedding prefix), got {puzzle_emb_len}")

@@ -36,7 +36,6 @@ import time
 from typing import Any, Optional, Sequence
 
 import numpy as np
-import pydantic
 import torch
 from tqdm import tqdm
 
@@ -327,7 +326,7 @@ def _check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> No
 def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequence[str]) -> dict:
     """The training config a run will use (composed and validated now, so a bad override fails before any
     work), without the per-run paths and names; recorded in run.json so that a changed recipe is noticed."""
-    from encoders.base import ENCODER_REGISTRY, EncoderConfigError
+    from encoders.base import EncoderConfigError, parse_encoder_config
     from models import ArchConfigError, parse_arch_config
     from training.config import ConfigError, load_config
 
@@ -336,14 +335,7 @@ def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequ
     try:
         cfg = load_config(config, over, config_dir=os.path.join(ROOT, "config")).model_dump()
         parse_arch_config(cfg["arch"])  # the arch and encoder sections are strict too (pitfall 8)
-        enc = dict(cfg["encoder"] or {})
-        if enc.get("name") not in ENCODER_REGISTRY:
-            raise EncoderConfigError(f"encoder.name={enc.get('name')!r} is not a registered encoder")
-        try:
-            ENCODER_REGISTRY[enc["name"]][0](**enc)
-        except pydantic.ValidationError as e:
-            raise EncoderConfigError("; ".join(f"encoder.{'.'.join(map(str, err['loc']))}: {err['msg']}"
-                                               for err in e.errors())) from None
+        parse_encoder_config(cfg["encoder"] or {})  # the checks pretrain_encoder.py makes, before any work
     except (ConfigError, ArchConfigError, EncoderConfigError) as e:
         raise ScienceError(f"config/{config}.yaml with {over}: {e}") from None
     except Exception as e:  # noqa: BLE001 - Hydra's override / composition errors, one line
@@ -356,7 +348,6 @@ def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequ
 def _subprocess(cmd: list[str], log_path: str) -> tuple[int, float, str]:
     """Run ``cmd`` in the repository root, stdout+stderr to ``log_path``; (exit status, seconds, last log line)."""
     import subprocess
-    import sys
 
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     t0 = time.time()
@@ -595,6 +586,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     import shlex
     import sys
 
+    from training.errors import fail, user_errors
+
     ap = argparse.ArgumentParser(prog="python -m encoders.science", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output directory (data, runs, science.json, science.md)")
@@ -624,21 +617,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         print(json.dumps(res, indent=1))
         return res
     command = "python -m encoders.science " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    try:
+    with user_errors(code=2, extra=(ScienceError,)):  # bad input: one line, exit 2 (training.errors)
         res = run_science_command(args.out, encoders=args.encoders, families=args.families,
                                   holdout_families=args.holdout_families, steps=args.steps,
                                   canvas_size=args.canvas_size, max_grid=args.max_grid, min_grid=args.min_grid,
                                   num_train=args.num_train, num_test=args.num_test, num_aug=args.num_aug,
                                   seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
                                   config=args.config, command=command)
-    except ScienceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2)
     failed = [n for n, r in res["runs"].items() if r["status"] != "ok"]
     if failed:
-        print(f"error: runs failed: {', '.join(failed)} (see their train.log / eval.log under {args.out}/runs)",
-              file=sys.stderr)
-        raise SystemExit(1)
+        fail(f"runs failed: {', '.join(failed)} (see their train.log / eval.log under {args.out}/runs)", code=1)
     return res
 
 

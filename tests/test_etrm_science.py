@@ -110,7 +110,7 @@ def test_science_config_builds_every_run(name):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--override", "+encoder.nope=1"], "encoder.nope: Extra inputs are not permitted"),
+    (["--override", "+encoder.nope=1"], "encoder.nope=1: unknown key"),
     (["--override", "+arch.nope=1"], "unknown key 'arch.nope'"),
     (["--override", "nope=1"], "Could not override 'nope'"),
     (["--encoders", "standard", "lpm"], "unknown run 'lpm'"),
