@@ -5,8 +5,12 @@
 
 Writes the kaggle layout ``<output-dir>/<prefix>_{training,evaluation}_{challenges,solutions}.json`` plus
 ``<prefix>_rules.json`` (family and parameters of every puzzle). Each puzzle is one sampled rule instance with
-2-5 demo pairs and 1-2 test pairs. Evaluation puzzles are rule instances that never occur in training; with
-``--holdout-families`` the evaluation puzzles come only from those families and training never sees them.
+2-5 demo pairs and 1-2 test pairs. Evaluation puzzles are rule instances that never occur in training, also not
+through augmentation: the ARC builder's ``--num-aug`` dihedral x colour copies of a training puzzle show other
+instances (colour_map {1: 2} recoloured is colour_map {pi(1): pi(2)}), and evaluation avoids those too -- build
+with the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). A small family can run out of unseen
+instances (a warning names it; e.g. gravity has 40). With ``--holdout-families`` the evaluation puzzles come only
+from those families and training never sees them.
 ``--build-dir`` runs the ARC builder on the result (subsets training + evaluation, test set evaluation).
 ``--canvas-size N`` (default 30) is the canvas of that build; every generated grid (inputs and outputs) then has
 sides <= N, and ``--max-grid`` defaults to min(10, N) and may not exceed N.
@@ -23,26 +27,56 @@ import numpy as np
 from tqdm import tqdm
 
 from dataset.common import ARC_MAX_GRID, DatasetError
-from dataset.synthetic_rules import FAMILIES, GridSpec, make_pairs
+from dataset.synthetic_rules import (FAMILIES, GridSpec, RuleInstance, conjugate_params, demos_determine_rule,
+                                     make_pairs, rule_key)
 
 log = logging.getLogger(__name__)
 
 
-def _sample_puzzles(rng: np.random.Generator, families: list[str], n: int, spec: GridSpec, forbidden: set,
-                    prefix: str, subset: str, progress: bool, canvas_size: int = ARC_MAX_GRID
-                    ) -> list[tuple[str, dict, list, list]]:
+def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int) -> Optional[tuple[list, list]]:
+    """(demo pairs, test pairs) of one puzzle of ``rule``, or None (no pairs fit, or the demos do not determine
+    the rule: :func:`dataset.synthetic_rules.demos_determine_rule`)."""
+    n_demo, n_test = int(rng.integers(2, 6)), int(rng.integers(1, 3))
+    pairs = make_pairs(rule, rng, n_demo + n_test, max_side=canvas_size)
+    if pairs is None or not demos_determine_rule(rule.family, rule.params, pairs[:n_demo]):
+        return None
+    return pairs[:n_demo], pairs[n_demo:]
+
+
+def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int
+                   ) -> set[str]:
+    """Rule keys that the ARC builder's copies of training puzzle ``name`` show (the identity included): the
+    builder gives it the copies :func:`dataset.build_arc_dataset.select_augmentations` (``num_aug``, ``seed``)
+    draws, and a copy under augmentation g of an instance R is a puzzle of g . R . g^-1
+    (:func:`dataset.synthetic_rules.conjugate_params`) -- e.g. colour_map {1: 2} under a colour permutation is
+    colour_map {pi(1): pi(2)}."""
+    from dataset.build_arc_dataset import ArcPuzzle, select_augmentations
+
+    dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), num_aug, seed)
+    keys = set()
+    for d, lut in zip(dih.tolist(), luts):
+        p = conjugate_params(family, params, d, lut)
+        if p is not None:
+            keys.add(rule_key(family, p))
+    return keys
+
+
+def _sample_training(rng: np.random.Generator, families: list[str], n: int, spec: GridSpec, heldout: set,
+                     prefix: str, progress: bool, canvas_size: int, num_aug: int, seed: int
+                     ) -> list[tuple[str, dict, list, list]]:
+    """``n`` training puzzles, families in balanced seeded cycles. A candidate is redrawn when its instance is
+    held out or, with ``num_aug``, when one of the ARC builder's augmented copies of it shows a held-out instance."""
     out = []
     exhausted: set[str] = set()
-    bar = tqdm(total=n, desc=f"synthetic {subset}", unit="puzzle", disable=not progress)
+    bar = tqdm(total=n, desc="synthetic training", unit="puzzle", disable=not progress)
     cycle: list[str] = []
     fam, fails = None, 0
     while len(out) < n:
         if fam is None:
             live = [f for f in families if f not in exhausted]
             if not live:
-                raise DatasetError(f"--families {families}: no usable rule instances left for {subset} after "
-                                   f"{len(out)} puzzles (all unseen instances used); lower the puzzle count or "
-                                   "widen --families")
+                raise DatasetError(f"--families {families}: no training puzzle left that avoids the held-out rule "
+                                   f"instances after {len(out)} puzzles; lower --num-train or --num-aug")
             if not cycle:  # balanced: every family once per cycle, in a seeded order
                 cycle = [live[i] for i in rng.permutation(len(live))]
             fam, fails = cycle.pop(), 0
@@ -50,25 +84,70 @@ def _sample_puzzles(rng: np.random.Generator, families: list[str], n: int, spec:
                 fam = None
                 continue
         rule = FAMILIES[fam](rng, spec)
-        if rule.key in forbidden:
-            fails += 1
-            if fails > 500:  # small families can run out of instances unseen in training
-                exhausted.add(fam)
-                fam = None
-            continue
-        n_demo, n_test = int(rng.integers(2, 6)), int(rng.integers(1, 3))
-        pairs = make_pairs(rule, rng, n_demo + n_test, max_side=canvas_size)
-        if pairs is None:
+        name = f"{prefix}-train-{len(out):05d}-{fam}"
+        drawn = None if rule.key in heldout else _draw_puzzle(rng, rule, canvas_size)
+        if drawn is None or (num_aug and heldout and augmented_keys(name, fam, rule.params, *drawn, num_aug, seed)
+                             & heldout):
             fails += 1
             if fails > 500:
+                log.warning("synthetic training: family %s: no further puzzle avoids the held-out instances (with "
+                            "its augmented copies); its remaining puzzles go to the other families", fam)
                 exhausted.add(fam)
                 fam = None
             continue
-        name = f"{prefix}-{subset[:5]}-{len(out):05d}-{fam}"
-        out.append((name, {"family": fam, "params": rule.params, "key": rule.key}, pairs[:n_demo], pairs[n_demo:]))
+        out.append((name, {"family": fam, "params": rule.params, "key": rule.key}, *drawn))
         fam = None
         bar.update(1)
     bar.close()
+    return out
+
+
+def _family_counts(rng: np.random.Generator, families: list[str], n: int) -> dict[str, int]:
+    """``n`` split over ``families`` as evenly as possible; the remainder goes to a seeded choice of families."""
+    counts = {f: n // len(families) for f in families}
+    for i in rng.permutation(len(families))[: n % len(families)]:
+        counts[families[i]] += 1
+    return counts
+
+
+def _reserve_heldout(rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int,
+                     canvas_size: int) -> dict[str, list[RuleInstance]]:
+    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out."""
+    held: dict[str, list[RuleInstance]] = {}
+    for fam, count in counts.items():
+        want, rules, keys = -(-count // per_instance), [], set()
+        for _ in range(500 + 20 * want):
+            if len(rules) == want:
+                break
+            rule = FAMILIES[fam](rng, spec)
+            if rule.key not in keys and any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
+                rules.append(rule)
+                keys.add(rule.key)
+        if count and not rules:
+            raise DatasetError(f"--families: family {fam!r} makes no puzzle within the grid limits "
+                               f"(--max-grid {spec.max_grid}, --canvas-size {canvas_size})")
+        held[fam] = rules
+    return held
+
+
+def _heldout_puzzles(rng: np.random.Generator, held: dict[str, list[RuleInstance]], counts: dict[str, int],
+                     prefix: str, canvas_size: int) -> list[tuple[str, dict, list, list]]:
+    """``counts[f]`` evaluation puzzles of family f, cycling through its held-out instances; seeded order."""
+    schedule = [f for f, c in counts.items() for _ in range(c)]
+    schedule = [schedule[i] for i in rng.permutation(len(schedule))]
+    used = {f: 0 for f in counts}
+    out = []
+    for fam in schedule:
+        rule = held[fam][used[fam] % len(held[fam])]
+        used[fam] += 1
+        for _ in range(200):
+            drawn = _draw_puzzle(rng, rule, canvas_size)
+            if drawn is not None:
+                break
+        else:
+            raise DatasetError(f"synthetic evaluation: held-out instance {rule.key} made no puzzle in 200 tries")
+        out.append((f"{prefix}-evalu-{len(out):05d}-{fam}", {"family": fam, "params": rule.params, "key": rule.key},
+                    *drawn))
     return out
 
 
@@ -84,12 +163,18 @@ def _to_kaggle(puzzles) -> tuple[dict, dict]:
 def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: int = 400, num_test: int = 100,
                            families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
                            min_grid: int = 3, max_grid: Optional[int] = None, seed: int = 0, progress: bool = True,
-                           canvas_size: int = ARC_MAX_GRID) -> dict:
+                           canvas_size: int = ARC_MAX_GRID, num_aug: int = 0,
+                           heldout_puzzles_per_instance: int = 2) -> dict:
     """Write the kaggle-layout files; returns ``{"prefix": <out_dir>/<prefix>, "<subset>_challenges": path, ...}``.
 
-    Training puzzles use ``families`` minus ``holdout_families``; evaluation puzzles use ``holdout_families``
-    when given (else ``families``) and never reuse a training rule instance. Every grid (input and output) has
-    sides <= ``canvas_size``; ``max_grid`` (input side) defaults to min(10, canvas_size). Same seed -> identical
+    First, per evaluation family (``holdout_families`` when given, else ``families``), a set of held-out rule
+    instances is reserved: ceil(puzzles of the family / ``heldout_puzzles_per_instance``) of them. Training
+    puzzles (``families`` minus ``holdout_families``) never show one -- neither the puzzle itself nor, with
+    ``num_aug`` > 0, any of the ``num_aug`` augmented copies the ARC builder draws for it with ``seed``
+    (:func:`augmented_keys`; build with the same ``--num-aug`` and ``--seed`` to keep that guarantee). The
+    evaluation puzzles are then drawn from the held-out instances. Every puzzle's demos determine its rule
+    (:func:`dataset.synthetic_rules.demos_determine_rule`). Every grid (input and output) has sides <=
+    ``canvas_size``; ``max_grid`` (input side) defaults to min(10, canvas_size). Same arguments -> identical
     bytes."""
     families = list(families) if families else list(FAMILIES)
     for f in list(families) + list(holdout_families):
@@ -104,15 +189,25 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
                            f"--canvas-size ({canvas_size})")
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
+    if num_aug < 0:
+        raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
     train_fams = [f for f in families if f not in holdout_families]
     test_fams = list(holdout_families) if holdout_families else families
     if num_train and not train_fams:
         raise DatasetError("--holdout-families: every family is held out; nothing left for training")
+    if heldout_puzzles_per_instance < 1:
+        raise DatasetError(f"--heldout-puzzles-per-instance must be >= 1, got {heldout_puzzles_per_instance}")
     spec = GridSpec(min_grid, max_grid)
     rng = np.random.default_rng([seed, 0x5E7])
-    train = _sample_puzzles(rng, train_fams, num_train, spec, set(), prefix, "training", progress, canvas_size)
-    train_keys = {meta["key"] for _, meta, _, _ in train}
-    test = _sample_puzzles(rng, test_fams, num_test, spec, train_keys, prefix, "evaluation", progress, canvas_size)
+    counts = _family_counts(rng, test_fams, num_test) if num_test else {}
+    held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
+    held_keys = {r.key for rules in held.values() for r in rules}
+    train = _sample_training(rng, train_fams, num_train, spec, held_keys, prefix, progress, canvas_size, num_aug,
+                             seed)
+    test = _heldout_puzzles(rng, held, counts, prefix, canvas_size)
+    log.info("synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
+             "training puzzle%s", len(train), len(test), len(held_keys),
+             f" nor any of its {num_aug} augmented copies" if num_aug else "")
 
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, prefix)
@@ -148,8 +243,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--canvas-size", type=int, default=ARC_MAX_GRID,
                     help=f"canvas side of the --build-dir build; every grid fits it (default {ARC_MAX_GRID})")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout-puzzles-per-instance", type=int, default=2,
+                    help="evaluation puzzles per held-out rule instance (default 2: 20 puzzles of a family come "
+                         "from 10 held-out instances)")
     ap.add_argument("--build-dir", default=None, help="also run the ARC builder into this directory")
-    ap.add_argument("--num-aug", type=int, default=8, help="augmentations for --build-dir")
+    ap.add_argument("--num-aug", type=int, default=8,
+                    help="augmented copies per puzzle in the ARC build (--build-dir, or a later build with the same "
+                         "--num-aug and --seed); evaluation rule instances avoid every instance the augmented "
+                         "training copies show (0: no augmentation, only the drawn instances are avoided)")
     ap.add_argument("--mode", choices=["trm", "etrm"], default="etrm", help="split mode for --build-dir")
     ap.add_argument("--overwrite", action="store_true", help="for --build-dir")
     ap.add_argument("--num-workers", type=int, default=1, help="for --build-dir")
@@ -163,7 +264,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                        num_test=args.num_test, families=args.families,
                                        holdout_families=args.holdout_families, min_grid=args.min_grid,
                                        max_grid=args.max_grid, seed=args.seed, progress=not args.no_progress,
-                                       canvas_size=args.canvas_size)
+                                       canvas_size=args.canvas_size, num_aug=args.num_aug,
+                                       heldout_puzzles_per_instance=args.heldout_puzzles_per_instance)
         print(f"wrote {args.num_train} training + {args.num_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             from dataset.build_arc_dataset import build_arc_dataset, load_puzzles

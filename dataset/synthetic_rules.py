@@ -26,7 +26,8 @@ class RuleInstance:
 
     @property
     def key(self) -> str:
-        return f"{self.family}:{json.dumps(self.params, sort_keys=True)}"
+        """The rule's identity (:func:`rule_key`): equal keys = the same input -> output mapping."""
+        return rule_key(self.family, self.params)
 
 
 @dataclass
@@ -98,11 +99,16 @@ def colour_map(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
         dst = [int(c) for c in rng.permutation(src)]
     mapping = dict(zip(src, dst))
     palette = sorted(set(src) | set(_colours(rng, 1, exclude=(0, *src))))
+    params = {"map": {str(a): b for a, b in sorted(mapping.items())}}
+    return RuleInstance("colour_map", params, _colour_map_apply(params),
+                        lambda r: _random_grid(r, spec.size(r), palette, 0.6))
+
+
+def _colour_map_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
     lut = np.arange(10, dtype=np.uint8)
-    for a, b in mapping.items():
-        lut[a] = b
-    return RuleInstance("colour_map", {"map": {str(a): b for a, b in sorted(mapping.items())}},
-                        lambda g: lut[g], lambda r: _random_grid(r, spec.size(r), palette, 0.6))
+    for a, b in p["map"].items():
+        lut[int(a)] = b
+    return lambda g: lut[g]
 
 
 def flip_rotate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -110,12 +116,14 @@ def flip_rotate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     d = int(rng.integers(1, 8))
     recolour = _maybe_recolour(rng)
     cols = _colours(rng, 3)
-
-    def apply(g):
-        return _recolour(dihedral_transform(g, d), recolour)
     inp_cols = sorted(set(cols + ([recolour[0]] if recolour else [])))
-    return RuleInstance("flip_rotate", {"dihedral": d, "recolour": recolour}, apply,
+    params = {"dihedral": d, "recolour": recolour}
+    return RuleInstance("flip_rotate", params, _flip_rotate_apply(params),
                         lambda r: _random_grid(r, spec.size(r), inp_cols, 0.5))
+
+
+def _flip_rotate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    return lambda g: _recolour(dihedral_transform(g, p["dihedral"]), p["recolour"])
 
 
 def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -126,6 +134,13 @@ def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
             break
     wrap = bool(rng.random() < 0.3)
     cols = _colours(rng, 2)
+    params = {"dr": dr, "dc": dc, "wrap": wrap}
+    return RuleInstance("translate", params, _translate_apply(params),
+                        lambda r: _random_grid(r, spec.size(r), cols, 0.25))
+
+
+def _translate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    dr, dc, wrap = p["dr"], p["dc"], p["wrap"]
 
     def apply(g):
         h, w = g.shape
@@ -139,8 +154,7 @@ def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
             return None  # content would fall off the grid
         out[max(0, dr): max(0, dr) + src.shape[0], max(0, dc): max(0, dc) + src.shape[1]] = src
         return out
-    return RuleInstance("translate", {"dr": dr, "dc": dc, "wrap": wrap}, apply,
-                        lambda r: _random_grid(r, spec.size(r), cols, 0.25))
+    return apply
 
 
 def scale_up(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -152,9 +166,14 @@ def scale_up(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     rc = _maybe_recolour(rng)
     cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
     side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ky, kx))
-    return RuleInstance("scale_up", {"ky": ky, "kx": kx, "recolour": rc},
-                        lambda g: _recolour(np.kron(g, np.ones((ky, kx), dtype=np.uint8)), rc),
+    params = {"ky": ky, "kx": kx, "recolour": rc}
+    return RuleInstance("scale_up", params, _scale_up_apply(params),
                         lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+
+
+def _scale_up_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    block = np.ones((p["ky"], p["kx"]), dtype=np.uint8)
+    return lambda g: _recolour(np.kron(g, block), p["recolour"])
 
 
 _DIRS = {"down": 0, "left": 1, "up": 2, "right": 3}  # number of rot90 turns that make the direction "down"
@@ -165,7 +184,19 @@ def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     direction = str(rng.choice(list(_DIRS)))
     wall = None if rng.random() < 0.4 else int(rng.integers(1, 10))
     cols = _colours(rng, 2, exclude=(0,) if wall is None else (0, wall))
-    k = _DIRS[direction]
+
+    def make(r):
+        g = _random_grid(r, spec.size(r), cols, 0.3)
+        if wall is not None:
+            m = r.random(g.shape) < 0.12
+            g[m] = wall
+        return g
+    params = {"direction": direction, "wall": wall}
+    return RuleInstance("gravity", params, _gravity_apply(params), make)
+
+
+def _gravity_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    k, wall = _DIRS[p["direction"]], p["wall"]
 
     def fall_down(g):
         out = g.copy()
@@ -188,14 +219,7 @@ def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
 
     def apply(g):
         return np.rot90(fall_down(np.rot90(g, k)), -k).copy()
-
-    def make(r):
-        g = _random_grid(r, spec.size(r), cols, 0.3)
-        if wall is not None:
-            m = r.random(g.shape) < 0.12
-            g[m] = wall
-        return g
-    return RuleInstance("gravity", {"direction": direction, "wall": wall}, apply, make)
+    return apply
 
 
 def fill_enclosed(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -219,6 +243,13 @@ def fill_enclosed(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
             g[m] = noise
         return g
 
+    params = {"border": border, "fill": fill, "noise": noise}
+    return RuleInstance("fill_enclosed", params, _fill_enclosed_apply(params), make)
+
+
+def _fill_enclosed_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    border, fill = p["border"], p["fill"]
+
     def apply(g):
         h, w = g.shape
         outside = np.zeros((h, w), bool)
@@ -234,13 +265,20 @@ def fill_enclosed(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
             return None
         out[inner] = fill
         return out
-    return RuleInstance("fill_enclosed", {"border": border, "fill": fill, "noise": noise}, apply, make)
+    return apply
 
 
 def recolour_by_size(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     """Objects (4-connected, one colour) of size >= t become colour a, smaller ones colour b."""
     src, a, b = _colours(rng, 3)
     t = int(rng.integers(2, 5))
+    params = {"src": src, "big": a, "small": b, "threshold": t}
+    return RuleInstance("recolour_by_size", params, _recolour_by_size_apply(params),
+                        lambda r: _random_grid(r, spec.size(r), [src], 0.35))
+
+
+def _recolour_by_size_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    src, a, b, t = p["src"], p["big"], p["small"], p["threshold"]
 
     def apply(g):
         out = g.copy()
@@ -252,8 +290,7 @@ def recolour_by_size(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
         if not sizes or all(s >= t for s in sizes) or all(s < t for s in sizes):
             return None  # need both kinds for the pair to be informative
         return out
-    return RuleInstance("recolour_by_size", {"src": src, "big": a, "small": b, "threshold": t}, apply,
-                        lambda r: _random_grid(r, spec.size(r), [src], 0.35))
+    return apply
 
 
 def copy_pattern(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -266,6 +303,13 @@ def copy_pattern(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     rc = _maybe_recolour(rng)
     cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
     side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ry, rx))
+    params = {"ry": ry, "rx": rx, "mirror": mirror, "recolour": rc}
+    return RuleInstance("copy_pattern", params, _copy_pattern_apply(params),
+                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+
+
+def _copy_pattern_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
+    ry, rx, mirror, rc = p["ry"], p["rx"], p["mirror"], p["recolour"]
 
     def apply(g):
         rows = []
@@ -280,8 +324,7 @@ def copy_pattern(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
                 row.append(t)
             rows.append(np.concatenate(row, axis=1))
         return _recolour(np.concatenate(rows, axis=0), rc)
-    return RuleInstance("copy_pattern", {"ry": ry, "rx": rx, "mirror": mirror, "recolour": rc}, apply,
-                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+    return apply
 
 
 FAMILIES: dict[str, Callable[[np.random.Generator, GridSpec], RuleInstance]] = {
@@ -316,3 +359,135 @@ def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: 
         seen.add(h)
         pairs.append((gi.astype(np.uint8), np.ascontiguousarray(go, dtype=np.uint8)))
     return pairs if len(pairs) == n else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Rule identity under augmentation
+# ----------------------------------------------------------------------------------------------
+_APPLY: dict[str, Callable[[dict], Callable[[Grid], Optional[Grid]]]] = {
+    "colour_map": _colour_map_apply,
+    "flip_rotate": _flip_rotate_apply,
+    "translate": _translate_apply,
+    "scale_up": _scale_up_apply,
+    "gravity": _gravity_apply,
+    "fill_enclosed": _fill_enclosed_apply,
+    "recolour_by_size": _recolour_by_size_apply,
+    "copy_pattern": _copy_pattern_apply,
+}
+# Parameters that shape only the random *inputs* of an instance, not its input -> output mapping.
+INPUT_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"fill_enclosed": ("noise",)}
+
+
+def rule_apply(family: str, params: dict) -> Callable[[Grid], Optional[Grid]]:
+    """The mapping (input grid -> output grid, or None for an unsuitable input) of the instance ``params``."""
+    return _APPLY[family](params)
+
+
+def rule_key(family: str, params: dict) -> str:
+    """Canonical identity of a rule instance: family + the parameters that define its mapping. Two instances
+    that differ only in how their inputs are drawn (fill_enclosed's noise colour) or in no-op entries (a
+    colour_map entry c -> c) are the same rule."""
+    drop = INPUT_ONLY_PARAMS.get(family, ())
+    p = {k: v for k, v in params.items() if k not in drop}
+    if family == "colour_map":
+        p["map"] = {a: b for a, b in p["map"].items() if int(a) != int(b)}
+    return f"{family}:{json.dumps(p, sort_keys=True)}"
+
+
+def _dihedral_tables() -> tuple[list[list[int]], list[np.ndarray]]:
+    """Composition table of D4 in :func:`dihedral_transform`'s numbering (``comp[a][b]`` = a after b) and, per
+    transform, the 2x2 integer matrix it applies to a displacement (row, column) on the grid."""
+    probe = np.arange(9).reshape(3, 3)
+    images = [dihedral_transform(probe, t) for t in range(8)]
+    comp = [[next(c for c in range(8) if np.array_equal(dihedral_transform(dihedral_transform(probe, b), a),
+                                                          images[c])) for b in range(8)] for a in range(8)]
+    mats = []
+    for t in range(8):
+        cols = []
+        for unit in ((1, 0), (0, 1)):
+            g = np.zeros((5, 5), np.uint8)
+            g[2 + unit[0], 2 + unit[1]] = 1
+            r, c = np.argwhere(dihedral_transform(g, t))[0]
+            cols.append((int(r) - 2, int(c) - 2))
+        mats.append(np.array(cols).T)
+    return comp, mats
+
+
+_D4_COMPOSE, _D4_MATRIX = _dihedral_tables()
+_DIR_VECTORS = {"down": (1, 0), "up": (-1, 0), "left": (0, -1), "right": (0, 1)}
+
+
+def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Optional[dict]:
+    """Parameters of the rule g . R . g^-1 that an augmented copy of a puzzle of instance R shows, where g is the
+    ARC builder's augmentation (colour permutation ``colour_map`` with 0 fixed, then dihedral transform
+    ``dihedral``, as :class:`dataset.common.Augmentation`): the copy's pairs are (g(x), g(R(x))). None when that
+    mapping is not an instance of the family (copy_pattern with mirrored tiles and an even repeat count along a
+    reversed axis). ``tests/test_synthetic_leak.py`` checks every family against the mappings themselves."""
+    pi = [int(c) for c in colour_map]
+    col = lambda c: None if c is None else pi[int(c)]  # noqa: E731
+    rc = lambda r: None if r is None else [pi[int(r[0])], pi[int(r[1])]]  # noqa: E731
+    m = _D4_MATRIX[dihedral]
+    swaps = m[0, 0] == 0  # the transform exchanges rows and columns
+    if family == "colour_map":
+        return {"map": {str(pi[int(a)]): pi[int(b)] for a, b in sorted(params["map"].items(),
+                                                                         key=lambda kv: pi[int(kv[0])])}}
+    if family == "flip_rotate":
+        inv = next(e for e in range(8) if _D4_COMPOSE[dihedral][e] == 0)
+        return {"dihedral": _D4_COMPOSE[dihedral][_D4_COMPOSE[params["dihedral"]][inv]],
+                "recolour": rc(params["recolour"])}
+    if family == "translate":
+        dr, dc = (int(v) for v in m @ np.array([params["dr"], params["dc"]]))
+        return {"dr": dr, "dc": dc, "wrap": params["wrap"]}
+    if family == "gravity":
+        v = tuple(int(x) for x in m @ np.array(_DIR_VECTORS[params["direction"]]))
+        return {"direction": next(d for d, u in _DIR_VECTORS.items() if u == v), "wall": col(params["wall"])}
+    if family == "scale_up":
+        ky, kx = (params["kx"], params["ky"]) if swaps else (params["ky"], params["kx"])
+        return {"ky": ky, "kx": kx, "recolour": rc(params["recolour"])}
+    if family == "fill_enclosed":
+        return {"border": col(params["border"]), "fill": col(params["fill"]), "noise": col(params["noise"])}
+    if family == "recolour_by_size":
+        return {"src": col(params["src"]), "big": col(params["big"]), "small": col(params["small"]),
+                "threshold": params["threshold"]}
+    if family == "copy_pattern":
+        ry, rx = (params["rx"], params["ry"]) if swaps else (params["ry"], params["rx"])
+        out = {"ry": ry, "rx": rx, "mirror": params["mirror"], "recolour": rc(params["recolour"])}
+        if params["mirror"]:  # mirrored tiling survives the transform only if the tile grid's ends match
+            spatial = dict(params, recolour=None)
+            probe = np.arange(1, 7, dtype=np.uint8).reshape(2, 3)  # no symmetry
+            want = dihedral_transform(_copy_pattern_apply(spatial)(probe), dihedral)
+            got = _copy_pattern_apply(dict(out, recolour=None))(dihedral_transform(probe, dihedral))
+            if want.shape != got.shape or not np.array_equal(want, got):
+                return None
+        return out
+    raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
+
+
+def simpler_variants(family: str, params: dict) -> list[dict]:
+    """Instances of the family that drop or change one optional part of ``params`` (its recolour, wall, wrap, a
+    colour_map entry, the mirroring, the size threshold). Demos that one of them also explains do not determine
+    the rule: :func:`demos_determine_rule` rejects such puzzles (e.g. a recolour 5 -> 6 whose demos hold no 5)."""
+    out = []
+    if params.get("recolour") is not None:
+        out.append(dict(params, recolour=None))
+    if family == "gravity" and params["wall"] is not None:
+        out.append(dict(params, wall=None))
+    if family == "translate" and params["wrap"]:
+        out.append(dict(params, wrap=False))
+    if family == "copy_pattern" and params["mirror"]:
+        out.append(dict(params, mirror=False))
+    if family == "recolour_by_size":
+        out += [dict(params, threshold=t) for t in (2, 3, 4) if t != params["threshold"]]
+    if family == "colour_map":
+        changed = {a: b for a, b in params["map"].items() if int(a) != int(b)}
+        out += [{"map": {k: v for k, v in changed.items() if k != a}} for a in changed]
+    return out
+
+
+def demos_determine_rule(family: str, params: dict, demos: list) -> bool:
+    """False when a :func:`simpler_variants` instance maps every demo input to its output as well."""
+    for p in simpler_variants(family, params):
+        f = rule_apply(family, p)
+        if all((y := f(x)) is not None and y.shape == o.shape and np.array_equal(y, o) for x, o in demos):
+            return False
+    return True

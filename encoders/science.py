@@ -475,7 +475,8 @@ def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Se
     {subset, family, ...}); ``predictions``: run -> evaluate.py's predictions.json. Every held-out puzzle
     (subset ``evaluation``) must be in every run's predictions exactly once, and nothing else."""
     heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
-    families = sorted(set(heldout.values()))
+    # every family of the data, also one left without held-out puzzles (all its instances shown in training)
+    families = sorted({r["family"] for r in rules.values()})
     table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
     table["all"] = {"count": len(heldout), "heldout_family": False, "runs": {}}
     for f in heldout.values():
@@ -508,12 +509,15 @@ def render_markdown(result: dict) -> str:
              f"{s['data']['max_grid']}, {s['data']['num_aug']} augmentations, seed {s['data']['seed']}. Recipe: "
              f"config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
              f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
-             "`encoder.zero_demos=true` (sees no demos).", ""]
+             "`encoder.zero_demos=true` (sees no demos). A held-out rule instance is not shown in training, neither by "
+             "a training puzzle nor by any of its augmented copies; n = 0: training shows every instance of that "
+             "family.", ""]
     if runs:
         lines += ["| family | n | " + " | ".join(runs) + " |", "|---|---:|" + "---:|" * len(runs)]
         for fam, row in result["families"].items():
             label = f"**{fam}**" if fam == "all" else (f"{fam} (held-out family)" if row["heldout_family"] else fam)
-            cells = [f"{row['runs'][r]['pass@1']:.2f} / {row['runs'][r]['pass@2']:.2f}" for r in runs]
+            cells = [f"{row['runs'][r]['pass@1']:.2f} / {row['runs'][r]['pass@2']:.2f}" if row["count"] else "—"
+                     for r in runs]
             lines.append(f"| {label} | {row['count']} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["| run | status | steps | train s | eval s |", "|---|---|---:|---:|---:|"]
@@ -552,7 +556,9 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     recipes = {n: resolve_recipe(config, n, steps, overrides) for n in names}
     data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
                      "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
-                     "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed}
+                     "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed,
+                     # held-out instances also avoid the augmented training copies (data built before this differ)
+                     "heldout_excludes_augmented_copies": True}
     os.makedirs(out, exist_ok=True)
     built, rules_path = build_science_data(out, data_settings)
     runs = {}

@@ -110,6 +110,39 @@ def test_train_and_test_are_different_rule_instances(synth):
     assert len(te) > 10 and not tr & te
 
 
+def test_demos_show_every_optional_part_of_the_rule(synth):
+    """A puzzle's demos determine its rule: a recolour's source colour, a gravity wall, every changed colour of a
+    colour_map appear in some demo input; a wrap-around translation moves some demo content across the border; a
+    size threshold t has demo objects of size t - 1 (where t > 2) and t (where t < 4), so t-1 / t+1 would differ."""
+    _, data, rules = synth
+    for subset, (chal, sol) in data.items():
+        for name in chal:
+            fam, p = rules[name]["family"], rules[name]["params"]
+            demo, _ = _pairs(chal, sol, name)
+            colours = set(np.concatenate([i.ravel() for i, _ in demo]).tolist())
+            if p.get("recolour"):
+                assert p["recolour"][0] in colours, name
+            if fam == "gravity" and p["wall"] is not None:
+                assert p["wall"] in colours, name
+            if fam == "colour_map":
+                assert {int(a) for a, b in p["map"].items() if int(a) != b} <= colours, name
+            if fam == "translate" and p["wrap"]:
+                assert any(not np.array_equal(
+                    o != 0, np.roll(np.pad(i != 0, 8), (p["dr"], p["dc"]), axis=(0, 1))[8:-8, 8:-8])
+                    for i, o in demo), name
+            if fam == "recolour_by_size":
+                from dataset.synthetic_rules import _components
+                sizes = {len(c) for i, _ in demo for c in _components(i == p["src"])}
+                t = p["threshold"]
+                assert (t == 2 or t - 1 in sizes) and (t == 4 or t in sizes), (name, t, sizes)
+
+
+def test_evaluation_families_are_balanced(synth):
+    _, _, rules = synth
+    counts = [sum(r["family"] == f and r["subset"] == "evaluation" for r in rules.values()) for f in FAMILIES]
+    assert counts == [3] * len(FAMILIES)  # 24 puzzles over 8 families, every family (also gravity) held out
+
+
 def test_holdout_families(tmp_path):
     p = generate_synthetic_arc(str(tmp_path), "h", num_train=16, num_test=8, holdout_families=["gravity"],
                                max_grid=6, seed=0, progress=False)
@@ -125,8 +158,8 @@ def test_holdout_families(tmp_path):
 def test_same_seed_identical_bytes_and_build_dir(tmp_path):
     args = ["--num-train", "12", "--num-test", "4", "--max-grid", "6", "--seed", "5", "--no-progress"]
     a = main(["--output-dir", str(tmp_path / "a")] + args + ["--build-dir", str(tmp_path / "built"), "--num-aug", "2"])
-    b = main(["--output-dir", str(tmp_path / "b")] + args)
-    c = main(["--output-dir", str(tmp_path / "c")] + args[:-2] + ["6", "--no-progress"])
+    b = main(["--output-dir", str(tmp_path / "b")] + args + ["--num-aug", "2"])  # --num-aug shapes the raw data
+    c = main(["--output-dir", str(tmp_path / "c")] + args[:-2] + ["6", "--no-progress", "--num-aug", "2"])
     for k in ("training_challenges", "training_solutions", "evaluation_challenges", "evaluation_solutions", "rules"):
         assert filecmp.cmp(a[k], b[k], shallow=False)
     assert not filecmp.cmp(a["training_challenges"], c["training_challenges"], shallow=False)

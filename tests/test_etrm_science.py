@@ -72,14 +72,15 @@ def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 def test_family_table_by_hand():
     rules = {"a1": {"subset": "evaluation", "family": "fa"}, "a2": {"subset": "evaluation", "family": "fa"},
-             "b1": {"subset": "evaluation", "family": "fb"}, "t1": {"subset": "training", "family": "fa"}}
+             "b1": {"subset": "evaluation", "family": "fb"}, "t1": {"subset": "training", "family": "fa"},
+             "t2": {"subset": "training", "family": "fc"}}  # fc: no held-out instance left
     row = lambda *ranks: [{"test_index": i, "correct_rank": r} for i, r in enumerate(ranks)]  # noqa: E731
     pred = {"x": {"a1": row(1), "a2": row(2, None), "b1": row(3)},
             "y": {"a1": row(None), "a2": row(1, 1), "b1": row(2)}}
     assert puzzle_scores(row(2, None)) == (0.0, 0.5) and puzzle_scores(row(1, 2)) == (0.5, 1.0)
     t = family_table(rules, pred, holdout_families=["fb"])
-    assert [(f, t[f]["count"], t[f]["heldout_family"]) for f in ("fa", "fb", "all")] == \
-        [("fa", 2, False), ("fb", 1, True), ("all", 3, False)]
+    assert [(f, t[f]["count"], t[f]["heldout_family"]) for f in ("fa", "fb", "fc", "all")] == \
+        [("fa", 2, False), ("fb", 1, True), ("fc", 0, False), ("all", 3, False)]
     assert t["fa"]["runs"]["x"] == {"pass@1": 0.5, "pass@2": 0.75}  # (1 + 0) / 2, (1 + 0.5) / 2
     assert t["fb"]["runs"]["x"] == {"pass@1": 0.0, "pass@2": 0.0}
     assert t["all"]["runs"]["x"] == {"pass@1": pytest.approx(1 / 3), "pass@2": pytest.approx(1.5 / 3)}
