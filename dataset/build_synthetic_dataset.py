@@ -5,12 +5,13 @@
 
 Writes the kaggle layout ``<output-dir>/<prefix>_{training,evaluation}_{challenges,solutions}.json`` plus
 ``<prefix>_rules.json`` (family and parameters of every puzzle). Each puzzle is one sampled rule instance with
-2-5 demo pairs and 1-2 test pairs. Evaluation puzzles are rule instances that never occur in training, also not
-through augmentation: the ARC builder's ``--num-aug`` dihedral x colour copies of a training puzzle show other
-instances (colour_map {1: 2} recoloured is colour_map {pi(1): pi(2)}), and evaluation avoids those too -- build
-with the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). A small family can run out of unseen
-instances (a warning names it; e.g. gravity has 40). With ``--holdout-families`` the evaluation puzzles come only
-from those families and training never sees them.
+2-5 demo pairs (which determine the rule) and 1-2 test pairs. Evaluation puzzles come from held-out rule
+instances, reserved first (``--heldout-puzzles-per-instance`` puzzles each, ``--num-test`` split evenly over the
+families), that training never shows, also not through augmentation: the ARC builder's ``--num-aug`` dihedral x
+colour copies of a training puzzle show other instances (colour_map {1: 2} recoloured is colour_map
+{pi(1): pi(2)}), so a training puzzle one of whose copies would show a held-out instance is redrawn -- build with
+the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). With ``--holdout-families`` the evaluation puzzles
+come only from those families and training never sees them.
 ``--build-dir`` runs the ARC builder on the result (subsets training + evaluation, test set evaluation).
 ``--canvas-size N`` (default 30) is the canvas of that build; every generated grid (inputs and outputs) then has
 sides <= N, and ``--max-grid`` defaults to min(10, N) and may not exceed N.
