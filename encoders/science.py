@@ -59,12 +59,14 @@ def _pair(rng: np.random.Generator, a: int, b: int, grid: int, num_colours: int)
 
 
 def colour_augment_train(arrays: dict, instances: list[tuple[int, int]], heldout: list[tuple[int, int]],
-                         copies: int, seed: int) -> tuple[dict, set]:
+                         copies: int, seed: int, consistent: bool = True) -> tuple[dict, set]:
     """Consistent colour augmentation of a recolour train split: ``copies`` copies of every puzzle (in
     ``arrays``, puzzle p of rule instance ``instances[p]``), each under its own permutation of colours 1..9 (0, the
     background, fixed like the ARC builder's augmentation) applied to the puzzle's demos AND queries alike, so the
     copy is a puzzle of instance (pi(a), pi(b)). A permutation that would make a held-out instance is redrawn:
-    held-out instances stay unseen. Returns (new arrays, the set of instances the copies show)."""
+    held-out instances stay unseen. Returns (new arrays, the set of instances the copies show).
+    ``consistent=False`` is the ablation of that consistency: the queries of a copy get their own permutation
+    (also never a held-out instance), so its demos show (pi(a), pi(b)) and its queries (sigma(a), sigma(b))."""
     rng = np.random.default_rng([seed, 77])
     heldout = set(map(tuple, heldout))
     pi, di = arrays["puzzle_indices"], arrays["demo_indices"]
@@ -72,19 +74,22 @@ def colour_augment_train(arrays: dict, instances: list[tuple[int, int]], heldout
     pidx, didx, pids, seen = [0], [0], [], set()
     for _ in range(copies):
         for p, (a, b) in enumerate(instances):
-            while True:
-                perm = np.concatenate([[0], 1 + rng.permutation(NUM_COLORS - 1)])
-                if (int(perm[a]), int(perm[b])) not in heldout:
-                    break
-            lut = np.arange(256, dtype=np.uint8)  # token ids below COLOR_OFFSET (PAD, EOS) unchanged
-            lut[COLOR_OFFSET:COLOR_OFFSET + NUM_COLORS] = COLOR_OFFSET + perm
+            luts = []
+            for _ in range(1 if consistent else 2):  # [demos and queries] or [demos, queries]
+                while True:
+                    perm = np.concatenate([[0], 1 + rng.permutation(NUM_COLORS - 1)])
+                    if (int(perm[a]), int(perm[b])) not in heldout:
+                        break
+                lut = np.arange(256, dtype=np.uint8)  # token ids below COLOR_OFFSET (PAD, EOS) unchanged
+                lut[COLOR_OFFSET:COLOR_OFFSET + NUM_COLORS] = COLOR_OFFSET + perm
+                luts.append(lut)
+                seen.add((int(perm[a]), int(perm[b])))
             for k, lo, hi in (("inputs", pi[p], pi[p + 1]), ("labels", pi[p], pi[p + 1]),
                               ("demo_inputs", di[p], di[p + 1]), ("demo_labels", di[p], di[p + 1])):
-                parts[k].append(lut[arrays[k][lo:hi]])
+                parts[k].append(luts[-1 if k in ("inputs", "labels") else 0][arrays[k][lo:hi]])
             pidx.append(pidx[-1] + int(pi[p + 1] - pi[p]))
             didx.append(didx[-1] + int(di[p + 1] - di[p]))
             pids.append(int(arrays["puzzle_identifiers"][p]))
-            seen.add((int(perm[a]), int(perm[b])))
     out = {k: np.concatenate(v) for k, v in parts.items()}
     out.update(puzzle_identifiers=np.asarray(pids, np.int32), puzzle_indices=np.asarray(pidx, np.int32),
                group_indices=np.arange(len(pids) + 1, dtype=np.int32), demo_indices=np.asarray(didx, np.int64),
@@ -95,10 +100,11 @@ def colour_augment_train(arrays: dict, instances: list[tuple[int, int]], heldout
 def write_recolour_dataset(path: str, *, grid: int = 3, num_colours: int = 6, num_test_instances: int = 6,
                            train_puzzles_per_instance: int = 24, test_puzzles_per_instance: int = 6,
                            num_demos: int = 3, train_queries: int = 2, colour_aug: int = 0, seed: int = 0,
-                           overwrite: bool = True) -> dict:
+                           overwrite: bool = True, colour_aug_consistent: bool = True) -> dict:
     """Write the recolour task (train/ and test/ splits with the ETRM demo store) to ``path``.
     ``colour_aug`` = K > 0: the train split is K consistently colour-permuted copies of every train puzzle
     (:func:`colour_augment_train`; held-out instances never appear in it); 0 = the puzzles as drawn.
+    ``colour_aug_consistent=False``: each copy's queries are permuted independently of its demos (ablation).
     Returns {"train_instances", "test_instances", "chance"} (chance = 1 / number of instances; with colour_aug,
     train_instances lists the instances the augmented train split shows)."""
     if not 2 <= num_colours <= NUM_COLORS:
@@ -156,7 +162,7 @@ def write_recolour_dataset(path: str, *, grid: int = 3, num_colours: int = 6, nu
         te, te_meta = split(test_inst, test_puzzles_per_instance, 1, 1 + n_train_p)
         if colour_aug:
             tr, seen = colour_augment_train(tr, [i for i in train_inst for _ in range(train_puzzles_per_instance)],
-                                            test_inst, colour_aug, seed)
+                                            test_inst, colour_aug, seed, consistent=colour_aug_consistent)
             tr_meta = tr_meta.model_copy(update={"total_groups": len(tr["puzzle_identifiers"]),
                                                  "total_puzzles": len(tr["puzzle_identifiers"])})
             train_inst = sorted(seen)

@@ -9,8 +9,13 @@ from dataset.loader import create_dataloader
 from encoders.science import write_recolour_dataset
 
 
-def _puzzle_rules(path, split):
-    """(instance of every example, the instance its demos show) from the loader's encoder-mode batches."""
+def _changed(x, y):
+    return {(int(a), int(b)) for a, b in zip(x.ravel(), y.ravel()) if a != b}
+
+
+def _puzzle_rules(path, split, demos_agree=True):
+    """The instance of every example from the loader's encoder-mode batches; with ``demos_agree`` its demos must
+    show the same instance, else (instance, instance its demos show) pairs are returned."""
     loader, meta = create_dataloader(dict(data_paths=[path], global_batch_size=16, test_mode=True,
                                           encoder_mode=True), split)
     rules = []
@@ -21,14 +26,18 @@ def _puzzle_rules(path, split):
             x = canvas_to_grid(batch["inputs"][i].numpy(), size=4)
             lab = batch["labels"][i].numpy()
             y = canvas_to_grid(np.where(lab < 0, 0, lab), size=4)
-            changed = {(int(a), int(b)) for a, b in zip(x.ravel(), y.ravel()) if a != b}
+            changed = _changed(x, y)
             assert len(changed) == 1
             (a, b), = changed
-            for d in range(int(batch["demo_mask"][i].sum())):  # the demos show the query's rule
+            shown = set()
+            for d in range(int(batch["demo_mask"][i].sum())):
                 dx = canvas_to_grid(batch["demo_inputs"][i, d].numpy(), size=4)
                 dy = canvas_to_grid(batch["demo_labels"][i, d].numpy(), size=4)
-                assert np.array_equal(np.where(dx == a, b, dx), dy)
-            rules.append((a, b))
+                shown |= _changed(dx, dy)
+                if demos_agree:  # the demos show the query's rule
+                    assert np.array_equal(np.where(dx == a, b, dx), dy)
+            assert len(shown) == 1
+            rules.append((a, b) if demos_agree else ((a, b), shown.pop()))
     return rules, meta
 
 
@@ -53,3 +62,16 @@ def test_colour_aug_multiplies_train_instances_and_never_shows_a_heldout_one(tmp
                                       np.load(tmp_path / "aug" / "test" / f"all__{name}.npy"))
     with pytest.raises(ValueError, match="colour_aug"):
         write_recolour_dataset(str(tmp_path / "bad"), colour_aug=-1, **kw)
+
+
+def test_inconsistent_colour_aug_ablation(tmp_path):
+    """colour_aug_consistent=False (the ablation): a copy's queries follow another instance than its demos, and
+    still no held-out instance appears in training."""
+    kw = dict(grid=3, num_colours=5, num_test_instances=4, train_puzzles_per_instance=3, test_puzzles_per_instance=2,
+              seed=3, colour_aug=3)
+    info = write_recolour_dataset(str(tmp_path / "inc"), colour_aug_consistent=False, **kw)
+    pairs, _ = _puzzle_rules(str(tmp_path / "inc"), "train", demos_agree=False)
+    heldout = set(map(tuple, info["test_instances"]))
+    assert sum(q != d for q, d in pairs) > 0.9 * len(pairs)
+    assert not {q for q, _ in pairs} & heldout and not {d for _, d in pairs} & heldout
+    assert {q for q, _ in pairs} | {d for _, d in pairs} == set(map(tuple, info["train_instances"]))
