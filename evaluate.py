@@ -138,7 +138,9 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
     head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
         "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
-        "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None)}
+        "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
+        # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
+        "arch": dict(pcfg.arch), "encoder": None if pcfg.encoder is None else dict(pcfg.encoder)}
 
 
 def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
@@ -227,7 +229,10 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         if not dist_info.is_main:
             return {}
         metrics["eval/wall_seconds"] = time.time() - t0
-        record = {"metrics": metrics, "config": cfg.model_dump(), "checkpoint_info": info,
+        config = cfg.model_dump()
+        if not cfg.original_trm_checkpoint:  # unused: the checkpoint's arch is in checkpoint_info
+            config["arch"] = None
+        record = {"metrics": metrics, "config": config, "checkpoint_info": info,
                   "checkpoint_file": info.get("file"), "checkpoint_step": info.get("step"),
                   "world_size": dist_info.world_size, "device": str(device)}
         atomic_write(os.path.join(out_dir, "metrics.json"), lambda f: json.dump(record, f, indent=1))

@@ -71,6 +71,10 @@ def test_evaluate_subset_of_augmentations(trained):
     assert m["ARC/num_examples"] == n_inputs and m["ARC/num_puzzles"] == 6
     saved = json.load(open(root / "out_sub" / "metrics.json"))
     assert saved["checkpoint_info"]["global_batch_size"] == 8
+    # the recorded architecture is the checkpoint's, not the evaluation config's (unused) default arch
+    state = torch.load(ck, map_location="cpu", weights_only=True)
+    assert saved["checkpoint_info"]["arch"] == json.loads(json.dumps(dict(state["config"]["arch"])))
+    assert saved["config"]["arch"] is None
 
 
 def test_original_trm_layout_gives_the_same_numbers(trained):
