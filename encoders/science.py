@@ -387,6 +387,7 @@ def build_science_data(out: str, settings: dict) -> tuple[str, str]:
            "--num-train", str(settings["num_train"]), "--num-test", str(settings["num_test"]),
            "--min-grid", str(settings["min_grid"]), "--max-grid", str(settings["max_grid"]),
            "--canvas-size", str(settings["canvas_size"]), "--seed", str(settings["seed"]),
+           "--heldout-puzzles-per-instance", str(settings["heldout_puzzles_per_instance"]),
            "--families", *settings["families"]]
     if settings["holdout_families"]:
         cmd += ["--holdout-families", *settings["holdout_families"]]
@@ -481,7 +482,7 @@ def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Se
     {subset, family, ...}); ``predictions``: run -> evaluate.py's predictions.json. Every held-out puzzle
     (subset ``evaluation``) must be in every run's predictions exactly once, and nothing else."""
     heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
-    # every family of the data, also one left without held-out puzzles (all its instances shown in training)
+    # every family of the data, also one without held-out puzzles (--num-test below the number of families)
     families = sorted({r["family"] for r in rules.values()})
     table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
     table["all"] = {"count": len(heldout), "heldout_family": False, "runs": {}}
@@ -516,8 +517,7 @@ def render_markdown(result: dict) -> str:
              f"config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
              f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
              "`encoder.zero_demos=true` (sees no demos). A held-out rule instance is not shown in training, neither by "
-             "a training puzzle nor by any of its augmented copies; n = 0: training shows every instance of that "
-             "family.", ""]
+             "a training puzzle nor by any of its augmented copies.", ""]
     if runs:
         lines += ["| family | n | " + " | ".join(runs) + " |", "|---|---:|" + "---:|" * len(runs)]
         for fam, row in result["families"].items():
@@ -564,7 +564,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
                      "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
                      "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed,
                      # held-out instances also avoid the augmented training copies (data built before this differ)
-                     "heldout_excludes_augmented_copies": True}
+                     "heldout_excludes_augmented_copies": True, "heldout_puzzles_per_instance": 2}
     os.makedirs(out, exist_ok=True)
     built, rules_path = build_science_data(out, data_settings)
     runs = {}
