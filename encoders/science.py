@@ -279,6 +279,7 @@ ENCODERS = ("standard", "variational", "lpn", "hybrid", "recurrent")
 CONTROL = "control"  # the zero-demo control: encoder=standard encoder.zero_demos=true
 DATA_PREFIX = "synth"
 DEFAULT_CONFIG = "cfg_science"
+UNFIT_TRAIN_EXACT = 0.5  # below this train exact a run's held-out table is flagged "not fitted"
 
 
 class ScienceError(ValueError):
@@ -441,7 +442,9 @@ def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: O
             return dict(rec, status="train_failed", exit_status=rc, message=last)
         _say(f"{name}: trained {summary.get('steps')} steps in {secs:.0f} s")
     rec.update(steps=summary.get("steps"), train_seconds=summary.get("wall_time_s"),
-               stop_reason=summary.get("stop_reason"), num_params=summary.get("num_params"))
+               stop_reason=summary.get("stop_reason"), num_params=summary.get("num_params"),
+               # exact accuracy on the training batches of the last log window: did the run fit its data?
+               train_exact=(summary.get("final") or {}).get("train/exact_accuracy"))
     metrics_path, pred_path = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
     if os.path.exists(metrics_path) and os.path.exists(pred_path):
         _say(f"{name}: evaluation exists, reused")
@@ -526,11 +529,19 @@ def render_markdown(result: dict) -> str:
                      for r in runs]
             lines.append(f"| {label} | {row['count']} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["| run | status | steps | train s | eval s |", "|---|---|---:|---:|---:|"]
+    lines += ["| run | status | steps | train exact | train s | eval s |", "|---|---|---:|---:|---:|---:|"]
+    unfit = []
     for name, r in result["runs"].items():
-        ts, es = r.get("train_seconds"), r.get("eval_seconds")
-        lines.append(f"| {name} | {r['status']} | {r.get('steps', '')} | {'' if ts is None else f'{ts:.0f}'} | "
-                     f"{'' if es is None else f'{es:.0f}'} |")
+        ts, es, te = r.get("train_seconds"), r.get("eval_seconds"), r.get("train_exact")
+        lines.append(f"| {name} | {r['status']} | {r.get('steps', '')} | {'' if te is None else f'{te:.2f}'} | "
+                     f"{'' if ts is None else f'{ts:.0f}'} | {'' if es is None else f'{es:.0f}'} |")
+        if name != CONTROL and r["status"] == "ok" and te is not None and te < UNFIT_TRAIN_EXACT:
+            unfit.append(f"{name} ({te:.2f})")
+    lines += ["", "train exact: exact accuracy on the training batches of the last log window."]
+    if unfit:
+        lines += ["", f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
+                  "not solve its own training examples says nothing about generalisation to held-out ones; train "
+                  "longer or on fewer families (docs/science.md). The control is expected to stay low."]
     lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 

@@ -146,6 +146,9 @@ def test_science_command_table_counts_every_heldout_puzzle_once(science_out, cap
     saved = json.load(open(os.path.join(out, "science.json")))
     md = open(os.path.join(out, "science.md")).read()
     assert saved["families"] == json.loads(json.dumps(res["families"])) and "| **all** | 6 |" in md
+    # 4 steps fit nothing: the table says so for the encoder run, not for the control (expected low)
+    assert res["runs"]["standard"]["train_exact"] < 0.5
+    assert "**Not fitted** (train exact under 0.5): standard (" in md and "control (" not in md
     assert saved["settings"]["data"]["canvas_size"] == 8 and saved["settings"]["encoders"] == ["standard", CONTROL]
     rules = json.load(open(os.path.join(out, "data", "raw", "synth_rules.json")))
     heldout = [p for p, r in rules.items() if r["subset"] == "evaluation"]
