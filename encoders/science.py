@@ -394,8 +394,9 @@ def build_science_data(out: str, settings: dict) -> tuple[str, str]:
         cmd += ["--holdout-families", *settings["holdout_families"]]
     cmd += ["--build-dir", built, "--num-aug", str(settings["num_aug"]), "--mode", "etrm", "--overwrite",
             "--num-workers", "1", "--no-progress"]
+    nf = len(settings["families"])
     _say(f"data: {settings['num_train']} training + {settings['num_test']} held-out puzzles, "
-         f"{len(settings['families'])} families, canvas {settings['canvas_size']} -> {built}")
+         f"{nf} famil{'y' if nf == 1 else 'ies'}, canvas {settings['canvas_size']} -> {built}")
     log = os.path.join(data, "build.log")
     rc, secs, last = _subprocess(cmd, log)
     if rc != 0:
