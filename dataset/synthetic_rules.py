@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from dataset.common import ARC_MAX_GRID, dihedral_transform
+from dataset.common import ARC_MAX_GRID, DIHEDRAL_INVERSE, dihedral_transform
 
 Grid = np.ndarray
 
@@ -432,7 +432,7 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
         return {"map": {str(pi[int(a)]): pi[int(b)] for a, b in sorted(params["map"].items(),
                                                                          key=lambda kv: pi[int(kv[0])])}}
     if family == "flip_rotate":
-        inv = next(e for e in range(8) if _D4_COMPOSE[dihedral][e] == 0)
+        inv = DIHEDRAL_INVERSE[dihedral]
         return {"dihedral": _D4_COMPOSE[dihedral][_D4_COMPOSE[params["dihedral"]][inv]],
                 "recolour": rc(params["recolour"])}
     if family == "translate":
