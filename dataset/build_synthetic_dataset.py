@@ -250,8 +250,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--build-dir", default=None, help="also run the ARC builder into this directory")
     ap.add_argument("--num-aug", type=int, default=8,
                     help="augmented copies per puzzle in the ARC build (--build-dir, or a later build with the same "
-                         "--num-aug and --seed); evaluation rule instances avoid every instance the augmented "
-                         "training copies show (0: no augmentation, only the drawn instances are avoided)")
+                         "--num-aug and --seed); a training puzzle one of whose copies would show a held-out rule "
+                         "instance is redrawn (0: only the training puzzles themselves avoid them)")
     ap.add_argument("--mode", choices=["trm", "etrm"], default="etrm", help="split mode for --build-dir")
     ap.add_argument("--overwrite", action="store_true", help="for --build-dir")
     ap.add_argument("--num-workers", type=int, default=1, help="for --build-dir")

@@ -575,8 +575,9 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
                      "min_grid": min_grid, "max_grid": max_grid if max_grid is not None else default_max_grid(canvas_size),
                      "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed,
-                     # held-out instances also avoid the augmented training copies (data built before this differ)
-                     "heldout_excludes_augmented_copies": True, "heldout_puzzles_per_instance": 2}
+                     # the reserved held-out instances (never shown by a training puzzle or its augmented copies);
+                     # data built before them lack this key, so an old --out is refused rather than mixed
+                     "heldout_puzzles_per_instance": 2}
     os.makedirs(out, exist_ok=True)
     built, rules_path = build_science_data(out, data_settings)
     runs = {}
