@@ -14,51 +14,82 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from typing import Any, Optional
 
+import hydra
 import pydantic
+import torch
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+import models
+from core.errors import PlatformError, run_hydra_main, user_errors
+from core.io import atomic_write
+from dataset.common import load_metadata
+from evaluators import ARCEvaluator
+from evaluators.data import build_eval_loader
+from evaluators.inference import evaluate
+from models.compat import load_original_trm_checkpoint
+from training.build import build_loss_head, check_split_matches, load_model_for_inference
+from training.checkpoint import CheckpointError, load_checkpoint_file
+from training.distributed import init_distributed, shutdown_distributed
 
 log = logging.getLogger("evaluate")
 
 
 class EvaluateConfig(pydantic.BaseModel):
-    """Validated form of config/cfg_evaluate.yaml (unknown keys raise, pitfall 8)."""
+    """Validated evaluation config (unknown keys raise, pitfall 8). These field defaults are the only defaults:
+    config/cfg_evaluate.yaml composes them (Hydra ConfigStore node ``evaluate_defaults``) with an arch group."""
 
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    checkpoint: str
-    data_path: str
-    arch: Optional[dict[str, Any]] = None
-    use_ema: bool = True
+    checkpoint: str  # our checkpoint file / run dir, or an original TRM state-dict file
+    data_path: str  # built dataset directory (identifiers.json, test_puzzles.json, test/)
+    arch: Optional[dict[str, Any]] = None  # only used with original_trm_checkpoint=true (that format has no config)
+    use_ema: bool = True  # EMA weights when the checkpoint has them
     original_trm_checkpoint: bool = False
-    original_arch_config: Optional[str] = None
-    allow_arch_mismatch: list[str] = []
-    num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)
+    original_arch_config: Optional[str] = None  # original run's all_config.yaml: its arch is checked against arch
+    allow_arch_mismatch: list[str] = []  # structural arch fields whose mismatch is accepted (e.g. [L_cycles])
+    num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)  # first N augmented copies (None = all)
+    # seeded subset of original puzzles (None = all), seeded by the checkpoint's training seed: the groups of that
+    # run's max_eval_groups
     max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
-    halt_early: bool = False
+    halt_early: bool = False  # stop a batch when every sample halted by its Q head
     # ETRM with an LPN-style encoder: gradient steps on the latent per query at test time (0 = off,
-    # null = the checkpoint's encoder.search_steps). See docs/models.md.
+    # None = the checkpoint's encoder.search_steps). See docs/models.md.
     latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
     latent_search_lr: Optional[float] = pydantic.Field(default=None, gt=0)
-    batch_size: Optional[int] = pydantic.Field(default=None, ge=1)
-    device: str = "auto"
-    autocast: str = "auto"
-    compile: bool = False
+    batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    autocast: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | none | bf16 | fp16
+    compile: bool = False  # torch.compile the model (CUDA)
     num_workers: int = pydantic.Field(default=0, ge=0)
-    output_dir: Optional[str] = None
+    output_dir: Optional[str] = None  # None = <checkpoint dir>/evaluate/<checkpoint name>
     pass_ks: list[int] = [1, 2, 5, 10, 100, 1000]
-    strict_decode: bool = True
+    strict_decode: bool = True  # False = the published max-area crop decoder
     rank_malformed: bool = False
     num_pictures: int = pydantic.Field(default=8, ge=0)
     submission_k: int = pydantic.Field(default=10, ge=1)
     progress: bool = True
     seed: int = 0
-    wandb_project: Optional[str] = None
+    wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
     wandb_run_name: Optional[str] = None
 
 
-class EvaluateError(ValueError):
+def evaluate_defaults() -> dict[str, Any]:
+    """The field defaults of :class:`EvaluateConfig` as Hydra's node (required keys are ``???``; arch comes
+    from the arch group)."""
+    return {k: ("???" if f.is_required() else f.get_default(call_default_factory=True))
+            for k, f in EvaluateConfig.model_fields.items() if k != "arch"}
+
+
+ConfigStore.instance().store(name="evaluate_defaults", node=evaluate_defaults())
+
+
+class EvaluateError(PlatformError, ValueError):
     """Bad evaluate.py input; the message names the field and value."""
 
 
@@ -95,15 +126,10 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
     if not os.path.exists(cfg.checkpoint):
         raise EvaluateError(f"checkpoint={cfg.checkpoint!r}: no such file or directory")
     if cfg.original_trm_checkpoint:
-        import models
-        from models.compat import load_original_trm_checkpoint
-
         if cfg.arch is None:
             raise EvaluateError("original_trm_checkpoint=true needs an arch (the format stores no config): arch=trm")
         original_arch = None
         if cfg.original_arch_config:
-            from omegaconf import OmegaConf
-
             raw = OmegaConf.to_container(OmegaConf.load(cfg.original_arch_config), resolve=True)
             original_arch = raw.get("arch", raw) if isinstance(raw, dict) else None
             if not isinstance(original_arch, dict):
@@ -116,16 +142,10 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
         return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"]),
                                                      "file": os.path.abspath(cfg.checkpoint), "step": None}
 
-    from training.checkpoint import load_model_for_inference
-    from training.loop import build_loss_head
-
     state = state if state is not None else _load_checkpoint_state(cfg.checkpoint)
     model, pcfg, train_meta = load_model_for_inference(state, use_ema=cfg.use_ema, device=device,
                                                        batch_size=batch_size)
-    for key in ("vocab_size", "seq_len"):
-        if getattr(train_meta, key) != getattr(metadata, key):
-            raise EvaluateError(f"data_path={cfg.data_path!r}: test split {key}={getattr(metadata, key)} differs from "
-                                f"the checkpoint's training data ({getattr(train_meta, key)})")
+    check_split_matches(train_meta, metadata, f"data_path={cfg.data_path!r}: test split", "the checkpoint's training data")
     if getattr(train_meta, "num_puzzle_identifiers", None) not in (None, metadata.num_puzzle_identifiers) \
             and getattr(pcfg, "encoder", None) is None:
         raise EvaluateError(f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
@@ -135,12 +155,13 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
     ck_file, step = os.path.abspath(state["_path"]), state.get("step")
     step = int(step) if step is not None else None
     _check_identifiers(cfg.data_path, metadata, train_meta, ck_file, refuse=not encoder_mode)
-    head = build_loss_head(model, pcfg.arch_for_model()[1]).to(device).eval()
+    head = build_loss_head(model, pcfg.loss_type).to(device).eval()
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
         "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
         "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
         # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
-        "arch": dict(pcfg.arch), "encoder": None if pcfg.encoder is None else dict(pcfg.encoder)}
+        "arch": pcfg.arch.model_dump(mode="json"),
+        "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json")}
 
 
 def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
@@ -165,8 +186,6 @@ def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: 
 def _load_checkpoint_state(path: str) -> dict[str, Any]:
     """Our checkpoint's state, loaded once (``weights_only=True``; a run directory gives its newest loadable
     ``step_*.pt``, skipping corrupt newer files loudly). Errors are one line naming the file."""
-    from training.checkpoint import CheckpointError, load_checkpoint_file
-
     if not os.path.exists(path):
         raise EvaluateError(f"checkpoint={path!r}: no such file or directory")
     try:
@@ -178,15 +197,6 @@ def _load_checkpoint_state(path: str) -> dict[str, Any]:
 
 def run(cfg: EvaluateConfig) -> dict[str, float]:
     """Evaluate ``cfg.checkpoint`` on ``cfg.data_path``; returns the metrics (rank 0; {} elsewhere)."""
-    import torch
-
-    from dataset.common import load_metadata
-    from evaluators import ARCEvaluator
-    from evaluators.data import build_eval_loader
-    from evaluators.inference import evaluate
-    from training.distributed import init_distributed, shutdown_distributed
-    from training.summary import atomic_write
-
     dist_info = init_distributed(cfg.device)
     device = dist_info.device
     try:
@@ -219,7 +229,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                  submission_k=cfg.submission_k, seed=cfg.seed)
         run_wandb = None
         if cfg.wandb_project and dist_info.is_main:
-            import wandb
+            import wandb  # optional at run time: only when logging to W&B
 
             run_wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="evaluate",
                                    config=cfg.model_dump())
@@ -245,8 +255,6 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
 
 
 def _ensure_writable(out_dir: str) -> None:
-    import tempfile
-
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
@@ -257,8 +265,10 @@ def _ensure_writable(out_dir: str) -> None:
 
 
 def config_from_hydra(hcfg: Any) -> EvaluateConfig:
-    from omegaconf import OmegaConf
-
+    missing = [k for k in ("checkpoint", "data_path") if OmegaConf.is_missing(hcfg, k)]
+    if missing:
+        raise EvaluateError(" and ".join(f"{k}=" for k in missing) + " required (e.g. python evaluate.py "
+                            "checkpoint=checkpoints/<project>/<run> data_path=data/<built dataset>)")
     raw = OmegaConf.to_container(hcfg, resolve=True)
     raw.pop("hydra", None)
     try:
@@ -269,39 +279,24 @@ def config_from_hydra(hcfg: Any) -> EvaluateConfig:
 
 
 def _main() -> None:
-    import hydra
-    from omegaconf import DictConfig
-
-    from training.errors import run_hydra_main, user_error_types, user_errors
-
-    extra = (EvaluateError, ValueError, KeyError)  # bad input: one line, exit 1 (training.errors)
-
     config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 
     @hydra.main(config_path=config_dir, config_name="cfg_evaluate", version_base=None)
     def main(hcfg: DictConfig) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        with user_errors(extra=extra):
+        with user_errors():  # bad input (a PlatformError): one line, exit 1; anything else keeps its traceback
             cfg = config_from_hydra(hcfg)
-            from hydra.core.hydra_config import HydraConfig
-
             arch_over = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").startswith("arch")]
             if arch_over and not cfg.original_trm_checkpoint:
                 raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
                                     "(our checkpoints carry their own architecture)")
-            try:
-                metrics = run(cfg)
-            except RuntimeError as e:  # a checkpoint that does not fit this data (not a crash to debug)
-                if isinstance(e, user_error_types()) or "out of memory" in str(e):
-                    raise
-                raise EvaluateError(f"checkpoint={cfg.checkpoint!r} on data_path={cfg.data_path!r}: "
-                                    f"{type(e).__name__}: {e}") from None
+            metrics = run(cfg)
         if metrics:
             keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs",
                                                                         "all.exact_accuracy", "eval/seconds"]
             print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=1))
 
-    run_hydra_main(main, extra=extra)
+    run_hydra_main(main)
 
 
 if __name__ == "__main__":

@@ -15,41 +15,34 @@ import os
 import sys
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+from core.errors import fail, run_hydra_main, user_errors
+from training.config import CONFIG_DIR, config_from_hydra  # (also registers the config defaults with Hydra)
+from training.loop import train
 
 
 def run(cfg: DictConfig) -> dict:
     """Validate the composed config and train; returns the summary dict."""
-    from training.config import config_from_hydra
-    from training.loop import train
-
     pcfg = config_from_hydra(cfg)
     config_path = None
     try:
-        from hydra.core.hydra_config import HydraConfig
-
         config_path = os.path.join(HydraConfig.get().runtime.output_dir, ".hydra", "config.yaml")
     except Exception:
         pass
     return train(pcfg, config_path=config_path)
 
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
-
-
 def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
-    """Shared body of the entry points: train, turn bad input into a one-line error (exit 1, training.errors), and
+    """Shared body of the entry points: train, turn bad input into a one-line error (exit 1, core.errors), and
     map the run's outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
-    from training.errors import fail, user_errors
-
     if require_encoder and not cfg.get("encoder"):
         fail("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
     with user_errors():
         summary = run(cfg)
     status = int((summary or {}).get("exit_status") or 0)
     if status != 0:
-        from hydra.core.hydra_config import HydraConfig
-
         multirun = False
         try:
             multirun = HydraConfig.get().mode.name == "MULTIRUN"
@@ -65,6 +58,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from training.errors import run_hydra_main
-
     run_hydra_main(main)  # Hydra's own composition errors (unknown override key) as one line too

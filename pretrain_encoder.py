@@ -12,6 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+from core.errors import run_hydra_main
 from pretrain import CONFIG_DIR, execute
 
 
@@ -21,6 +22,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from training.errors import run_hydra_main
-
     run_hydra_main(main)

@@ -12,6 +12,10 @@ import argparse
 import os
 import sys
 
+from experiments.queue.check import check_jobs
+from experiments.queue.jobfile import JobFileError
+from experiments.queue.runner import Runner, RunnerConfig
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -43,9 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from jobqueue.jobfile import JobFileError
-    from jobqueue.runner import Runner, RunnerConfig
-
     gpus = [g.strip() for g in args.gpus.split(",")] if args.gpus is not None else None
     parallel = args.parallel if args.parallel is not None else (len(gpus) if gpus else 1)
     try:
@@ -57,8 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         if not os.path.isfile(args.jobs):
             raise JobFileError(f"jobs file not found: {args.jobs}")
         if args.check:
-            from jobqueue.check import check_jobs
-
             return check_jobs(args.jobs, workdir=args.workdir, include_finished=args.check_all)
         runner = Runner(cfg)
         return runner.dry_run() if args.dry_run else runner.run()

@@ -28,6 +28,13 @@ ARC_CONFIG = dict(name="trm", hidden_size=512, num_heads=8, expansion=4, L_layer
                   L_cycles=4, halt_max_steps=16, halt_exploration_prob=0.1, no_ACT_continue=True,
                   puzzle_emb_ndim=512, puzzle_emb_len=16, pos_encodings="rope",
                   loss={"loss_type": "stable_max_cross_entropy"})
+import numpy as np
+
+import models
+from dataset.common import IGNORE_LABEL_ID, Augmentation
+from evaluators import ARCEvaluator
+from evaluators.inference import evaluate
+from tests.doubles import oracle_tokens, write_tiny_arc_test_split
 
 
 def _synthetic_batches(num_batches: int, batch_size: int, seq_len: int, num_ids: int, seed: int = 0) -> list:
@@ -46,11 +53,7 @@ def _synthetic_batches(num_batches: int, batch_size: int, seq_len: int, num_ids:
 
 def measure_evaluator_cost(num_examples: int = 512) -> float:
     """Seconds per example of ``ARCEvaluator.update`` (decode, invert, hash, vote) on CPU."""
-    import numpy as np
 
-    from dataset.common import Augmentation, IGNORE_LABEL_ID
-    from evaluators import ARCEvaluator
-    from evaluators.testing import oracle_tokens, write_tiny_arc_test_split
 
     rng = np.random.default_rng(0)
     puzzles = {f"p{i}": {"train": [], "test": [{"input": rng.integers(0, 10, (12, 15)).tolist(),
@@ -91,8 +94,6 @@ def measure_eval_throughput(*, device: str = "auto", batch_size: Optional[int] =
     ``copies_per_second``, ``projected_seconds`` / ``projected_hours`` for ``num_test_inputs x num_copies``
     copies, and the settings used.
     """
-    import models
-    from evaluators.inference import evaluate
 
     dev = torch.device("cuda" if (device == "auto" and torch.cuda.is_available()) else
                        ("cpu" if device == "auto" else device))

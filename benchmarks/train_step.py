@@ -23,6 +23,15 @@ import time
 from typing import Any, Optional
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import models
+from benchmarks import eval_throughput
+from models.layers import swiglu_intermediate_size
+from training import distributed as D
+from training.build import build_loss_head, build_optimizers
+from training.config import config_from_dict
+from training.distributed import resolve_device
 
 ARC_ARCH = dict(name="trm", hidden_size=512, num_heads=8, expansion=4, L_layers=2, H_layers=0, H_cycles=3,
                 L_cycles=4, halt_max_steps=16, halt_exploration_prob=0.1, no_ACT_continue=True,
@@ -42,11 +51,7 @@ def _batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.
 
 def build(batch_size: int, device: torch.device, compiled: bool, arch: Optional[dict] = None):
     """Model, loss head (maybe compiled), optimizers and a step function identical to the training loop's."""
-    from training import distributed as D
-    from training.config import config_from_dict
-    from training.loop import build_loss_head, build_optimizers
 
-    import models
 
     arch = arch or ARC_ARCH
     torch.manual_seed(0)
@@ -86,7 +91,6 @@ def _sync(device: torch.device) -> None:
 
 def count_step_flops(batch_size: int, device: torch.device, arch: Optional[dict] = None) -> float:
     """FLOPs of one training step (forward + backward), counted on an eager model."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     _, step = build(batch_size, device, compiled=False, arch=arch)
     batch = _batch(batch_size, device, 0)
@@ -101,7 +105,6 @@ def analytic_step_flops(batch_size: int, arch: dict) -> float:
     Per block and token: q/k/v/o projections 8h^2, SwiGLU 6*h*inter, attention scores + weighted sum 4*S*h.
     Forward: H_cycles x (L_cycles + 1) passes of L_layers blocks; backward (last H cycle only): 2x the forward
     of its (L_cycles + 1) passes. Plus the lm head (forward + backward). This is the usual MFU convention."""
-    from models.layers import swiglu_intermediate_size
 
     h, seq = arch["hidden_size"], SEQ_LEN + arch["puzzle_emb_len"]
     inter = swiglu_intermediate_size(h, arch["expansion"])
@@ -148,7 +151,6 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
         warmup: Optional[int] = None, with_eval: bool = False,
         arch_overrides: Optional[dict] = None) -> dict[str, Any]:
     """Measure; ``arch_overrides`` changes the ARC config (tests use a tiny model)."""
-    from training.distributed import resolve_device
 
     arch = {**ARC_ARCH, **(arch_overrides or {})}
 
@@ -183,12 +185,7 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
               f"{r['model_flops_per_s'] / 1e12:7.3f} TFLOP/s"
               + (f"  ({100 * r['fraction_of_bf16_matmul']:.1f}% of bf16 matmul)" if peak else ""), flush=True)
     if with_eval:
-        try:
-            from benchmarks import eval_throughput
-        except ImportError:
-            eval_throughput = None
-        if eval_throughput is not None:
-            out["eval"] = eval_throughput.main(["--device", device])
+        out["eval"] = eval_throughput.main(["--device", device])
     return out
 
 

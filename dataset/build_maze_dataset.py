@@ -13,7 +13,6 @@ path (excluding S and G) marked 'o'. ``--aug`` adds the 7 non-identity dihedral 
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import os
 import time
@@ -23,9 +22,10 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, dihedral_transform,
-                            generate_pairs, iter_source_csv, save_one_example_split, subsample_pairs,
-                            set_default_dir_mode, write_blank_identifiers)
+from core.errors import user_errors
+from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, add_source_arguments, atomic_output_dir,
+                            dihedral_transform, iter_source_csv, save_one_example_split, set_default_dir_mode,
+                            source_pairs, subsample_pairs, write_blank_identifiers, write_source_csv)
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +142,11 @@ def maze_to_str(m: np.ndarray) -> str:
 
 def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = False, **kw) -> str:
     rng = np.random.default_rng([seed, 0x3A2E])
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for _ in tqdm(range(num), desc="generating mazes", disable=not progress):
-            q, a = generate_maze(rng, **kw)
-            w.writerow(["generated", maze_to_str(q), maze_to_str(a), int((a == PATH).sum())])
-    return path
+
+    def row() -> list:
+        q, a = generate_maze(rng, **kw)
+        return ["generated", maze_to_str(q), maze_to_str(a), int((a == PATH).sum())]
+    return write_source_csv(path, row, num, desc="generating mazes", progress=progress)
 
 
 def read_maze_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
@@ -218,33 +215,15 @@ def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], te
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m dataset.build_maze_dataset", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source-dir", default=None, help="directory with train.csv and test.csv (Maze-Hard layout)")
-    ap.add_argument("--output-dir", required=True)
+    add_source_arguments(ap, "Maze-Hard")
     ap.add_argument("--aug", action="store_true", help="add the 7 non-identity dihedral copies (training split)")
-    ap.add_argument("--subsample-size", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--generate-train", type=int, default=None)
-    ap.add_argument("--generate-test", type=int, default=100)
     ap.add_argument("--min-path", type=int, default=60, help="generator: minimum shortest-path length")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from training.errors import user_errors
-
-    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
-        if args.source_dir is not None:
-            train = read_maze_csv(os.path.join(args.source_dir, "train.csv"))
-            test = read_maze_csv(os.path.join(args.source_dir, "test.csv"))
-            source = f"csv:{args.source_dir}"
-        elif args.generate_train is not None:
-            rng = np.random.default_rng([args.seed, 0x3A2F])
-            make = lambda: generate_maze(rng, min_path=args.min_path)  # noqa: E731
-            train = generate_pairs(make, args.generate_train, "generating train", not args.no_progress)
-            test = generate_pairs(make, args.generate_test, "generating test", not args.no_progress)
-            source = "generated"
-        else:
-            ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
+    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
+        rng = np.random.default_rng([args.seed, 0x3A2F])
+        train, test, source = source_pairs(args, ap, read_maze_csv,
+                                           lambda: generate_maze(rng, min_path=args.min_path), "generated")
         s = build_maze_dataset(args.output_dir, train, test, aug=args.aug, subsample_size=args.subsample_size,
                                seed=args.seed, overwrite=args.overwrite, source=source,
                                progress=not args.no_progress)

@@ -15,7 +15,6 @@ valid Sudoku that agrees with its clues.
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import os
 import time
@@ -24,9 +23,10 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, atomic_output_dir, generate_pairs,
-                            iter_source_csv, save_one_example_split, subsample_pairs,
-                            set_default_dir_mode, write_blank_identifiers)
+from core.errors import user_errors
+from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, add_source_arguments, atomic_output_dir,
+                            iter_source_csv, save_one_example_split, set_default_dir_mode, source_pairs,
+                            subsample_pairs, write_blank_identifiers, write_source_csv)
 
 log = logging.getLogger(__name__)
 
@@ -154,14 +154,11 @@ def _to_str(g: np.ndarray, blank: str = ".") -> str:
 def generate_sudoku_csv(path: str, num: int, *, size: int = 9, seed: int = 0, progress: bool = False) -> str:
     """Write ``num`` generated puzzles in the Sudoku-Extreme CSV layout (rating = number of blanks)."""
     rng = np.random.default_rng([seed, 0x50D0])
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(CSV_FIELDS)
-        for _ in tqdm(range(num), desc="generating sudoku", disable=not progress):
-            p, s = generate_puzzle(rng, size)
-            w.writerow(["generated", _to_str(p), _to_str(s), int((p == 0).sum())])
-    return path
+
+    def row() -> list:
+        p, s = generate_puzzle(rng, size)
+        return ["generated", _to_str(p), _to_str(s), int((p == 0).sum())]
+    return write_source_csv(path, row, num, desc="generating sudoku", progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -280,34 +277,16 @@ def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m dataset.build_sudoku_dataset", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source-dir", default=None, help="directory with train.csv and test.csv (Sudoku-Extreme layout)")
-    ap.add_argument("--output-dir", required=True)
-    ap.add_argument("--subsample-size", type=int, default=None)
+    add_source_arguments(ap, "Sudoku-Extreme")
     ap.add_argument("--min-difficulty", type=int, default=None, help="keep rows with rating >= this")
     ap.add_argument("--num-aug", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--generate-train", type=int, default=None, help="generate this many training puzzles")
-    ap.add_argument("--generate-test", type=int, default=100)
     ap.add_argument("--size", type=int, default=9, choices=[4, 9])
-    ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from training.errors import user_errors
-
-    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
-        if args.source_dir is not None:
-            train = read_sudoku_csv(os.path.join(args.source_dir, "train.csv"), args.size, args.min_difficulty)
-            test = read_sudoku_csv(os.path.join(args.source_dir, "test.csv"), args.size, args.min_difficulty)
-            source = f"csv:{args.source_dir}"
-        elif args.generate_train is not None:
-            rng = np.random.default_rng([args.seed, 0x6E4])
-            make = lambda: generate_puzzle(rng, args.size)  # noqa: E731
-            train = generate_pairs(make, args.generate_train, "generating train", not args.no_progress)
-            test = generate_pairs(make, args.generate_test, "generating test", not args.no_progress)
-            source = f"generated:size{args.size}"
-        else:
-            ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
+    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
+        rng = np.random.default_rng([args.seed, 0x6E4])
+        train, test, source = source_pairs(args, ap, lambda path: read_sudoku_csv(path, args.size, args.min_difficulty),
+                                           lambda: generate_puzzle(rng, args.size), f"generated:size{args.size}")
         s = build_sudoku_dataset(args.output_dir, train, test, num_aug=args.num_aug,
                                  subsample_size=args.subsample_size, seed=args.seed, overwrite=args.overwrite,
                                  source=source, progress=not args.no_progress)

@@ -14,7 +14,8 @@ the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). With ``--holdout-f
 come only from those families and training never sees them.
 ``--build-dir`` runs the ARC builder on the result (subsets training + evaluation, test set evaluation).
 ``--canvas-size N`` (default 30) is the canvas of that build; every generated grid (inputs and outputs) then has
-sides <= N, and ``--max-grid`` defaults to min(10, N) and may not exceed N.
+sides <= N, and ``--max-grid`` defaults to N - 2, at most 10 (:func:`default_max_grid`: room for the loader's
+translations) and may not exceed N.
 """
 from __future__ import annotations
 
@@ -27,9 +28,20 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from core.errors import user_errors
+from core.io import write_json_atomic
+from dataset.augment import ArcPuzzle, select_augmentations
+from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
 from dataset.common import ARC_MAX_GRID, DatasetError
-from dataset.synthetic_rules import (FAMILIES, GridSpec, RuleInstance, conjugate_params, demos_determine_rule,
-                                     make_pairs, rule_key)
+from dataset.synthetic_rules import (
+    FAMILIES,
+    GridSpec,
+    RuleInstance,
+    conjugate_params,
+    demos_determine_rule,
+    make_pairs,
+    rule_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +63,6 @@ def augmented_keys(name: str, family: str, params: dict, demo: list, test: list,
     draws, and a copy under augmentation g of an instance R is a puzzle of g . R . g^-1
     (:func:`dataset.synthetic_rules.conjugate_params`) -- e.g. colour_map {1: 2} under a colour permutation is
     colour_map {pi(1): pi(2)}."""
-    from dataset.build_arc_dataset import ArcPuzzle, select_augmentations
-
     dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), num_aug, seed)
     keys = set()
     for d, lut in zip(dih.tolist(), luts):
@@ -161,6 +171,12 @@ def _to_kaggle(puzzles) -> tuple[dict, dict]:
     return chal, sol
 
 
+def default_max_grid(canvas_size: int) -> int:
+    """Largest input side by default: two cells less than the canvas (room for the loader's translations), at
+    most 10. The one default for the builder and the science command."""
+    return max(1, min(10, canvas_size - 2))
+
+
 def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: int = 400, num_test: int = 100,
                            families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
                            min_grid: int = 3, max_grid: Optional[int] = None, seed: int = 0, progress: bool = True,
@@ -175,7 +191,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     (:func:`augmented_keys`; build with the same ``--num-aug`` and ``--seed`` to keep that guarantee). The
     evaluation puzzles are then drawn from the held-out instances. Every puzzle's demos determine its rule
     (:func:`dataset.synthetic_rules.demos_determine_rule`). Every grid (input and output) has sides <=
-    ``canvas_size``; ``max_grid`` (input side) defaults to min(10, canvas_size). Same arguments -> identical
+    ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes."""
     families = list(families) if families else list(FAMILIES)
     for f in list(families) + list(holdout_families):
@@ -184,7 +200,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     if not 1 <= canvas_size <= ARC_MAX_GRID:
         raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
     if max_grid is None:
-        max_grid = min(10, canvas_size)
+        max_grid = default_max_grid(canvas_size)
     if not 1 <= min_grid <= max_grid <= canvas_size:
         raise DatasetError(f"--min-grid/--max-grid: need 1 <= min-grid ({min_grid}) <= max-grid ({max_grid}) <= "
                            f"--canvas-size ({canvas_size})")
@@ -217,10 +233,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
         chal, sol = _to_kaggle(puzzles)
         for kind, obj in (("challenges", chal), ("solutions", sol)):
             p = f"{base}_{subset}_{kind}.json"
-            tmp = p + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(obj, f, separators=(",", ":"))
-            os.replace(tmp, p)
+            write_json_atomic(p, obj, compact=True)
             paths[f"{subset}_{kind}"] = p
     rules = {name: {"subset": s, "family": meta["family"], "params": meta["params"]}
              for s, puzzles in (("training", train), ("evaluation", test)) for name, meta, _, _ in puzzles}
@@ -240,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--families", nargs="+", default=None, help=f"default: all of {list(FAMILIES)}")
     ap.add_argument("--holdout-families", nargs="+", default=[])
     ap.add_argument("--min-grid", type=int, default=3)
-    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: min(10, --canvas-size))")
+    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)")
     ap.add_argument("--canvas-size", type=int, default=ARC_MAX_GRID,
                     help=f"canvas side of the --build-dir build; every grid fits it (default {ARC_MAX_GRID})")
     ap.add_argument("--seed", type=int, default=0)
@@ -258,9 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from training.errors import user_errors
-
-    with user_errors(code=2):  # bad input: one line, exit 2 (training.errors)
+    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         paths = generate_synthetic_arc(args.output_dir, args.output_prefix, num_train=args.num_train,
                                        num_test=args.num_test, families=args.families,
                                        holdout_families=args.holdout_families, min_grid=args.min_grid,
@@ -269,7 +280,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                        heldout_puzzles_per_instance=args.heldout_puzzles_per_instance)
         print(f"wrote {args.num_train} training + {args.num_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
-            from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
             s = build_arc_dataset(args.build_dir, puzzles, test_set_name="evaluation", num_aug=args.num_aug,
                                   seed=args.seed, mode=args.mode, overwrite=args.overwrite,

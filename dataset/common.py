@@ -13,17 +13,22 @@ translation offset at load time), flattened row-major to 900 tokens. Builders ac
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
+import csv
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pydantic
+from tqdm import tqdm
+
+from core.errors import PlatformError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -41,7 +46,7 @@ IGNORE_LABEL_ID = -100
 PUZZLE_ID_SEPARATOR = "|||"
 
 
-class DatasetError(ValueError):
+class DatasetError(PlatformError, ValueError):
     """Bad input to a dataset builder or loader. The message names file, puzzle and field."""
 
 
@@ -406,8 +411,6 @@ def write_blank_identifiers(data_dir: str) -> None:
 
 def generate_pairs(make, n: int, desc: str, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Call ``make() -> (question, answer)`` n times (with a progress bar) and stack the results."""
-    from tqdm import tqdm
-
     pairs = [make() for _ in tqdm(range(n), desc=desc, disable=not progress)]
     return np.stack([q for q, _ in pairs]), np.stack([a for _, a in pairs])
 
@@ -416,11 +419,47 @@ def generate_pairs(make, n: int, desc: str, progress: bool = True) -> tuple[np.n
 SOURCE_CSV_FIELDS = ("source", "question", "answer", "rating")
 
 
+def add_source_arguments(ap: argparse.ArgumentParser, layout: str) -> None:
+    """The Sudoku / Maze builders' shared options: a CSV source (``--source-dir``, ``layout`` names it) or a seeded
+    generator (``--generate-train N``), the output, subsampling, seed, overwrite and progress."""
+    ap.add_argument("--source-dir", default=None, help=f"directory with train.csv and test.csv ({layout} layout)")
+    ap.add_argument("--output-dir", required=True)
+    ap.add_argument("--subsample-size", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--generate-train", type=int, default=None, help="generate this many training puzzles")
+    ap.add_argument("--generate-test", type=int, default=100)
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+
+
+def source_pairs(args: argparse.Namespace, ap: argparse.ArgumentParser, read: Callable[[str], tuple],
+                 make: Callable[[], tuple], generated: str) -> tuple[tuple, tuple, str]:
+    """(train pairs, test pairs, source label) from ``--source-dir`` (``read(csv path)``) or the generator
+    (``make()`` per puzzle, label ``generated``); neither given is a usage error."""
+    if args.source_dir is not None:
+        return (read(os.path.join(args.source_dir, "train.csv")), read(os.path.join(args.source_dir, "test.csv")),
+                f"csv:{args.source_dir}")
+    if args.generate_train is not None:
+        return (generate_pairs(make, args.generate_train, "generating train", not args.no_progress),
+                generate_pairs(make, args.generate_test, "generating test", not args.no_progress), generated)
+    ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
+
+
+def write_source_csv(path: str, make_row: Callable[[], list], num: int, *, desc: str, progress: bool = False) -> str:
+    """Write ``num`` rows of ``make_row()`` under the ``source,question,answer,rating`` header (the layout
+    :func:`iter_source_csv` reads); returns ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(SOURCE_CSV_FIELDS)
+        for _ in tqdm(range(num), desc=desc, disable=not progress):
+            w.writerow(make_row())
+    return path
+
+
 def iter_source_csv(path: str) -> Iterator[tuple[int, list[str]]]:
     """Rows of a ``source,question,answer[,rating]`` CSV as ``(line number, row)``, after checking that the file
     exists, the header starts with ``source,question,answer`` and every row has at least those three columns."""
-    import csv
-
     if not os.path.exists(path):
         raise DatasetError(f"{path}: file not found")
     with open(path, newline="") as f:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import multiprocessing as mp
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -289,24 +291,7 @@ class PuzzleDataset(IterableDataset):
         else:
             self.max_demos = None
 
-        # --- load and concatenate each set over the data paths ---
-        self.sets: list[_SetData] = []
-        id_offset = 0
-        id_offsets = []
-        for m in metas:
-            id_offsets.append(id_offset)
-            id_offset += m.num_puzzle_identifiers - 1
-        for set_name in self.metadata.sets:
-            parts = []
-            for m, d, off in zip(metas, split_dirs, id_offsets):
-                if set_name in m.sets:
-                    part = _load_split_part(d, set_name, config.encoder_mode)
-                    ids = part["puzzle_identifiers"]
-                    part["puzzle_identifiers"] = np.where(ids == m.blank_identifier_id, self.metadata.blank_identifier_id,
-                                                          ids + off)
-                    part["ignore"] = m.ignore_label_id
-                    parts.append(part)
-            self.sets.append(self._concat_parts(set_name, parts))
+        self.sets: list[_SetData] = self._load_sets(metas, split_dirs)
 
         # --- seeded choice of groups (same on every rank / worker) ---
         self.active_groups: list[np.ndarray] = []
@@ -336,6 +321,25 @@ class PuzzleDataset(IterableDataset):
         self._plan_cache: dict = {}
         self._passes: dict = {}  # (epoch, set) -> passes packed into that epoch
         self._test_plans: Optional[list[np.ndarray]] = None
+
+    def _load_sets(self, metas: list[DatasetMetadata], split_dirs: list[str]) -> list[_SetData]:
+        """Each set concatenated over the data paths (puzzle identifiers offset per path, the blank id shared)."""
+        sets, id_offset, id_offsets = [], 0, []
+        for m in metas:
+            id_offsets.append(id_offset)
+            id_offset += m.num_puzzle_identifiers - 1
+        for set_name in self.metadata.sets:
+            parts = []
+            for m, d, off in zip(metas, split_dirs, id_offsets):
+                if set_name in m.sets:
+                    part = _load_split_part(d, set_name, self.config.encoder_mode)
+                    ids = part["puzzle_identifiers"]
+                    part["puzzle_identifiers"] = np.where(ids == m.blank_identifier_id, self.metadata.blank_identifier_id,
+                                                          ids + off)
+                    part["ignore"] = m.ignore_label_id
+                    parts.append(part)
+            sets.append(self._concat_parts(set_name, parts))
+        return sets
 
     # ------------------------------------------------------------------------------------------
     def _concat_parts(self, set_name: str, parts: list[dict]) -> _SetData:
@@ -666,12 +670,9 @@ def create_dataloader(config: PuzzleDatasetConfig | dict, split: str = "train") 
 def _ignore_sigint(_worker_id: int) -> None:
     """Loader workers ignore Ctrl-C (SIGINT reaches the whole process group): the training loop stops at a step
     boundary and shuts them down itself."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _mp_context():
-    import multiprocessing as mp
     # fork is cheapest (memory maps are shared); fall back to spawn where fork does not exist
     return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")

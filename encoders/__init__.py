@@ -1,7 +1,7 @@
 """Demonstration encoders for ETRM. ``ENCODER_REGISTRY[name] -> (config class, module class)``."""
-from .base import (ENCODER_REGISTRY, BaseEncoderConfig, DemoEncoder, EncoderConfigError, EncoderOutput,
-                   build_encoder, count_parameters, gaussian_kl)
-from . import standard, variational, lpn, hybrid, recurrent  # noqa: F401  (registration)
+from . import hybrid, lpn, recurrent, standard, variational  # noqa: F401  (registration)
+from .base import (ENCODER_REGISTRY, BaseEncoderConfig, DemoEncoder, EncoderConfigError, EncoderOutput, build_encoder,
+                   count_parameters, gaussian_kl, parse_encoder_config)
 
 __all__ = ["ENCODER_REGISTRY", "BaseEncoderConfig", "DemoEncoder", "EncoderConfigError", "EncoderOutput",
-           "build_encoder", "count_parameters", "gaussian_kl"]
+           "build_encoder", "count_parameters", "gaussian_kl", "parse_encoder_config"]

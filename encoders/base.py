@@ -20,12 +20,14 @@ import pydantic
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from core.errors import PlatformError
 from dataset.common import PAD_ID
 
 
-class EncoderConfigError(ValueError):
+class EncoderConfigError(PlatformError, ValueError):
     """Bad encoder configuration; the message names the encoder and the field."""
 
 
@@ -96,9 +98,14 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def parse_encoder_config(cfg: dict) -> "BaseEncoderConfig":
+def parse_encoder_config(cfg: "dict | BaseEncoderConfig") -> "BaseEncoderConfig":
     """The validated config of ``cfg["name"]``'s encoder (strict: an unknown or unused key raises
-    :class:`EncoderConfigError` naming it and listing the valid keys)."""
+    :class:`EncoderConfigError` naming it and listing the valid keys): the discriminated union over the registry,
+    keyed by ``name``. An already validated config of a registered class is returned as it is."""
+    if isinstance(cfg, BaseEncoderConfig) and type(cfg) in {c for c, _ in ENCODER_REGISTRY.values()}:
+        return cfg
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)
     cfg = dict(cfg)
     name = cfg.get("name")
     if name not in ENCODER_REGISTRY:
@@ -115,13 +122,9 @@ def parse_encoder_config(cfg: dict) -> "BaseEncoderConfig":
                                  f"{', '.join(config_cls.model_fields)})") from None
 
 
-def build_encoder(cfg: dict, *, hidden_size: int, vocab_size: int, seq_len: int, puzzle_emb_len: int,
-                  verbose: bool = True) -> "DemoEncoder":
-    """Build an encoder from its config dict (``cfg["name"]`` = registry key). Unknown keys raise."""
-    if hasattr(cfg, "items") and not isinstance(cfg, dict):  # OmegaConf DictConfig
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.to_container(cfg, resolve=True)
+def build_encoder(cfg: "dict | BaseEncoderConfig", *, hidden_size: int, vocab_size: int, seq_len: int,
+                  puzzle_emb_len: int, verbose: bool = True) -> "DemoEncoder":
+    """Build an encoder from its config (``cfg["name"]`` = registry key; a dict is validated). Unknown keys raise."""
     config = parse_encoder_config(cfg)
     name = config.name
     module_cls = ENCODER_REGISTRY[name][1]

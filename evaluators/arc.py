@@ -27,8 +27,12 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from dataset.common import ARC_MAX_GRID, Augmentation, canvas_to_grid, grid_hash, load_metadata
+from core.errors import PlatformError
+from core.io import read_json, write_json_atomic
+from dataset.common import Augmentation, canvas_to_grid, grid_hash, load_metadata
+from dataset.loader import canvas_side
 from evaluators import dist as edist
+from evaluators.pictures import save_prediction_pictures
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ MALFORMED = "<malformed>"
 FALLBACK_GRID = [[0]]
 
 
-class EvaluatorError(ValueError):
+class EvaluatorError(PlatformError, ValueError):
     """Bad evaluator input (missing file, unknown puzzle, ...). The message names file / field / value."""
 
 
@@ -75,13 +79,7 @@ def pass_at_k(ranked: Sequence[Candidate], truth_hash: str, ks: Sequence[int]) -
 
 
 def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise EvaluatorError(f"{path}: missing (the ARC evaluator needs a built ARC dataset directory)") from None
-    except json.JSONDecodeError as e:
-        raise EvaluatorError(f"{path}: malformed JSON ({e})") from None
+    return read_json(path, EvaluatorError, "missing (the ARC evaluator needs a built ARC dataset directory)")
 
 
 class ARCEvaluator:
@@ -138,43 +136,21 @@ class ARCEvaluator:
 
         split_dir = os.path.join(data_path, split)
         self.metadata = metadata if metadata is not None else load_metadata(split_dir)
-        # the data's canvas side (grid_size in dataset.json); a published TRM directory has none: 30
-        grid_size = getattr(self.metadata, "grid_size", None) or ARC_MAX_GRID
-        self.grid_size = int(grid_size)
-        if self.grid_size * self.grid_size != int(self.metadata.seq_len):
-            raise EvaluatorError(
-                f"{split_dir}/dataset.json: seq_len={self.metadata.seq_len} is not a {self.grid_size}x{self.grid_size}"
-                " canvas; the ARC evaluator only handles canvas datasets")
+        side = canvas_side(self.metadata)  # grid_size in dataset.json; a published 900-token directory: 30
+        if side is None:
+            raise EvaluatorError(f"{split_dir}/dataset.json: seq_len={self.metadata.seq_len} is not a square canvas "
+                                 f"(grid_size={self.metadata.grid_size}); the ARC evaluator only handles canvas datasets")
+        self.grid_size = side
         sets = list(self.metadata.sets)
         if len(sets) != 1:
             raise EvaluatorError(f"{split_dir}/dataset.json: sets={sets}; the ARC evaluator supports one set")
         set_name = sets[0]
-
         ids = _read_json(os.path.join(data_path, "identifiers.json"))
         if not isinstance(ids, list):
             raise EvaluatorError(f"{data_path}/identifiers.json: expected a list of names, got {type(ids).__name__}")
         self.identifiers: list[str] = ids
         self._aug_cache: dict[int, tuple[str, Augmentation]] = {}
-
-        raw = _read_json(os.path.join(data_path, "test_puzzles.json"))
-        if not isinstance(raw, dict):
-            raise EvaluatorError(f"{data_path}/test_puzzles.json: expected {{puzzle_id: puzzle}}")
-        self.test_puzzles: dict[str, dict] = raw
-        # ground truth per puzzle: list over test inputs of (input hash, output grid, output hash)
-        self._truth: dict[str, list[tuple[str, list, str]]] = {}
-        for name, puz in raw.items():
-            tests = puz.get("test") if isinstance(puz, dict) else None
-            if not isinstance(tests, list) or not tests:
-                raise EvaluatorError(f"{data_path}/test_puzzles.json: puzzle {name!r} has no 'test' list")
-            rows = []
-            for i, ex in enumerate(tests):
-                if "output" not in ex:
-                    raise EvaluatorError(
-                        f"{data_path}/test_puzzles.json: puzzle {name!r} test[{i}] has no 'output' (ground truth)")
-                rows.append((grid_hash(np.asarray(ex["input"], dtype=np.uint8)), ex["output"],
-                             grid_hash(np.asarray(ex["output"], dtype=np.uint8))))
-            self._truth[name] = rows
-
+        self.test_puzzles, self._truth = load_ground_truth(data_path)
         try:
             self.puzzle_indices = np.load(os.path.join(split_dir, f"{set_name}__puzzle_indices.npy"))
         except FileNotFoundError:
@@ -343,11 +319,32 @@ class ARCEvaluator:
             write_submission(os.path.join(out_dir, "submission.json"), ranked)
             write_predictions(os.path.join(out_dir, "predictions.json"), ranked, self._truth, self.submission_k)
             if self.num_pictures > 0:
-                from evaluators.pictures import save_prediction_pictures
                 save_prediction_pictures(os.path.join(out_dir, "pictures"), ranked, self.test_puzzles,
                                          num_puzzles=self.num_pictures, seed=self.seed)
         log_wandb_table(ranked, self._truth)
         return metrics
+
+
+def load_ground_truth(data_path: str) -> tuple[dict[str, dict], dict[str, list[tuple[str, list, str]]]]:
+    """``<data_path>/test_puzzles.json`` -> (puzzles, ground truth per puzzle: a list over its test inputs of
+    (input hash, output grid, output hash))."""
+    raw = _read_json(os.path.join(data_path, "test_puzzles.json"))
+    if not isinstance(raw, dict):
+        raise EvaluatorError(f"{data_path}/test_puzzles.json: expected {{puzzle_id: puzzle}}")
+    truth: dict[str, list[tuple[str, list, str]]] = {}
+    for name, puz in raw.items():
+        tests = puz.get("test") if isinstance(puz, dict) else None
+        if not isinstance(tests, list) or not tests:
+            raise EvaluatorError(f"{data_path}/test_puzzles.json: puzzle {name!r} has no 'test' list")
+        rows = []
+        for i, ex in enumerate(tests):
+            if "output" not in ex:
+                raise EvaluatorError(
+                    f"{data_path}/test_puzzles.json: puzzle {name!r} test[{i}] has no 'output' (ground truth)")
+            rows.append((grid_hash(np.asarray(ex["input"], dtype=np.uint8)), ex["output"],
+                         grid_hash(np.asarray(ex["output"], dtype=np.uint8))))
+        truth[name] = rows
+    return raw, truth
 
 
 # ---------------------------------------------------------------------- outputs
@@ -368,7 +365,7 @@ def build_submission(ranked: dict[str, list[list[Candidate]]]) -> dict[str, list
 
 
 def write_submission(path: str, ranked: dict[str, list[list[Candidate]]]) -> None:
-    _atomic_json(path, build_submission(ranked))
+    write_json_atomic(path, build_submission(ranked), compact=True)
 
 
 def write_predictions(path: str, ranked: dict[str, list[list[Candidate]]], truth: dict, top_k: int = 10) -> None:
@@ -386,14 +383,8 @@ def write_predictions(path: str, ranked: dict[str, list[list[Candidate]]], truth
                 "candidates": [dict(c.to_dict(), correct=c.hash == th) for c in r[:top_k]],
             })
         out[name] = rows
-    _atomic_json(path, out)
+    write_json_atomic(path, out, compact=True)
 
-
-def _atomic_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, separators=(",", ":"))
-    os.replace(tmp, path)
 
 
 def log_wandb_table(ranked: dict[str, list[list[Candidate]]], truth: dict, max_rows: int = 2000) -> None:

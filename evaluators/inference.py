@@ -15,13 +15,19 @@ definitions.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
-from typing import Any, Iterable, Optional, Sequence, Union
+import os
+import time
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
+from tqdm.auto import tqdm
 
 from evaluators import dist as edist
+from models.losses import get_loss_fn
+from models.rollout import Rollout, act_model_of, halt_max_steps, rollout
 
 log = logging.getLogger(__name__)
 
@@ -45,41 +51,12 @@ def resolve_autocast_dtype(autocast_dtype: Union[None, str, torch.dtype], device
     return table[name]
 
 
-def _wrapped_chain(model: Any):
-    """``model`` and the modules it wraps (``.model``, ``._orig_mod``, ``.module``, ``.inner``), breadth-first,
-    each once: loss head -> compiled module -> ACT model -> inner model."""
-    seen, todo = set(), [model]
-    while todo:
-        m = todo.pop(0)
-        if m is None or id(m) in seen:
-            continue
-        seen.add(id(m))
-        yield m
-        todo.extend(getattr(m, a, None) for a in ("model", "_orig_mod", "module", "inner"))
-
-
-def find_halt_max_steps(model: Any) -> int:
-    """halt_max_steps of an ACT model or loss head (looks at ``.config`` / ``.model`` / ``._orig_mod``)."""
-    for m in _wrapped_chain(model):
-        for holder in (m, getattr(m, "config", None)):
-            v = getattr(holder, "halt_max_steps", None) if holder is not None else None
-            if isinstance(v, int) and v > 0:
-                return v
-    raise ValueError(f"cannot find halt_max_steps on {type(model).__name__}; pass max_steps=")
-
-
-def _find_attr_owner(model: Any, attr: str) -> Any:
-    return next((m for m in _wrapped_chain(model) if hasattr(m, attr)), None)
-
-
 def per_sample_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_type: str = "softmax_cross_entropy"
                        ) -> torch.Tensor:
     """Mean token loss over each sample's supervised tokens ([b] float32; 0 for samples with none).
 
     The token losses are the loss head's own functions (``models.losses.get_loss_fn``), so the metrics recomputed
     here and the head's metric sums cannot drift apart."""
-    from models.losses import get_loss_fn
-
     mask = labels != IGNORE
     tok = get_loss_fn(loss_type)(logits, labels, ignore_index=IGNORE)
     return (tok.sum(-1) / mask.sum(-1).clamp_min(1)).float()
@@ -140,190 +117,185 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     their ``example_index``, to ``<save_path>/outputs.rank<r>.pt``. Evaluators' ``required_outputs`` missing
     from the model's outputs raise ``KeyError``. ``max_steps`` overrides ``halt_max_steps`` (benchmarks).
     """
-    import time
-
-    from tqdm.auto import tqdm
-
     device = torch.device(device)
     amp_dtype = resolve_autocast_dtype(autocast_dtype, device)
-    steps_max = int(max_steps) if max_steps is not None else find_halt_max_steps(model)
+    amp = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None
+           else contextlib.nullcontext())
     need = {"preds", "q_halt_logits"}
-    extra_keys = tuple(k for k in return_keys if k)
     for ev in evaluators:
         need |= set(getattr(ev, "required_outputs", set()))
         ev.begin_eval()
-    loss_type = _loss_type(model)
-    bare = _is_bare(model)
-    was_training = model.training
-    model.eval()
-    # halt_early: let the ACT model apply its own Q-halting rule in eval when it has the switch
-    # (models.act.ACTModel.halt_early_in_eval); otherwise q_halt_logits > 0 is applied here.
-    act_owner = _find_attr_owner(model, "halt_early_in_eval")
-    old_flag = getattr(act_owner, "halt_early_in_eval", None)
-    if act_owner is not None:
-        act_owner.halt_early_in_eval = bool(halt_early)
-
-    sums: dict[str, dict[str, float]] = {}
-    saved: dict[str, list[torch.Tensor]] = {}
-    warned = False
-    counts: dict[str, float] = {}
-    n_examples = 0
+    totals = _Totals(_loss_type(model), tuple(k for k in return_keys if k))
+    plan = _StepPlan(model, need | {"logits"} | set(totals.extra_keys), halt_early,
+                     int(max_steps) if max_steps is not None else halt_max_steps(model))
     t0 = time.perf_counter()
-    total = None
-    with contextlib.suppress(TypeError):
-        total = len(loader)  # type: ignore[arg-type]
-    if total is None:  # IterableDataset: ask the dataset (dataset.loader.PuzzleDataset.num_batches)
-        nb = getattr(getattr(loader, "dataset", loader), "num_batches", None)
-        with contextlib.suppress(Exception):
-            total = int(nb()) if callable(nb) else None
-    bar = tqdm(loader, total=total, desc="eval", unit="batch", disable=not progress or edist.rank() != 0,
-               dynamic_ncols=True)
-    amp = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None
-           else contextlib.nullcontext())
+    bar = tqdm(loader, total=_num_batches(loader), desc="eval", unit="batch",
+               disable=not progress or edist.rank() != 0, dynamic_ncols=True)
     try:
-        with torch.inference_mode():
+        with plan.eval_mode(), torch.inference_mode():
             for item in bar:
                 set_name, cpu_batch = _unpack(item)
                 batch = _to_device(cpu_batch, device)
-                b = batch["inputs"].shape[0]
-                real = (batch["example_index"] >= 0) if "example_index" in batch else torch.ones(
-                    b, dtype=torch.bool, device=device)
-                with torch.device(device):
-                    carry = model.initial_carry(batch)
-                done = torch.zeros(b, dtype=torch.bool, device=device)
-                done_step = torch.zeros(b, dtype=torch.int32, device=device)
-                frozen: dict[str, torch.Tensor] = {}
-                head_sums: Optional[dict[str, torch.Tensor]] = None
-                head_ok = True
-                want = need | {"logits"} | set(extra_keys)
-                for step in range(1, steps_max + 1):
-                    with amp:
-                        res = model(carry=carry, batch=batch) if bare else \
-                            model(carry=carry, batch=batch, return_keys=tuple(sorted(want)))
-                    if len(res) == 5:
-                        carry, _loss, head_metrics, outs, _all_halted = res
-                    elif len(res) == 2:
-                        carry, outs = res
-                        head_metrics = None
-                    else:
-                        raise TypeError(f"model forward returned {len(res)} values; expected 5 (loss head) or 2")
-                    if "preds" not in outs and "logits" in outs:
-                        outs = dict(outs, preds=outs["logits"].argmax(-1))
-                    halted = carry.halted.to(device).bool()
-                    if halt_early and act_owner is None:
-                        halted = halted | (outs["q_halt_logits"].float() > 0)
-                    if step == steps_max:
-                        halted = torch.ones_like(halted)
-                    newly = halted & ~done
-                    # one host transfer per step: "did any slot halt for the first time / again"
-                    any_new, rerun = torch.stack([newly.any(), (carry.halted.to(device).bool() & done).any()]).tolist()
-                    if head_metrics is not None and not halt_early:
-                        if rerun:
-                            head_ok = False  # a re-run slot halted again: head sums would double count
-                        if any_new:
-                            hm = {k: v.detach().float().sum() for k, v in head_metrics.items()}
-                            head_sums = hm if head_sums is None else {k: head_sums[k] + hm.get(k, 0) for k in head_sums}
-                    if any_new:
-                        for k in want:
-                            if k not in outs:
-                                continue
-                            v = outs[k]
-                            if k not in frozen:
-                                frozen[k] = v.detach().clone()
-                            else:
-                                sel = newly.view(-1, *([1] * (v.dim() - 1)))
-                                frozen[k] = torch.where(sel, v.detach(), frozen[k])
-                        done_step = torch.where(newly, torch.full_like(done_step, step), done_step)
-                        done = done | newly
-                    if halt_early and bool(done.all()):
-                        break
-                missing = need - set(frozen) - {"steps"}
+                with amp:
+                    r = plan.run(batch, device)
+                missing = need - set(r.outputs) - {"steps"}
                 if missing:
                     raise KeyError(f"model outputs lack {sorted(missing)} required by the evaluators")
-
-                # ---- per-copy metrics
-                s = sums.setdefault(set_name, {k: 0.0 for k in METRIC_KEYS})
-                n_real = int(real.sum())
-                use_head = head_sums is not None and head_ok and not halt_early and "count" in head_sums
-                if use_head and int(head_sums["count"].item()) != n_real:
-                    use_head = False  # head counted something else (e.g. padding rows); fall back
-                if head_sums is not None and not use_head and not halt_early and not warned:
-                    warned = True
-                    log.warning("eval: the loss head's metric sums do not cover each example exactly once (a slot "
-                                "halted before halt_max_steps, or padding counted); per-copy metrics are "
-                                "recomputed from the frozen outputs")
-                if use_head:
-                    for k in METRIC_KEYS:
-                        if k in head_sums:
-                            s[k] += float(head_sums[k])
-                    counts[set_name] = counts.get(set_name, 0.0) + n_real
-                else:
-                    labels = batch["labels"]
-                    lm = (per_sample_lm_loss(frozen["logits"], labels, loss_type) if "logits" in frozen else None)
-                    ps = per_sample_metrics(frozen["preds"], labels, frozen["q_halt_logits"], done_step, lm)
-                    for k, v in ps.items():
-                        s[k] += float(v[real].sum())
-                    if lm is None:
-                        s["lm_loss"] = math.nan
-                    counts[set_name] = counts.get(set_name, 0.0) + n_real
-                n_examples += n_real
-
-                cpu_out = {k: v.detach().cpu() for k, v in frozen.items() if k in need}
-                cpu_out["steps"] = done_step.cpu()
-                if extra_keys:  # saved outputs (TRM's eval_save_outputs): model outputs, else batch keys
-                    keep = real.cpu()
-                    for k in extra_keys:
-                        src = frozen.get(k, cpu_batch.get(k))
-                        if src is None and k == "steps":
-                            src = done_step
-                        if src is not None:
-                            saved.setdefault(k, []).append(src.detach().cpu()[keep])
-                    saved.setdefault("example_index", []).append(cpu_batch["example_index"][keep]
-                                                                 if "example_index" in cpu_batch else
-                                                                 torch.arange(int(keep.sum())))
+                totals.add(set_name, cpu_batch, batch, r, use_head=not halt_early)
+                cpu_out = {k: v.detach().cpu() for k, v in r.outputs.items() if k in need}
+                cpu_out["steps"] = r.steps.cpu()
                 for ev in evaluators:
                     ev.update(cpu_batch, cpu_out)
                 if progress:
-                    bar.set_postfix(examples=n_examples)
+                    bar.set_postfix(examples=totals.n_examples)
     finally:
-        if was_training:
-            model.train()
-        if act_owner is not None:
-            act_owner.halt_early_in_eval = old_flag
         bar.close()
-
-    # ---- reduce per-copy metrics over ranks
-    metrics: dict[str, float] = {}
-    for set_name in sorted(sums):
-        vec = torch.tensor([sums[set_name][k] for k in METRIC_KEYS] + [counts[set_name]], dtype=torch.float64,
-                           device=device if edist.dist_active() else "cpu")
-        edist.all_reduce_sum_(vec)
-        cnt = float(vec[-1])
-        for i, k in enumerate(METRIC_KEYS):
-            metrics[f"{set_name}.{k}"] = float(vec[i]) / cnt if cnt > 0 else math.nan
-    n_tot = torch.tensor([float(n_examples)], dtype=torch.float64, device=device if edist.dist_active() else "cpu")
-    edist.all_reduce_sum_(n_tot)
-    secs = time.perf_counter() - t0
-    metrics["eval/num_examples"] = float(n_tot.item())
-    metrics["eval/seconds"] = secs
-    metrics["eval/examples_per_second"] = float(n_tot.item()) / secs if secs > 0 else math.nan
-    if saved and save_path:
-        import os
-
-        os.makedirs(save_path, exist_ok=True)
-        torch.save({k: torch.cat(v) for k, v in saved.items()},
-                   os.path.join(save_path, f"outputs.rank{edist.rank()}.pt"))
+    metrics = totals.reduce(device, time.perf_counter() - t0)
+    totals.save_outputs(save_path)
     for ev in evaluators:
-        r = ev.result(save_path)
-        if r is not None:
-            metrics.update(r)
+        res = ev.result(save_path)
+        if res is not None:
+            metrics.update(res)
     return metrics
+
+
+class _StepPlan:
+    """How one test batch is rolled out with ``model`` (models.rollout.rollout): a loss head returns its metric
+    sums, a bare ACT model only outputs. ``halt_early``: the ACT model's own Q-halting rule when it has the switch
+    (``halt_early_in_eval``), else ``q_halt_logits > 0`` applied by the rollout; the batch stops when all its
+    samples are done."""
+
+    def __init__(self, model: Any, want: set[str], halt_early: bool, max_steps: int):
+        self.model, self.halt_early, self.max_steps = model, bool(halt_early), max_steps
+        self.want = tuple(sorted(want))
+        self.bare = _is_bare(model)
+        act = act_model_of(model)
+        self.act = act if hasattr(act, "halt_early_in_eval") else None
+
+    @contextlib.contextmanager
+    def eval_mode(self) -> Iterator[None]:
+        was_training = self.model.training
+        old_flag = getattr(self.act, "halt_early_in_eval", None)
+        self.model.eval()
+        if self.act is not None:
+            self.act.halt_early_in_eval = self.halt_early
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+            if self.act is not None:
+                self.act.halt_early_in_eval = old_flag
+
+    def _step(self, batch: dict) -> Callable[[Any], tuple]:
+        if self.bare:
+            return lambda carry: self.model(carry=carry, batch=batch)
+
+        def head_step(carry: Any) -> tuple:
+            res = self.model(carry=carry, batch=batch, return_keys=self.want)
+            if len(res) != 5:
+                raise TypeError(f"model forward returned {len(res)} values; expected 5 (loss head) or 2")
+            new_carry, _loss, metrics, outs, _all_halted = res
+            return new_carry, outs, metrics
+        return head_step
+
+    def run(self, batch: dict, device: torch.device) -> Rollout:
+        with torch.device(device):
+            carry = self.model.initial_carry(batch)
+        return rollout(self._step(batch), carry, max_steps=self.max_steps, keep=self.want,
+                       q_halt_rule=self.halt_early and self.act is None, stop_when_done=self.halt_early)
+
+
+class _Totals:
+    """Per-copy metric sums (``<set>.<metric>``), the example count and the saved outputs of one evaluation."""
+
+    def __init__(self, loss_type: str, extra_keys: tuple[str, ...]):
+        self.loss_type, self.extra_keys = loss_type, extra_keys
+        self.sums: dict[str, dict[str, float]] = {}
+        self.counts: dict[str, float] = {}
+        self.saved: dict[str, list[torch.Tensor]] = {}
+        self.n_examples = 0
+        self.warned = False
+
+    def add(self, set_name: str, cpu_batch: dict, batch: dict, r: Rollout, *, use_head: bool) -> None:
+        """Metrics of one batch: the loss head's own sums at the halting step when they cover every real
+        example exactly once, else recomputed from the frozen per-sample outputs (same definitions)."""
+        b = batch["inputs"].shape[0]
+        real = (batch["example_index"] >= 0) if "example_index" in batch else torch.ones(
+            b, dtype=torch.bool, device=batch["inputs"].device)
+        s = self.sums.setdefault(set_name, {k: 0.0 for k in METRIC_KEYS})
+        n_real = int(real.sum())
+        head = r.metric_sums if use_head else None
+        if head is not None and (not r.metrics_exact or "count" not in head or int(head["count"].item()) != n_real):
+            head = None  # a re-run slot halted again, or the head counted something else (e.g. padding rows)
+            if not self.warned:
+                self.warned = True
+                log.warning("eval: the loss head's metric sums do not cover each example exactly once (a slot "
+                            "halted before halt_max_steps, or padding counted); per-copy metrics are "
+                            "recomputed from the frozen outputs")
+        if head is not None:
+            for k in METRIC_KEYS:
+                if k in head:
+                    s[k] += float(head[k])
+        else:
+            frozen, labels = r.outputs, batch["labels"]
+            lm = per_sample_lm_loss(frozen["logits"], labels, self.loss_type) if "logits" in frozen else None
+            for k, v in per_sample_metrics(frozen["preds"], labels, frozen["q_halt_logits"], r.steps, lm).items():
+                s[k] += float(v[real].sum())
+            if lm is None:
+                s["lm_loss"] = math.nan
+        self.counts[set_name] = self.counts.get(set_name, 0.0) + n_real
+        self.n_examples += n_real
+        if self.extra_keys:
+            self._keep(cpu_batch, r, real.cpu())
+
+    def _keep(self, cpu_batch: dict, r: Rollout, keep: torch.Tensor) -> None:
+        """TRM's eval_save_outputs: model outputs, else batch keys, of the real rows."""
+        for k in self.extra_keys:
+            src = r.outputs.get(k, cpu_batch.get(k))
+            if src is None and k == "steps":
+                src = r.steps
+            if src is not None:
+                self.saved.setdefault(k, []).append(src.detach().cpu()[keep])
+        self.saved.setdefault("example_index", []).append(
+            cpu_batch["example_index"][keep] if "example_index" in cpu_batch else torch.arange(int(keep.sum())))
+
+    def reduce(self, device: torch.device, seconds: float) -> dict[str, float]:
+        """Per-copy means over every rank, plus eval/num_examples, eval/seconds, eval/examples_per_second."""
+        where = device if edist.dist_active() else "cpu"
+        metrics: dict[str, float] = {}
+        for set_name in sorted(self.sums):
+            vec = torch.tensor([self.sums[set_name][k] for k in METRIC_KEYS] + [self.counts[set_name]],
+                               dtype=torch.float64, device=where)
+            edist.all_reduce_sum_(vec)
+            cnt = float(vec[-1])
+            for i, k in enumerate(METRIC_KEYS):
+                metrics[f"{set_name}.{k}"] = float(vec[i]) / cnt if cnt > 0 else math.nan
+        n_tot = torch.tensor([float(self.n_examples)], dtype=torch.float64, device=where)
+        edist.all_reduce_sum_(n_tot)
+        metrics["eval/num_examples"] = float(n_tot.item())
+        metrics["eval/seconds"] = seconds
+        metrics["eval/examples_per_second"] = float(n_tot.item()) / seconds if seconds > 0 else math.nan
+        return metrics
+
+    def save_outputs(self, save_path: Optional[str]) -> None:
+        if self.saved and save_path:
+            os.makedirs(save_path, exist_ok=True)
+            torch.save({k: torch.cat(v) for k, v in self.saved.items()},
+                       os.path.join(save_path, f"outputs.rank{edist.rank()}.pt"))
+
+
+def _num_batches(loader: Any) -> Optional[int]:
+    """len(loader), else the dataset's ``num_batches()`` (dataset.loader.PuzzleDataset), else None."""
+    with contextlib.suppress(TypeError):
+        return len(loader)  # type: ignore[arg-type]
+    nb = getattr(getattr(loader, "dataset", loader), "num_batches", None)
+    with contextlib.suppress(Exception):
+        return int(nb()) if callable(nb) else None
+    return None
 
 
 def _is_bare(model: Any) -> bool:
     """A bare ACT model has no ``return_keys`` parameter in its forward."""
-    import inspect
-
     fwd = getattr(model, "forward", None)
     try:
         params = inspect.signature(fwd).parameters

@@ -53,7 +53,7 @@ class IOStem(nn.Module):
     original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods."""
 
     def __init__(self, config, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        """``config``: the arch config (a ``models.trm._StemConfig``); its stem fields set the embeddings/heads."""
+        """``config``: the arch config (a ``models.trm.ArchConfig``); its stem fields set the embeddings/heads."""
         super().__init__()
         self.config = config
         hidden_size, num_heads = config.hidden_size, config.num_heads

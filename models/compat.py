@@ -33,6 +33,9 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Union
 import torch
 from torch import nn
 
+from core.errors import PlatformError
+from models.registry import ARCH_REGISTRY, _to_dict
+
 # Fields that change what the weights mean: a mismatch is refused unless explicitly allowed.
 STRUCTURAL_FIELDS = ("name", "hidden_size", "num_heads", "expansion", "L_layers", "H_layers", "num_layers",
                      "H_cycles", "L_cycles", "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t",
@@ -42,18 +45,16 @@ STRUCTURAL_FIELDS = ("name", "hidden_size", "num_heads", "expansion", "L_layers"
 BEHAVIOURAL_FIELDS = ("halt_max_steps", "no_ACT_continue")
 
 
-class ArchMismatchError(ValueError):
+class ArchMismatchError(PlatformError, ValueError):
     """A stored architecture config disagrees with the model's on a structural field."""
 
 
 def _as_dict(cfg: Any) -> Dict[str, Any]:
-    from models import _to_dict  # local import: models/__init__ imports this package's modules
     return _to_dict(cfg)
 
 
 def _normalise(cfg: Mapping[str, Any]) -> Dict[str, Any]:
     """Fill defaults through the registered config class when possible (so a missing key = its default)."""
-    from models import ARCH_REGISTRY
     d = dict(cfg)
     name = d.get("name")
     if name in ARCH_REGISTRY:
@@ -156,7 +157,7 @@ def load_original_trm_checkpoint(model: nn.Module, checkpoint: Union[str, os.Pat
     if bad_shapes:
         raise ArchMismatchError("original TRM checkpoint does not fit the model: " + "; ".join(bad_shapes))
     if strict and (missing or unexpected):
-        raise KeyError(f"original TRM checkpoint keys do not match the model: missing {missing}, unexpected {unexpected}")
+        raise ArchMismatchError(f"original TRM checkpoint keys do not match the model: missing {missing}, unexpected {unexpected}")
     with torch.no_grad():
         for k, v in src.items():
             if k in own:

@@ -1,6 +1,7 @@
 """ETRM: the TRM core whose puzzle-embedding prefix is replaced by a neural encoding of the demo pairs.
 
-``build_etrm_model(cfg, metadata) -> ETRM`` (an :class:`models.act.ACTModel`): submodules ``inner`` (the TRM
+``ETRM(core, encoder)`` (an :class:`models.act.ACTModel`; built from a training config by
+``training.build.build_etrm_model``): submodules ``inner`` (the TRM
 core's inner model, so parameter names match TRM checkpoints) and ``encoder`` (so the encoder's parameters are
 named ``encoder.*`` for the loop's optimizer groups and gradient norms).
 
@@ -24,12 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
+from encoders.base import EncoderOutput
+from encoders.stats import context_statistics
 from models.act import ACTCarry, ACTModel
+from models.latent_search import latent_search_context
 
 DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
 # outputs the loop should request (loss head ``return_keys``) for :meth:`ETRM.diagnostics`
@@ -64,6 +68,8 @@ class ETRMCarry(ACTCarry):
 
 
 class ETRM(ACTModel):
+    DIAGNOSTIC_KEYS = DIAGNOSTIC_KEYS  # the outputs diagnostics() reads (the loop asks the loss head for them)
+
     def __init__(self, core: ACTModel, encoder: nn.Module, *, encoder_cache: bool = False) -> None:
         super().__init__()
         if getattr(core, "puzzle_emb", None) is not None:
@@ -80,7 +86,7 @@ class ETRM(ACTModel):
         self.halt_early_in_eval = core.halt_early_in_eval
         self._core_cls = type(core)
         self._last_diag: Optional[tuple] = None
-        # lpn test-time latent search at evaluation (0 = off); see encoders/latent_search.py
+        # lpn test-time latent search at evaluation (0 = off); see models/latent_search.py
         self.latent_search_steps = int(getattr(encoder.cfg, "search_steps", 0) or 0)
         self.latent_search_lr = float(getattr(encoder.cfg, "search_lr", 0.1) or 0.1)
 
@@ -129,8 +135,6 @@ class ETRM(ACTModel):
                 raise KeyError(f"ETRM batch is missing {k!r}; the dataset must be loaded with encoder_mode=True")
         if (self._reuses_eval_context() and carry.cached_context is not None
                 and not bool(carry.halted.any())):  # eval, no slot refilled: same demos, same context
-            from encoders.base import EncoderOutput
-
             return EncoderOutput(context=carry.cached_context, kl=carry.cached_kl), carry.cached_context
         state = None
         if getattr(self.encoder, "is_recurrent", False):
@@ -154,8 +158,6 @@ class ETRM(ACTModel):
 
     def _search_context(self, carry: ETRMCarry, ctx: torch.Tensor) -> torch.Tensor:
         """Eval only: latent search once per query (when its slot is refilled), reused for its later steps."""
-        from encoders.latent_search import latent_search_context
-
         data = carry.current_data
         fresh = carry.halted
         prev = carry.cached_context if carry.cached_context is not None else ctx
@@ -194,8 +196,6 @@ class ETRM(ACTModel):
         """Encoder-health statistics of the last step's context (docs/metrics.md), measured at the scale the
         decoder sees it: ``context * sqrt(hidden)`` (the decoder's input-embedding scale, token embeddings have
         std ~1 there), over the samples that have at least one demo."""
-        from encoders.health import context_statistics
-
         ctx, mask = outputs.get("encoder_context"), outputs.get("encoder_sample_mask")
         if ctx is None and self._last_diag is not None:
             ctx, mask = self._last_diag
@@ -210,138 +210,3 @@ class ETRM(ACTModel):
         elif head is not None and hasattr(head, "gate"):
             stats["train/encoder_context_scale"] = float(torch.sigmoid(head.gate).mean())
         return stats
-
-
-# ---------------------------------------------------------------------------------------------------
-# Construction
-# ---------------------------------------------------------------------------------------------------
-def _get(cfg: Any, key: str, default=None):
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def etrm_core_arch(arch: Dict[str, Any], kl_weight: float = 0.0) -> Dict[str, Any]:
-    """The TRM core's arch config for ETRM: no learned puzzle embedding (puzzle_emb_ndim=0), the prefix
-    positions (puzzle_emb_len, default 16) are fed by the encoder. With ``kl_weight > 0`` the loss section gets
-    ``extra_loss_weights.kl`` so the loss head adds ``kl_weight * outputs["kl"]`` per sample (pitfall 6)."""
-    arch = dict(arch)
-    if kl_weight > 0:
-        loss = dict(arch.get("loss") or {})
-        extra = dict(loss.get("extra_loss_weights") or {})
-        extra["kl"] = float(kl_weight)
-        loss["extra_loss_weights"] = extra
-        arch["loss"] = loss
-    if int(arch.get("puzzle_emb_len", 16) or 0) <= 0:
-        ndim = int(arch.get("puzzle_emb_ndim", 0) or 0)
-        hidden = int(arch.get("hidden_size", 512))
-        arch["puzzle_emb_len"] = max(1, -(-ndim // hidden))
-    arch["puzzle_emb_ndim"] = 0
-    return arch
-
-
-def build_etrm_model(cfg: Any, metadata: Any, *, batch_size: Optional[int] = None, verbose: bool = True) -> ETRM:
-    """Build ETRM from a training config (``PretrainConfig`` or dict with ``arch``, ``encoder``,
-    ``encoder_cache``, ``load_pretrained_decoder``) and the train split's ``DatasetMetadata``."""
-    from encoders import build_encoder
-    from models import build_model
-
-    enc_cfg = _get(cfg, "encoder")
-    if not enc_cfg:
-        raise ValueError("build_etrm_model: cfg.encoder is empty (choose one with encoder=<name>)")
-    arch = dict(_get(cfg, "arch"))
-    core_arch = etrm_core_arch(arch)
-    bs = batch_size or int(_get(cfg, "global_batch_size", 1) or 1)
-    core = build_model(core_arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
-                       num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=bs)
-    encoder = build_encoder(enc_cfg, hidden_size=core.hidden_size, vocab_size=metadata.vocab_size,
-                            seq_len=metadata.seq_len, puzzle_emb_len=core.puzzle_emb_len, verbose=verbose)
-    if getattr(encoder, "kl_weight", 0.0) > 0:  # rebuild the config so model.config.loss carries the KL weight
-        core_arch = etrm_core_arch(arch, encoder.kl_weight)
-        core.config = type(core.config)(**core_arch)
-    model = ETRM(core, encoder, encoder_cache=bool(_get(cfg, "encoder_cache", False)))
-    ckpt = _get(cfg, "load_pretrained_decoder")
-    if ckpt:
-        load_pretrained_decoder(model, ckpt, arch={k: v for k, v in core_arch.items() if k != "loss"},
-                                verbose=verbose)
-    return model
-
-
-_DECODER_IGNORED_ARCH_KEYS = ("puzzle_emb_ndim", "halt_exploration_prob", "forward_dtype", "loss", "halt_max_steps",
-                              "halt_early_in_eval", "no_ACT_continue")
-
-
-def _load_original_layout(path: str) -> Tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]]]:
-    """State dict (keys ``inner.*``) and our-format arch of a checkpoint written by the original TRM code; the
-    arch comes from ``all_config.yaml`` beside the file (None when absent)."""
-    import os
-    import warnings
-
-    from models import compat
-
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ValueError(f"{path}: neither a trm-platform checkpoint nor an original TRM state dict")
-    sd = compat.normalise_original_keys(sd)
-    cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "all_config.yaml")
-    arch = None
-    if os.path.isfile(cfg_path):
-        from omegaconf import OmegaConf
-
-        raw = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
-        if isinstance(raw, dict) and isinstance(raw.get("arch"), dict):
-            arch = compat.original_arch_to_ours(raw["arch"])
-    if arch is None:
-        warnings.warn(f"{path}: no all_config.yaml beside the original TRM checkpoint; the architecture cannot be "
-                      f"checked (pitfall 10: e.g. L_cycles must match the training run)", stacklevel=3)
-    return sd, arch
-
-
-def load_pretrained_decoder(model: ETRM, path: str, *, arch: Optional[Dict[str, Any]] = None,
-                            verbose: bool = True) -> Dict[str, Any]:
-    """Initialise ``model.inner`` from a TRM checkpoint: ours (training.checkpoint format, EMA weights when
-    present) or the original TRM layout (``models.compat`` key normalisation; arch from ``all_config.yaml``).
-    The architecture must match (pitfall 10: structural keys such as L_cycles are refused when different) except
-    for the puzzle embedding (dropped: ETRM's prefix comes from the encoder) and halting settings."""
-    from training.checkpoint import CheckpointError, check_arch_compatible, load_checkpoint_file
-
-    def _cmp(d):
-        return {k: v for k, v in dict(d).items() if k not in _DECODER_IGNORED_ARCH_KEYS}
-
-    try:
-        state = load_checkpoint_file(path)
-        saved_arch, sd = state.get("arch") or {}, dict(state["model"])
-        if state.get("ema"):
-            sd.update(state["ema"].get("shadow", {}))
-        source = state["_path"]
-    except CheckpointError as e:
-        if "not a trm-platform checkpoint" not in str(e):
-            raise
-        sd, saved_arch = _load_original_layout(path)
-        source = path
-    if arch is None:
-        arch = model.config.model_dump() if hasattr(model.config, "model_dump") else None
-    if arch is not None and saved_arch:
-        saved, cur = _cmp(saved_arch), _cmp(arch)
-        try:
-            from models.compat import check_arch_compat
-
-            check_arch_compat(saved, cur, context=f"pretrained decoder {source}")
-        except ImportError:  # pragma: no cover
-            check_arch_compatible(saved, cur, source=source)
-    inner_sd = {k[len("inner."):]: v for k, v in sd.items()
-                if k.startswith("inner.") and not k.startswith("inner.puzzle_emb")}
-    if not inner_sd:
-        raise CheckpointError(f"{source}: no 'inner.*' weights found in the checkpoint")
-    own = model.inner.state_dict()
-    bad = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in inner_sd.items()
-           if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    missing = [k for k in own if k not in inner_sd and not k.startswith("puzzle_emb")]
-    unexpected = [k for k in inner_sd if k not in own]
-    if bad or missing or unexpected:
-        raise CheckpointError(f"{source}: decoder weights do not match the ETRM core; shape mismatches={bad[:4]} "
-                              f"missing={missing[:8]} unexpected={unexpected[:8]}")
-    model.inner.load_state_dict(inner_sd, strict=False)
-    if verbose:
-        print(f"[etrm] decoder initialised from {source} ({len(inner_sd)} tensors; puzzle embedding dropped)")
-    return {"source": source, "tensors": len(inner_sd)}

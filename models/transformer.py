@@ -13,10 +13,10 @@ from pydantic import Field
 
 from models.act import ACTModel, IOStem
 from models.layers import ReasoningModule, TransformerBlock
-from models.trm import _StemConfig
+from models.trm import ArchConfig
 
 
-class TransformerConfig(_StemConfig):
+class TransformerConfig(ArchConfig):
     """Validated ``arch`` config of the transformer baseline."""
 
     name: Literal["transformer"] = "transformer"

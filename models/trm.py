@@ -44,10 +44,16 @@ def check_heads(cfg):
     return cfg
 
 
-class _StemConfig(BaseModel):
-    """Fields every architecture shares: the IOStem (embeddings, positions, heads), dtype and loss."""
+class ArchConfig(BaseModel):
+    """Fields every architecture shares: the IOStem (embeddings, positions, heads), dtype and loss. Each registered
+    architecture subclasses it with ``name: Literal[...]`` (models.registry)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    name: str
+    # optional statements about the data (checked against the dataset when the model is built, never stored)
+    vocab_size: Optional[int] = Field(None, exclude=True)
+    seq_len: Optional[int] = Field(None, exclude=True)
 
     hidden_size: int = Field(512, gt=0)
     num_heads: int = Field(8, gt=0)
@@ -65,7 +71,7 @@ class _StemConfig(BaseModel):
         return check_heads(self)
 
 
-class _ArchBase(_StemConfig):
+class _ArchBase(ArchConfig):
     """A recurrent architecture with ACT halting."""
 
     halt_max_steps: int = Field(16, ge=1)

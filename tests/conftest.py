@@ -75,8 +75,8 @@ def _torch_threads():
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
-    """A tiny generated puzzle dataset (training.toy_data), one per test module."""
-    from training.toy_data import write_toy_dataset
+    """A tiny generated puzzle dataset (tests.toy_data), one per test module."""
+    from tests.toy_data import write_toy_dataset
 
     return write_toy_dataset(str(tmp_path_factory.mktemp("data") / "toy"), num_puzzles=4, train_examples=16,
                              test_examples=4, seq_len=8, seed=0)

@@ -12,12 +12,12 @@ import torch
 
 from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
 from dataset.build_arc_dataset import main as arc_main
-from dataset.build_synthetic_dataset import generate_synthetic_arc
+from dataset.build_synthetic_dataset import default_max_grid, generate_synthetic_arc
 from dataset.build_synthetic_dataset import main as synth_main
 from dataset.common import COLOR_OFFSET, IGNORE_LABEL_ID, PAD_ID, DatasetError, translate_canvas
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
 from evaluators import ARCEvaluator
-from evaluators.testing import oracle_tokens, wrong_tokens
+from tests.doubles import oracle_tokens, wrong_tokens
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARRAYS = ("inputs", "labels", "demo_inputs", "demo_labels")
@@ -101,9 +101,16 @@ def test_grid_larger_than_canvas_is_a_clear_error(raw10, tmp_path, capsys):
 
 def test_synthetic_grids_fit_the_canvas_and_max_grid_is_capped(tmp_path, capsys):
     p = generate_synthetic_arc(str(tmp_path / "a"), "s", num_train=40, num_test=16, seed=2, progress=False,
-                               canvas_size=6)
+                               canvas_size=6, max_grid=6)
     sizes = [max(g.shape) for g in _grids(p["prefix"])]
-    assert max(sizes) == 6  # outputs of scale_up / copy_pattern included; default max-grid = min(10, canvas)
+    assert max(sizes) == 6  # outputs of scale_up / copy_pattern included: every grid fits the canvas
+    # the default largest input side leaves room for the loader's translations: canvas - 2 (at most 10)
+    assert [default_max_grid(n) for n in (3, 6, 8, 12, 30)] == [1, 4, 6, 10, 10]
+    p = generate_synthetic_arc(str(tmp_path / "c"), "s", num_train=40, num_test=16, seed=2, progress=False,
+                               canvas_size=6)
+    with open(p["training_challenges"]) as f:
+        inputs = [np.asarray(ex["input"]) for puz in json.load(f).values() for ex in puz["train"] + puz["test"]]
+    assert max(max(g.shape) for g in inputs) == 4
     with pytest.raises(SystemExit) as e:
         synth_main(["--output-dir", str(tmp_path / "b"), "--canvas-size", "8", "--max-grid", "9", "--no-progress"])
     assert e.value.code == 2

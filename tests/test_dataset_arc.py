@@ -150,7 +150,7 @@ def test_symmetric_puzzle_gets_only_distinct_copies(tmp_path):
 def test_dedup_fast_path_is_exact(tmp_path):
     """No spatial symmetry + one colour: exactly 8 dihedral x 9 colour choices are distinct puzzles.
     The builder must find all 72 (it merges nothing distinct) and no more (it keeps no duplicate)."""
-    from dataset.build_arc_dataset import ArcPuzzle, choose_augmentations
+    from dataset.augment import ArcPuzzle, choose_augmentations
     g = np.array([[1, 0, 0], [1, 1, 0]], np.uint8)  # asymmetric under every non-identity transform
     p = ArcPuzzle("training", "one-colour", [(g, g[::-1].copy())], [(g.T.copy(), g.T[::-1].copy())])
     dih, luts, can = choose_augmentations(p, num_aug=200, seed=0)

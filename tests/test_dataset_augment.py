@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dataset.build_arc_dataset import _encode_many
+from dataset.augment import _encode_many
 from dataset.common import Augmentation, canvas_to_grid, grid_to_canvas
 
 

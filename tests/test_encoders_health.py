@@ -5,8 +5,8 @@ import pydantic
 import pytest
 import torch
 
-from encoders.health import (HealthConfig, HealthMonitor, context_statistics, cross_sample_var, output_mean,
-                             output_norm, output_std, token_std)
+from encoders.stats import context_statistics, cross_sample_var, output_mean, output_norm, output_std, token_std
+from training.health import HealthConfig, HealthMonitor
 
 
 def test_identical_contexts_have_zero_cross_sample_var():

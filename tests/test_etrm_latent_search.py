@@ -2,7 +2,7 @@
 import torch
 import torch.nn.functional as F
 
-from encoders.latent_search import _decoder_logits, latent_search_context
+from models.latent_search import _decoder_logits, latent_search_context
 from tests.test_etrm_model import batch, build
 
 
@@ -80,7 +80,7 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
     """Leave-one-out: at the first search step (delta = 0) demo j of sample i is decoded from the context of the
     mean latent of sample i's OTHER valid demos (computed here independently, by masking demo j out), in
     sample-major order over the valid pairs only; masked slots are never decoded."""
-    import encoders.latent_search as ls
+    import models.latent_search as ls
 
     m = build("lpn").eval()
     b = batch()  # sample 0 has its third slot masked: two valid demos

@@ -7,7 +7,8 @@ import torch
 import models
 from dataset.common import DatasetMetadata
 from encoders import ENCODER_REGISTRY
-from models.etrm import ETRMCarry, build_etrm_model, load_pretrained_decoder
+from models.etrm import ETRMCarry
+from training.build import build_etrm_model, load_pretrained_decoder
 
 V, S, B, D, HID, L = 12, 16, 4, 3, 32, 2
 NAMES = sorted(ENCODER_REGISTRY)

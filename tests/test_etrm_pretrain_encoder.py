@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from encoders import ENCODER_REGISTRY
-from encoders.science import write_recolour_dataset
+from experiments.science.recolour import write_recolour_dataset
 from training.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,13 +23,13 @@ def test_issue_example_overrides_compose():
     cfg = load_config("cfg_pretrain_encoder_arc_agi_1", [
         "encoder=lpn", "max_train_groups=32", "max_eval_groups=32", "arch.halt_max_steps=8",
         "arch.halt_exploration_prob=0.7", "+project_name=etrm-dev", "+run_name=lpn_overfit"])
-    assert cfg.encoder["name"] == "lpn" and cfg.arch["name"] == "trm" and cfg.arch["halt_max_steps"] == 8
+    assert cfg.encoder.name == "lpn" and cfg.arch.name == "trm" and cfg.arch.halt_max_steps == 8
     assert (cfg.max_train_groups, cfg.project_name, cfg.run_name) == (32, "etrm-dev", "lpn_overfit")
     assert cfg.encoder_cache is False and cfg.load_pretrained_decoder is None and cfg.freeze_decoder_steps == 0
-    from encoders.health import HealthConfig
-    HealthConfig(**cfg.health)  # the health section is valid
+    from training.health import HealthConfig
+    assert isinstance(cfg.health, HealthConfig)  # the health section is typed
     for name in ENCODER_REGISTRY:
-        assert load_config("cfg_pretrain_encoder_arc_agi_1", [f"encoder={name}"]).encoder["name"] == name
+        assert load_config("cfg_pretrain_encoder_arc_agi_1", [f"encoder={name}"]).encoder.name == name
 
 
 def _run(tmp_path, extra, ck_name="ck"):
@@ -82,8 +82,9 @@ def test_load_pretrained_decoder_from_a_trm_run_of_the_loop(tmp_path):
     is refused (pitfall 10)."""
     import torch
 
-    from encoders.science import science_config
-    from training.checkpoint import find_latest_checkpoint, load_checkpoint_file, load_model_for_inference
+    from experiments.science.recolour import science_config
+    from training.checkpoint import find_latest_checkpoint, load_checkpoint_file
+    from training.build import load_model_for_inference
     from training.loop import train
 
     data = str(tmp_path / "data")

@@ -1,20 +1,34 @@
-"""ETRM science (encoders/science.py).
+"""ETRM science (experiments/science/).
 
-The science command (``python -m encoders.science``): builder -> pretrain_encoder.py -> evaluate.py -> per-family
-table, end to end on a tiny setting; the table's arithmetic by hand; the zero-demo control's predictions do not
-depend on the demos. And the older recolour check: a small ETRM with the standard encoder, trained by the real
+The science command (``python -m experiments.science``, alias ``python -m encoders.science``): builder ->
+pretrain_encoder.py -> evaluate.py -> per-family table, end to end on a tiny setting; the table's arithmetic by hand;
+the zero-demo control's predictions do not depend on the demos. And the older recolour check: a small ETRM with the standard encoder, trained by the real
 loop, solves held-out rule instances well above chance and clearly above the zero-demo control."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+import torch
 
-from encoders.science import (CONTROL, ENCODERS, ScienceError, family_table, main, puzzle_scores, run_plan,
-                              run_science)
+from dataset.common import DatasetMetadata, canvas_to_grid
+from dataset.loader import create_dataloader
+from evaluate import EvaluateConfig, run
+from evaluators.data import build_eval_loader
+from experiments.science.cli import main
+from experiments.science.common import CONTROL, ENCODERS, ScienceError
+from experiments.science.recolour import run_science, write_recolour_dataset
+from experiments.science.report import family_table, puzzle_scores
+from experiments.science.run import run_plan
+from training.build import build_etrm_model, load_model_for_inference
+from training.config import load_config
 
-# The recolour recipe (encoders.science.RECOLOUR_*: aligned pairs, token aggregation, consistent colour
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The recolour recipe (experiments.science.recolour.RECOLOUR_*: aligned pairs, token aggregation, consistent colour
 # augmentation, cosine lr) cut to 500 of its 3000 steps so that it runs in ~1.5 minutes on one CPU thread.
 STEPS = 500
 
@@ -35,12 +49,6 @@ def test_standard_encoder_beats_zero_demo_control_on_heldout_rules(tmp_path):
 
 
 def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
-    import numpy as np
-
-    from dataset.common import canvas_to_grid
-    from dataset.loader import create_dataloader
-    from encoders.science import write_recolour_dataset
-
     info = write_recolour_dataset(str(tmp_path / "d"), grid=3, num_colours=5, num_test_instances=4,
                                   train_puzzles_per_instance=2, test_puzzles_per_instance=2, seed=3)
     assert not set(map(tuple, info["train_instances"])) & set(map(tuple, info["test_instances"]))
@@ -95,19 +103,32 @@ def test_family_table_by_hand():
 def test_science_config_builds_every_run(name):
     """config/cfg_science.yaml (the recipe) composes with every run of the table and builds a valid ETRM
     (strict config validation, pitfall 8) on a canvas-8 dataset."""
-    from dataset.common import DatasetMetadata
-    from models.etrm import build_etrm_model
-    from training.config import load_config
-
     encoder, extra = run_plan(name)
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
-    assert cfg.encoder["name"] == name if name != CONTROL else cfg.encoder["name"] == "standard"
-    assert bool(cfg.encoder.get("zero_demos")) == (name == CONTROL) and cfg.arch["name"] == "trm"
+    assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
+    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm"
     meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=64,
                            num_puzzle_identifiers=5, total_groups=1, mean_puzzle_examples=1.0, sets=["all"],
                            grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg.model_dump(), meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
+
+
+def test_old_module_name_runs_the_same_command():
+    """``python -m encoders.science`` is an alias of ``python -m experiments.science`` (same usage, same flags),
+    and encoders/ does not import experiments/ (the layer above it)."""
+    def help_of(module):
+        r = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    old, new = help_of("encoders.science"), help_of("experiments.science")
+    assert old == new and new.startswith("usage: python -m experiments.science [-h] --out OUT")
+    assert "--recolour" in new and "--holdout-families" in new
+    with open(os.path.join(ROOT, "encoders", "science.py")) as f:
+        alias = f.read()
+    assert "from experiments" not in alias and "import experiments" not in alias
 
 
 @pytest.mark.parametrize("args, message", [
@@ -202,12 +223,6 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
     """The trained checkpoints on the held-out puzzles, with their demos and with other puzzles' demos: the
     control's outputs (logits, q) and evaluate.py predictions are identical, the standard encoder's logits are not
     (the check can see demo information: it would fail if zero_demos leaked any)."""
-    import torch
-
-    from evaluate import EvaluateConfig, run
-    from evaluators.data import build_eval_loader
-    from training.checkpoint import load_model_for_inference
-
     out, _ = science_out
     built = os.path.join(out, "data", "built")
     other = _shuffle_heldout_demos(built, str(tmp_path / "shuffled"))
@@ -221,7 +236,7 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
         logits, q = [], []
         for _, batch, _ in loader:
             carry = model.initial_carry(batch)
-            for _ in range(cfg.arch["halt_max_steps"]):
+            for _ in range(cfg.arch.halt_max_steps):
                 carry, o = model(carry, batch)
             logits.append(o["logits"])
             q.append(o["q_halt_logits"])

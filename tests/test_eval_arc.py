@@ -11,7 +11,7 @@ import torch
 from dataset.common import (EOS_ID, IGNORE_LABEL_ID, Augmentation, canvas_to_grid, grid_hash, grid_to_canvas)
 from evaluators import EVALUATOR_REGISTRY, ARCEvaluator, EvaluatorError, build_evaluators
 from evaluators.arc import MALFORMED, Candidate, build_submission, pass_at_k, rank_candidates
-from evaluators.testing import (malformed_tokens, oracle_tokens, wrong_tokens,
+from tests.doubles import (malformed_tokens, oracle_tokens, wrong_tokens,
                                 write_tiny_arc_test_split)
 
 AUGS = [Augmentation(),

@@ -19,7 +19,7 @@ def trained(tmp_path_factory, arc_kaggle_dir):
     training loop's own eval hook running at the end)."""
     from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
     from training.loop import train
-    from training.toy_data import toy_train_config
+    from tests.toy_data import toy_train_config
 
     root = tmp_path_factory.mktemp("evalcli")
     data = str(root / "data")

@@ -10,7 +10,7 @@ import torch
 from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
 from evaluators.inference import evaluate, per_sample_lm_loss, resolve_autocast_dtype
-from evaluators.testing import FakeACT, FakeLossHead, oracle_tokens, wrong_tokens
+from tests.doubles import FakeACT, FakeLossHead, oracle_tokens, wrong_tokens
 
 NUM_COPIES = 8  # identity + 7 augmentations
 
@@ -240,7 +240,7 @@ def test_return_keys_are_saved_without_padding_rows(arc_data, tmp_path):
 def test_etrm_model_in_encoder_mode(arc_data):
     """The same path serves ETRM: encoder-mode batches (demos) through models.etrm + the ARC evaluator."""
     import models
-    from models.etrm import build_etrm_model
+    from training.build import build_etrm_model
     from omegaconf import OmegaConf
 
     d, n_puz, n_inputs = arc_data

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from jobqueue.gates import evaluate_gates, lookup_metric, parse_requirement, summary_path
-from jobqueue.jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, JobFile, JobFileError, JobStore, parse_job_line
-from jobqueue.runner import deliberate_stop, resume_command
+from experiments.queue.gates import evaluate_gates, lookup_metric, parse_requirement, summary_path
+from experiments.queue.jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, JobFile, JobFileError, JobStore, parse_job_line
+from experiments.queue.runner import deliberate_stop, resume_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,7 +225,7 @@ def test_deliberate_stop_follows_training_summary_semantics():
 
 # ------------------------------------------------------------------------------------------------ slurm
 def test_slurm_env_and_hostlist():
-    from jobqueue.slurm import first_hostname, slurm_torch_env
+    from experiments.queue.slurm import first_hostname, slurm_torch_env
 
     assert first_hostname("gpu[03-05,9],cpu1") == "gpu03"
     assert first_hostname("a1,b2") == "a1"
@@ -245,6 +245,8 @@ def test_slurm_env_and_hostlist():
 def _compose_with_launcher(overrides):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+
+    import training.config  # noqa: F401  (registers the config defaults cfg_pretrain composes)
 
     GlobalHydra.instance().clear()
     try:
@@ -284,7 +286,7 @@ def test_submitit_slurm_launcher_config_composes(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ checks
 def test_expand_sweeps_covers_each_value():
-    from jobqueue.check import expand_sweeps
+    from experiments.queue.check import expand_sweeps
 
     v = expand_sweeps(["arch.halt_max_steps=8,16,32", "lr=1e-4", "arch.halt_exploration_prob=0.0,0.7"])
     assert len(v) == 4
@@ -294,7 +296,7 @@ def test_expand_sweeps_covers_each_value():
 
 
 def test_parse_hydra_command(tmp_path):
-    from jobqueue.check import parse_hydra_command
+    from experiments.queue.check import parse_hydra_command
 
     (tmp_path / "app.py").write_text('import hydra\n@hydra.main(config_path="conf", config_name="c", version_base=None)\n'
                                      "def main(cfg):\n    pass\n")
@@ -306,7 +308,7 @@ def test_parse_hydra_command(tmp_path):
 
 
 def test_check_command_against_real_config():
-    from jobqueue.check import check_command
+    from experiments.queue.check import check_command
 
     if not os.path.isfile(os.path.join(ROOT, "config", "cfg_pretrain.yaml")):
         pytest.skip("config/cfg_pretrain.yaml not there yet")
@@ -322,7 +324,7 @@ def test_check_command_against_real_config():
 
 # ------------------------------------------------------------------------------------------------ jobs.txt
 def test_shipped_research_queue_content():
-    from jobqueue.gates import command_overrides
+    from experiments.queue.gates import command_overrides
 
     jf = JobFile.read(os.path.join(ROOT, "jobs.txt"))
     assert all(j.mark == PENDING for j in jf.jobs)
@@ -349,7 +351,7 @@ def test_shipped_research_queue_content():
 
 
 def test_shipped_jobs_txt_commands_compose_and_validate():
-    from jobqueue.check import check_command
+    from experiments.queue.check import check_command
 
     for script in ("pretrain.py", "pretrain_encoder.py"):
         if not os.path.isfile(os.path.join(ROOT, script)):

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from jobqueue.jobfile import DONE, FAILED, PENDING, SKIPPED, JobFile
-from jobqueue.runner import Runner, RunnerConfig
+from experiments.queue.jobfile import DONE, FAILED, PENDING, SKIPPED, JobFile
+from experiments.queue.runner import Runner, RunnerConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -59,11 +59,11 @@ elif mode == "crash":       # crash DIR: first attempt checkpoints step 5 then d
     with open(ck) as f:
         start = json.load(f)["step"]
     summary(d, **{"train/exact_accuracy": 1.0, "start_step": float(start)})
-elif mode == "badinput":    # badinput DIR: bad input reported through training.errors (deterministic)
+elif mode == "badinput":    # badinput DIR: bad input reported through core.errors (deterministic)
     os.makedirs(args[0], exist_ok=True)
     with open(os.path.join(args[0], "attempts"), "a") as f:
         f.write("x")
-    from training.errors import fail
+    from core.errors import fail
     fail("data_paths=[data/nowhere]: no such dataset directory")
 elif mode == "exit1":       # exit1 DIR: exit status 1 without a bad-input record (e.g. a traceback): a crash
     os.makedirs(args[0], exist_ok=True)
@@ -200,7 +200,7 @@ def test_deliberate_stop_with_summary_is_not_retried(qdir):
 
 
 def test_deterministic_errors_are_not_retried_crashes_are(qdir, monkeypatch):
-    """Bad input (training.errors records its one line), 'command not found' and a usage error fail at once
+    """Bad input (core.errors records its one line), 'command not found' and a usage error fail at once
     with the reason on the line; an exit 1 without such a record (a traceback) is still a crash and retried."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     write_jobs(qdir, (
@@ -408,7 +408,7 @@ def test_real_pretrain_jobs_with_gates(tmp_path):
     both decided from the run's summary.json."""
     if not os.path.isfile(os.path.join(ROOT, "pretrain.py")):
         pytest.skip("pretrain.py not there yet")
-    from training.toy_data import write_toy_dataset
+    from tests.toy_data import write_toy_dataset
 
     write_toy_dataset(str(tmp_path / "toy"), seq_len=8)
     tiny = ("arch=trm_tiny arch.hidden_size=32 arch.num_heads=2 arch.puzzle_emb_ndim=32 arch.puzzle_emb_len=1 "

@@ -114,7 +114,7 @@ def test_shape_mismatch_names_key_and_shapes():
 def test_missing_keys_strict():
     sd = to_original_layout(make(1))
     del sd["_orig_mod.model.inner.q_head.bias"]
-    with pytest.raises(KeyError, match="q_head.bias"):
+    with pytest.raises(ArchMismatchError, match="q_head.bias"):
         load_original_trm_checkpoint(make(2), sd)
     rep = load_original_trm_checkpoint(make(2), sd, strict=False)
     assert rep["missing"] == ["inner.q_head.bias"]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dataset.common import COLOR_OFFSET, EOS_ID, PAD_ID, DatasetMetadata, atomic_output_dir, save_split
-from training.toy_data import toy_train_config
+from tests.toy_data import toy_train_config
 
 
 def _no_explore(**kw):
@@ -30,11 +30,12 @@ def _no_explore(**kw):
 # ------------------------------------------------------------------------------------------------ pitfall 3
 def test_freezing_the_decoder_keeps_training_the_encoder_with_a_single_optimizer(tmp_path):
     from dataset.common import load_metadata
-    from encoders.science import science_config, write_recolour_dataset
+    from experiments.science.recolour import science_config, write_recolour_dataset
     from training import checkpoint as ckpt
     from training import distributed as D
     from training.config import config_from_dict
-    from training.loop import build_act_model, train
+    from training.build import build_act_model
+    from training.loop import train
 
     data = str(tmp_path / "data")
     write_recolour_dataset(data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2,
@@ -174,7 +175,7 @@ TINY_ARCH = ["arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32
 def test_the_model_built_is_the_arch_the_config_names(arch):
     import models
     from training.config import load_config
-    from training.loop import build_act_model, resolve_arch
+    from training.build import build_act_model, resolve_arch
 
     extra = {"trm": ["arch.L_cycles=3"], "trm_tiny": ["arch.L_cycles=3"], "trm_mlp_t": ["arch.L_cycles=3"],
              "hrm": ["arch.L_cycles=3"], "transformer": ["arch.num_layers=1"]}[arch]
@@ -182,9 +183,9 @@ def test_the_model_built_is_the_arch_the_config_names(arch):
     meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=16,
                            num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"])
     model = build_act_model(cfg, meta, batch_size=2)
-    name = cfg.arch["name"]
+    name = cfg.arch.name
     assert type(model) is models.ARCH_REGISTRY[name][1]
-    resolved = resolve_arch(cfg, meta)  # what checkpoints store (and loads are compared against)
+    resolved = resolve_arch(cfg)  # what checkpoints store (and loads are compared against)
     assert resolved["name"] == name == model.config.model_dump()["name"]
     # every override reached the module config that was built (not just the run's label)
     for ov in TINY_ARCH + extra:
@@ -199,7 +200,7 @@ def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
     from encoders import ENCODER_REGISTRY
     from models.etrm import ETRM
     from training.config import load_config
-    from training.loop import build_act_model
+    from training.build import build_act_model
 
     cfg = load_config("cfg_pretrain_encoder_arc_agi_1", [
         f"encoder={encoder}", "encoder.hidden_size=16", "encoder.num_heads=2", "encoder.num_layers=1",
@@ -290,13 +291,13 @@ def test_only_halted_slots_take_new_data_and_examples_seen_counts_them(toy, tmp_
 def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16():
     from training import distributed as D
     from training.config import load_config
-    from training.loop import build_act_model
+    from training.build import build_act_model
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert D.autocast_dtype(cpu) is None and D.autocast_dtype(cuda) is torch.bfloat16  # the loop's autocast
     assert D.should_compile(None, cpu) is False
     cfg = load_config("cfg_pretrain", ["arch=trm_tiny"])
-    assert cfg.arch["forward_dtype"] == "auto"
+    assert cfg.arch.forward_dtype == "auto"
     meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=16,
                            num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"])
     model = build_act_model(cfg, meta, batch_size=2)

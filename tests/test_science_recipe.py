@@ -1,12 +1,12 @@
 """The science recipe's data side: consistent colour augmentation of the recolour train split
-(encoders.science.write_recolour_dataset(colour_aug=K)) multiplies the rule instances seen in training without
-ever showing a held-out one (docs/science.md)."""
+(experiments.science.recolour.write_recolour_dataset(colour_aug=K)) multiplies the rule instances seen in
+training without ever showing a held-out one (docs/science.md)."""
 import numpy as np
 import pytest
 
 from dataset.common import canvas_to_grid
 from dataset.loader import create_dataloader
-from encoders.science import write_recolour_dataset
+from experiments.science.recolour import write_recolour_dataset
 
 
 def _changed(x, y):

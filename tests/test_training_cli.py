@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from training.toy_data import write_toy_dataset
+from tests.toy_data import write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["arch=trm_tiny", "arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32", "arch.puzzle_emb_len=1",
@@ -69,7 +69,6 @@ def test_cli_exit_codes(toy, tmp_path, monkeypatch):
     """Config errors exit 1 naming the key; the summary's exit_status (2 non-finite, 3 early stop) is the
     process exit status."""
     import pretrain
-    import training.loop
 
     base = ["pretrain.py", f"data_paths=[{toy}]", "hydra.run.dir=" + str(tmp_path / "h"), "hydra/job_logging=disabled",
             "hydra/hydra_logging=disabled"]
@@ -78,7 +77,7 @@ def test_cli_exit_codes(toy, tmp_path, monkeypatch):
         pretrain.main()
     assert e.value.code == 1
     for status in (2, 3):
-        monkeypatch.setattr(training.loop, "train", lambda cfg, config_path=None, s=status: {"exit_status": s})
+        monkeypatch.setattr(pretrain, "train", lambda cfg, config_path=None, s=status: {"exit_status": s})
         monkeypatch.setattr(sys, "argv", base)
         with pytest.raises(SystemExit) as e:
             pretrain.main()

@@ -12,7 +12,7 @@ from training import checkpoint as ckpt
 from training.config import config_from_dict
 from training.loop import Trainer, train
 from training.summary import read_summary
-from training.toy_data import toy_train_config
+from tests.toy_data import toy_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -272,7 +272,7 @@ def test_grad_norm_logged_before_clipping_and_max_steps(toy, tmp_path):
 
 def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
     from training import distributed as D
-    from training.loop import build_act_model
+    from training.build import build_act_model
     from dataset.common import load_metadata
 
     cfg = toy_train_config(toy, str(tmp_path / "frz"), epochs=50, max_steps=3, freeze_decoder_steps=3,
@@ -291,7 +291,8 @@ def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
 
 
 def test_weights_only_load_and_inference_loader(toy, straight_run, tmp_path):
-    from training.checkpoint import CheckpointError, load_model_for_inference
+    from training.checkpoint import CheckpointError
+    from training.build import load_model_for_inference
 
     path = os.path.join(straight_run, "step_12.pt")
     saved = _state(path)

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from tests.toy_data import toy_train_config
 from training import checkpoint as ckpt
+from training.build import load_model_for_inference
 from training.config import ConfigError, config_from_dict
 from training.loop import Trainer, train
 from training.summary import read_summary
-from training.toy_data import toy_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,7 +167,7 @@ def test_crafted_pickle_is_refused_without_executing_it(toy, tmp_path, capsys):
     marker = str(tmp_path / "pwned")
     evil = os.path.join(run, "step_3.pt")
     torch.save({"format": ckpt.FORMAT, "step": 3, "x": _Payload(marker)}, evil)
-    for load in (ckpt.load_checkpoint_file, ckpt.load_model_for_inference):
+    for load in (ckpt.load_checkpoint_file, load_model_for_inference):
         with pytest.raises(ckpt.CheckpointError, match=r"step_3\.pt: refused: the file holds objects other than "
                                                        r"plain data.*nothing in it was executed"):
             load(evil)
@@ -184,7 +185,7 @@ def test_crafted_pickle_is_refused_without_executing_it(toy, tmp_path, capsys):
     with pytest.raises(evaluate.EvaluateError):
         evaluate._load_checkpoint_state(evil)
     torch.save({"inner.w": _Payload(marker)}, evil)
-    model, _, _ = ckpt.load_model_for_inference(os.path.join(run, "step_2.pt"))
+    model, _, _ = load_model_for_inference(os.path.join(run, "step_2.pt"))
     with pytest.raises(Exception, match="Weights only load failed"):
         load_original_trm_checkpoint(model, evil)
     assert not os.path.exists(marker)

@@ -7,13 +7,13 @@ import os
 import pytest
 import torch
 
+from tests.toy_data import toy_train_config, write_toy_dataset
 from training import checkpoint as ckpt
 from training.config import ConfigError, config_from_dict, load_config
 from training.distributed import local_batch_size
 from training.ema import EMA
 from training.schedule import lr_at_step
 from training.summary import RunSummary, read_summary
-from training.toy_data import toy_train_config, write_toy_dataset
 
 BASE = {"arch": {"name": "trm"}, "data_paths": ["data/x"]}
 
@@ -43,7 +43,7 @@ def test_hydra_overrides_published_names():
                                        "arch.L_cycles=6", "global_batch_size=64", "epochs=7", "eval_interval=2",
                                        "lr=3e-4", "puzzle_emb_lr=1e-3", "weight_decay=0.5", "ema=True",
                                        "+run_name=foo", "+project_name=bar", "checkpoint_every=5", "seed=3"])
-    assert cfg.arch["L_cycles"] == 6 and cfg.arch["H_cycles"] == 3 and cfg.arch["hidden_size"] == 512
+    assert cfg.arch.L_cycles == 6 and cfg.arch.H_cycles == 3 and cfg.arch.hidden_size == 512
     assert (cfg.run_name, cfg.project_name, cfg.lr, cfg.puzzle_emb_lr, cfg.weight_decay) == ("foo", "bar", 3e-4, 1e-3, 0.5)
     assert (cfg.global_batch_size, cfg.epochs, cfg.eval_interval, cfg.checkpoint_every, cfg.seed) == (64, 7, 2, 5, 3)
     assert cfg.ema is True and cfg.data_paths == ["data/arc1"]
@@ -55,28 +55,37 @@ def test_hydra_added_unknown_key_fails_with_name():
         load_config("cfg_pretrain", ["+foo_bar=1"])
 
 
-def test_unknown_arch_key_fails_at_model_build(tmp_path):
-    from training.loop import build_act_model
+def test_unknown_arch_or_encoder_key_fails_when_the_config_is_composed(tmp_path):
+    """arch / encoder are typed sections: validated once, when the config is composed, naming the dotted key."""
+    from encoders import EncoderConfigError
+    from models import ArchConfigError, TRMConfig
 
     data = write_toy_dataset(str(tmp_path / "toy"))
-    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "run"), arch={"hiden_size": 16}))
-    from dataset.common import load_metadata
-
-    with pytest.raises(ConfigError, match=r"arch\.hiden_size"):
-        build_act_model(cfg, load_metadata(os.path.join(data, "train")), batch_size=16)
+    with pytest.raises(ArchConfigError, match=r"arch\.hiden_size"):
+        config_from_dict(toy_train_config(data, str(tmp_path / "run"), arch={"hiden_size": 16}))
+    with pytest.raises(ArchConfigError, match=r"arch\.hiden_size"):
+        load_config("cfg_pretrain", ["+arch.hiden_size=16"])
+    with pytest.raises(EncoderConfigError, match=r"encoder\.hiden_size"):
+        config_from_dict(toy_train_config(data, str(tmp_path / "run"), encoder={"name": "standard", "hiden_size": 8}))
+    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "run"), arch={"hidden_size": 16}))
+    assert isinstance(cfg.arch, TRMConfig) and cfg.arch.hidden_size == 16 and cfg.arch.halt_max_steps == 2
 
 
 def test_vocab_and_seq_len_mismatch_names_both_values(tmp_path):
     from dataset.common import load_metadata
-    from training.loop import check_data_matches_arch
+    from training.build import check_data_matches_arch
 
     data = write_toy_dataset(str(tmp_path / "toy"), seq_len=8)
     meta = load_metadata(os.path.join(data, "train"))
+    from models import parse_arch_config
+
     with pytest.raises(ConfigError, match=r"vocab_size=12.*arch\.vocab_size=10"):
-        check_data_matches_arch({"name": "trm", "vocab_size": 10}, meta, data)
+        check_data_matches_arch(parse_arch_config({"name": "trm", "vocab_size": 10}), meta, data)
     with pytest.raises(ConfigError, match=r"seq_len=8.*arch\.seq_len=900"):
-        check_data_matches_arch({"name": "trm", "seq_len": 900}, meta, data)
-    assert check_data_matches_arch({"name": "trm", "seq_len": 8, "vocab_size": 12}, meta, data) == {"name": "trm"}
+        check_data_matches_arch(parse_arch_config({"name": "trm", "seq_len": 900}), meta, data)
+    arch = parse_arch_config({"name": "trm", "seq_len": 8, "vocab_size": 12})
+    check_data_matches_arch(arch, meta, data)  # matches: no error
+    assert "vocab_size" not in arch.model_dump() and "seq_len" not in arch.model_dump()  # never stored
 
 
 def test_batch_not_divisible_by_world_size():
@@ -178,7 +187,7 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     buffer goes to SignSGDSparse with puzzle_emb_lr / puzzle_emb_weight_decay; one step moves only the
     touched rows by exactly lr * sign(grad)."""
     from dataset.common import load_metadata
-    from training.loop import build_act_model, build_loss_head, build_optimizers
+    from training.build import build_act_model, build_loss_head, build_optimizers
     from training.optim import AdamATan2
 
     data = write_toy_dataset(str(tmp_path / "toy"))
@@ -245,21 +254,17 @@ def test_all_reduce_grads_sums_and_keeps_none_for_params_without_grad_anywhere(t
 def test_reduce_window_uses_trm_metric_semantics():
     """Log window of 2 steps, global batch 8: loss terms (and per-sample extra terms such as kl) / (B * steps),
     accuracies and steps / halted count, count and grad norms / steps (docs/metrics.md, pitfall 17)."""
-    from types import SimpleNamespace
+    from training.metrics import reduce_window
 
-    from training.loop import Trainer
-
-    stub = SimpleNamespace(cfg=SimpleNamespace(global_batch_size=8), head=SimpleNamespace(extra_loss_weights={"kl": 0.1}),
-                           examples_seen=40, _current_lr=lambda: 1e-3, _epochs_completed=lambda: 1.5)
     acc = {"loss": 48.0, "lm_loss": 32.0, "q_halt_loss": 16.0, "kl": 8.0, "count": 6.0, "accuracy": 4.5,
            "exact_accuracy": 3.0, "q_halt_accuracy": 5.0, "steps": 12.0, "grad/total_norm": 3.0,
            "new_examples": 10.0, "train/decoder_frozen": 1.0}
-    out = Trainer.reduce_window(stub, acc, 2)
+    out = reduce_window(acc, 2, global_batch_size=8, extra_loss_keys={"kl": 0.1})
     expected = {"train/loss": 3.0, "train/lm_loss": 2.0, "train/q_halt_loss": 1.0, "train/kl": 0.5,
                 "train/count": 3.0, "train/accuracy": 0.75, "train/exact_accuracy": 0.5,
                 "train/q_halt_accuracy": 5 / 6, "train/steps": 2.0, "grad/total_norm": 1.5,
-                "train/decoder_frozen": 0.5, "train/lr": 1e-3, "train/examples_seen": 40.0, "train/epoch": 1.5}
+                "train/decoder_frozen": 0.5}
     assert out == pytest.approx(expected)
     # no halted sample in the window: accuracies are 0, not NaN
-    out = Trainer.reduce_window(stub, {"loss": 8.0, "count": 0.0, "accuracy": 0.0}, 1)
+    out = reduce_window({"loss": 8.0, "count": 0.0, "accuracy": 0.0}, 1, global_batch_size=8)
     assert out["train/accuracy"] == 0.0 and out["train/count"] == 0.0

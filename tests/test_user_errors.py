@@ -1,5 +1,5 @@
 """Bad input at every entry point ends with ONE line naming the key / file, exit 1 (builders: 2), no traceback
-(training.errors); --overwrite refuses a directory that is not a dataset; evaluate.py records the checkpoint it
+(core.errors); --overwrite refuses a directory that is not a dataset; evaluate.py records the checkpoint it
 evaluated and refuses data whose identifiers.json is not the training data's."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from training.errors import one_line, run_hydra_main
-from training.toy_data import toy_train_config, write_toy_dataset
+from core.errors import one_line, run_hydra_main
+from tests.toy_data import toy_train_config, write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_TRM = ["arch=trm_tiny", "arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32",

@@ -24,11 +24,13 @@ with a warning naming the bad file.
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import glob
 import importlib
 import os
+import pickle
 import random
 import re
 import sys
@@ -38,13 +40,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.summary import atomic_write
+from core.errors import PlatformError
+from core.io import atomic_write
+from models.compat import ArchMismatchError, check_arch_compat
 
 FORMAT = "trm-platform/1"
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(PlatformError, RuntimeError):
     pass
 
 
@@ -209,8 +213,6 @@ def read_checkpoint(path: str, map_location: Any = "cpu", *, mmap: bool = False)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line naming the file
-        import pickle
-
         if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
             raise CheckpointError(f"{path}: refused: the file holds objects other than plain data "
                                   f"({_first_line(e)}); nothing in it was executed. A checkpoint written by an "
@@ -282,11 +284,8 @@ _ARCH_KEYS_IGNORED = {"halt_exploration_prob", "forward_dtype", "loss", "halt_ea
 
 def check_arch_compatible(saved: dict[str, Any], current: dict[str, Any], *, source: str = "checkpoint") -> None:
     """Refuse loading weights trained with another architecture config (names each differing key)."""
-    try:  # the models package's check (structural fields refused, behavioural ones warned)
-        from models.compat import ArchMismatchError, check_arch_compat
-    except ImportError:
-        check_arch_compat = None
-    if check_arch_compat is not None and saved.get("name") == current.get("name"):
+    if saved.get("name") == current.get("name"):  # the models package's check (structural fields refused,
+        # behavioural ones warned)
         try:
             check_arch_compat(saved, current, context="checkpoint")
         except ArchMismatchError as e:
@@ -315,33 +314,6 @@ def load_weights(model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] 
     return state
 
 
-def load_model_for_inference(path: "str | dict[str, Any]", use_ema: bool = True, device: Any = "cpu",
-                             batch_size: Optional[int] = None):
-    """Rebuild the model of a checkpoint (file or run dir, or a state already loaded by
-    :func:`load_checkpoint_file`) for evaluation -> ``(model, cfg, metadata)``.
-
-    ``cfg`` is the run's PretrainConfig; ``metadata`` its train-split DatasetMetadata. With ``use_ema`` and
-    an EMA present, the EMA weights are loaded (the puzzle-embedding buffer is always the live one).
-    """
-    from dataset.common import DatasetMetadata
-    from training.config import PretrainConfig
-    from training.loop import build_act_model
-
-    state = path if isinstance(path, dict) else load_checkpoint_file(path)
-    cfg = PretrainConfig.model_validate(state["config"])
-    metadata = DatasetMetadata.model_validate(state["metadata"])
-    bs = batch_size or int(state.get("local_batch_size") or cfg.global_batch_size)
-    # the checkpoint holds every weight: do not re-load init-time sources (they may no longer exist)
-    build_cfg = cfg.model_copy(update={"load_pretrained_decoder": None, "load_checkpoint": None})
-    model = build_act_model(build_cfg, metadata, batch_size=bs)
-    sd = dict(state["model"])
-    if use_ema and state.get("ema"):
-        sd.update({k: v for k, v in state["ema"]["shadow"].items()})
-    model.load_state_dict(sd, strict=True)
-    model.to(device).eval()
-    return model, cfg, metadata
-
-
 # ---------------------------------------------------------------------------------------------------
 def convert_legacy(path: str) -> str:
     """Rewrite a checkpoint of an older version of this code (pickled numpy RNG state / carry dataclasses) as
@@ -355,8 +327,6 @@ def convert_legacy(path: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m training.checkpoint",
                                  description="Checkpoint maintenance. convert: rewrite trusted checkpoints of an "
                                              "older version of this code so that they load with weights_only=True.")

@@ -4,19 +4,34 @@
 ``pretrain.py`` / ``pretrain_encoder.py``. Field names follow the published TRM commands so that e.g.
 ``arch=trm data_paths="[data/arc1]" arch.L_cycles=4 lr=1e-4 ema=True +run_name=x`` work unchanged.
 
-The ``arch`` and ``encoder`` sections are plain dicts here; they are validated by their registries
-(``models.ARCH_REGISTRY`` / ``encoders.ENCODER_REGISTRY``) when the model is built, so an unknown key there
-fails too (pitfall 8) -- with its dotted name.
+The ``arch`` and ``encoder`` sections are typed: each is the validated config model of the class its ``name``
+selects in its registry (``models.parse_arch_config`` / ``encoders.parse_encoder_config``, discriminated unions
+over ``models.ARCH_REGISTRY`` / ``encoders.ENCODER_REGISTRY``), so an unknown key there fails when the config
+is composed (pitfall 8) -- with its dotted name. ``health`` is ``training.health.HealthConfig``.
+
+One source of defaults: every key's default is the field default below. ``config/cfg_pretrain.yaml`` composes
+them (Hydra's ConfigStore node ``pretrain_defaults``, registered here from :class:`PretrainConfig`) with an
+``arch`` group; the other ``config/cfg_*.yaml`` files are recipes that override some keys.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal, Optional
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
+
+from core.errors import PlatformError
+from encoders import BaseEncoderConfig, parse_encoder_config
+from models import ArchConfig, parse_arch_config
+from training.health import HealthConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(PlatformError, ValueError):
     """Invalid configuration; the message names the dotted key and the offending value."""
 
 
@@ -42,8 +57,8 @@ class EvaluatorSpec(_Strict):
 
 class PretrainConfig(_Strict):
     # --- what to train ---
-    arch: dict[str, Any]
-    data_paths: list[str]
+    arch: SerializeAsAny[ArchConfig]  # the arch group's config class (models.parse_arch_config)
+    data_paths: list[str] = Field(default_factory=lambda: ["data/arc1concept-aug-1000"])
     data_paths_test: list[str] = Field(default_factory=list)  # empty -> data_paths
     max_train_groups: Optional[int] = None
     max_eval_groups: Optional[int] = None
@@ -70,7 +85,7 @@ class PretrainConfig(_Strict):
     puzzle_emb_lr: float = 1e-2
     puzzle_emb_weight_decay: float = 0.1
     grad_clip: Optional[float] = 1.0  # global norm after all-reduce; None/0 = off
-    ema: bool = False
+    ema: bool = True
     ema_rate: float = 0.999
 
     # --- run bookkeeping ---
@@ -84,7 +99,7 @@ class PretrainConfig(_Strict):
     resume: bool = False
     load_checkpoint: Optional[str] = None  # weights-only init (fine-tuning)
     eval_save_outputs: list[str] = Field(default_factory=list)
-    evaluators: list[EvaluatorSpec] = Field(default_factory=list)
+    evaluators: list[EvaluatorSpec] = Field(default_factory=lambda: [EvaluatorSpec(name="arc")])
 
     # --- runtime ---
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -96,7 +111,7 @@ class PretrainConfig(_Strict):
     wandb: WandbConfig = Field(default_factory=WandbConfig)
 
     # --- ETRM (semantics implemented by the encoder side; passed through) ---
-    encoder: Optional[dict[str, Any]] = None
+    encoder: Optional[SerializeAsAny[BaseEncoderConfig]] = None  # the encoder group's config class
     encoder_cache: bool = False
     encoder_lr: Optional[float] = None  # None -> lr
     max_demos: Optional[int] = None
@@ -106,7 +121,19 @@ class PretrainConfig(_Strict):
     # would make held-out scores not few-shot. true = accept it anyway (e.g. to compare with TRM on equal data).
     allow_test_demos_in_train: bool = False
     early_stop: bool = False
-    health: dict[str, Any] = Field(default_factory=dict)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+
+    @pydantic.field_validator("arch", mode="before")
+    @classmethod
+    def _arch(cls, v: Any) -> ArchConfig:
+        if isinstance(v, dict) and "name" not in v:
+            raise ValueError("arch.name is missing (e.g. arch=trm)")
+        return parse_arch_config(v)
+
+    @pydantic.field_validator("encoder", mode="before")
+    @classmethod
+    def _encoder(cls, v: Any) -> Optional[BaseEncoderConfig]:
+        return None if v is None else parse_encoder_config(v)
 
     # ------------------------------------------------------------------------------------------------
     @pydantic.field_validator("global_batch_size", "epochs", "log_interval", "diag_interval")
@@ -138,9 +165,7 @@ class PretrainConfig(_Strict):
         return v
 
     @pydantic.model_validator(mode="after")
-    def _check_arch(self) -> "PretrainConfig":
-        if "name" not in self.arch:
-            raise ValueError("arch.name is missing (e.g. arch=trm)")
+    def _check_positive_or_null(self) -> "PretrainConfig":
         for k in ("max_steps", "eval_interval", "eval_interval_steps", "checkpoint_every", "checkpoint_keep"):
             v = getattr(self, k)
             if v is not None and v <= 0:
@@ -152,10 +177,6 @@ class PretrainConfig(_Strict):
     def test_paths(self) -> list[str]:
         return list(self.data_paths_test) if self.data_paths_test else list(self.data_paths)
 
-    def arch_for_model(self) -> tuple[dict[str, Any], Optional[str]]:
-        """(arch config as given -- incl. its ``loss`` section, which models.build_loss_head reads --,
-        top-level ``loss_type`` override or None)."""
-        return dict(self.arch), self.loss_type
 
 
 def _format_validation_error(err: pydantic.ValidationError, source: str) -> str:
@@ -172,8 +193,14 @@ def _format_validation_error(err: pydantic.ValidationError, source: str) -> str:
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainConfig:
-    """Validate a plain dict (e.g. from YAML) into a PretrainConfig; ConfigError names every bad key."""
+    """Validate a plain dict (e.g. from YAML) into a PretrainConfig; ConfigError names every bad key. The arch and
+    encoder sections are validated first, so their errors (ArchConfigError / EncoderConfigError) name the dotted
+    ``arch.*`` / ``encoder.*`` key."""
     raw = {k: v for k, v in dict(raw).items() if k != "hydra"}
+    if isinstance(raw.get("arch"), dict) and "name" in raw["arch"]:
+        raw["arch"] = parse_arch_config(raw["arch"])
+    if raw.get("encoder") is not None:
+        raw["encoder"] = parse_encoder_config(raw["encoder"])
     try:
         return PretrainConfig.model_validate(raw)
     except pydantic.ValidationError as e:
@@ -182,8 +209,6 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainCon
 
 def config_from_hydra(cfg: Any) -> PretrainConfig:
     """Validate a Hydra/OmegaConf DictConfig (resolved) into a PretrainConfig."""
-    from omegaconf import OmegaConf
-
     raw = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
     return config_from_dict(raw, source="hydra config")
 
@@ -191,14 +216,25 @@ def config_from_hydra(cfg: Any) -> PretrainConfig:
 def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]] = None,
                 config_dir: Optional[str] = None) -> PretrainConfig:
     """Compose a config from ``config/`` with Hydra overrides (for tests, notebooks and scripts)."""
-    import os
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     if GlobalHydra.instance().is_initialized():  # e.g. called after a @hydra.main app in the same process
         GlobalHydra.instance().clear()
-    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+    config_dir = config_dir or CONFIG_DIR
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
         cfg = compose(config_name=config_name, overrides=list(overrides or []))
     return config_from_hydra(cfg)
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+
+
+def pretrain_defaults() -> dict[str, Any]:
+    """Every key's default (the field defaults of :class:`PretrainConfig`, ``arch`` left to the arch group), as the
+    plain dict Hydra composes ``config/cfg_pretrain.yaml`` from."""
+    fields = {k: f for k, f in PretrainConfig.model_fields.items() if k != "arch"}
+    values = {k: (f.default_factory() if f.default_factory is not None else f.default) for k, f in fields.items()}
+    return {k: (v.model_dump(mode="json") if isinstance(v, BaseModel) else
+                [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v] if isinstance(v, list) else v)
+            for k, v in values.items()}
+
+
+ConfigStore.instance().store(name="pretrain_defaults", node=pretrain_defaults())

@@ -14,6 +14,13 @@ import sys
 import time
 from typing import Optional, Sequence
 
+import torch
+
+from core.errors import user_errors
+from dataset import build_sudoku_dataset
+from training.config import load_config
+from training.loop import train
+
 DEMO_DATA_ARGS = ["--generate-train", "2000", "--generate-test", "200", "--size", "4", "--num-aug", "20",
                   "--seed", "0"]
 
@@ -22,24 +29,16 @@ def ensure_demo_dataset(path: str, progress: bool = True) -> bool:
     """Build the 4x4 Sudoku demo dataset at ``path`` unless it exists. Returns True when it was built."""
     if os.path.isfile(os.path.join(path, "train", "dataset.json")):
         return False
-    from dataset import build_sudoku_dataset
-
     print(f"[demo] building the demo dataset in {path} (4x4 Sudoku, seeded)", flush=True)
     build_sudoku_dataset.main(DEMO_DATA_ARGS + ["--output-dir", path] + ([] if progress else ["--no-progress"]))
     return True
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from training.config import load_config
-    from training.errors import user_errors
-    from training.loop import train
-
     overrides = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in overrides):
         print(__doc__)
         raise SystemExit(0)
-    import torch
-
     # The demo model is tiny: one thread is fastest (more threads only add synchronisation), unless the
     # user asked otherwise through OMP_NUM_THREADS.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -19,7 +19,7 @@ loop may change ``param_groups[i]["lr"]`` before every step.
 from __future__ import annotations
 
 import math
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -141,3 +141,42 @@ def _adam_atan2_foreach(params: List[Tensor], grads: List[Tensor], exp_avgs: Lis
         for n_t, d_t in zip(num, den):
             n_t.atan2_(d_t)
         torch._foreach_add_(d_params, num, alpha=-lr * a)
+
+
+def global_grad_norm(params: Iterable[torch.nn.Parameter], device: Any = None) -> Tensor:
+    """L2 norm of every gradient of ``params`` together (0 when none has a gradient)."""
+    grads = [p.grad.detach().float() for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+
+
+def apply_update(optimizers: Dict[str, torch.optim.Optimizer], trainable: List[torch.nn.Parameter],
+                 frozen_params: List[torch.nn.Parameter], *, frozen: bool, total_norm: Tensor,
+                 grad_clip: Optional[float], lr_for: Callable[[float], float]) -> None:
+    """One optimizer update on gradients already reduced over ranks. ``frozen``: the decoder is frozen this step
+    -- ``frozen_params`` lose their gradients (per parameter, whatever the optimizer count: pitfall 3) and the
+    ``puzzle_emb`` optimizer (part of the decoder) does not step. ``grad_clip``: the global norm (``total_norm``,
+    or the norm of what is left when frozen) is clipped to it. Each group's lr is ``lr_for(group["base_lr"])``.
+    Gradients are cleared afterwards."""
+    if frozen:
+        for t in frozen_params:
+            t.grad = None
+    if grad_clip:
+        clip_params = [t for t in trainable if t.grad is not None]
+        norm = global_grad_norm(clip_params, total_norm.device) if frozen else total_norm
+        coef = torch.clamp(grad_clip / (norm + 1e-6), max=1.0)
+        for t in clip_params:
+            t.grad.mul_(coef.to(t.grad.dtype))
+    for name, opt in optimizers.items():
+        if name == "puzzle_emb" and frozen:
+            for g in opt.param_groups:
+                for t in g["params"]:
+                    t.grad = None
+            continue
+        for g in opt.param_groups:
+            g["lr"] = lr_for(g["base_lr"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for t in trainable:
+        t.grad = None

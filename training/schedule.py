@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 
 def lr_at_step(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 1.0) -> float:
@@ -21,3 +22,18 @@ def lr_at_step(step: int, *, base_lr: float, warmup_steps: int, total_steps: int
 def set_lr(optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def eval_due(step: int, *, eval_interval: Optional[int], eval_interval_steps: Optional[int], min_eval_interval: int,
+             batches_per_epoch: int, passes_per_epoch: int) -> bool:
+    """Whether an evaluation is scheduled after update ``step``. ``eval_interval_steps`` counts optimizer steps;
+    otherwise ``eval_interval`` / ``min_eval_interval`` count epochs = passes over the data (TRM semantics): a
+    loader epoch of ``batches_per_epoch`` steps holds ``passes_per_epoch`` passes, and the evaluation comes at
+    the first step that completes a multiple of ``eval_interval`` passes (integer arithmetic)."""
+    if eval_interval_steps:
+        return step % eval_interval_steps == 0
+    if eval_interval is None:
+        return False
+    per = batches_per_epoch * eval_interval
+    crossed = (step * passes_per_epoch) // per > ((step - 1) * passes_per_epoch) // per
+    return crossed and step * passes_per_epoch >= min_eval_interval * batches_per_epoch

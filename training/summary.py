@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
-from typing import IO, Any, Callable, Optional
+from typing import Any, Optional
+
+from core.io import write_json_atomic
 
 SUMMARY_FILE = "summary.json"
 
@@ -41,36 +42,6 @@ _NO_BEST = {"train/lr", "train/examples_seen", "train/epoch", "train/count", "tr
 def _lower_is_better(name: str) -> bool:
     leaf = name.rsplit("/", 1)[-1]
     return "loss" in leaf or leaf in ("steps", "kl") or leaf.endswith("_norm")
-
-
-def atomic_write(path: str, write: Callable[[IO], None], *, binary: bool = False, **open_kwargs: Any) -> None:
-    """Write ``path`` atomically: ``write(f)`` into a temp file beside it, fsync, then ``os.replace``.
-    A crash at any point leaves either the old file or the new one, never a partial file. The file keeps the
-    permissions of the one it replaces (a new file gets the umask's default, not mkstemp's 0600)."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **open_kwargs) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True, allow_nan=False))
 
 
 class RunSummary:

@@ -1,7 +1,7 @@
-"""Experiment queue: the ``jobs.txt`` format (:mod:`jobqueue.jobfile`), gates on run summaries
-(:mod:`jobqueue.gates`), the runner (:mod:`jobqueue.runner`, CLI ``run_jobs.py``), config checks of queued
-commands (:mod:`jobqueue.check`) and the SLURM / torch.distributed bridge for Hydra's submitit launcher
-(:mod:`jobqueue.slurm`). User documentation: docs/experiments.md.
+"""Experiment queue: the ``jobs.txt`` format (:mod:`experiments.queue.jobfile`), gates on run summaries
+(:mod:`experiments.queue.gates`), the runner (:mod:`experiments.queue.runner`, CLI ``run_jobs.py``), config checks of queued
+commands (:mod:`experiments.queue.check`) and the SLURM / torch.distributed bridge for Hydra's submitit launcher
+(:mod:`experiments.queue.slurm`). User documentation: docs/experiments.md.
 """
 from .gates import GateDecision, Requirement, evaluate_gates, lookup_metric, parse_requirement, summary_path
 from .jobfile import (

@@ -30,6 +30,7 @@ identity survives other people editing, inserting or reordering lines while a ru
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -37,7 +38,9 @@ from typing import Iterator, Optional, Union
 
 import filelock
 
-from training.summary import atomic_write
+from core.io import atomic_write
+
+from .requirements import JobFileError, parse_requirement
 
 PENDING, RUNNING, DONE, FAILED, SKIPPED = " ", "~", "x", "!", "-"
 MARKS = {PENDING: "pending", RUNNING: "running", DONE: "done", FAILED: "failed", SKIPPED: "skipped"}
@@ -56,10 +59,6 @@ _TOKEN_RE = re.compile(r"\[t=([0-9a-zA-Z_-]+)\]")
 _KV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _RUN_NAME_RE = re.compile(r"(?:^|\s)\+{0,2}run_name=['\"]?([^\s'\"]+)")
-
-
-class JobFileError(ValueError):
-    """A malformed jobs file; the message names file, line and the offending text."""
 
 
 def split_shell_comment(text: str) -> tuple[str, str]:
@@ -172,7 +171,6 @@ Line = Union[Job, str]  # a str is a verbatim non-job line (without its line end
 
 def _close_tag(key: str) -> Optional[str]:
     """The known tag ``key`` is probably a misspelling of (case or a letter or two), else None."""
-    import difflib
 
     low = key.lower()
     if low in META_KEYS:
@@ -358,8 +356,6 @@ class JobFile:
                         f"{self.path}:{j.lineno}: job id '{j.id}' already used on line {ids[j.id].lineno}"
                     )
                 ids[j.id] = j
-        from .gates import parse_requirement  # local import: gates imports this module
-
         for j in self.jobs:
             for spec in j.requires:
                 req = parse_requirement(spec, where=f"{self.path}:{j.lineno}")

@@ -26,55 +26,16 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError
+from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job
+from .requirements import OPS, SECTIONS, JobFileError, Requirement, parse_requirement
 
-OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
-_EXPR_RE = re.compile(r"^(?:(?P<section>best|final):)?(?P<metric>[^<>=!]+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>\S+)$")
-SECTIONS = ("best", "final")
 SUMMARY_FILE = "summary.json"
-
-
-@dataclass(frozen=True)
-class Requirement:
-    job_id: str
-    metric: Optional[str] = None
-    op: Optional[str] = None
-    threshold: Optional[float] = None
-    section: Optional[str] = None  # "best" | "final" | None (auto)
-
-    def describe(self) -> str:
-        if self.metric is None:
-            return f"{self.job_id} done"
-        sec = f"{self.section}:" if self.section else ""
-        return f"{self.job_id} {sec}{self.metric}{self.op}{self.threshold:g}"
-
-
-def parse_requirement(spec: str, where: str = "") -> Requirement:
-    """``"ID"`` or ``"ID:[best:|final:]METRIC OP VALUE"`` -> :class:`Requirement`."""
-    pre = f"{where}: " if where else ""
-    job_id, _, expr = spec.partition(":")
-    if not job_id:
-        raise JobFileError(f"{pre}requirement {spec!r} has no job id (expected ID[:metric>value])")
-    if not expr:
-        return Requirement(job_id)
-    m = _EXPR_RE.match(expr.strip())
-    if m is None:
-        raise JobFileError(
-            f"{pre}bad requirement {spec!r}: expected ID:METRIC OP VALUE with OP in {', '.join(OPS)}, "
-            f"e.g. overfit:train/exact_accuracy>0.90"
-        )
-    try:
-        value = float(m.group("value"))
-    except ValueError:
-        raise JobFileError(f"{pre}bad threshold {m.group('value')!r} in requirement {spec!r} (not a number)") from None
-    return Requirement(job_id, m.group("metric").strip(), m.group("op"), value, m.group("section"))
 
 
 def command_overrides(command: str) -> dict[str, str]:

@@ -1,19 +1,25 @@
 """Check queued commands without running them: each Hydra entry-point command of a jobs file is composed
-in-process with its overrides (as Hydra would), validated into ``training.config.PretrainConfig`` (strict:
-an unknown or mistyped key fails with its name), and its ``arch`` / ``encoder`` sections are validated by
-their registries' strict config classes (``models.parse_arch_config``, ``encoders.ENCODER_REGISTRY``).
+in-process with its overrides (as Hydra would: the entry script is imported first, so the config defaults it
+registers with Hydra exist) and validated by the script's own ``config_from_hydra`` (pretrain.py /
+pretrain_encoder.py: ``training.config.PretrainConfig`` with its typed ``arch`` / ``encoder`` sections;
+evaluate.py: ``EvaluateConfig``) -- strict: an unknown or mistyped key fails with its name.
 Sweeps (``--multirun a=1,2 b=x,y``) are checked value by value. ``python run_jobs.py --check`` is the CLI.
 
 Not covered: paths (data dirs, checkpoints) are not opened; that happens at the start of the real run.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from .jobfile import PENDING, JobFile
 
@@ -67,8 +73,6 @@ def parse_hydra_command(command: str, workdir: str = ".") -> Optional[HydraComma
 
 def expand_sweeps(overrides: list[str], limit: int = 64) -> list[list[str]]:
     """Override lists covering every value of every sweep once (others at their first value)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(overrides)
     sweeps = [(i, list(o.sweep_string_iterator())) for i, o in enumerate(parsed) if o.is_sweep_override()]
     if not sweeps:
@@ -91,30 +95,15 @@ def expand_sweeps(overrides: list[str], limit: int = 64) -> list[list[str]]:
     return combos[:limit]
 
 
-def _validate_sections(pcfg) -> None:
-    """Validate ``arch`` / ``encoder`` with their registries' strict config classes (when importable)."""
-    try:
-        from models import parse_arch_config
-    except ImportError:
-        parse_arch_config = None  # type: ignore[assignment]
-    if parse_arch_config is not None:
-        parse_arch_config(pcfg.arch)
-    enc = getattr(pcfg, "encoder", None)
-    if enc:
-        try:
-            from encoders import ENCODER_REGISTRY
-        except ImportError:
-            return
-        name = enc.get("name")
-        if name not in ENCODER_REGISTRY:
-            raise ValueError(f"encoder.name={name!r} is not a registered encoder ({sorted(ENCODER_REGISTRY)})")
-        import pydantic
-
-        try:
-            ENCODER_REGISTRY[name][0](**dict(enc))
-        except pydantic.ValidationError as e:
-            bad = "; ".join(f"encoder.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-            raise ValueError(f"invalid encoder config for {name!r}: {bad}") from None
+def _entry_module(script: str) -> Any:
+    """Import the entry script as a module (its ``__main__`` block does not run), once per path."""
+    name = "_checked_" + re.sub(r"\W", "_", os.path.abspath(script))
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
@@ -122,9 +111,6 @@ def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
     hc = parse_hydra_command(command, workdir)
     if hc is None:
         return "not-hydra", "not a Hydra entry-point command; not checked"
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     try:
         variants = expand_sweeps(hc.overrides)
     except Exception as e:  # noqa: BLE001 - hydra's parser raises several types
@@ -135,16 +121,16 @@ def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
-        from training.config import config_from_hydra
-    except ImportError:
-        config_from_hydra = None  # type: ignore[assignment]
+        validate = getattr(_entry_module(hc.script), "config_from_hydra", None)
+    except Exception as e:  # noqa: BLE001 - the script itself does not import
+        return "error", f"{hc.script}: cannot be imported ({type(e).__name__}: {e})"
     for ov in variants:
         try:
             GlobalHydra.instance().clear()
             with initialize_config_dir(config_dir=hc.config_dir, version_base=None):
                 cfg = compose(config_name=hc.config_name, overrides=ov)
-            if config_from_hydra is not None:
-                _validate_sections(config_from_hydra(cfg))
+            if validate is not None:
+                validate(cfg)
         except Exception as e:  # noqa: BLE001 - report any composition / validation error
             msg = " ".join(str(e).split())
             return "error", f"{msg} (overrides: {' '.join(ov)})"

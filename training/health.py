@@ -1,7 +1,5 @@
-"""Encoder-health statistics and the run health monitor (docs/metrics.md defines every number).
-
-Statistics are computed from the context tensor ``[b, L, H]`` OUTSIDE the compiled forward (pitfall 18),
-every ``diag_interval`` steps, by ``ETRM.diagnostics(outputs)``.
+"""The run health monitor (docs/metrics.md defines every rule); the encoder statistics it reads come from
+``encoders.stats`` (via ``ETRM.diagnostics``).
 
 ``HealthMonitor(HealthConfig).update(step, metrics) -> list[str]`` returns the warnings raised at this
 step; ``stop_reason`` is the first warning of a rule listed in ``stop_on`` (the loop stops the run with it
@@ -13,72 +11,10 @@ import math
 from typing import Optional
 
 import pydantic
-import torch
 
 RULES = ("gradient starvation", "encoder collapsed", "stuck", "diverged")
 
 
-# ----------------------------------------------------------------------------------------------
-# Statistics on a context batch
-# ----------------------------------------------------------------------------------------------
-def _select(context: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-    if context.dim() != 3:
-        raise ValueError(f"context must be [batch, tokens, hidden], got shape {tuple(context.shape)}")
-    x = context.detach().float()
-    if mask is not None:
-        x = x[mask.bool().to(x.device)]
-    return x
-
-
-def cross_sample_var(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Variance across the samples of the batch (population variance, dim 0) of every context coordinate
-    (token, feature), averaged over coordinates. 0 when every sample gets the same context."""
-    x = _select(context, mask)
-    if x.shape[0] < 2:
-        return torch.zeros((), device=x.device)
-    return x.var(dim=0, unbiased=False).mean()
-
-
-def output_mean(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Mean of all context entries."""
-    return _select(context, mask).mean()
-
-
-def output_norm(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """L2 norm over the hidden dimension of each context token, averaged over samples and tokens."""
-    return _select(context, mask).norm(dim=-1).mean()
-
-
-def output_std(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Standard deviation (population) of all context entries of the batch pooled together."""
-    return _select(context, mask).std(unbiased=False)
-
-
-def token_std(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Std (population) across the L context tokens of one sample, per feature, averaged over samples and
-    features. 0 when all context tokens of a sample are equal (e.g. one vector broadcast to every slot)."""
-    x = _select(context, mask)
-    if x.shape[1] < 2:
-        return torch.zeros((), device=x.device)
-    return x.std(dim=1, unbiased=False).mean()
-
-
-def context_statistics(context: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                       prefix: str = "train/") -> dict[str, float]:
-    """All five context statistics as python floats, keyed by their metric names."""
-    stats = {
-        "encoder_cross_sample_var": cross_sample_var(context, mask),
-        "encoder_output_mean": output_mean(context, mask),
-        "encoder_output_norm": output_norm(context, mask),
-        "encoder_output_std": output_std(context, mask),
-        "encoder_token_std": token_std(context, mask),
-    }
-    return {prefix + k: float(v) for k, v in stats.items()}
-
-
-# ----------------------------------------------------------------------------------------------
-# Monitor
-# ----------------------------------------------------------------------------------------------
 class HealthConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 

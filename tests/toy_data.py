@@ -48,7 +48,7 @@ def write_toy_dataset(path: str, *, num_puzzles: int = 4, train_examples: int = 
                 pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=COLOR_OFFSET + NUM_COLORS,
                 seq_len=seq_len, num_puzzle_identifiers=num_puzzles + 1, total_groups=num_puzzles,
                 mean_puzzle_examples=float(n), total_puzzles=num_puzzles, sets=["all"], kind="toy", seed=seed,
-                source="training.toy_data")
+                source="tests.toy_data")
             save_split(os.path.join(tmp, split), arrays, meta)
         with open(os.path.join(tmp, "identifiers.json"), "w") as f:
             json.dump(["<blank>"] + [f"toy{p}" for p in range(num_puzzles)], f)

@@ -7,9 +7,10 @@ builders: 2), with no traceback. Anything else is a crash and keeps its tracebac
 
 What counts as bad input:
 
-* the platform's own input errors: ``ConfigError``, ``CheckpointError``, ``DatasetError``, ``EvaluatorError``,
-  ``EncoderConfigError``, ``ArchConfigError``, ``ArchMismatchError`` (plus per-command ``extra`` types, e.g.
-  evaluate.py's ``EvaluateError``);
+* a :class:`PlatformError`: the base class of the platform's own input errors (``ConfigError``,
+  ``CheckpointError``, ``DatasetError``, ``EvaluatorError``, ``EncoderConfigError``, ``ArchConfigError``,
+  ``ArchMismatchError``, ``EvaluateError``, ``ScienceError``, ``JobFileError``; each defined beside the code that
+  raises it). A new input error subclasses it (or one of those); nothing else is reported as bad input;
 * Hydra's composition errors (an unknown or misspelt override such as ``encoder.hiden_size=…``, a missing config
   group option, override syntax); :func:`run_hydra_main` lets them reach :func:`user_errors`;
 * an ``OSError`` about a named path that retrying cannot fix: permission denied, read-only file system, no such
@@ -27,6 +28,8 @@ import os
 import sys
 from typing import Iterator, NoReturn, Optional
 
+from hydra.errors import CompactHydraException
+
 #: exit status of bad input (pretrain.py, pretrain_encoder.py, evaluate.py)
 EXIT_USER_ERROR = 1
 #: environment variable naming a file that receives the one-line message (set by run_jobs.py)
@@ -37,19 +40,15 @@ _USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, 
 _MAX_LEN = 600
 
 
+class PlatformError(Exception):
+    """Bad user input (a config key, a path, data that does not fit the checkpoint, ...): entry points report it
+    as one line naming the key / file and exit 1 (the dataset builders: 2). Subclass it for every new input error;
+    an exception that is not a PlatformError is a crash and keeps its traceback."""
+
+
 def user_error_types() -> tuple[type[BaseException], ...]:
-    """The platform's exception classes that mean bad input (imported lazily: this module stays light)."""
-    types: list[type[BaseException]] = []
-    for mod, name in (("training.config", "ConfigError"), ("training.checkpoint", "CheckpointError"),
-                      ("dataset.common", "DatasetError"), ("evaluators.arc", "EvaluatorError"),
-                      ("encoders.base", "EncoderConfigError"), ("models", "ArchConfigError"),
-                      ("models.compat", "ArchMismatchError"), ("hydra.errors", "CompactHydraException")):
-        try:
-            module = __import__(mod, fromlist=[name])
-            types.append(getattr(module, name))
-        except (ImportError, AttributeError):  # pragma: no cover - optional component missing
-            continue
-    return tuple(types)
+    """The exception classes that mean bad input: :class:`PlatformError` and Hydra's composition errors."""
+    return (PlatformError, CompactHydraException)
 
 
 def one_line(text: str) -> str:
@@ -82,10 +81,9 @@ def _os_error_message(e: OSError) -> Optional[str]:
     return f"{where}: {what}{hint}"
 
 
-def user_error_message(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> Optional[str]:
+def user_error_message(exc: BaseException) -> Optional[str]:
     """The one-line message of ``exc`` when it is bad input; None for a crash (keep the traceback)."""
-    types = user_error_types() + tuple(extra)
-    if isinstance(exc, types):
+    if isinstance(exc, user_error_types()):
         msg = str(exc)
         cause = exc.__cause__ or (exc.__context__ if not exc.__suppress_context__ else None)
         if type(exc).__module__.startswith("hydra") and cause is not None and str(cause).strip():
@@ -113,26 +111,26 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
 
 
 @contextlib.contextmanager
-def user_errors(code: int = EXIT_USER_ERROR, extra: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+def user_errors(code: int = EXIT_USER_ERROR) -> Iterator[None]:
     """``with user_errors(): work()`` -- bad input ends the process with one line and ``code``; a crash keeps
     its traceback."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - filtered by user_error_message; crashes are re-raised
-        msg = user_error_message(e, extra)
+        msg = user_error_message(e)
         if msg is None:
             raise
         fail(msg, code)
 
 
-def run_hydra_main(main, code: int = EXIT_USER_ERROR, extra: tuple[type[BaseException], ...] = ()) -> None:
+def run_hydra_main(main, code: int = EXIT_USER_ERROR) -> None:
     """Call a ``@hydra.main`` function so that Hydra's composition errors (unknown override key, missing config
     option, override syntax) come out as one line through :func:`user_errors` instead of Hydra's multi-line report.
     (Hydra re-raises instead of printing when HYDRA_FULL_ERROR=1.)"""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    with user_errors(code, extra):
+    with user_errors(code):
         main()
 
 
-__all__ = ["EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
+__all__ = ["PlatformError", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
            "user_errors", "run_hydra_main"]

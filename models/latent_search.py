@@ -18,21 +18,22 @@ import torch
 import torch.nn.functional as F
 
 from dataset.common import PAD_ID
+from models.act import ACTModel
+from models.rollout import halt_max_steps, rollout
 
 IGNORE = -100
 
 
 def _decoder_logits(model, inputs: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """Run the ETRM core for ``halt_max_steps`` ACT steps on ``inputs`` [n, S] with a fixed prefix context;
-    return the last step's logits [n, S, V] (gradient flows into ``context`` through the last step)."""
+    """Decode ``inputs`` [n, S] with the ETRM core and a fixed prefix ``context`` through the one ACT rollout
+    (models.rollout: each sample's logits frozen at its halting step, ``halt_max_steps`` in plain evaluation);
+    returns logits [n, S, V] with gradient into ``context`` through the step that produced them."""
     n = inputs.shape[0]
     data = {"inputs": inputs, "puzzle_identifiers": torch.zeros(n, dtype=torch.int32, device=inputs.device)}
-    carry = model.inner.reset_carry(torch.ones(n, dtype=torch.bool, device=inputs.device),
-                                    model.inner.empty_carry(n, inputs.device))
-    logits = None
-    for _ in range(max(1, model.halt_max_steps)):
-        carry, logits, _ = model.inner(carry, data, prefix_context=context)
-    return logits
+    carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
+    r = rollout(lambda c: ACTModel.step(model, c, prefix_context=context), carry,
+                max_steps=max(1, halt_max_steps(model)), keep=("logits",), detach=False)
+    return r.outputs["logits"]
 
 
 def latent_search_context(model, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor, *,

@@ -11,7 +11,7 @@ Semantics (see docs/experiments.md for the user view):
 * **Finishing**: exit status 0 -> ``[x]``; otherwise, if retries are left and the attempt was a crash --
   not a deliberate stop, i.e. the job's summary.json was not written by this attempt with ``status:
   finished`` (early stop) or ``stop_reason: non-finite loss`` (see :func:`deliberate_stop`), and not a
-  deterministic error (see :func:`deterministic_error`: bad input reported through ``training.errors``, which
+  deterministic error (see :func:`deterministic_error`: bad input reported through ``core.errors``, which
   writes its one-line message to the file named by ``TRM_JOB_ERROR_FILE``; exit status 2 = usage error, 126 /
   127 = command not executable / not found) -- the command is rerun with the resume argument (default
   ``resume=true``) appended; else ``[!]`` with the reason.
@@ -32,14 +32,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional, TextIO
 
-from training.errors import ERROR_FILE_ENV  # where an entry point records its one-line bad-input message
+from core.errors import ERROR_FILE_ENV  # where an entry point records its one-line bad-input message
 
-from .gates import evaluate_gates, read_summary, summary_path
+from .gates import command_overrides, evaluate_gates, read_summary, summary_path
 from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError, JobStore
 
 _RUN_NOTE_RE = re.compile(r"pid (?P<pid>\d+) on (?P<host>[^,\s]+)")
@@ -110,8 +111,6 @@ def _last_output_line(path: str, limit: int = 160) -> str:
 
 def job_slug(job: Job) -> str:
     """File-name-safe, stable name of a job for its log file."""
-    from .gates import command_overrides
-
     digest = hashlib.sha1(f"{job.norm_command}\0{job.occurrence}".encode()).hexdigest()[:8]
     if job.id:
         return _SAFE_RE.sub("_", job.id)
@@ -480,7 +479,6 @@ class Runner:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
-        import threading
 
         handlers = {}
         if threading.current_thread() is threading.main_thread():
