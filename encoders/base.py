@@ -51,12 +51,13 @@ class BaseEncoderConfig(pydantic.BaseModel):
     norm_eps: float = 1e-5
     # cross-demo aggregation: learned queries attend over the per-demo embeddings ("cross_attention"), a masked
     # mean of them ("mean"), or learned queries attend over every non-PAD token of every valid demo ("tokens":
-    # no per-demo pooling, so which cell changed to what stays visible to the queries)
+    # no per-demo pooling, so which cell changed to what stays visible to the queries). The encoders whose recipe
+    # is "tokens" (standard, variational, recurrent; docs/science.md) set that as their own default.
     aggregation: Literal["cross_attention", "mean", "tokens"] = "cross_attention"
     # how a demo pair becomes tokens: "sequence" = input canvas then output canvas (2*S tokens, segment embedding);
     # "aligned" = one token per canvas cell, input-colour embedding + output-colour embedding (S tokens, a cell's
     # change is visible locally)
-    pair_layout: Literal["sequence", "aligned"] = "sequence"
+    pair_layout: Literal["sequence", "aligned"] = "aligned"
     num_queries: Optional[int] = None  # None = puzzle_emb_len (one query per context token)
     # optional learned scale / gate on the context (pitfall 10): "none" | "scalar" (one learned scale)
     # | "gate" (per context token sigmoid gate)

@@ -16,6 +16,7 @@ from .base import (BaseEncoderConfig, Block, ContextHead, DemoEncoder, DemoTrunk
 
 class RecurrentEncoderConfig(BaseEncoderConfig):
     name: Literal["recurrent"] = "recurrent"
+    aggregation: Literal["cross_attention", "mean", "tokens"] = "tokens"
     encoder_refinement_steps: int = pydantic.Field(2, ge=1)
 
     @pydantic.model_validator(mode="after")

@@ -12,6 +12,7 @@ from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, 
 
 class StandardEncoderConfig(BaseEncoderConfig):
     name: Literal["standard"] = "standard"
+    aggregation: Literal["cross_attention", "mean", "tokens"] = "tokens"
 
 
 @register_encoder("standard", StandardEncoderConfig)

@@ -13,6 +13,7 @@ from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, 
 
 class VariationalEncoderConfig(BaseEncoderConfig):
     name: Literal["variational"] = "variational"
+    aggregation: Literal["cross_attention", "mean", "tokens"] = "tokens"
     latent_dim: int = pydantic.Field(64, gt=0)  # per context token
     kl_weight: float = pydantic.Field(1e-3, ge=0)
 

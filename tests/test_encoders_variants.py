@@ -278,7 +278,7 @@ def test_options_shapes_padding_order_and_gradients(name, over):
 
 
 def test_token_aggregation_attends_over_every_non_pad_token_of_every_valid_demo():
-    enc = make("standard", aggregation="tokens").eval()
+    enc = make("standard", aggregation="tokens", pair_layout="sequence").eval()
     di, dl, m = demos()
     keys, mask = enc.trunk.keys(di, dl, m)
     # cropped to the longest input (S/2) and output (S-3) canvas: T = 6 + 9 tokens per demo, 3 slots
@@ -286,7 +286,7 @@ def test_token_aggregation_attends_over_every_non_pad_token_of_every_valid_demo(
     want = ((di != 0).sum(-1) + (dl != 0).sum(-1)) * m  # non-PAD tokens of the valid demos only
     assert mask.sum(-1).tolist() == want.sum(-1).tolist()
     assert (keys[~mask] == 0).all()
-    pooled, valid = make("standard").trunk.keys(di, dl, m)  # default: one pooled key per demo slot
+    pooled, valid = make("standard", aggregation="cross_attention").trunk.keys(di, dl, m)  # one pooled key per demo
     assert pooled.shape == (3, 3, 32) and valid.tolist() == m.tolist()
 
 

@@ -268,3 +268,30 @@ def test_reduce_window_uses_trm_metric_semantics():
     # no halted sample in the window: accuracies are 0, not NaN
     out = reduce_window({"loss": 8.0, "count": 0.0, "accuracy": 0.0}, 1, global_batch_size=8)
     assert out["train/accuracy"] == 0.0 and out["train/count"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------ one defaults source
+def test_config_defaults_have_one_source():
+    """cfg_pretrain.yaml / cfg_evaluate.yaml hold no values (the pydantic field defaults are composed through
+    Hydra's ConfigStore), and every encoder group option states exactly its class's defaults: `encoder=standard`
+    and `{"name": "standard"}` build the same encoder. Arch group options are named recipes (trm = the paper's
+    ARC configuration) and must validate strictly."""
+    from omegaconf import OmegaConf
+
+    from encoders import ENCODER_REGISTRY
+    from models import parse_arch_config
+    from training.config import CONFIG_DIR, PretrainConfig, pretrain_defaults
+
+    for name in ("cfg_pretrain", "cfg_evaluate"):
+        raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, f"{name}.yaml")))
+        assert set(raw) == {"defaults", "hydra"}, f"{name}.yaml sets values: {set(raw) - {'defaults', 'hydra'}}"
+    composed = load_config("cfg_pretrain", ["data_paths=[x]"])
+    fresh = PretrainConfig(arch=composed.arch, data_paths=["x"])
+    assert composed == fresh  # every key's default is the field default
+    assert pretrain_defaults()["ema"] is True and pretrain_defaults()["evaluators"] == [{"name": "arc", "kwargs": {}}]
+    for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "encoder"))):
+        raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "encoder", path)))
+        cls = ENCODER_REGISTRY[raw["name"]][0]
+        assert cls(**raw) == cls(name=raw["name"]), f"config/encoder/{path} differs from {cls.__name__} defaults"
+    for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "arch"))):
+        parse_arch_config(OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "arch", path))))

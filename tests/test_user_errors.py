@@ -245,3 +245,33 @@ def test_one_line_formatting():
         == "Could not override 'a.b'. To append use +a.b=1; Key 'b' is not in struct"
     assert one_line("Available options in 'encoder':\n\tlpn\n\tstandard\nConfig search path:\n\tx") \
         == "Available options in 'encoder': lpn, standard"
+
+
+def test_only_platform_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch, capsys, tmp_path):
+    """core.errors: a PlatformError subclass is bad input (one line, exit 1); a ValueError / KeyError /
+    RuntimeError raised by the code is a crash and propagates with its traceback (the queue then retries it)."""
+    import evaluate
+    from core.errors import PlatformError, user_error_message
+
+    class CustomInputError(PlatformError):
+        pass
+
+    assert user_error_message(CustomInputError("x.yaml: key 'a' = 3: bad")) == "x.yaml: key 'a' = 3: bad"
+    for bug in (ValueError("shapes"), KeyError("k"), RuntimeError("size mismatch"), IndexError("i")):
+        assert user_error_message(bug) is None
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", "checkpoint=c", "data_path=d", f"hydra.run.dir={tmp_path / 'h'}",
+                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
+
+    def buggy(cfg):
+        raise RuntimeError("an internal bug")
+
+    monkeypatch.setattr(evaluate, "run", buggy)
+    with pytest.raises(RuntimeError, match="an internal bug"):
+        evaluate._main()
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["evaluate.py", f"hydra.run.dir={tmp_path / 'h'}", "hydra/job_logging=disabled",
+                                      "hydra/hydra_logging=disabled"])
+    with pytest.raises(SystemExit) as e:  # a missing required key is bad input: one line naming it
+        evaluate._main()
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and err.startswith("error: checkpoint= and data_path= required") and "\n" not in err

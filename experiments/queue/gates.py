@@ -27,13 +27,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shlex
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job
-from .requirements import OPS, SECTIONS, JobFileError, Requirement, parse_requirement
+from .requirements import OPS, SECTIONS, Requirement, parse_requirement
 
 SUMMARY_FILE = "summary.json"
 

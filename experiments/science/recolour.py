@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from dataset.common import (COLOR_OFFSET, IGNORE_LABEL_ID, NUM_COLORS, PAD_ID, DatasetMetadata, atomic_output_dir,
@@ -22,7 +21,6 @@ from dataset.common import (COLOR_OFFSET, IGNORE_LABEL_ID, NUM_COLORS, PAD_ID, D
 from dataset.loader import create_dataloader
 from models.rollout import halt_max_steps, rollout
 from training.build import load_model_for_inference
-from training.config import CONFIG_DIR
 from training.loop import train
 
 # The recolour check's recipe (docs/science.md): held-out exact 0.93 / 0.93 / 1.00 on seeds 0 / 1 / 2, control 0.00.
@@ -177,28 +175,18 @@ def write_recolour_dataset(path: str, *, grid: int = 3, num_colours: int = 6, nu
     return info
 
 
-def _encoder_trunk_defaults(name: str) -> dict:
-    """The trunk options (``pair_layout``, ``aggregation``) of config/encoder/<name>.yaml: the recolour check
-    uses each encoder's shipped defaults, as ``pretrain_encoder.py encoder=<name>`` does."""
-    path = os.path.join(CONFIG_DIR, "encoder", f"{name}.yaml")
-    if not os.path.isfile(path):
-        return {}
-    raw = OmegaConf.to_container(OmegaConf.load(path))
-    return {k: raw[k] for k in ("pair_layout", "aggregation") if k in raw}
-
-
 def science_config(data_path: str, checkpoint_path: str, *, steps: int = RECOLOUR_STEPS, zero_demos: bool = False,
                    encoder: "str | dict" = "standard", seed: int = 0, **overrides: Any) -> dict:
     """A small ETRM training config (dict for ``training.loop.train``) for :func:`write_recolour_dataset`.
     ``encoder``: a registry name or a dict of encoder config overrides (e.g. ``{"aggregation": "mean"}``); the
-    trunk options not given come from config/encoder/<name>.yaml. Defaults: the recipe of docs/science.md."""
+    trunk options not given are the encoder's defaults (the same as ``encoder=<name>``). Defaults: the recipe of
+    docs/science.md."""
     arch = dict(name="trm", hidden_size=64, num_heads=4, expansion=2, puzzle_emb_ndim=0, puzzle_emb_len=2,
                 H_cycles=2, L_cycles=2, L_layers=1, halt_max_steps=2, halt_exploration_prob=0.0,
                 pos_encodings="rope", forward_dtype="float32", loss={"loss_type": "softmax_cross_entropy"})
     arch.update(overrides.pop("arch", {}))
     enc_over = dict(encoder) if isinstance(encoder, dict) else {"name": encoder}
     enc = dict(name="standard", hidden_size=64, num_heads=4, num_layers=2, expansion=2.0, zero_demos=zero_demos)
-    enc.update(_encoder_trunk_defaults(enc_over.get("name", "standard")))
     enc.update(enc_over)
     cfg = dict(arch=arch, encoder=enc, data_paths=[data_path], global_batch_size=64, epochs=100000, max_steps=steps,
                eval_interval=None, eval_at_end=False, lr=1e-3, lr_warmup_steps=50, weight_decay=0.0,
