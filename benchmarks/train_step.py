@@ -2,6 +2,11 @@
 
     python -m benchmarks.train_step                                  # device auto; small on CPU (~1-2 min)
     python -m benchmarks.train_step --batch 256 --steps 20 --device cuda --compile both --json out.json
+    python -m benchmarks.train_step --config science [--compile both --interleave 3]   # benchmarks/trainer_step.py
+    python -m benchmarks.train_step --config trm-tiny
+
+``--config arc`` (default) is described below; ``science`` / ``trm-tiny`` time the real ``Trainer.train_step`` of
+config/cfg_science.yaml / cfg_demo.yaml on generated data with a per-phase split (see benchmarks/trainer_step.py).
 
 Measures the exact step of ``training.loop`` (ACTLossHead forward, loss / batch backward, global grad norm,
 clipping, AdamATan2 + SignSGDSparse updates) on random ARC-shaped batches: hidden 512, 8 heads,
@@ -26,7 +31,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import models
-from benchmarks import eval_throughput
+from benchmarks import eval_throughput, trainer_step
 from models.layers import swiglu_intermediate_size
 from training import distributed as D
 from training.build import build_loss_head, build_optimizers
@@ -192,6 +197,12 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", choices=["arc", *trainer_step.CONFIGS], default="arc",
+                    help="arc: the ARC TRM step on random batches; science / trm-tiny: the real training step of "
+                         "cfg_science / cfg_demo on generated data, with a phase split")
+    ap.add_argument("--interleave", type=int, default=1,
+                    help="science / trm-tiny: rounds alternating the --compile modes (median reported)")
+    ap.add_argument("--trace", default=None, help="science / trm-tiny: write a torch profiler trace to this dir")
     ap.add_argument("--batch", type=int, default=None, help="batch size (default 256 on CUDA, 2 on CPU)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 on CUDA, 3 on CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 CUDA / 1 CPU)")
@@ -203,7 +214,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     a = ap.parse_args(argv)
     if a.batch is not None and a.batch <= 0 or a.steps is not None and a.steps <= 0:
         ap.error("--batch and --steps must be positive")
-    out = run(a.batch, a.steps, a.device, a.compile, a.warmup, a.with_eval)
+    if a.config != "arc":
+        out = trainer_step.run(a.config, steps=a.steps or 20, warmup=a.warmup if a.warmup is not None else 3,
+                               compile="eager" if a.compile == "auto" else a.compile,
+                               device="cpu" if a.device == "auto" and not torch.cuda.is_available() else a.device,
+                               trace=a.trace, interleave=a.interleave)
+    else:
+        out = run(a.batch, a.steps, a.device, a.compile, a.warmup, a.with_eval)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)

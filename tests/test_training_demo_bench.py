@@ -51,3 +51,28 @@ def test_train_step_benchmark_reports_throughput_and_flops():
     # the FLOP counter sees at least the projection + MLP matmuls of the same passes
     assert out["flops_per_step_counted"] >= 0.99 * 2 * seq * 6 * (8 * h * h + 6 * h * inter)
     assert r["model_flops_per_s"] == pytest.approx(out["flops_per_step"] / r["seconds_per_step"])
+
+
+def test_science_step_benchmark_times_the_real_training_step_with_a_phase_split(tmp_path):
+    """--config science: cfg_science's own Trainer.train_step on generated canvas-8 data (ETRM standard encoder),
+    phases from hooks that add up to the step, and a FLOP count of one step."""
+    from benchmarks import trainer_step
+
+    r = trainer_step.measure("science", steps=2, warmup=1, compiled=False, root=str(tmp_path))
+    assert r["batch"] == 64 and r["num_params"] > 100_000 and r["mode"] == "eager"
+    ph = r["phases_s"]
+    assert ph["encoder_forward"] > 0 and ph["core_forward"] > 0 and ph["optimizer"] > 0 and ph["loss_backward_rest"] > 0
+    assert sum(v for k, v in ph.items() if k != "step") == pytest.approx(r["seconds_per_step"], rel=1e-6)
+    assert r["samples_per_s"] == pytest.approx(64 / r["seconds_per_step"])
+    assert r["flops_per_step_counted"] > 1e9 and r["flops_per_s"] == pytest.approx(r["flops_per_step_counted"] /
+                                                                                  r["seconds_per_step"])
+
+
+def test_compile_flag_is_honoured_on_cpu():
+    import torch
+
+    from training import distributed as D
+
+    cpu = torch.device("cpu")
+    assert D.should_compile(None, cpu) is False and D.should_compile(False, cpu) is False
+    assert D.should_compile(True, cpu) is True  # a C++ compiler is on this machine's PATH (inductor needs it)

@@ -103,7 +103,7 @@ class PretrainConfig(_Strict):
 
     # --- runtime ---
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    compile: Optional[bool] = None  # None -> True on CUDA; always ignored on CPU
+    compile: Optional[bool] = None  # None -> True on CUDA, False on CPU; true/false as asked on any device
     num_workers: int = 0
     log_interval: int = 10
     diag_interval: int = 100

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
@@ -101,10 +102,14 @@ def autocast(device: torch.device):
 
 
 def should_compile(compile_flag: Optional[bool], device: torch.device) -> bool:
-    """torch.compile is on by default on CUDA, always off on CPU."""
-    if device.type != "cuda":
+    """torch.compile: ``None`` = on for CUDA, off for CPU; ``True`` / ``False`` as asked, on any device. On CPU
+    the inductor backend needs a C++ compiler: without one, compile=true falls back to eager, loudly."""
+    if compile_flag is None:
+        return device.type == "cuda"
+    if compile_flag and device.type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        print("[train] WARNING: compile=true on CPU needs a C++ compiler (none on PATH); running eager", flush=True)
         return False
-    return True if compile_flag is None else bool(compile_flag)
+    return bool(compile_flag)
 
 
 # ---------------------------------------------------------------------------------------------------
