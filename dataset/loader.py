@@ -152,7 +152,24 @@ def _load_npy(path: str, mmap: bool) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read numpy array ({e})") from None
 
 
-def _load_split_part(split_dir: str, set_name: str, need_demos: bool) -> dict:
+def _check_token_range(path: str, arr: np.ndarray, vocab_size: int, ignore: Optional[int] = None) -> None:
+    """Every token id of ``arr`` must be in [0, vocab_size) (labels may also hold ``ignore``): a bad id would crash
+    the embedding lookup mid-run, after checkpoints were written. One vectorised min / max (a pass over a memory
+    map)."""
+    if arr.size == 0:
+        return
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 and lo == ignore:
+        stray = (arr < 0) & (arr != ignore)
+        lo = int(arr[stray].min()) if stray.any() else 0
+    if lo < 0 or hi >= vocab_size:
+        bad = hi if hi >= vocab_size else lo
+        where = np.argwhere(arr == bad)[0].tolist()
+        raise DatasetError(f"{path}: token id {bad} at index {where} is outside the vocabulary [0, {vocab_size}) "
+                           f"of dataset.json (vocab_size={vocab_size}); rebuild the data")
+
+
+def _load_split_part(split_dir: str, set_name: str, need_demos: bool, meta: DatasetMetadata) -> dict:
     p = lambda k: os.path.join(split_dir, f"{set_name}__{k}.npy")  # noqa: E731
     d = {
         "inputs": _load_npy(p("inputs"), True),
@@ -177,6 +194,13 @@ def _load_split_part(split_dir: str, set_name: str, need_demos: bool) -> dict:
             raise DatasetError(f"{p('demo_indices')}: must have {P + 1} entries ending at {len(d['demo_inputs'])}")
         if len(d["example_demo_slot"]) != n:
             raise DatasetError(f"{p('example_demo_slot')}: must have one entry per example ({n})")
+    for k in ("inputs", "labels", "demo_inputs", "demo_labels"):
+        if k in d:
+            _check_token_range(p(k), d[k], meta.vocab_size, meta.ignore_label_id if "labels" in k else None)
+    ids = d["puzzle_identifiers"]
+    if len(ids) and (ids.min() < 0 or ids.max() >= meta.num_puzzle_identifiers):
+        raise DatasetError(f"{p('puzzle_identifiers')}: ids must be in [0, {meta.num_puzzle_identifiers}) "
+                           f"(num_puzzle_identifiers of dataset.json), found {int(ids.min())}..{int(ids.max())}")
     return d
 
 
@@ -332,7 +356,7 @@ class PuzzleDataset(IterableDataset):
             parts = []
             for m, d, off in zip(metas, split_dirs, id_offsets):
                 if set_name in m.sets:
-                    part = _load_split_part(d, set_name, self.config.encoder_mode)
+                    part = _load_split_part(d, set_name, self.config.encoder_mode, m)
                     ids = part["puzzle_identifiers"]
                     part["puzzle_identifiers"] = np.where(ids == m.blank_identifier_id, self.metadata.blank_identifier_id,
                                                           ids + off)

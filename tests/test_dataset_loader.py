@@ -403,3 +403,27 @@ def test_vectorised_demo_packing_equals_per_row_reference(synth_dir, split, test
         din, dlab, mask = _reference_demos(ds, s, rows[real], real, (0,) + pos, rank * ds.local_batch_size)
         assert np.array_equal(b["demo_mask"].numpy(), mask)
         assert np.array_equal(b["demo_inputs"].numpy(), din) and np.array_equal(b["demo_labels"].numpy(), dlab)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
+    """A token id >= vocab_size (or a puzzle id out of range) would crash the embedding lookup mid-run, after
+    checkpoints were written: refused when the data is loaded, naming file, value and vocab_size."""
+    from tests.toy_data import write_toy_dataset
+
+    data = write_toy_dataset(str(tmp_path / "toy"))
+    path = os.path.join(data, "train", "all__inputs.npy")
+    arr = np.load(path)
+    arr[3, 2] = 12  # vocab_size is 12: ids 0..11
+    np.save(path, arr)
+    cfg = PuzzleDatasetConfig(data_paths=[data], global_batch_size=4)
+    with pytest.raises(DatasetError, match=r"all__inputs\.npy: token id 12 at index \[3, 2\] is outside the "
+                                           r"vocabulary \[0, 12\)"):
+        PuzzleDataset(cfg, "train")
+    arr[3, 2] = 5
+    np.save(path, arr)
+    ids_path = os.path.join(data, "train", "all__puzzle_identifiers.npy")
+    ids = np.load(ids_path)
+    ids[0] = 10_000
+    np.save(ids_path, ids)
+    with pytest.raises(DatasetError, match=r"all__puzzle_identifiers\.npy: ids must be in \[0, "):
+        PuzzleDataset(cfg, "train")

@@ -263,3 +263,15 @@ def test_legacy_pickled_checkpoint_is_refused_then_converted(toy, tmp_path, caps
     assert again["rng"][0]["numpy"][0] == "MT19937"
     s = train(toy_train_config(toy, run, epochs=1, max_steps=3, resume=True))
     assert s["steps"] == 3
+
+
+def test_checkpoint_path_at_a_built_dataset_is_refused_and_nothing_is_written(toy, tmp_path):
+    """checkpoint_path pointing at a dataset directory (here the training data itself): refused with one line
+    naming it, before anything is written; a clean run leaves no .run.lock behind."""
+    before = sorted(os.listdir(toy))
+    with pytest.raises(ConfigError, match="is a built dataset directory"):
+        train(_cfg(toy, toy))
+    assert sorted(os.listdir(toy)) == before
+    run = str(tmp_path / "ok")
+    train(_cfg(toy, run))
+    assert not os.path.exists(os.path.join(run, ".run.lock")) and os.path.isfile(os.path.join(run, "summary.json"))

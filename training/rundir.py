@@ -1,8 +1,9 @@
 """The run directory (``<checkpoint_dir>``): one live run writes there at a time.
 
 ``RunDir(path, info, resume=...).claim()`` -- rank 0 takes an OS lock on ``<dir>/.run.lock`` (a second
-concurrent run on the directory is refused; the OS releases the lock when the process dies) and, unless
-``resume=true``, refuses a directory that already holds another run's checkpoints or summary.json. Every rank
+concurrent run on the directory is refused; the OS releases the lock when the process dies), refuses a built
+dataset directory, and, unless ``resume=true``, a directory that already holds another run's checkpoints or
+summary.json. Every rank
 raises the same ConfigError. ``release()`` removes the lock file and drops the lock (a run leaves no
 ``.run.lock`` behind); ``discard_if_empty()`` removes a directory this run created and never wrote to.
 """
@@ -14,6 +15,7 @@ from typing import Callable, Optional
 
 import filelock
 
+from dataset.common import looks_like_dataset
 from training import checkpoint as ckpt
 from training import distributed as D
 from training.config import ConfigError
@@ -42,6 +44,9 @@ class RunDir:
 
     def _lock_and_check(self) -> Optional[str]:
         d = self.path
+        if looks_like_dataset(d):
+            return (f"{d}: is a built dataset directory (identifiers.json / <split>/dataset.json), not a run "
+                    f"directory; choose another checkpoint_path=… (nothing was written)")
         try:
             self._created = not os.path.isdir(d)
             os.makedirs(d, exist_ok=True)
