@@ -129,8 +129,10 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     plan = _StepPlan(model, need | {"logits"} | set(totals.extra_keys), halt_early,
                      int(max_steps) if max_steps is not None else halt_max_steps(model))
     t0 = time.perf_counter()
+    # progress: rank 0 only; off a terminal (a log file, the queue) tqdm turns itself off (disable=None), so no
+    # carriage-return lines land in logs. Its count is this rank's; the returned eval/num_examples is over ranks.
     bar = tqdm(loader, total=_num_batches(loader), desc="eval", unit="batch",
-               disable=not progress or edist.rank() != 0, dynamic_ncols=True)
+               disable=None if progress and edist.rank() == 0 else True, dynamic_ncols=True)
     try:
         with plan.eval_mode(), torch.inference_mode():
             for item in bar:
@@ -147,7 +149,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
                 for ev in evaluators:
                     ev.update(cpu_batch, cpu_out)
                 if progress:
-                    bar.set_postfix(examples=totals.n_examples)
+                    bar.set_postfix({"examples" if edist.world_size() == 1 else "examples (rank 0)": totals.n_examples})
     finally:
         bar.close()
     metrics = totals.reduce(device, time.perf_counter() - t0)

@@ -275,3 +275,17 @@ def test_recomputed_lm_loss_is_the_loss_heads_definition(loss_type):
     got = per_sample_lm_loss(logits, labels, loss_type)
     assert got.dtype == torch.float32 and got[3] == 0.0
     assert torch.allclose(got, expect, rtol=1e-6, atol=0)
+
+
+def test_progress_bar_writes_no_carriage_returns_off_a_terminal(arc_data, capfd, monkeypatch):
+    """progress=True in a log file / the queue (stderr not a TTY): no '\\r' bar lines; on a terminal the bar runs."""
+    import sys
+
+    d, _, _ = arc_data
+    loader, _ = build_eval_loader(d, global_batch_size=64)
+    capfd.readouterr()
+    evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=True)
+    assert "\r" not in capfd.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=True)
+    assert "eval" in capfd.readouterr().err  # the bar itself (tqdm checks isatty when disable=None)
