@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.errors import fail, run_hydra_main, user_errors
-from training.config import CONFIG_DIR, config_from_hydra  # (also registers the config defaults with Hydra)
+from training.config import CONFIG_DIR, config_from_hydra, known_keys  # (also registers the defaults with Hydra)
 from training.loop import train
 
 
@@ -39,7 +39,7 @@ def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
     map the run's outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
     if require_encoder and not cfg.get("encoder"):
         fail("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
-    with user_errors():
+    with user_errors(known_keys=known_keys):
         summary = run(cfg)
     status = int((summary or {}).get("exit_status") or 0)
     if status != 0:
@@ -58,4 +58,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_hydra_main(main)  # Hydra's own composition errors (unknown override key) as one line too
+    run_hydra_main(main, known_keys=known_keys)  # Hydra's own composition errors (unknown override key) as one line too

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from core.errors import run_hydra_main
-from pretrain import CONFIG_DIR, execute
+from pretrain import CONFIG_DIR, execute, known_keys
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain_encoder_arc_agi_1", version_base=None)
@@ -22,4 +22,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_hydra_main(main)
+    run_hydra_main(main, known_keys=known_keys)

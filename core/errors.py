@@ -23,10 +23,12 @@ the same way on every attempt).
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import os
+import re
 import sys
-from typing import Iterator, NoReturn, Optional
+from typing import Callable, Iterable, Iterator, NoReturn, Optional
 
 from hydra.errors import CompactHydraException
 
@@ -110,27 +112,48 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     sys.exit(code)
 
 
+_UNKNOWN_KEY_RES = (re.compile(r"Could not override '([^']+)'"), re.compile(r"unknown (?:config )?key '([^']+)'"),
+                    re.compile(r"Key '([^']+)' is not in struct"))
+
+
+def closest_key(message: str, known: Iterable[str]) -> Optional[str]:
+    """The known (dotted) config key closest to the unknown key a message names (``Could not override 'lrr'``,
+    ``unknown config key 'lrr'``, ``unknown key 'arch.hiden_size'``), or None."""
+    for rx in _UNKNOWN_KEY_RES:
+        m = rx.search(message)
+        if m:
+            best = difflib.get_close_matches(m.group(1).lstrip("+~"), list(known), n=1, cutoff=0.6)
+            return best[0] if best else None
+    return None
+
+
 @contextlib.contextmanager
-def user_errors(code: int = EXIT_USER_ERROR) -> Iterator[None]:
+def user_errors(code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None
+                ) -> Iterator[None]:
     """``with user_errors(): work()`` -- bad input ends the process with one line and ``code``; a crash keeps
-    its traceback."""
+    its traceback. ``known_keys``: the config's dotted keys; a refused unknown key is then followed by the closest
+    known one (instead of Hydra's advice to add it with ``+``, which the strict config refuses next)."""
     try:
         yield
     except Exception as e:  # noqa: BLE001 - filtered by user_error_message; crashes are re-raised
         msg = user_error_message(e)
         if msg is None:
             raise
+        best = closest_key(msg, known_keys()) if known_keys is not None else None
+        if best is not None:
+            msg = re.sub(r"\s*To append to your config use \S+\.?;?", "", msg) + f"; did you mean {best}?"
         fail(msg, code)
 
 
-def run_hydra_main(main, code: int = EXIT_USER_ERROR) -> None:
+def run_hydra_main(main, code: int = EXIT_USER_ERROR,
+                   known_keys: Optional[Callable[[], Iterable[str]]] = None) -> None:
     """Call a ``@hydra.main`` function so that Hydra's composition errors (unknown override key, missing config
     option, override syntax) come out as one line through :func:`user_errors` instead of Hydra's multi-line report.
     (Hydra re-raises instead of printing when HYDRA_FULL_ERROR=1.)"""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    with user_errors(code):
+    with user_errors(code, known_keys):
         main()
 
 
-__all__ = ["PlatformError", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
+__all__ = ["PlatformError", "closest_key", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
            "user_errors", "run_hydra_main"]

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Union
 
+from core.errors import PlatformError
 from evaluators.arc import ARCEvaluator, EvaluatorError
 
 EVALUATOR_REGISTRY: dict[str, type] = {"arc": ARCEvaluator}
+# the published TRM code's spelling (``evaluators: [{name: arc@ARC}]``) names the same evaluator
+EVALUATOR_ALIASES: dict[str, str] = {"arc@ARC": "arc"}
 
 
 def _spec_name_kwargs(spec: Any) -> tuple[str, dict]:
@@ -30,14 +33,14 @@ def build_evaluators(specs: Iterable[Union[str, Mapping[str, Any]]], *, data_pat
     out = []
     for spec in specs or []:
         name, kwargs = _spec_name_kwargs(spec)
-        cls = EVALUATOR_REGISTRY.get(name)
+        cls = EVALUATOR_REGISTRY.get(EVALUATOR_ALIASES.get(name, name))
         if cls is None:
             raise EvaluatorError(f"unknown evaluator {name!r}; registered: {sorted(EVALUATOR_REGISTRY)}")
         try:
             out.append(cls(data_path, metadata, output_dir, **kwargs))
-        except Exception as e:
+        except (PlatformError, TypeError) as e:  # bad data / kwargs: one line; a bug keeps its traceback
             raise EvaluatorError(f"evaluator {name!r} could not be built: {type(e).__name__}: {e}") from e
     return out
 
 
-__all__ = ["EVALUATOR_REGISTRY", "ARCEvaluator", "EvaluatorError", "build_evaluators"]
+__all__ = ["EVALUATOR_REGISTRY", "EVALUATOR_ALIASES", "ARCEvaluator", "EvaluatorError", "build_evaluators"]

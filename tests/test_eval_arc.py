@@ -367,3 +367,13 @@ def test_q_halt_probability_in_float64_ranks_confident_candidates(tmp_path):
         assert m["ARC/pass@2"] == 1.0
         top = ev.last_ranked["p"][0]
         assert [c.votes for c in top] == [1, 1] and top[0].mean_q > top[1].mean_q
+
+
+def test_original_trm_evaluator_spelling_is_an_alias(tmp_path):
+    """`arc@ARC` (the published TRM config's evaluator name) builds the ARC evaluator; an unknown name is refused."""
+    from evaluators import build_evaluators
+
+    with pytest.raises(EvaluatorError, match="evaluator 'arc@ARC' could not be built"):  # found, then data missing
+        build_evaluators([{"name": "arc@ARC"}], data_path=str(tmp_path))
+    with pytest.raises(EvaluatorError, match="unknown evaluator 'arc@XYZ'"):
+        build_evaluators([{"name": "arc@XYZ"}], data_path=str(tmp_path))

@@ -136,6 +136,28 @@ def test_hydra_override_typo_as_a_real_command_prints_one_line():
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0, r.stderr
     _one_error_line(r.stderr, "encoder.hiden_size")
+    assert r.stderr.strip().endswith("did you mean encoder.hidden_size?")  # the closest known key
+
+
+def test_refused_override_names_the_closest_known_key():
+    """Hydra's own advice for a misspelt key (`+lrr=1`) leads into a second error (the strict config refuses the
+    added key): both refusals end with the closest known key instead."""
+    from core.errors import closest_key
+    from training.config import known_keys
+
+    keys = known_keys()
+    assert {"lr", "wandb.mode", "health.collapse_threshold", "arch.L_cycles", "encoder.kl_weight"} <= set(keys)
+    assert closest_key("Could not override 'lrr'. To append to your config use +lrr=1", keys) == "lr"
+    assert closest_key("unknown config key 'ema_rat' (value 0.9)", keys) == "ema_rate"
+    assert closest_key("Could not override 'arch.L_cycle'", keys) == "arch.L_cycles"
+    assert closest_key("unknown config key 'zzzzzz'", keys) is None and closest_key("other error", keys) is None
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"OMP_NUM_THREADS": "1"}
+    for override, said in (("lrr=1", "Could not override 'lrr'"), ("+lrr=1", "unknown config key 'lrr'")):
+        r = subprocess.run([sys.executable, "pretrain.py", override], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env=env)
+        err = r.stderr.strip()
+        assert r.returncode == 1 and err.count("\n") == 0 and said in err, err
+        assert err.endswith("did you mean lr?") and "+lrr" not in err.replace(override, ""), err
 
 
 # ---------------------------------------------------------------- evaluate.py

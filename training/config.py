@@ -26,8 +26,8 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from core.errors import PlatformError
-from encoders import BaseEncoderConfig, parse_encoder_config
-from models import ArchConfig, parse_arch_config
+from encoders import ENCODER_REGISTRY, BaseEncoderConfig, parse_encoder_config
+from models import ARCH_REGISTRY, ArchConfig, parse_arch_config
 from training.health import HealthConfig
 
 
@@ -225,6 +225,21 @@ def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")
+
+
+def known_keys() -> list[str]:
+    """Every dotted key a training config may set: the top-level fields (nested sections expanded), ``arch.*`` of
+    every registered architecture and ``encoder.*`` of every registered encoder (for "did you mean" hints)."""
+    def walk(prefix: str, cls: type[BaseModel]) -> list[str]:
+        out = []
+        for name, f in cls.model_fields.items():
+            sub = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
+            out += walk(f"{prefix}{name}.", sub) if sub is not None else [f"{prefix}{name}"]
+        return out
+    keys = [k for k in walk("", PretrainConfig) if k.split(".")[0] not in ("arch", "encoder")]
+    keys += sorted({k for c, _ in ARCH_REGISTRY.values() for k in walk("arch.", c)})
+    keys += sorted({k for c, _ in ENCODER_REGISTRY.values() for k in walk("encoder.", c)})
+    return keys
 
 
 def pretrain_defaults() -> dict[str, Any]:
