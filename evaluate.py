@@ -1,4 +1,6 @@
-"""Evaluate one checkpoint on a built dataset (ARC voting pass@K): a thin Hydra entry point.
+"""Evaluate one checkpoint on a built dataset: a thin Hydra entry point. ARC-format data (ARC-AGI, ConceptARC,
+synthetic rules) gets voting pass@K over its augmented copies; every dataset (Sudoku and Maze too) gets the
+per-copy exact / token accuracy and halting steps (``all.*``).
 
     python evaluate.py checkpoint=checkpoints/proj/run/step_1000.pt data_path=data/arc1-aug-1000
     python evaluate.py checkpoint=... data_path=... num_augmentations=64 halt_early=true batch_size=1024
@@ -11,6 +13,7 @@ Writes ``metrics.json``, ``submission.json`` (Kaggle format), ``predictions.json
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -199,7 +202,8 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
     """Evaluate ``cfg.checkpoint`` on ``cfg.data_path``; returns the metrics (rank 0; {} elsewhere)."""
     dist_info = init_distributed(cfg.device)
     device = dist_info.device
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutdown_distributed, dist_info)
         meta = load_metadata(os.path.join(cfg.data_path, "test"))
         state = None if cfg.original_trm_checkpoint else _load_checkpoint_state(cfg.checkpoint)
         if cfg.batch_size is not None:
@@ -223,10 +227,12 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                          seed=int(info.get("seed", 0)))
         out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
         if dist_info.is_main:
-            _ensure_writable(out_dir)  # before the evaluation, not after it
-        evaluator = ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
-                                 rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
-                                 submission_k=cfg.submission_k, seed=cfg.seed)
+            created = _ensure_writable(out_dir)  # before the evaluation, not after it
+            stack.callback(_remove_if_empty, created)  # a failed call leaves no empty output dirs behind
+        evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
+                                   rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
+                                   submission_k=cfg.submission_k, seed=cfg.seed)
+                      ] if uses_arc_voting(cfg.data_path, meta) else []
         run_wandb = None
         if cfg.wandb_project and dist_info.is_main:
             import wandb  # optional at run time: only when logging to W&B
@@ -234,7 +240,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             run_wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="evaluate",
                                    config=cfg.model_dump())
         t0 = time.time()
-        metrics = evaluate(model, loader, [evaluator], device=device, autocast_dtype=cfg.autocast,
+        metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
                            halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir)
         if not dist_info.is_main:
             return {}
@@ -250,11 +256,22 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             run_wandb.log(metrics)
             run_wandb.finish()
         return metrics
-    finally:
-        shutdown_distributed(dist_info)
 
 
-def _ensure_writable(out_dir: str) -> None:
+def uses_arc_voting(data_path: str, metadata: Any) -> bool:
+    """ARC voting pass@K applies to ARC-format builds (ARC-AGI, ConceptARC, synthetic rules: augmented copies
+    with identifiers and the original test puzzles); a Sudoku / Maze build is scored by the per-copy exact / token
+    accuracy alone (``all.exact_accuracy``, ``all.accuracy``, ``all.steps``)."""
+    if getattr(metadata, "kind", None) in ("sudoku", "maze"):
+        return False
+    return os.path.isfile(os.path.join(data_path, "test_puzzles.json"))
+
+
+def _ensure_writable(out_dir: str) -> Optional[str]:
+    """Create ``out_dir`` (checking it is writable); returns the top-most directory this call created, or None."""
+    top, d = None, os.path.abspath(out_dir)
+    while not os.path.exists(d):
+        top, d = d, os.path.dirname(d)
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
@@ -262,6 +279,17 @@ def _ensure_writable(out_dir: str) -> None:
     except OSError as e:
         raise EvaluateError(f"output_dir={out_dir!r}: not writable ({e.strerror or e}); choose another "
                             "output_dir=") from None
+    return top
+
+
+def _remove_if_empty(top: Optional[str]) -> None:
+    """Remove the directories :func:`_ensure_writable` created when nothing was written into them."""
+    if top is None or not os.path.isdir(top):
+        return
+    for d, _dirs, files in sorted(os.walk(top), key=lambda x: -len(x[0])):
+        if files or os.listdir(d):
+            return
+        os.rmdir(d)
 
 
 def config_from_hydra(hcfg: Any) -> EvaluateConfig:
@@ -293,7 +321,8 @@ def _main() -> None:
             metrics = run(cfg)
         if metrics:
             keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs",
-                                                                        "all.exact_accuracy", "eval/seconds"]
+                                                                        "all.exact_accuracy", "all.accuracy",
+                                                                        "all.steps", "eval/num_examples", "eval/seconds"]
             print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=1))
 
     run_hydra_main(main)

@@ -158,3 +158,45 @@ def test_max_groups_picks_the_groups_of_the_runs_eval_hook(trained):
                           num_pictures=0))
     assert m["ARC/num_puzzles"] == 2
     assert set(json.load(open(os.path.join(out, "submission.json")))) == hook_names(5)
+
+
+def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(tmp_path):
+    """evaluate.py is not ARC-only: a Sudoku build is scored by exact / token accuracy and halting steps (no ARC
+    voting, no test_puzzles.json needed); a failed call does not leave an empty evaluate/latest behind."""
+    import evaluate
+    from dataset.build_sudoku_dataset import main as build_sudoku
+    from training.loop import train
+
+    data = str(tmp_path / "sud")
+    build_sudoku(["--output-dir", data, "--generate-train", "64", "--generate-test", "8", "--size", "4",
+                  "--num-aug", "1", "--no-progress"])
+    run = str(tmp_path / "run")
+    arch = dict(name="trm", hidden_size=32, num_heads=2, expansion=2, puzzle_emb_ndim=32, puzzle_emb_len=1, H_cycles=1,
+                L_cycles=1, L_layers=1, halt_max_steps=2, loss={"loss_type": "softmax_cross_entropy"})
+    s = train(dict(arch=arch, data_paths=[data], global_batch_size=16, epochs=1, max_steps=4, eval_interval=None,
+                   eval_at_end=False, evaluators=[], checkpoint_path=run, progress=False, wandb={"mode": "disabled"}))
+    assert s["exit_status"] == 0
+    m = evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=data, device="cpu", progress=False))
+    assert m["eval/num_examples"] == 8 and 0.0 <= m["all.exact_accuracy"] <= 1.0 and m["all.steps"] == 2.0
+    assert not any(k.startswith("ARC/") for k in m)
+    with open(os.path.join(run, "evaluate", "latest", "metrics.json")) as f:
+        assert json.load(f)["metrics"]["all.accuracy"] == pytest.approx(m["all.accuracy"])
+    # a call that fails after the output dir was made (here: a broken test_puzzles.json makes the data ARC-like and
+    # the ARC evaluator refuses it) removes the directories it created
+    import shutil
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(data, broken)
+    with open(os.path.join(broken, "test_puzzles.json"), "w") as f:
+        f.write("[]")
+    with open(os.path.join(broken, "test", "dataset.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(broken, "test", "dataset.json"), "w") as f:
+        json.dump(dict(meta, kind=None), f)
+    bad_out = tmp_path / "fresh" / "evaluate" / "latest"
+    from evaluators import EvaluatorError
+
+    with pytest.raises(EvaluatorError, match="test_puzzles.json: expected"):
+        evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=broken, device="cpu", output_dir=str(bad_out),
+                                             progress=False))
+    assert not (tmp_path / "fresh").exists()
