@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -34,22 +35,44 @@ def run(cfg: DictConfig) -> dict:
     return train(pcfg, config_path=config_path)
 
 
+FAILED_POINTS: list[str] = []  # sweep points (--multirun) that failed; the process exits 1 after the sweep
+
+
+def _is_multirun() -> bool:
+    try:
+        return HydraConfig.get().mode.name == "MULTIRUN"
+    except Exception:  # noqa: BLE001 - no Hydra context (called directly)
+        return False
+
+
 def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
     """Shared body of the entry points: train, turn bad input into a one-line error (exit 1, core.errors), and
-    map the run's outcome to the exit status (except inside a --multirun sweep, where the remaining jobs go on)."""
+    map the run's outcome to the exit status. Inside a --multirun sweep a failing point (bad input: its one line;
+    a crash: its traceback) is recorded and the remaining points run; the process then exits 1."""
     if require_encoder and not cfg.get("encoder"):
         fail("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
-    with user_errors(known_keys=known_keys):
-        summary = run(cfg)
+    multirun = _is_multirun()
+    try:
+        with user_errors(known_keys=known_keys):
+            summary = run(cfg)
+    except (SystemExit, Exception) as e:
+        if not multirun or isinstance(e, SystemExit) and e.code in (0, None):
+            raise
+        if not isinstance(e, SystemExit):
+            traceback.print_exc()
+        FAILED_POINTS.append(" ".join(HydraConfig.get().overrides.task))
+        print(f"[sweep] point failed, continuing: {FAILED_POINTS[-1]}", file=sys.stderr, flush=True)
+        return
     status = int((summary or {}).get("exit_status") or 0)
-    if status != 0:
-        multirun = False
-        try:
-            multirun = HydraConfig.get().mode.name == "MULTIRUN"
-        except Exception:
-            pass
-        if not multirun:  # in a sweep, let the remaining jobs run
-            sys.exit(status)
+    if status != 0 and not multirun:  # in a sweep, let the remaining points run
+        sys.exit(status)
+
+
+def main_with_sweep_status(main) -> None:
+    """Run a Hydra main; after a --multirun sweep, exit 1 naming the failed points (if any)."""
+    run_hydra_main(main, known_keys=known_keys)
+    if FAILED_POINTS:
+        fail(f"{len(FAILED_POINTS)} sweep point(s) failed (the others ran): " + " | ".join(FAILED_POINTS))
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain", version_base=None)
@@ -58,4 +81,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_hydra_main(main, known_keys=known_keys)  # Hydra's own composition errors (unknown override key) as one line too
+    main_with_sweep_status(main)  # Hydra's own composition errors (unknown override key) as one line too

@@ -12,8 +12,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from core.errors import run_hydra_main
-from pretrain import CONFIG_DIR, execute, known_keys
+from pretrain import CONFIG_DIR, execute, main_with_sweep_status
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain_encoder_arc_agi_1", version_base=None)
@@ -22,4 +21,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_hydra_main(main, known_keys=known_keys)
+    main_with_sweep_status(main)
