@@ -265,6 +265,21 @@ def test_legacy_pickled_checkpoint_is_refused_then_converted(toy, tmp_path, caps
     assert s["steps"] == 3
 
 
+def test_converting_a_crafted_legacy_file_never_executes_it(toy, tmp_path, capsys):
+    """``convert`` unpickles with an allow-list (numpy arrays / scalars / dtypes, this project's dataclasses): a file
+    whose pickle would call os.mkdir is refused, one line naming the global, and the payload never runs."""
+    marker = str(tmp_path / "pwned")
+    evil = str(tmp_path / "step_1.pt")
+    torch.save({"format": ckpt.FORMAT, "rng": np.random.get_state(), "x": _Payload(marker)}, evil)
+    assert ckpt.main(["convert", evil]) == 1
+    err = capsys.readouterr().err.strip()
+    assert not os.path.exists(marker)
+    assert err.count("\n") == 0 and "refused: it needs posix.mkdir" in err and "nothing in it was executed" in err
+    with pytest.raises(ckpt.CheckpointError, match="refused"):  # still refused afterwards, never rewritten
+        ckpt.read_checkpoint(evil)
+    assert not os.path.exists(marker)
+
+
 def test_checkpoint_path_at_a_built_dataset_is_refused_and_nothing_is_written(toy, tmp_path):
     """checkpoint_path pointing at a dataset directory (here the training data itself): refused with one line
     naming it, before anything is written; a clean run leaves no .run.lock behind."""

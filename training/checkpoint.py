@@ -315,10 +315,41 @@ def load_weights(model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] 
 
 
 # ---------------------------------------------------------------------------------------------------
+# what a checkpoint of an older version of this code may hold beyond plain data: numpy arrays / scalars / dtypes
+# (the numpy RNG state) -- and this project's dataclasses (the ACT carry), checked by :func:`_legacy_global`
+_NUMPY_GLOBALS = {"numpy.ndarray", "numpy.dtype", "numpy.core.multiarray._reconstruct",
+                  "numpy._core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
+                  "numpy._core.multiarray.scalar"}
+
+
+def _legacy_global(name: str) -> Optional[Any]:
+    """The object a legacy checkpoint's pickle names, if it is on the allow-list (else None)."""
+    module, _, attr = name.rpartition(".")
+    if name in _NUMPY_GLOBALS or module == "numpy.dtypes":
+        obj: Any = importlib.import_module(module)
+        return getattr(obj, attr, None)
+    if module.split(".")[0] in _DATACLASS_PACKAGES:
+        try:
+            return _dataclass_by_name(f"{module}:{attr}")
+        except (CheckpointError, ImportError):
+            return None
+    return None
+
+
 def convert_legacy(path: str) -> str:
     """Rewrite a checkpoint of an older version of this code (pickled numpy RNG state / carry dataclasses) as
-    plain data. Loads with ``weights_only=False``: only for files you trust (you wrote them)."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    plain data. The file is unpickled with ``weights_only=True`` and an allow-list of the globals such files hold
+    (numpy arrays / scalars / dtypes, this project's dataclasses): a file naming anything else is refused before
+    anything in it runs."""
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    allowed = {n: _legacy_global(n) for n in names}
+    refused = sorted(n for n, obj in allowed.items() if obj is None)
+    if refused:
+        raise CheckpointError(f"{path}: refused: it needs {', '.join(refused)}, which a checkpoint of this code "
+                              f"never holds; nothing in it was executed")
+    dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]  # built by numpy.dtype's state
+    with torch.serialization.safe_globals([*allowed.values(), *dtypes]):
+        state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a trm-platform checkpoint; nothing converted")
     save_checkpoint_atomic(state, path)
