@@ -346,6 +346,21 @@ class PuzzleDataset(IterableDataset):
         self._passes: dict = {}  # (epoch, set) -> passes packed into that epoch
         self._test_plans: Optional[list[np.ndarray]] = None
 
+    def fingerprint(self) -> str:
+        """A cheap content hash of this split: its dataset.json fields (incl. the identifiers.json hash), every
+        array's shape, and 64 evenly spaced example / puzzle rows of each set. Two builds with the same shapes but
+        other content (another seed, other puzzles) differ in it; reading it costs milliseconds."""
+        h = hashlib.sha256(self.metadata.model_dump_json().encode())
+        for s in self.sets:
+            n = s.num_examples
+            rows = np.unique(np.linspace(0, max(n - 1, 0), num=min(64, max(n, 1))).astype(np.int64)) if n else np.zeros(0, np.int64)
+            for arr in (s.inputs.take(rows), s.labels.take(rows), s.puzzle_identifiers, s.puzzle_indices,
+                        s.group_indices):
+                a = np.ascontiguousarray(arr)
+                h.update(f"{s.name}:{a.shape}:{a.dtype}".encode())
+                h.update(a.tobytes())
+        return h.hexdigest()
+
     def _load_sets(self, metas: list[DatasetMetadata], split_dirs: list[str]) -> list[_SetData]:
         """Each set concatenated over the data paths (puzzle identifiers offset per path, the blank id shared)."""
         sets, id_offset, id_offsets = [], 0, []

@@ -290,3 +290,24 @@ def test_checkpoint_path_at_a_built_dataset_is_refused_and_nothing_is_written(to
     run = str(tmp_path / "ok")
     train(_cfg(toy, run))
     assert not os.path.exists(os.path.join(run, ".run.lock")) and os.path.isfile(os.path.join(run, "summary.json"))
+
+
+def test_resume_records_changed_keys_and_refuses_other_data(toy, tmp_path):
+    """A resume that changes ema_rate / lr_warmup_steps / epochs is recorded (printed and in summary.json
+    warnings); other training data of the same shape is refused unless resume_allow_data_change=true."""
+    from tests.toy_data import write_toy_dataset
+
+    run = str(tmp_path / "r")
+    train(toy_train_config(toy, run, epochs=2, max_steps=2, ema=True))
+    s = train(toy_train_config(toy, run, epochs=3, max_steps=3, ema=True, ema_rate=0.99, lr_warmup_steps=5,
+                               resume=True))
+    w = "\n".join(s["warnings"])
+    for change in ("ema_rate: 0.999 -> 0.99", "lr_warmup_steps: 10 -> 5", "epochs: 2 -> 3", "max_steps: 2 -> 3"):
+        assert f"resume: config changed since the checkpoint: {change}" in w, w
+    assert "resume:" not in w.replace("resume: config changed", "")  # nothing else (resume itself is expected)
+    other = write_toy_dataset(str(tmp_path / "other"), seed=7)  # same shapes, other content
+    cfg = toy_train_config(other, run, epochs=3, max_steps=4, ema=True, ema_rate=0.99, lr_warmup_steps=5, resume=True)
+    with pytest.raises(ckpt.CheckpointError, match="differs from the data this run was trained on"):
+        train(cfg)
+    s = train(dict(cfg, resume_allow_data_change=True))
+    assert s["steps"] == 4 and any("training data differs" in x for x in s["warnings"])

@@ -97,6 +97,9 @@ class PretrainConfig(_Strict):
     checkpoint_every_eval: bool = True  # TRM name: also checkpoint at every eval
     checkpoint_keep: Optional[int] = 3  # newest N step checkpoints kept; None = all
     resume: bool = False
+    # resume refuses training data that differs from the checkpoint's (dataset.loader.PuzzleDataset.fingerprint);
+    # true = continue on the new data anyway (recorded in summary.json warnings)
+    resume_allow_data_change: bool = False
     load_checkpoint: Optional[str] = None  # weights-only init (fine-tuning)
     eval_save_outputs: list[str] = Field(default_factory=list)
     evaluators: list[EvaluatorSpec] = Field(default_factory=lambda: [EvaluatorSpec(name="arc")])

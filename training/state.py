@@ -37,6 +37,22 @@ class Progress:
     wandb_id: Optional[str] = None
 
 
+# keys that are expected to differ between a run and its resume
+_RESUME_KEYS = ("resume", "resume_allow_data_change")
+
+
+def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``"key: old -> new"`` for every dotted key whose value differs between two config dumps."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new)):
+            if not prefix and k in _RESUME_KEYS:
+                continue
+            out += config_changes(old.get(k, "<unset>"), new.get(k, "<unset>"), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
 def check_checkpoint_data(state: dict[str, Any], metadata: DatasetMetadata, data_dir: str) -> None:
     """A checkpoint's weights fit only data of its vocab_size / seq_len."""
     if state.get("metadata"):
@@ -63,6 +79,9 @@ class CheckpointManager:
     run_name: str
     project_name: str
     epochs_completed: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        self.data_fingerprint = self.dataset.fingerprint()
 
     # -- save ----------------------------------------------------------------------------------------
     def save(self, p: Progress) -> Optional[str]:
@@ -98,6 +117,7 @@ class CheckpointManager:
             "wandb_id": p.wandb_id, "run_name": self.run_name, "project_name": self.project_name,
             "log_window": {"acc": dict(p.window), "n": p.window_steps},
             "identifiers_sha256": self.metadata.identifiers_sha256,  # evaluate.py refuses other data
+            "data_fingerprint": self.data_fingerprint,  # resume refuses other training data
         }
 
     # -- restore ---------------------------------------------------------------------------------------
@@ -125,6 +145,7 @@ class CheckpointManager:
         first step (docs/training.md: exact resume)."""
         ckpt.check_arch_compatible(state["arch"], self.arch, source=state["_path"])
         check_checkpoint_data(state, self.metadata, self.cfg.data_paths[0])
+        self._check_same_data(state)
         saved_ws = len(state["per_rank"])
         if saved_ws != self.info.world_size:
             raise ckpt.CheckpointError(f"{state['_path']}: saved with world size {saved_ws}, resumed with "
@@ -148,7 +169,25 @@ class CheckpointManager:
         p.window, p.window_steps = dict(window.get("acc", {})), int(window.get("n", 0))
         p.wandb_id = state.get("wandb_id")
         say(f"[train] resumed from {state['_path']} at step {p.step}")
+        notes = [f"resume: config changed since the checkpoint: {c}"
+                 for c in config_changes(state.get("config") or {}, self.cfg.model_dump(mode="json"))]
+        if state.get("data_fingerprint") not in (None, self.data_fingerprint):
+            notes.append("resume: the training data differs from the checkpoint's (resume_allow_data_change=true)")
+        for note in notes:  # printed and kept in summary.json, so a changed resume is never silent
+            say(f"[train] {note}")
+            if self.info.is_main:
+                self.summary.add_warning(note)
         return mine["rng"]
+
+    def _check_same_data(self, state: dict[str, Any]) -> None:
+        """Resume continues the same run: other training data (same shapes or not) is refused unless
+        ``resume_allow_data_change``; checkpoints older than the fingerprint are not checked."""
+        want = state.get("data_fingerprint")
+        if want is None or want == self.data_fingerprint or self.cfg.resume_allow_data_change:
+            return
+        raise ckpt.CheckpointError(f"{state['_path']}: the training data {self.cfg.data_paths} differs from the data "
+                                   f"this run was trained on (content fingerprint {self.data_fingerprint[:12]} vs "
+                                   f"{want[:12]}); resume on the same data, or pass resume_allow_data_change=true")
 
     @staticmethod
     def _restore_optimizer(name: str, opt: torch.optim.Optimizer, saved: dict, say: Callable[[str], None]) -> None:
