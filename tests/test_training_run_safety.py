@@ -311,3 +311,33 @@ def test_resume_records_changed_keys_and_refuses_other_data(toy, tmp_path):
         train(cfg)
     s = train(dict(cfg, resume_allow_data_change=True))
     assert s["steps"] == 4 and any("training data differs" in x for x in s["warnings"])
+
+
+def test_disk_full_while_saving_is_one_line_and_keeps_the_last_checkpoint(toy, tmp_path, monkeypatch, capsys):
+    """ENOSPC while writing step N: the run stops with `saving step N failed: …: No space left on device (the
+    last complete checkpoint step_M.pt is intact)`, summary.json says so, the queue's error file gets that line
+    (a deterministic failure: not retried), and step_M.pt still loads."""
+    import errno
+
+    from core.errors import ERROR_FILE_ENV, user_errors
+
+    run = str(tmp_path / "full")
+    orig = ckpt.save_checkpoint_atomic
+
+    def full_at_4(state, path):
+        if state["step"] == 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return orig(state, path)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint_atomic", full_at_4)
+    err_file = tmp_path / "job.err"
+    monkeypatch.setenv(ERROR_FILE_ENV, str(err_file))
+    with pytest.raises(SystemExit) as e, user_errors():
+        train(toy_train_config(toy, run, epochs=3, checkpoint_every=2))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 1 and line.startswith("error: saving step 4 failed:") and "No space left on device" in line
+    assert line.endswith("(the last complete checkpoint step_2.pt is intact)")
+    assert err_file.read_text().strip() == line[len("error: "):]
+    s = read_summary(run)
+    assert s["status"] == "failed" and "No space left on device" in s["message"]
+    assert ckpt.read_checkpoint(os.path.join(run, "step_2.pt"))["step"] == 2

@@ -8,6 +8,7 @@ optimizers, data stream, health monitor, summary) and Progress, writes it throug
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -23,6 +24,11 @@ from training.config import PretrainConfig
 from training.ema import EMA
 from training.health import HealthMonitor
 from training.summary import RunSummary
+
+
+class CheckpointSaveError(ckpt.CheckpointError):
+    """A checkpoint could not be written (no space left, the run directory gone): the run stops with one line;
+    retrying would fail the same way."""
 
 
 @dataclass
@@ -94,7 +100,14 @@ class CheckpointManager:
         if self.info.is_main:
             path = ckpt.checkpoint_file(self.checkpoint_dir, p.step)
             self.summary.set(steps=p.step, examples_seen=p.examples_seen, epochs_completed=self.epochs_completed())
-            ckpt.save_checkpoint_atomic(self._state(p, per_rank, path), path)
+            try:
+                ckpt.save_checkpoint_atomic(self._state(p, per_rank, path), path)
+            except OSError as e:  # disk full, the run dir replaced by a file, ...: one line, the queue won't retry
+                last = ckpt.find_latest_checkpoint(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else None
+                raise CheckpointSaveError(
+                    f"saving step {p.step} failed: {e.filename or self.checkpoint_dir}: {e.strerror or e} ("
+                    + (f"the last complete checkpoint {os.path.basename(last)} is intact)" if last else
+                       "no earlier checkpoint)")) from None
             self.summary.set(last_checkpoint=path)  # only once the file is complete
             ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep, protect=(path,))
             self.summary.write()
