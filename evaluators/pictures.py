@@ -1,4 +1,4 @@
-"""PNG pictures of ARC predictions: test input, ground truth and the top-2 voted candidates."""
+"""PNG pictures of ARC predictions: the demonstration pairs, test input, ground truth and the top voted candidates."""
 from __future__ import annotations
 
 import os
@@ -17,6 +17,7 @@ ARC_PALETTE: tuple[str, ...] = (
 def _draw(ax, grid: Optional[list], title: str, color: str = "black") -> None:
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
+    ax.axis("on")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title, fontsize=8, color=color)
@@ -33,29 +34,40 @@ def _draw(ax, grid: Optional[list], title: str, color: str = "black") -> None:
     ax.tick_params(which="minor", length=0)
 
 
-def draw_puzzle(path: str, name: str, puzzle: dict, ranked: Sequence[Sequence[Any]]) -> str:
-    """One PNG for one puzzle: a row per test input (input, truth, top-1, top-2 with votes)."""
+def draw_puzzle(path: str, name: str, puzzle: dict, ranked: Sequence[Sequence[Any]], top_k: int = 2) -> str:
+    """One PNG for one puzzle: its demonstration pairs first (what an ETRM encoder reads; input -> output side by
+    side, several pairs per row), then a row per test input: input, ground truth, top-``top_k`` voted candidates
+    (votes, mean q; green = correct, red = wrong)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    tests = puzzle["test"]
-    fig, axes = plt.subplots(len(tests), 4, figsize=(8, 2.2 * len(tests)), squeeze=False)
+    demos, tests = puzzle.get("train", []), puzzle["test"]
+    ncols = max(2 + top_k, 2 * min(len(demos), 3))
+    per_row = ncols // 2
+    demo_rows = -(-len(demos) // per_row)
+    fig, axes = plt.subplots(demo_rows + len(tests), ncols, figsize=(2 * ncols, 2.1 * (demo_rows + len(tests))),
+                             squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for d, ex in enumerate(demos):
+        r, c = divmod(d, per_row)
+        _draw(axes[r][2 * c], ex["input"], f"demo {d}: input", "navy")
+        _draw(axes[r][2 * c + 1], ex.get("output"), f"demo {d}: output", "navy")
     for i, ex in enumerate(tests):
-        truth = ex.get("output")
-        cands = [c for c in (ranked[i] if i < len(ranked) else []) if c.grid is not None][:2]
-        _draw(axes[i][0], ex["input"], f"test {i}: input")
-        _draw(axes[i][1], truth, "ground truth")
-        for j in range(2):
+        row, truth = axes[demo_rows + i], ex.get("output")
+        cands = [c for c in (ranked[i] if i < len(ranked) else []) if c.grid is not None][:top_k]
+        _draw(row[0], ex["input"], f"test {i}: input")
+        _draw(row[1], truth, "ground truth")
+        for j in range(top_k):
             if j < len(cands):
                 c = cands[j]
                 ok = truth is not None and np.array_equal(np.asarray(c.grid), np.asarray(truth))
-                _draw(axes[i][2 + j], c.grid, f"top-{j + 1}: {c.votes} votes, q={c.mean_q:.2f}",
-                      "green" if ok else "red")
+                _draw(row[2 + j], c.grid, f"top-{j + 1}: {c.votes} votes, q={c.mean_q:.2f}", "green" if ok else "red")
             else:
-                _draw(axes[i][2 + j], None, f"top-{j + 1}")
-    fig.suptitle(name, fontsize=10)
+                _draw(row[2 + j], None, f"top-{j + 1}")
+    fig.suptitle(f"{name}: {len(demos)} demos, {len(tests)} test input(s)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

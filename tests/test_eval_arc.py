@@ -377,3 +377,26 @@ def test_original_trm_evaluator_spelling_is_an_alias(tmp_path):
         build_evaluators([{"name": "arc@ARC"}], data_path=str(tmp_path))
     with pytest.raises(EvaluatorError, match="unknown evaluator 'arc@XYZ'"):
         build_evaluators([{"name": "arc@XYZ"}], data_path=str(tmp_path))
+
+
+def test_prediction_pictures_show_the_demonstrations(tmp_path):
+    """A puzzle's picture has a row of its demo pairs above the test rows (input, truth, top-k): more demos, a
+    taller picture; a puzzle without demos has only its test row."""
+    import struct
+
+    import numpy as np
+
+    from evaluators.arc import Candidate
+    from evaluators.pictures import draw_puzzle
+
+    def height(path):
+        with open(path, "rb") as f:
+            return struct.unpack(">II", f.read(24)[16:24])[1]  # PNG IHDR: width, height
+
+    grid = [[1, 2], [3, 4]]
+    test = [{"input": grid, "output": grid}]
+    ranked = [[Candidate("a", np.asarray(grid), votes=3, q_sum=2.0)]]
+    demos = [{"input": grid, "output": grid}] * 4  # 4 pairs at 3 per row: 2 demo rows
+    h0 = height(draw_puzzle(str(tmp_path / "0.png"), "p", {"train": [], "test": test}, ranked))
+    h4 = height(draw_puzzle(str(tmp_path / "4.png"), "p", {"train": demos, "test": test}, ranked))
+    assert h4 > 2.5 * h0

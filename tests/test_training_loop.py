@@ -381,3 +381,32 @@ def test_eval_interval_counts_passes_when_an_epoch_packs_several(toy, tmp_path):
         t.step = step
         due.append(t._eval_due())
     assert due == [False, True, True, False, True]
+
+
+def test_metrics_jsonl_and_training_curves(toy, tmp_path):
+    """Every logged value lands in <run>/metrics.jsonl (a resumed run's file equals an uninterrupted one's), and
+    `python -m training.plot_run` draws it to PNG without W&B."""
+    from training.plot_run import PlotError, main as plot_main, read_metrics
+
+    straight, cut = str(tmp_path / "a"), str(tmp_path / "b")
+    train(toy_train_config(toy, straight, epochs=3, log_interval=2, checkpoint_every=4))
+    train(toy_train_config(toy, cut, epochs=3, log_interval=2, checkpoint_every=4, max_steps=6))  # stops at 6
+    train(toy_train_config(toy, cut, epochs=3, log_interval=2, checkpoint_every=4, resume=True))
+    with open(os.path.join(straight, "metrics.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6, 8, 10, 12]  # + the end-of-run eval's line at 12
+    with open(os.path.join(cut, "metrics.jsonl")) as f:
+        resumed = [json.loads(x) for x in f]
+    train_lines = lambda rs: [(r["step"], r["train/lm_loss"]) for r in rs if "train/lm_loss" in r]  # noqa: E731
+    # the training log of the cut + resumed run is the uninterrupted one's (the cut run's end-of-run evaluation at
+    # step 6 is an extra line: it happened)
+    assert [s for s, _ in train_lines(resumed)] == [2, 4, 6, 8, 10, 12]
+    assert [v for _, v in train_lines(resumed)] == pytest.approx([v for _, v in train_lines(rows)], rel=1e-5)
+    m = read_metrics(straight)
+    assert m["train/lm_loss"][0] == [2, 4, 6, 8, 10, 12] and len(m["train/lr"][1]) == 6
+    png = plot_main([straight])
+    assert png == os.path.join(straight, "curves.png") and os.path.getsize(png) > 10_000
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(PlotError, match="metrics.jsonl: not found"):
+        read_metrics(str(tmp_path))

@@ -13,6 +13,7 @@ Every evaluation prints one line with its metrics (``[eval] step 50: ...``), ter
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -44,6 +45,16 @@ def eval_line(step: int, metrics: dict[str, Any]) -> Optional[str]:
         return None
     items = ", ".join(f"{(k[5:] if k.startswith('eval/') else k)} {_fmt(v)}" for k, v in sorted(metrics.items()))
     return f"[eval] step {step}: {items}"
+
+
+def _truncate_after(path: str, step: int) -> None:
+    """Keep the lines of a metrics.jsonl logged at or before ``step`` (a resumed run logs the later ones again)."""
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(keep)
 
 
 def _isatty(stream: Any) -> bool:
@@ -79,8 +90,12 @@ class RunLogger:
 
     def __init__(self, *, enabled: bool, project: str, run_name: str, config: dict[str, Any], mode: str,
                  wandb_dir: str, total_steps: int, initial_step: int = 0, entity: Optional[str] = None,
-                 save_code: bool = True, progress: bool = True, resume_id: Optional[str] = None):
+                 save_code: bool = True, progress: bool = True, resume_id: Optional[str] = None,
+                 metrics_path: Optional[str] = None):
         self.enabled = enabled
+        self.metrics_path = metrics_path if enabled else None
+        if self.metrics_path:
+            _truncate_after(self.metrics_path, initial_step)
         self.run = None
         self.mode = resolve_wandb_mode(mode)
         self.bar = None
@@ -122,6 +137,9 @@ class RunLogger:
             return
         if self.run is not None:
             self.run.log(metrics, step=step)
+        if self.metrics_path:  # the run's own record of every logged value (python -m training.plot_run)
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in metrics.items()}}) + "\n")
         if self.lines:
             line = train_line(step, self.total_steps, metrics)
             if line:

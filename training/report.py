@@ -13,6 +13,8 @@ from training import distributed as D
 from training.config import PretrainConfig
 from training.health import HealthMonitor
 from training.logging import RunLogger
+
+METRICS_FILE = "metrics.jsonl"  # every logged value, one JSON object per log call (python -m training.plot_run)
 from training.summary import EXIT_FAILED, STOP_ERROR, RunSummary
 
 
@@ -32,11 +34,13 @@ class RunReport:
                                 config=cfg.model_dump(mode="json"), mode=cfg.wandb.mode,
                                 wandb_dir=cfg.wandb.dir or checkpoint_dir, total_steps=total_steps,
                                 initial_step=step, entity=cfg.wandb.entity, save_code=cfg.wandb.save_code,
-                                progress=cfg.progress, resume_id=resume_id)
+                                progress=cfg.progress, resume_id=resume_id,
+                                metrics_path=os.path.join(checkpoint_dir, METRICS_FILE))
         if self.info.is_main:
             os.makedirs(checkpoint_dir, exist_ok=True)
             self.summary.write()
-            self.logger.log({"num_params": float(num_params)}, step=step)
+            if step == 0:  # once per run, not again at a resume
+                self.logger.log({"num_params": float(num_params)}, step=step)
             self.logger.print(start_line)
         return self.logger.run_id
 
