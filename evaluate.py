@@ -39,6 +39,7 @@ from models.compat import load_original_trm_checkpoint
 from training.build import build_loss_head, check_split_matches, load_model_for_inference
 from training.checkpoint import CheckpointError, load_checkpoint_file
 from training.distributed import init_distributed, shutdown_distributed
+from training.logging import resolve_wandb_mode, wandb_identity
 
 log = logging.getLogger("evaluate")
 
@@ -80,6 +81,7 @@ class EvaluateConfig(pydantic.BaseModel):
     seed: int = 0
     wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
     wandb_run_name: Optional[str] = None
+    wandb_mode: str = "auto"  # auto: online with an API key / login, else offline (as training)
 
 
 def evaluate_defaults() -> dict[str, Any]:
@@ -162,6 +164,7 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
     return head, encoder_mode, getattr(pcfg, "max_demos", None), {
         "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
         "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
+        "config": pcfg.model_dump(mode="json"),
         # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
         "arch": pcfg.arch.model_dump(mode="json"),
         "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json")}
@@ -233,12 +236,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                    rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
                                    submission_k=cfg.submission_k, seed=cfg.seed)
                       ] if uses_arc_voting(cfg.data_path, meta) else []
-        run_wandb = None
-        if cfg.wandb_project and dist_info.is_main:
-            import wandb  # optional at run time: only when logging to W&B
-
-            run_wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="evaluate",
-                                   config=cfg.model_dump())
+        run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
         t0 = time.time()
         metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
                            halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir)
@@ -256,6 +254,19 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             run_wandb.log(metrics)
             run_wandb.finish()
         return metrics
+
+
+def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any:
+    """A W&B run (job_type eval) in the training run's group with its tags, so train and eval sit together;
+    offline without a login (like training: ``wandb_mode`` auto)."""
+    import wandb  # optional at run time: only when logging to W&B
+
+    trained = info.get("config") or {}
+    ident = wandb_identity(trained, str(trained.get("run_name") or os.path.basename(os.path.dirname(info.get("file")
+                                                                                                    or out_dir))))
+    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="eval", group=ident["group"],
+                      tags=ident["tags"], mode=resolve_wandb_mode(cfg.wandb_mode), dir=out_dir,
+                      config={"evaluate": cfg.model_dump(), "trained": ident["config"]})
 
 
 def uses_arc_voting(data_path: str, metadata: Any) -> bool:

@@ -410,3 +410,47 @@ def test_metrics_jsonl_and_training_curves(toy, tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(PlotError, match="metrics.jsonl: not found"):
         read_metrics(str(tmp_path))
+
+
+class _FakeWandbRun:
+    def __init__(self, **kw):
+        self.kw, self.summary, self.logged, self.id, self.dir = kw, {}, [], "fake", None
+
+    def log(self, metrics, step=None, commit=None):
+        self.logged.append(dict(metrics))
+
+    def log_code(self, *a, **k):
+        pass
+
+    def finish(self, exit_code=0):
+        pass
+
+
+def test_wandb_runs_carry_group_tags_job_type_and_best(toy, tmp_path, monkeypatch):
+    """Training runs: group (wandb.group, else the queue job's name, else the run name), tags (arch, encoder or
+    trm, dataset), job_type train, best/* in the summary, encoder.name "none" for TRM; evaluate.py joins the
+    training run's group with job_type eval and falls back to offline without a login."""
+    import wandb
+
+    import evaluate
+
+    runs = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: runs.append(_FakeWandbRun(**kw)) or runs[-1])
+    monkeypatch.delenv("TRM_JOB_NAME", raising=False)
+    run = str(tmp_path / "wbg")
+    s = train(toy_train_config(toy, run, epochs=2, wandb={"mode": "offline", "save_code": False, "tags": ["x"]}))
+    kw = runs[0].kw
+    assert (kw["group"], kw["job_type"], kw["tags"]) == ("toy", "train", ["arch:trm", "encoder:none", "data:toy", "x"])
+    assert kw["config"]["encoder"] == {"name": "none"} and kw["config"]["arch"]["name"] == "trm"
+    assert runs[0].summary["best/train/exact_accuracy"] == s["best"]["train/exact_accuracy"]
+    monkeypatch.setenv("TRM_JOB_NAME", "overfit-32")
+    train(toy_train_config(toy, str(tmp_path / "wbq"), epochs=1, wandb={"mode": "offline", "save_code": False}))
+    assert runs[1].kw["group"] == "overfit-32"
+    monkeypatch.delenv("TRM_JOB_NAME")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no login: offline, not a crash
+    evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=toy, device="cpu", progress=False,
+                                         wandb_project="p", num_pictures=0))
+    ev = runs[2].kw
+    assert (ev["group"], ev["job_type"], ev["mode"]) == ("toy", "eval", "offline") and ev["tags"][:2] == ["arch:trm", "encoder:none"]

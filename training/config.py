@@ -46,6 +46,10 @@ class WandbConfig(_Strict):
     entity: Optional[str] = None
     save_code: bool = True
     dir: Optional[str] = None  # default: the run's checkpoint dir
+    # W&B group: null -> the queue job's name (run_jobs.py sets TRM_JOB_NAME), else the run name; evaluate.py runs
+    # of a checkpoint join its training run's group (job_type train / eval)
+    group: Optional[str] = None
+    tags: list[str] = Field(default_factory=list)  # added to the automatic ones (arch, encoder, dataset)
 
 
 class EvaluatorSpec(_Strict):

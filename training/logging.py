@@ -85,13 +85,28 @@ def resolve_wandb_mode(mode: str) -> str:
     return "online" if _has_wandb_login() else "offline"
 
 
+def wandb_identity(config: dict[str, Any], run_name: str) -> dict[str, Any]:
+    """``group``, ``tags`` and the config W&B shows for a run's (or its evaluation's) config dump: group =
+    ``wandb.group``, else the queue job's name (``TRM_JOB_NAME``), else the run name; tags = ``arch:<name>``,
+    ``encoder:<name>`` (``encoder:none`` for TRM), ``data:<dataset dir>``, + ``wandb.tags``. Runs without an encoder show
+    ``encoder.name = "none"`` so that grouping by ``encoder.name`` covers TRM runs too."""
+    wb = config.get("wandb") or {}
+    arch = (config.get("arch") or {}).get("name", "model")
+    enc = (config.get("encoder") or {}).get("name")
+    data = [os.path.basename(os.path.normpath(p)) for p in (config.get("data_paths") or [])]
+    shown = dict(config, encoder=config.get("encoder") or {"name": "none"})
+    return {"group": wb.get("group") or os.environ.get("TRM_JOB_NAME") or run_name,
+            "tags": [f"arch:{arch}", f"encoder:{enc or 'none'}", *(f"data:{d}" for d in data), *wb.get("tags", [])],
+            "config": shown}
+
+
 class RunLogger:
     """Logs metrics to W&B and the console (rank 0 only) and drives the progress bar."""
 
     def __init__(self, *, enabled: bool, project: str, run_name: str, config: dict[str, Any], mode: str,
                  wandb_dir: str, total_steps: int, initial_step: int = 0, entity: Optional[str] = None,
                  save_code: bool = True, progress: bool = True, resume_id: Optional[str] = None,
-                 metrics_path: Optional[str] = None):
+                 metrics_path: Optional[str] = None, job_type: str = "train"):
         self.enabled = enabled
         self.metrics_path = metrics_path if enabled else None
         if self.metrics_path:
@@ -108,9 +123,11 @@ class RunLogger:
             import wandb
 
             os.makedirs(wandb_dir, exist_ok=True)
-            self.run = wandb.init(project=project, name=run_name, config=config, mode=self.mode, dir=wandb_dir,
-                                  entity=entity, save_code=save_code, id=resume_id,
-                                  resume="allow" if resume_id else None, reinit="finish_previous")
+            ident = wandb_identity(config, run_name)
+            self.run = wandb.init(project=project, name=run_name, config=ident["config"], mode=self.mode,
+                                  dir=wandb_dir, entity=entity, save_code=save_code, id=resume_id,
+                                  resume="allow" if resume_id else None, reinit="finish_previous",
+                                  group=ident["group"], tags=ident["tags"], job_type=job_type)
             if save_code and self.run is not None and self.mode != "disabled":
                 try:
                     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

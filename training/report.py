@@ -76,7 +76,7 @@ class RunReport:
             return None
         self.summary.set(**progress)
         result = self.summary.finish(stop_reason, exit_status, message)
-        self.logger.summary(dict(result["final"]))
+        self.logger.summary({**result["final"], **{f"best/{k}": v for k, v in result["best"].items()}})
         self.logger.print(f"[train] {stop_reason} after {progress.get('steps')} steps. checkpoint dir: "
                           f"{checkpoint_dir}\n[train] summary: {self.summary.path}\n[train] W&B run "
                           f"({self.logger.mode}): {self.logger.run_dir or '(W&B disabled)'}")
