@@ -341,3 +341,46 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_last_checkpoint(toy, t
     s = read_summary(run)
     assert s["status"] == "failed" and "No space left on device" in s["message"]
     assert ckpt.read_checkpoint(os.path.join(run, "step_2.pt"))["step"] == 2
+
+
+def _save_fails_on_rank0_worker(rank: int, world: int, init_file: str, toy: str, run: str, out_dir: str) -> None:
+    import errno
+
+    import torch.distributed as dist
+
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    orig = ckpt.save_checkpoint_atomic
+
+    def full_at_4(state, path):
+        if state["step"] == 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return orig(state, path)
+
+    ckpt.save_checkpoint_atomic = full_at_4
+    try:
+        train(toy_train_config(toy, run, epochs=3, checkpoint_every=2, global_batch_size=8))
+        msg = "no error"
+    except Exception as e:  # noqa: BLE001 - recorded for the parent
+        msg = f"{type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as f:
+        f.write(msg)
+
+
+def test_a_rank0_save_failure_stops_every_rank_with_the_same_error(toy, tmp_path):
+    """torchrun: only rank 0 writes checkpoints; when that fails the other ranks must not wait in the barrier
+    forever: every rank raises the same one-line error, promptly."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_save_fails_on_rank0_worker, nprocs=2, join=False, start_method="fork",
+                             args=(2, str(tmp_path / "init"), toy, str(tmp_path / "run"), str(tmp_path)))
+    deadline = time.time() + 120
+    while not ctx.join(timeout=5):
+        assert time.time() < deadline, "a rank hangs after rank 0's save failed"
+    msgs = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
+    assert msgs[0] == msgs[1] and msgs[0].startswith("CheckpointSaveError: saving step 4 failed:"), msgs

@@ -11,13 +11,16 @@ import os
 import random
 import shutil
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.errors import PlatformError
 from training.config import ConfigError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,6 +67,22 @@ def init_distributed(device: str = "auto") -> DistInfo:
         dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
         created = True
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev, created)
+
+
+def run_on_main(info: DistInfo, fn: Callable[[], T]) -> Optional[T]:
+    """Run ``fn`` on rank 0 only; every rank returns its result, or raises the same bad-input error (a
+    ``PlatformError`` raised by ``fn``: its type and one-line message), so no rank is left waiting in a collective
+    while rank 0 stops (torchrun)."""
+    out, err = None, None
+    if info.is_main:
+        try:
+            out = fn()
+        except PlatformError as e:
+            err = (type(e), str(e))
+    out, err = broadcast_object((out, err))
+    if err is not None:
+        raise err[0](err[1])
+    return out
 
 
 def shutdown_distributed(info: DistInfo) -> None:

@@ -96,22 +96,25 @@ class CheckpointManager:
                      if p.carry is not None else None)
         per_rank = D.gather_objects({"rng": ckpt.get_rng_state(), "data_state": self.dataset.state_dict(),
                                      "carry": carry_cpu})
-        path = None
-        if self.info.is_main:
-            path = ckpt.checkpoint_file(self.checkpoint_dir, p.step)
-            self.summary.set(steps=p.step, examples_seen=p.examples_seen, epochs_completed=self.epochs_completed())
-            try:
-                ckpt.save_checkpoint_atomic(self._state(p, per_rank, path), path)
-            except OSError as e:  # disk full, the run dir replaced by a file, ...: one line, the queue won't retry
-                last = ckpt.find_latest_checkpoint(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else None
-                raise CheckpointSaveError(
-                    f"saving step {p.step} failed: {e.filename or self.checkpoint_dir}: {e.strerror or e} ("
-                    + (f"the last complete checkpoint {os.path.basename(last)} is intact)" if last else
-                       "no earlier checkpoint)")) from None
-            self.summary.set(last_checkpoint=path)  # only once the file is complete
-            ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep, protect=(path,))
-            self.summary.write()
+        # rank 0 writes; a failure (disk full, ...) reaches every rank as the same one-line error
+        path = D.run_on_main(self.info, lambda: self._write(p, per_rank))
         D.barrier()
+        return path
+
+    def _write(self, p: Progress, per_rank: list[dict]) -> str:
+        path = ckpt.checkpoint_file(self.checkpoint_dir, p.step)
+        self.summary.set(steps=p.step, examples_seen=p.examples_seen, epochs_completed=self.epochs_completed())
+        try:
+            ckpt.save_checkpoint_atomic(self._state(p, per_rank, path), path)
+        except OSError as e:  # disk full, the run dir replaced by a file, ...: one line, the queue won't retry
+            last = ckpt.find_latest_checkpoint(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else None
+            raise CheckpointSaveError(
+                f"saving step {p.step} failed: {e.filename or self.checkpoint_dir}: {e.strerror or e} ("
+                + (f"the last complete checkpoint {os.path.basename(last)} is intact)" if last else
+                   "no earlier checkpoint)")) from None
+        self.summary.set(last_checkpoint=path)  # only once the file is complete
+        ckpt.prune_checkpoints(self.checkpoint_dir, self.cfg.checkpoint_keep, protect=(path,))
+        self.summary.write()
         return path
 
     def _state(self, p: Progress, per_rank: list[dict], path: str) -> dict[str, Any]:
