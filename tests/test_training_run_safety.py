@@ -115,7 +115,7 @@ def test_last_checkpoint_is_set_only_after_a_successful_write(toy, tmp_path, mon
         return orig(state, path)
 
     monkeypatch.setattr(ckpt, "save_checkpoint_atomic", disk_full_at_step_4)
-    with pytest.raises(OSError):
+    with pytest.raises(ckpt.CheckpointError, match="saving step 4 failed"):  # one line (bad input class), not OSError
         train(toy_train_config(toy, run, epochs=2, checkpoint_every=2))
     d = read_summary(run)
     assert d["status"] == "failed" and d["steps"] == 4

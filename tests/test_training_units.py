@@ -295,3 +295,28 @@ def test_config_defaults_have_one_source():
         assert cls(**raw) == cls(name=raw["name"]), f"config/encoder/{path} differs from {cls.__name__} defaults"
     for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "arch"))):
         parse_arch_config(OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "arch", path))))
+
+
+def test_lr_schedule_is_a_lambdalr_whose_state_is_checkpointed(tmp_path):
+    """torch's LambdaLR drives every optimizer (AdamATan2 groups and the puzzle embedding's SignSGD) with the
+    warmup + cosine factor of training.schedule.lr_at_step; its position is in the checkpoint."""
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from training import checkpoint as ckpt
+    from training.distributed import DistInfo
+    from training.loop import Trainer
+
+    data = write_toy_dataset(str(tmp_path / "toy"))
+    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "run"), epochs=2, lr_warmup_steps=3,
+                                            lr_min_ratio=0.1, puzzle_emb_lr=1e-2))
+    t = Trainer(cfg, DistInfo())
+    assert set(t.schedulers) == {"adam", "puzzle_emb"} and all(isinstance(s, LambdaLR) for s in t.schedulers.values())
+    it = iter(t.data.train_loader)
+    for k in range(1, t.total_steps + 1):
+        expect = dict(warmup_steps=3, total_steps=t.total_steps, min_ratio=0.1)
+        assert t.optimizers["adam"].param_groups[0]["lr"] == pytest.approx(lr_at_step(k, base_lr=1e-3, **expect))
+        assert t.optimizers["puzzle_emb"].param_groups[0]["lr"] == pytest.approx(lr_at_step(k, base_lr=1e-2, **expect))
+        t.train_step(next(it)[1])
+    path = t.save_checkpoint()
+    t.close()
+    assert ckpt.read_checkpoint(path)["schedulers"]["adam"]["last_epoch"] == t.total_steps

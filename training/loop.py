@@ -27,7 +27,7 @@ from training.metrics import reduce_window
 from training.optim import apply_update, global_grad_norm
 from training.report import RunReport
 from training.rundir import RunDir
-from training.schedule import eval_due, lr_at_step
+from training.schedule import eval_due, lr_at_step, make_schedulers
 from training.signals import StopSignals
 from training.state import CheckpointManager, Progress, check_checkpoint_data
 from training.summary import (EXIT_EARLY_STOP, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, STOP_COMPLETED,
@@ -73,6 +73,8 @@ class Trainer:
         self.arch = resolve_arch(cfg)
         self.head = build_loss_head(self.model, cfg.loss_type).to(self.device)
         self.optimizers = build_optimizers(cfg, self.model, info.world_size)
+        self.schedulers = make_schedulers(self.optimizers, warmup_steps=cfg.lr_warmup_steps, min_ratio=cfg.lr_min_ratio,
+                                          total_steps=lambda: self.total_steps)
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.trainable = [p for _, p in named]
         self.encoder_params = [p for n, p in named if is_encoder_param(n)]
@@ -95,7 +97,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             self.checkpoint_dir, info, cfg, self.model, self.optimizers, self.ema, self.data.train_dataset,
             self.health, self.summary, self.data.metadata, self.arch, self.local_bs, self.run_name,
-            self.project_name, self._epochs_completed)
+            self.project_name, self._epochs_completed, self.schedulers)
         self._pending_rng: Optional[dict] = None
         if cfg.resume:
             state = self.checkpoints.load_latest()
@@ -176,7 +178,7 @@ class Trainer:
                                      f"(sum over the global batch); weights of step {p.step} kept")
         frozen = p.step < cfg.freeze_decoder_steps
         apply_update(self.optimizers, self.trainable, self.inner_params, frozen=frozen, total_norm=total_norm,
-                     grad_clip=cfg.grad_clip, lr_for=lambda base: self._lr(p.step + 1, base))
+                     grad_clip=cfg.grad_clip, schedulers=self.schedulers)
         if self.ema is not None:
             self.ema.update(self.model)
         p.step += 1

@@ -19,7 +19,8 @@ loop may change ``param_groups[i]["lr"]`` before every step.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+import warnings
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -153,11 +154,12 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter], device: Any = None) -
 
 def apply_update(optimizers: Dict[str, torch.optim.Optimizer], trainable: List[torch.nn.Parameter],
                  frozen_params: List[torch.nn.Parameter], *, frozen: bool, total_norm: Tensor,
-                 grad_clip: Optional[float], lr_for: Callable[[float], float]) -> None:
+                 grad_clip: Optional[float], schedulers: Dict[str, Any]) -> None:
     """One optimizer update on gradients already reduced over ranks. ``frozen``: the decoder is frozen this step
     -- ``frozen_params`` lose their gradients (per parameter, whatever the optimizer count: pitfall 3) and the
     ``puzzle_emb`` optimizer (part of the decoder) does not step. ``grad_clip``: the global norm (``total_norm``,
-    or the norm of what is left when frozen) is clipped to it. Each group's lr is ``lr_for(group["base_lr"])``.
+    or the norm of what is left when frozen) is clipped to it. Every optimizer's lr scheduler then advances (a
+    skipped optimizer's too, so that it resumes at the schedule's current lr).
     Gradients are cleared afterwards."""
     if frozen:
         for t in frozen_params:
@@ -173,10 +175,12 @@ def apply_update(optimizers: Dict[str, torch.optim.Optimizer], trainable: List[t
             for g in opt.param_groups:
                 for t in g["params"]:
                     t.grad = None
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": deliberate here
+                warnings.simplefilter("ignore", UserWarning)
+                schedulers[name].step()
             continue
-        for g in opt.param_groups:
-            g["lr"] = lr_for(g["base_lr"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+        schedulers[name].step()
     for t in trainable:
         t.grad = None

@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 
 def lr_at_step(step: int, *, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float = 1.0) -> float:
@@ -19,9 +22,16 @@ def lr_at_step(step: int, *, base_lr: float, warmup_steps: int, total_steps: int
     return base_lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def set_lr(optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+def make_schedulers(optimizers: dict[str, torch.optim.Optimizer], *, warmup_steps: int,
+                    total_steps: Callable[[], int], min_ratio: float) -> dict[str, LambdaLR]:
+    """One ``LambdaLR`` per optimizer: every group's lr = its initial lr x ``lr_at_step(k, base_lr=1)`` for update
+    ``k`` (1-based; the scheduler's ``last_epoch`` counts the updates done), so the puzzle-embedding optimizer
+    follows the same schedule. ``total_steps`` is read at every step (a resume may change it). The schedulers'
+    state goes into the checkpoint (training.state)."""
+    def factor(done: int) -> float:
+        return lr_at_step(done + 1, base_lr=1.0, warmup_steps=warmup_steps, total_steps=total_steps(),
+                          min_ratio=min_ratio)
+    return {name: LambdaLR(opt, factor) for name, opt in optimizers.items()}
 
 
 def eval_due(step: int, *, eval_interval: Optional[int], eval_interval_steps: Optional[int], min_eval_interval: int,

@@ -85,6 +85,7 @@ class CheckpointManager:
     run_name: str
     project_name: str
     epochs_completed: Callable[[], float]
+    schedulers: dict[str, Any] = field(default_factory=dict)  # name -> LambdaLR (training.schedule)
 
     def __post_init__(self) -> None:
         self.data_fingerprint = self.dataset.fingerprint()
@@ -124,6 +125,7 @@ class CheckpointManager:
             "format": ckpt.FORMAT, "model": ckpt.unwrap_model(self.model).state_dict(),
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
             "step": p.step, "examples_seen": p.examples_seen, "per_rank": per_rank,
             # contract keys (docs/architecture.md): lists indexed by rank (same objects as per_rank)
             "rng": [r["rng"] for r in per_rank], "data_state": [r["data_state"] for r in per_rank],
@@ -169,6 +171,7 @@ class CheckpointManager:
         self.model.load_state_dict(state["model"])
         for name, opt in self.optimizers.items():
             self._restore_optimizer(name, opt, state["optimizers"][name], say)
+            self._restore_scheduler(name, opt, (state.get("schedulers") or {}).get(name), int(state["step"]))
         if self.ema is not None and state.get("ema"):
             self.ema.load_state_dict(state["ema"])
         p.step, p.examples_seen = int(state["step"]), int(state["examples_seen"])
@@ -204,6 +207,19 @@ class CheckpointManager:
         raise ckpt.CheckpointError(f"{state['_path']}: the training data {self.cfg.data_paths} differs from the data "
                                    f"this run was trained on (content fingerprint {self.data_fingerprint[:12]} vs "
                                    f"{want[:12]}); resume on the same data, or pass resume_allow_data_change=true")
+
+    def _restore_scheduler(self, name: str, opt: torch.optim.Optimizer, saved: Optional[dict], step: int) -> None:
+        """The schedule's position (updates done) from the checkpoint (older checkpoints: the step); its base lrs
+        and the next update's lr from *this* run's config (a resume may change lr / warmup / epochs)."""
+        sched = self.schedulers.get(name)
+        if sched is None:
+            return
+        if saved is not None:
+            sched.load_state_dict(saved)
+        sched.last_epoch = step
+        sched.base_lrs = [g["initial_lr"] for g in opt.param_groups]
+        for g, lr in zip(opt.param_groups, [b * f(step) for b, f in zip(sched.base_lrs, sched.lr_lambdas)]):
+            g["lr"] = lr
 
     @staticmethod
     def _restore_optimizer(name: str, opt: torch.optim.Optimizer, saved: dict, say: Callable[[str], None]) -> None:
