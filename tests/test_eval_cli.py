@@ -179,6 +179,12 @@ def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(tmp
     m = evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=data, device="cpu", progress=False))
     assert m["eval/num_examples"] == 8 and 0.0 <= m["all.exact_accuracy"] <= 1.0 and m["all.steps"] == 2.0
     assert not any(k.startswith("ARC/") for k in m)
+    from types import SimpleNamespace
+
+    for kind, voting in (("sudoku", False), ("maze", False), ("arc", True), (None, True)):  # with test_puzzles.json
+        open(os.path.join(tmp_path, "test_puzzles.json"), "w").close()
+        assert evaluate.uses_arc_voting(str(tmp_path), SimpleNamespace(kind=kind)) is voting
+    assert evaluate.uses_arc_voting(data, SimpleNamespace(kind=None)) is False  # no test_puzzles.json
     with open(os.path.join(run, "evaluate", "latest", "metrics.json")) as f:
         assert json.load(f)["metrics"]["all.accuracy"] == pytest.approx(m["all.accuracy"])
     # a call that fails after the output dir was made (here: a broken test_puzzles.json makes the data ARC-like and
