@@ -289,6 +289,15 @@ class DatasetMetadata(pydantic.BaseModel):
     identifiers_sha256: Optional[str] = None
 
 
+def canvas_side(metadata: DatasetMetadata) -> Optional[int]:
+    """Canvas side N of a canvas dataset (seq_len = N*N): ``metadata.grid_size`` when recorded, else 30 for a
+    900-token directory (the published ARC format); None when the data is not a square canvas."""
+    n = metadata.grid_size
+    if n is None and metadata.seq_len == ARC_MAX_GRID * ARC_MAX_GRID:
+        n = ARC_MAX_GRID
+    return int(n) if n is not None and int(n) * int(n) == metadata.seq_len else None
+
+
 _IDENTIFIERS_SHA_CACHE: dict[tuple[str, int, int], str] = {}
 
 

@@ -30,6 +30,7 @@ from dataset.common import (
     PAD_ID,
     DatasetError,
     DatasetMetadata,
+    canvas_side,
     load_metadata,
 )
 
@@ -233,15 +234,6 @@ def _combine_metadata(metas: list[DatasetMetadata], paths: list[str]) -> Dataset
         identifiers_sha256=(None if any(m.identifiers_sha256 is None for m in metas) else hashlib.sha256(
             ",".join(m.identifiers_sha256 for m in metas).encode()).hexdigest()),
     ))
-
-
-def canvas_side(metadata: DatasetMetadata) -> Optional[int]:
-    """Canvas side N of a canvas dataset (seq_len = N*N): ``metadata.grid_size`` when recorded, else 30 for a
-    900-token directory (the published ARC format); None when the data is not a square canvas."""
-    n = metadata.grid_size
-    if n is None and metadata.seq_len == ARC_MAX_GRID * ARC_MAX_GRID:
-        n = ARC_MAX_GRID
-    return int(n) if n is not None and int(n) * int(n) == metadata.seq_len else None
 
 
 def content_extents(canvases: np.ndarray, size: int = ARC_MAX_GRID) -> tuple[np.ndarray, np.ndarray]:

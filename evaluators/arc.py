@@ -29,8 +29,7 @@ import torch
 
 from core.errors import PlatformError
 from core.io import read_json, write_json_atomic
-from dataset.common import Augmentation, canvas_to_grid, grid_hash, load_metadata
-from dataset.loader import canvas_side
+from dataset.common import Augmentation, canvas_side, canvas_to_grid, grid_hash, load_metadata
 from evaluators import dist as edist
 from evaluators.pictures import save_prediction_pictures
 

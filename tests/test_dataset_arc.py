@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+import dataset.build_arc_dataset as arc_builder
+from dataset.augment import ArcPuzzle, choose_augmentations
 from dataset.build_arc_dataset import build_arc_dataset, load_puzzles, main, read_identifiers_map
 from dataset.common import Augmentation, DatasetError, canvas_to_grid, grid_to_canvas, load_metadata
 
@@ -150,7 +152,6 @@ def test_symmetric_puzzle_gets_only_distinct_copies(tmp_path):
 def test_dedup_fast_path_is_exact(tmp_path):
     """No spatial symmetry + one colour: exactly 8 dihedral x 9 colour choices are distinct puzzles.
     The builder must find all 72 (it merges nothing distinct) and no more (it keeps no duplicate)."""
-    from dataset.augment import ArcPuzzle, choose_augmentations
     g = np.array([[1, 0, 0], [1, 1, 0]], np.uint8)  # asymmetric under every non-identity transform
     p = ArcPuzzle("training", "one-colour", [(g, g[::-1].copy())], [(g.T.copy(), g.T[::-1].copy())])
     dih, luts, can = choose_augmentations(p, num_aug=200, seed=0)
@@ -271,16 +272,15 @@ def test_existing_output_dir_needs_overwrite(tmp_path, tiny_prefix):
 
 
 def test_failure_mid_build_leaves_nothing(tmp_path, tiny_prefix, monkeypatch):
-    import dataset.build_arc_dataset as b
     calls = []
-    orig = b._encode_task
+    orig = arc_builder._encode_task
 
     def boom(args):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("disk on fire")
         return orig(args)
-    monkeypatch.setattr(b, "_encode_task", boom)
+    monkeypatch.setattr(arc_builder, "_encode_task", boom)
     with pytest.raises(RuntimeError):
         build(tiny_prefix, str(tmp_path / "half"), num_aug=2)
     assert os.listdir(tmp_path) == []

@@ -1,6 +1,8 @@
 """dataset.loader: DDP sharding, test-mode exactly-once, max_groups, resume, encoder mode, translation,
 multiple data paths, original-TRM directories, worker processes."""
+import gc
 import json
+import multiprocessing as mp
 import os
 
 import numpy as np
@@ -11,6 +13,7 @@ from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
 from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.common import IGNORE_LABEL_ID, DatasetError, find_content_extent, translate_canvas
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig, content_extents, create_dataloader
+from tests.toy_data import write_toy_dataset
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +297,6 @@ def test_workers_deterministic_order_and_state(synth_dir):
     ref_ds = PuzzleDataset(cfg(synth_dir), "train")
     take(ref_ds, 7)
     assert loader.dataset.state_dict() == ref_ds.state_dict()  # main-process position tracks consumed batches
-    import multiprocessing as mp
     assert len(mp.active_children()) == 2
     it.close()  # consumer stops: workers must be gone
     assert mp.active_children() == []
@@ -331,8 +333,6 @@ def test_batches_pinned_on_cuda(synth_dir):
 
 
 def test_dropping_iterator_stops_workers(synth_dir):
-    import gc
-    import multiprocessing as mp
     loader, _ = create_dataloader(cfg(synth_dir, num_workers=2), "train")
     it = iter(loader)
     next(it)
@@ -408,8 +408,6 @@ def test_vectorised_demo_packing_equals_per_row_reference(synth_dir, split, test
 def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
     """A token id >= vocab_size (or a puzzle id out of range) would crash the embedding lookup mid-run, after
     checkpoints were written: refused when the data is loaded, naming file, value and vocab_size."""
-    from tests.toy_data import write_toy_dataset
-
     data = write_toy_dataset(str(tmp_path / "toy"))
     path = os.path.join(data, "train", "all__inputs.npy")
     arr = np.load(path)

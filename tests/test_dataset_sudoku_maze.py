@@ -8,7 +8,8 @@ import pytest
 
 from dataset import build_maze_dataset as MZ
 from dataset import build_sudoku_dataset as SD
-from dataset.common import DatasetError, dihedral_transform, load_metadata
+from dataset.build_maze_dataset import build_maze_dataset
+from dataset.common import DatasetError, dihedral_transform, load_metadata, subsample_pairs
 
 
 # ------------------------------------------------------------------------------------------------ sudoku
@@ -143,9 +144,6 @@ def test_maze_csv_roundtrip_and_errors(tmp_path):
 
 
 def test_subsample_is_seeded_ordered_and_rejects_non_positive_sizes(tmp_path):
-    from dataset.build_maze_dataset import build_maze_dataset
-    from dataset.common import DatasetError, subsample_pairs
-
     q = np.arange(50).reshape(50, 1)
     a1, _ = subsample_pairs(q, q, 10, seed=4)
     a2, _ = subsample_pairs(q, q, 10, seed=4)

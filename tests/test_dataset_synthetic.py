@@ -10,7 +10,7 @@ import pytest
 from dataset.build_synthetic_dataset import generate_synthetic_arc, main
 from dataset.common import DatasetError, dihedral_transform
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
-from dataset.synthetic_rules import FAMILIES
+from dataset.synthetic_rules import FAMILIES, _components
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,6 @@ def test_demos_show_every_optional_part_of_the_rule(synth):
                     o != 0, np.roll(np.pad(i != 0, 8), (p["dr"], p["dc"]), axis=(0, 1))[8:-8, 8:-8])
                     for i, o in demo), name
             if fam == "recolour_by_size":
-                from dataset.synthetic_rules import _components
                 sizes = {len(c) for i, _ in demo for c in _components(i == p["src"])}
                 t = p["threshold"]
                 assert (t == 2 or t - 1 in sizes) and (t == 4 or t in sizes), (name, t, sizes)
