@@ -8,8 +8,11 @@ per-copy exact / token accuracy and halting steps (``all.*``).
         arch.L_cycles=4 arch.H_cycles=3 [original_arch_config=all_config.yaml]
     torchrun --nproc-per-node 4 evaluate.py checkpoint=... data_path=...
 
-Writes ``metrics.json``, ``submission.json`` (Kaggle format), ``predictions.json`` and ``pictures/`` to
-``output_dir``. Same inference path and evaluator as the training loop's eval hook (docs/evaluation.md).
+Which scoring applies comes from the test split's dataset.json ``kind`` (:func:`uses_arc_voting`). Writes
+``metrics.json`` (every metric) to ``output_dir``, and for ARC-format data also ``submission.json`` (Kaggle format),
+``predictions.json`` and ``pictures/`` (demonstration pairs, test input, truth, top candidates); prints the headline
+metrics (:func:`printed_metrics`). A failed call removes the output directories it created. Same inference path
+and evaluator as the training loop's eval hook (docs/evaluation.md).
 """
 from __future__ import annotations
 
@@ -51,7 +54,7 @@ class EvaluateConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
     checkpoint: str  # our checkpoint file / run dir, or an original TRM state-dict file
-    data_path: str  # built dataset directory (identifiers.json, test_puzzles.json, test/)
+    data_path: str  # built dataset directory (test/; ARC-format data also identifiers.json, test_puzzles.json)
     arch: Optional[dict[str, Any]] = None  # only used with original_trm_checkpoint=true (that format has no config)
     use_ema: bool = True  # EMA weights when the checkpoint has them
     original_trm_checkpoint: bool = False
@@ -232,10 +235,14 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         if dist_info.is_main:
             created = _ensure_writable(out_dir)  # before the evaluation, not after it
             stack.callback(_remove_if_empty, created)  # a failed call leaves no empty output dirs behind
+        arc = uses_arc_voting(cfg.data_path, meta)
+        if dist_info.is_main:
+            log.info("data_path=%s (kind %s): %s", cfg.data_path, meta.kind or "unset",
+                     "ARC voting pass@K + per-copy accuracy" if arc else "per-copy exact / token accuracy and "
+                     "halting steps (no ARC voting: not ARC-format data)")
         evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
                                    rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
-                                   submission_k=cfg.submission_k, seed=cfg.seed)
-                      ] if uses_arc_voting(cfg.data_path, meta) else []
+                                   submission_k=cfg.submission_k, seed=cfg.seed)] if arc else []
         run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
         t0 = time.time()
         metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
@@ -270,12 +277,25 @@ def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any
 
 
 def uses_arc_voting(data_path: str, metadata: Any) -> bool:
-    """ARC voting pass@K applies to ARC-format builds (ARC-AGI, ConceptARC, synthetic rules: augmented copies
-    with identifiers and the original test puzzles); a Sudoku / Maze build is scored by the per-copy exact / token
-    accuracy alone (``all.exact_accuracy``, ``all.accuracy``, ``all.steps``)."""
-    if getattr(metadata, "kind", None) in ("sudoku", "maze"):
-        return False
-    return os.path.isfile(os.path.join(data_path, "test_puzzles.json"))
+    """Whether ARC voting pass@K applies, from the split's dataset.json ``kind``: ``arc`` (ARC-AGI, ConceptARC,
+    synthetic rules: augmented copies named in identifiers.json, the original puzzles in test_puzzles.json) yes;
+    ``sudoku`` / ``maze`` no (scored by the per-copy exact / token accuracy and halting steps alone:
+    ``all.exact_accuracy``, ``all.accuracy``, ``all.steps``). A directory without a kind (the published TRM
+    layout) is ARC-format when it has both test_puzzles.json and identifiers.json."""
+    kind = getattr(metadata, "kind", None)
+    if kind is not None:
+        return kind == "arc"
+    return all(os.path.isfile(os.path.join(data_path, f)) for f in ("test_puzzles.json", "identifiers.json"))
+
+
+def printed_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics evaluate.py prints (metrics.json has them all): ARC pass@K and counts when ARC voting ran, every
+    set's exact / token accuracy and mean halting steps, the example count and the time."""
+    per_set = [k for k in metrics if k.rsplit(".", 1)[-1] in ("exact_accuracy", "accuracy", "steps")
+               and not k.startswith(("ARC/", "eval/"))]
+    keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs"] + \
+        sorted(per_set) + ["eval/num_examples", "eval/seconds"]
+    return {k: metrics[k] for k in keys if k in metrics}
 
 
 def _ensure_writable(out_dir: str) -> Optional[str]:
@@ -331,12 +351,9 @@ def _main() -> None:
                                     "(our checkpoints carry their own architecture)")
             metrics = run(cfg)
         if metrics:
-            keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs",
-                                                                        "all.exact_accuracy", "all.accuracy",
-                                                                        "all.steps", "eval/num_examples", "eval/seconds"]
-            print(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=1))
+            print(json.dumps(printed_metrics(metrics), indent=1))
 
-    run_hydra_main(main)
+    run_hydra_main(main, known_keys=lambda: list(EvaluateConfig.model_fields))  # "did you mean …?" on a typo
 
 
 if __name__ == "__main__":

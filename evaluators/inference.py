@@ -85,11 +85,13 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
-def _unpack(item: Any) -> tuple[str, dict]:
+def _unpack(item: Any) -> tuple[str, dict, Optional[int]]:
+    """-> (set name, batch, the global batch's real example count when the loader gives it, else None)."""
     if isinstance(item, dict):
-        return "all", item
+        return "all", item, None
     if isinstance(item, (tuple, list)) and len(item) >= 2 and isinstance(item[1], dict):
-        return str(item[0]), item[1]
+        effective = item[2] if len(item) >= 3 else None
+        return str(item[0]), item[1], (int(effective) if effective is not None else None)
     raise TypeError(f"loader must yield (set_name, batch, global_batch_size) or a batch dict, got {type(item)}")
 
 
@@ -116,6 +118,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     ``inputs``; ``steps`` = halting step); with ``save_path`` they are written, padding rows removed, with
     their ``example_index``, to ``<save_path>/outputs.rank<r>.pt``. Evaluators' ``required_outputs`` missing
     from the model's outputs raise ``KeyError``. ``max_steps`` overrides ``halt_max_steps`` (benchmarks).
+    ``progress``: rank 0's bar of evaluated examples over all ranks, on a terminal only (:func:`_progress_bar`).
     """
     device = torch.device(device)
     amp_dtype = resolve_autocast_dtype(autocast_dtype, device)
@@ -129,30 +132,26 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     plan = _StepPlan(model, need | {"logits"} | set(totals.extra_keys), halt_early,
                      int(max_steps) if max_steps is not None else halt_max_steps(model))
     t0 = time.perf_counter()
-    # progress: rank 0 only; off a terminal (a log file, the queue) tqdm turns itself off (disable=None), so no
-    # carriage-return lines land in logs. Its count is this rank's; the returned eval/num_examples is over ranks.
-    bar = tqdm(loader, total=_num_batches(loader), desc="eval", unit="batch",
-               disable=None if progress and edist.rank() == 0 else True, dynamic_ncols=True)
+    bar = _progress_bar(loader, progress)
     try:
         with plan.eval_mode(), torch.inference_mode():
-            for item in bar:
-                set_name, cpu_batch = _unpack(item)
+            for item in loader:
+                set_name, cpu_batch, global_real = _unpack(item)
                 batch = _to_device(cpu_batch, device)
                 with amp:
                     r = plan.run(batch, device)
                 missing = need - set(r.outputs) - {"steps"}
                 if missing:
                     raise KeyError(f"model outputs lack {sorted(missing)} required by the evaluators")
-                totals.add(set_name, cpu_batch, batch, r, use_head=not halt_early)
+                n_real = totals.add(set_name, cpu_batch, batch, r, use_head=not halt_early)
                 cpu_out = {k: v.detach().cpu() for k, v in r.outputs.items() if k in need}
                 cpu_out["steps"] = r.steps.cpu()
                 for ev in evaluators:
                     ev.update(cpu_batch, cpu_out)
-                if progress:
-                    bar.set_postfix({"examples" if edist.world_size() == 1 else "examples (rank 0)": totals.n_examples})
+                bar.update(global_real if global_real is not None else n_real)
+        metrics = totals.reduce(device, time.perf_counter() - t0)
     finally:
         bar.close()
-    metrics = totals.reduce(device, time.perf_counter() - t0)
     totals.save_outputs(save_path)
     for ev in evaluators:
         res = ev.result(save_path)
@@ -218,9 +217,10 @@ class _Totals:
         self.n_examples = 0
         self.warned = False
 
-    def add(self, set_name: str, cpu_batch: dict, batch: dict, r: Rollout, *, use_head: bool) -> None:
+    def add(self, set_name: str, cpu_batch: dict, batch: dict, r: Rollout, *, use_head: bool) -> int:
         """Metrics of one batch: the loss head's own sums at the halting step when they cover every real
-        example exactly once, else recomputed from the frozen per-sample outputs (same definitions)."""
+        example exactly once, else recomputed from the frozen per-sample outputs (same definitions). Returns the
+        batch's real (non-padding) example count on this rank."""
         b = batch["inputs"].shape[0]
         real = (batch["example_index"] >= 0) if "example_index" in batch else torch.ones(
             b, dtype=torch.bool, device=batch["inputs"].device)
@@ -249,6 +249,7 @@ class _Totals:
         self.n_examples += n_real
         if self.extra_keys:
             self._keep(cpu_batch, r, real.cpu())
+        return n_real
 
     def _keep(self, cpu_batch: dict, r: Rollout, keep: torch.Tensor) -> None:
         """TRM's eval_save_outputs: model outputs, else batch keys, of the real rows."""
@@ -286,13 +287,22 @@ class _Totals:
                        os.path.join(save_path, f"outputs.rank{edist.rank()}.pt"))
 
 
-def _num_batches(loader: Any) -> Optional[int]:
-    """len(loader), else the dataset's ``num_batches()`` (dataset.loader.PuzzleDataset), else None."""
-    with contextlib.suppress(TypeError):
-        return len(loader)  # type: ignore[arg-type]
-    nb = getattr(getattr(loader, "dataset", loader), "num_batches", None)
+def _progress_bar(loader: Any, progress: bool) -> tqdm:
+    """The evaluation's progress bar, counting test examples over ALL ranks: each update is the global batch's real
+    example count the loader yields (the number ``eval/num_examples`` and the training loop's ``[eval]`` line
+    report; a loader that yields bare batch dicts: this rank's real rows). Shown on rank 0 only, and only on a
+    terminal: ``disable=None`` lets tqdm turn itself off when stderr is not a TTY (a log file, the queue, SLURM),
+    so no carriage-return lines land in logs; ``progress=False`` turns it off everywhere."""
+    return tqdm(total=_num_examples(loader), desc="eval", unit="example", dynamic_ncols=True,
+                disable=None if progress and edist.rank() == 0 else True)
+
+
+def _num_examples(loader: Any) -> Optional[int]:
+    """Real examples in one test pass over all ranks: the dataset's ``num_examples()`` (dataset.loader.PuzzleDataset),
+    else None (the bar then shows a count without a total)."""
+    n = getattr(getattr(loader, "dataset", loader), "num_examples", None)
     with contextlib.suppress(Exception):
-        return int(nb()) if callable(nb) else None
+        return int(n()) if callable(n) else None
     return None
 
 

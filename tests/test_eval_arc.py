@@ -400,3 +400,37 @@ def test_prediction_pictures_show_the_demonstrations(tmp_path):
     h0 = height(draw_puzzle(str(tmp_path / "0.png"), "p", {"train": [], "test": test}, ranked))
     h4 = height(draw_puzzle(str(tmp_path / "4.png"), "p", {"train": demos, "test": test}, ranked))
     assert h4 > 2.5 * h0
+
+
+def test_prediction_picture_panels_show_demos_input_truth_and_candidates():
+    """What each panel of a puzzle's picture shows: every demo pair (input, output), then per test input its input,
+    the ground truth and the top-k candidates (votes out of that input's votes; green title = correct, red = wrong,
+    'none' when fewer candidates were voted)."""
+    from evaluators.arc import Candidate
+    from evaluators.pictures import CORRECT_COLOR, DEMO_COLOR, WRONG_COLOR, puzzle_figure
+
+    demos = [{"input": [[d, 1], [2, 3]], "output": [[3, 2], [1, d]]} for d in range(4)]
+    tests = [{"input": [[5, 6]], "output": [[6, 5]]}, {"input": [[7]], "output": [[8]]}]
+    ranked = [[Candidate("a", _g([[6, 5]]), votes=4, q_sum=3.6), Candidate("b", _g([[1, 1]]), votes=1, q_sum=0.1)],
+              [Candidate("c", _g([[9]]), votes=2, q_sum=0.2)]]
+    fig = puzzle_figure("p", {"train": demos, "test": tests}, ranked, top_k=2)
+    shown = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+    def grid(title):
+        return shown[title].images[0].get_array().tolist()
+
+    for d, ex in enumerate(demos):
+        assert grid(f"demo {d}: input") == ex["input"] and grid(f"demo {d}: output") == ex["output"]
+        assert shown[f"demo {d}: input"].title.get_color() == DEMO_COLOR
+    assert grid("test 0: input") == tests[0]["input"] and grid("test 1: input") == tests[1]["input"]
+    truths = [ax.images[0].get_array().tolist() for ax in fig.axes if ax.get_title() == "ground truth"]
+    assert truths == [tests[0]["output"], tests[1]["output"]]
+    top1 = shown["top-1: 4/5 votes, q=0.90"]
+    assert top1.images[0].get_array().tolist() == [[6, 5]] and top1.title.get_color() == CORRECT_COLOR
+    assert shown["top-2: 1/5 votes, q=0.10"].title.get_color() == WRONG_COLOR
+    assert shown["top-1: 2/2 votes, q=0.10"].title.get_color() == WRONG_COLOR
+    none = [ax for ax in fig.axes if ax.get_title() == "top-2" and not ax.images]
+    assert len(none) == 1 and none[0].texts[0].get_text() == "none"
+    from matplotlib.text import Text
+
+    assert "p: 4 demos, 2 test input(s)" in {t.get_text() for t in fig.findobj(Text)}  # the figure's title

@@ -160,31 +160,34 @@ def test_max_groups_picks_the_groups_of_the_runs_eval_hook(trained):
     assert set(json.load(open(os.path.join(out, "submission.json")))) == hook_names(5)
 
 
-def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(tmp_path):
-    """evaluate.py is not ARC-only: a Sudoku build is scored by exact / token accuracy and halting steps (no ARC
-    voting, no test_puzzles.json needed); a failed call does not leave an empty evaluate/latest behind."""
-    import evaluate
+@pytest.fixture(scope="module")
+def sudoku_run(tmp_path_factory):
+    """A generated 4x4 Sudoku build (8 test puzzles, no test_puzzles.json) and a tiny TRM trained 4 steps on it."""
     from dataset.build_sudoku_dataset import main as build_sudoku
     from training.loop import train
 
-    data = str(tmp_path / "sud")
+    root = tmp_path_factory.mktemp("sudoku")
+    data = str(root / "sud")
     build_sudoku(["--output-dir", data, "--generate-train", "64", "--generate-test", "8", "--size", "4",
                   "--num-aug", "1", "--no-progress"])
-    run = str(tmp_path / "run")
+    run = str(root / "run")
     arch = dict(name="trm", hidden_size=32, num_heads=2, expansion=2, puzzle_emb_ndim=32, puzzle_emb_len=1, H_cycles=1,
                 L_cycles=1, L_layers=1, halt_max_steps=2, loss={"loss_type": "softmax_cross_entropy"})
     s = train(dict(arch=arch, data_paths=[data], global_batch_size=16, epochs=1, max_steps=4, eval_interval=None,
                    eval_at_end=False, evaluators=[], checkpoint_path=run, progress=False, wandb={"mode": "disabled"}))
     assert s["exit_status"] == 0
+    return data, run, root
+
+
+def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(sudoku_run, tmp_path):
+    """evaluate.py is not ARC-only: a Sudoku build is scored by exact / token accuracy and halting steps (no ARC
+    voting, no test_puzzles.json needed); a failed call does not leave an empty evaluate/latest behind."""
+    import evaluate
+
+    data, run, _ = sudoku_run
     m = evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=data, device="cpu", progress=False))
     assert m["eval/num_examples"] == 8 and 0.0 <= m["all.exact_accuracy"] <= 1.0 and m["all.steps"] == 2.0
     assert not any(k.startswith("ARC/") for k in m)
-    from types import SimpleNamespace
-
-    for kind, voting in (("sudoku", False), ("maze", False), ("arc", True), (None, True)):  # with test_puzzles.json
-        open(os.path.join(tmp_path, "test_puzzles.json"), "w").close()
-        assert evaluate.uses_arc_voting(str(tmp_path), SimpleNamespace(kind=kind)) is voting
-    assert evaluate.uses_arc_voting(data, SimpleNamespace(kind=None)) is False  # no test_puzzles.json
     with open(os.path.join(run, "evaluate", "latest", "metrics.json")) as f:
         assert json.load(f)["metrics"]["all.accuracy"] == pytest.approx(m["all.accuracy"])
     # a call that fails after the output dir was made (here: a broken test_puzzles.json makes the data ARC-like and
@@ -206,3 +209,82 @@ def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(tmp
         evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=broken, device="cpu", output_dir=str(bad_out),
                                              progress=False))
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_failed_call_leaves_no_empty_evaluate_latest_in_the_run_dir(sudoku_run, tmp_path):
+    """The default output dir <run>/evaluate/latest: ARC-kind data without its test_puzzles.json fails (one line
+    naming the file) after the directory was made; the run dir is left as it was."""
+    import shutil
+
+    import evaluate
+    from evaluators import EvaluatorError
+
+    data, run, _ = sudoku_run
+    arc_like = str(tmp_path / "arc_like")
+    shutil.copytree(data, arc_like)
+    with open(os.path.join(arc_like, "test", "dataset.json")) as f:
+        meta = json.load(f)
+    with open(os.path.join(arc_like, "test", "dataset.json"), "w") as f:
+        json.dump(dict(meta, kind="arc"), f)
+    fresh_run = str(tmp_path / "run")
+    shutil.copytree(run, fresh_run, ignore=shutil.ignore_patterns("evaluate"))
+    before = sorted(os.listdir(fresh_run))
+    with pytest.raises(EvaluatorError, match="test_puzzles.json: missing"):
+        evaluate.run(evaluate.EvaluateConfig(checkpoint=fresh_run, data_path=arc_like, device="cpu", progress=False))
+    assert sorted(os.listdir(fresh_run)) == before and "evaluate" not in before
+
+
+def test_arc_voting_is_chosen_from_the_datasets_kind(tmp_path):
+    """dataset.json kind decides: arc -> voting; sudoku / maze -> per-copy metrics only (even with stray ARC files);
+    no kind (the published TRM layout) -> voting only when test_puzzles.json and identifiers.json are both there."""
+    from types import SimpleNamespace
+
+    from evaluate import uses_arc_voting
+
+    both, ids_only = tmp_path / "both", tmp_path / "ids_only"
+    for d, files in ((both, ("test_puzzles.json", "identifiers.json")), (ids_only, ("identifiers.json",))):
+        d.mkdir()
+        for name in files:
+            (d / name).write_text("{}")
+    def kind(k):
+        return SimpleNamespace(kind=k)
+
+    assert uses_arc_voting(str(both), kind("arc")) and uses_arc_voting(str(ids_only), kind("arc"))
+    assert not uses_arc_voting(str(both), kind("sudoku")) and not uses_arc_voting(str(both), kind("maze"))
+    assert uses_arc_voting(str(both), kind(None)) and not uses_arc_voting(str(ids_only), kind(None))
+
+
+def test_printed_metrics_are_the_headline_ones():
+    from evaluate import printed_metrics
+
+    m = {"all.accuracy": 0.5, "all.exact_accuracy": 0.25, "all.steps": 3.0, "all.lm_loss": 1.0,
+         "all.q_halt_accuracy": 0.9, "eval/num_examples": 8.0, "eval/seconds": 1.0, "eval/examples_per_second": 8.0}
+    assert list(printed_metrics(m)) == ["all.accuracy", "all.exact_accuracy", "all.steps", "eval/num_examples",
+                                        "eval/seconds"]
+    arc = dict(m, **{"ARC/pass@1": 0.1, "ARC/pass@2": 0.2, "ARC/num_puzzles": 6.0, "ARC/num_test_inputs": 7.0,
+                     "ARC/malformed_frac": 0.0, "hard.exact_accuracy": 0.0})
+    assert list(printed_metrics(arc))[:5] == ["ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs",
+                                              "all.accuracy"]
+    assert "hard.exact_accuracy" in printed_metrics(arc) and "ARC/malformed_frac" not in printed_metrics(arc)
+
+
+@pytest.mark.slow
+def test_cli_evaluates_a_sudoku_checkpoint(sudoku_run):
+    """The README demo's case through the CLI: `python evaluate.py checkpoint=<run> data_path=<sudoku build>`
+    prints exact / token accuracy and halting steps, records every per-copy metric in metrics.json, writes no ARC
+    outputs, and (stderr not a terminal) no progress-bar carriage returns."""
+    data, run, root = sudoku_run
+    out = str(root / "cli_out")
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={run}", f"data_path={data}", "device=cpu",
+                        f"output_dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    printed = json.loads(r.stdout[r.stdout.index("{"):])
+    assert set(printed) == {"all.exact_accuracy", "all.accuracy", "all.steps", "eval/num_examples", "eval/seconds"}
+    assert printed["eval/num_examples"] == 8.0 and printed["all.steps"] == 2.0
+    assert "\r" not in r.stderr and "no ARC voting" in r.stdout  # Hydra logs to stdout
+    assert os.listdir(out) == ["metrics.json"]
+    saved = json.load(open(os.path.join(out, "metrics.json")))["metrics"]
+    assert {f"all.{k}" for k in ("accuracy", "exact_accuracy", "lm_loss", "q_halt_accuracy", "steps")} <= set(saved)
+    assert saved["all.exact_accuracy"] == printed["all.exact_accuracy"]

@@ -1,8 +1,10 @@
 """The shared inference path: real loader + test-double ACT models, exactly-once, halting, subsets, DDP."""
 from __future__ import annotations
 
+import io
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -165,10 +167,12 @@ def _ddp_worker(rank: int, world: int, data_dir: str, port: int, out: str) -> No
         loader, meta = build_eval_loader(data_dir, global_batch_size=6, rank=rank, world_size=world)
         rec = Recorder()
         arc = ARCEvaluator(data_dir, meta, None, num_pictures=0)
-        m = evaluate(FakeLossHead(FakeACT(oracle_tokens)), loader, [arc, rec], device="cpu", progress=False)
+        sys.stderr = tty = _Terminal()  # both ranks "on a terminal": only rank 0 draws the bar
+        m = evaluate(FakeLossHead(FakeACT(oracle_tokens)), loader, [arc, rec], device="cpu", progress=True)
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-            json.dump({"metrics": m, "seen": rec.seen}, f)
+            json.dump({"metrics": m, "seen": rec.seen, "bar": tty.getvalue().split("\r")[-1]}, f)
     finally:
+        sys.stderr = sys.__stderr__
         dist.destroy_process_group()
 
 
@@ -191,6 +195,8 @@ def test_ddp_gather_two_gloo_processes(arc_data, tmp_path):
     assert m["ARC/num_examples"] == n_total and m["ARC/pass@1"] == 1.0 and m["ARC/num_puzzles"] == n_puz
     assert m["eval/num_examples"] == n_total and m["all.exact_accuracy"] == 1.0
     assert "ARC/pass@1" not in r1["metrics"] and r1["metrics"]["all.accuracy"] == 1.0
+    # rank 0's progress bar counts every rank's examples: it ends at eval/num_examples (the [eval] line's count)
+    assert f"{n_total}/{n_total}" in r0["bar"] and r1["bar"] == "", (r0["bar"], r1["bar"])
 
 
 # ---------------------------------------------------------------- the real model + loss head
@@ -289,3 +295,40 @@ def test_progress_bar_writes_no_carriage_returns_off_a_terminal(arc_data, capfd,
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=True)
     assert "eval" in capfd.readouterr().err  # the bar itself (tqdm checks isatty when disable=None)
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (tqdm then draws its bar, with carriage returns)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_counts_the_examples_the_metrics_report_and_progress_false_forces_it_off(arc_data, monkeypatch):
+    """On a terminal the bar counts test examples (the loader's global batch counts) and ends at the number that
+    eval/num_examples (the training loop's [eval] line) reports, here with a padded last batch; progress=False keeps
+    it off even on a terminal."""
+    d, _, n_inputs = arc_data
+    loader, _ = build_eval_loader(d, global_batch_size=64)  # 64 does not divide the example count: padding rows
+    n = n_inputs * NUM_COPIES
+    assert n % 64
+    tty = _Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    m = evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=True)
+    assert m["eval/num_examples"] == n
+    final = tty.getvalue().split("\r")[-1]
+    assert f"{n}/{n}" in final and "example" in final, final
+    tty.seek(0)
+    tty.truncate()
+    evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=False)
+    assert tty.getvalue() == ""
+
+
+def test_progress_bar_off_a_terminal_writes_nothing(arc_data, monkeypatch):
+    """stderr redirected to a file (the queue, SLURM, `2> log`): no bar and no '\\r', progress=True or not."""
+    d, _, _ = arc_data
+    loader, _ = build_eval_loader(d, global_batch_size=64)
+    log_file = io.StringIO()  # isatty() is False
+    monkeypatch.setattr(sys, "stderr", log_file)
+    evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=True)
+    assert "\r" not in log_file.getvalue() and log_file.getvalue() == ""

@@ -273,6 +273,7 @@ def test_job_env_has_gpus_and_no_inherited_torch_distributed_vars(qdir, monkeypa
     env = json.loads((qdir / "env.json").read_text())
     assert "RANK" not in env and "WORLD_SIZE" not in env
     assert env["CUDA_VISIBLE_DEVICES"] == "5" and env["TRM_JOB_NAME"] == "e" and env["TRM_JOB_RESUME"] == "0"
+    assert env["TRM_JOB_ID"] == "e"  # the line's id= (a run's default W&B group)
     assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] and int(env["MASTER_PORT"]) > 0
 
 

@@ -427,30 +427,66 @@ class _FakeWandbRun:
 
 
 def test_wandb_runs_carry_group_tags_job_type_and_best(toy, tmp_path, monkeypatch):
-    """Training runs: group (wandb.group, else the queue job's name, else the run name), tags (arch, encoder or
-    trm, dataset), job_type train, best/* in the summary, encoder.name "none" for TRM; evaluate.py joins the
-    training run's group with job_type eval and falls back to offline without a login."""
+    """Training runs: group (wandb.group, else the queue line's id, else the run name; stored with the checkpoint's
+    config), tags (arch, encoder or trm, dataset), job_type train, best/* in the summary, encoder.name "none" for
+    TRM; evaluate.py joins the training run's group (whatever its own queue job) with job_type eval and falls back
+    to offline without a login."""
     import wandb
 
     import evaluate
+    from training.logging import wandb_identity
 
     runs = []
     monkeypatch.setattr(wandb, "init", lambda **kw: runs.append(_FakeWandbRun(**kw)) or runs[-1])
-    monkeypatch.delenv("TRM_JOB_NAME", raising=False)
+    monkeypatch.delenv("TRM_JOB_ID", raising=False)
     run = str(tmp_path / "wbg")
     s = train(toy_train_config(toy, run, epochs=2, wandb={"mode": "offline", "save_code": False, "tags": ["x"]}))
     kw = runs[0].kw
     assert (kw["group"], kw["job_type"], kw["tags"]) == ("toy", "train", ["arch:trm", "encoder:none", "data:toy", "x"])
     assert kw["config"]["encoder"] == {"name": "none"} and kw["config"]["arch"]["name"] == "trm"
     assert runs[0].summary["best/train/exact_accuracy"] == s["best"]["train/exact_accuracy"]
-    monkeypatch.setenv("TRM_JOB_NAME", "overfit-32")
-    train(toy_train_config(toy, str(tmp_path / "wbq"), epochs=1, wandb={"mode": "offline", "save_code": False}))
+    assert runs[0].summary["train/exact_accuracy"] == s["final"]["train/exact_accuracy"]
+    monkeypatch.setenv("TRM_JOB_ID", "overfit-32")  # run_jobs.py: the line's id=
+    queued = str(tmp_path / "wbq")
+    train(toy_train_config(toy, queued, epochs=1, wandb={"mode": "offline", "save_code": False}))
     assert runs[1].kw["group"] == "overfit-32"
-    monkeypatch.delenv("TRM_JOB_NAME")
+    assert ckpt.read_checkpoint(ckpt.find_latest_checkpoint(queued))["config"]["wandb"]["group"] == "overfit-32"
+    monkeypatch.setenv("TRM_JOB_ID", "eval-of-32")  # the evaluation is another queue job: still the training group
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no login: offline, not a crash
-    evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=toy, device="cpu", progress=False,
-                                         wandb_project="p", num_pictures=0))
-    ev = runs[2].kw
-    assert (ev["group"], ev["job_type"], ev["mode"]) == ("toy", "eval", "offline") and ev["tags"][:2] == ["arch:trm", "encoder:none"]
+    for ckpt_dir, group in ((run, "toy"), (queued, "overfit-32")):
+        evaluate.run(evaluate.EvaluateConfig(checkpoint=ckpt_dir, data_path=toy, device="cpu", progress=False,
+                                             wandb_project="p", num_pictures=0))
+        ev = runs[-1].kw
+        assert (ev["group"], ev["job_type"], ev["mode"]) == (group, "eval", "offline")
+        assert ev["tags"][:2] == ["arch:trm", "encoder:none"]
+    etrm = wandb_identity({"arch": {"name": "trm"}, "encoder": {"name": "lpn"}, "data_paths": ["data/arc1/"]}, "r")
+    assert etrm["tags"] == ["arch:trm", "encoder:lpn", "data:arc1"] and etrm["config"]["encoder"] == {"name": "lpn"}
+
+
+def test_metrics_jsonl_of_a_run_resumed_after_a_crash_equals_the_uninterrupted_one(toy, tmp_path):
+    """A crash after step 8 (checkpoint at 4, a line cut short mid-write): the resumed run drops the lines after step
+    4 and the cut line, and its metrics.jsonl equals the uninterrupted run's (timings aside); with no checkpoint
+    left, resume=true starts the file afresh too."""
+    import shutil
+
+    straight, crashed = str(tmp_path / "a"), str(tmp_path / "c")
+    train(toy_train_config(toy, straight, epochs=3, log_interval=2, checkpoint_every=4))
+    shutil.copytree(straight, crashed)
+    for name in os.listdir(crashed):
+        if name.startswith("step_") and name != "step_4.pt":
+            os.remove(os.path.join(crashed, name))
+    with open(os.path.join(crashed, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 13, "train/lo')  # the process died mid-write
+    train(toy_train_config(toy, crashed, epochs=3, log_interval=2, checkpoint_every=4, resume=True))
+
+    def rows(run):
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            return [{k: v for k, v in json.loads(x).items() if "second" not in k} for x in f]
+    assert rows(crashed) == rows(straight) and [r["step"] for r in rows(straight)][:3] == [0, 2, 4]
+    for name in os.listdir(crashed):  # no checkpoint left: resume=true starts fresh, and so does the file
+        if name.startswith("step_"):
+            os.remove(os.path.join(crashed, name))
+    train(toy_train_config(toy, crashed, epochs=3, log_interval=2, checkpoint_every=4, resume=True))
+    assert rows(crashed) == rows(straight)

@@ -158,6 +158,10 @@ def test_refused_override_names_the_closest_known_key():
         err = r.stderr.strip()
         assert r.returncode == 1 and err.count("\n") == 0 and said in err, err
         assert err.endswith("did you mean lr?") and "+lrr" not in err.replace(override, ""), err
+    r = subprocess.run([sys.executable, "evaluate.py", "chekpoint=x"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=env)  # evaluate.py: its own keys
+    err = r.stderr.strip()
+    assert r.returncode == 1 and err.count("\n") == 0 and err.endswith("did you mean checkpoint?"), err
 
 
 # ---------------------------------------------------------------- evaluate.py

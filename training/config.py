@@ -46,8 +46,8 @@ class WandbConfig(_Strict):
     entity: Optional[str] = None
     save_code: bool = True
     dir: Optional[str] = None  # default: the run's checkpoint dir
-    # W&B group: null -> the queue job's name (run_jobs.py sets TRM_JOB_NAME), else the run name; evaluate.py runs
-    # of a checkpoint join its training run's group (job_type train / eval)
+    # W&B group: null -> the queue line's id= (run_jobs.py sets TRM_JOB_ID), else the run name; the effective group
+    # is stored with the run's config (with_wandb_group), so evaluate.py runs of a checkpoint join it (job_type eval)
     group: Optional[str] = None
     tags: list[str] = Field(default_factory=list)  # added to the automatic ones (arch, encoder, dataset)
 
@@ -229,6 +229,16 @@ def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]
     with initialize_config_dir(config_dir=os.path.abspath(config_dir), version_base=None):
         cfg = compose(config_name=config_name, overrides=list(overrides or []))
     return config_from_hydra(cfg)
+
+
+def with_wandb_group(cfg: PretrainConfig, run_name: str) -> PretrainConfig:
+    """``cfg`` with its effective W&B group in ``wandb.group``: the configured one, else the queue line's id
+    (``TRM_JOB_ID``, set by run_jobs.py for a line with ``id=``), else ``run_name``. The training loop stores it
+    with the config (checkpoints), so an evaluation joins the training run's group whatever its own environment."""
+    if cfg.wandb.group:
+        return cfg
+    group = os.environ.get("TRM_JOB_ID") or run_name
+    return cfg.model_copy(update={"wandb": cfg.wandb.model_copy(update={"group": group})})
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config")

@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
+from core.io import atomic_write
+
 # (metric, short name) shown in the plain train line, in this order (those present)
 TRAIN_LINE_KEYS = (("train/loss", "loss"), ("train/lm_loss", "lm_loss"), ("train/exact_accuracy", "exact"),
                    ("train/accuracy", "acc"), ("train/q_halt_accuracy", "q_halt_acc"), ("train/steps", "steps"),
@@ -48,13 +50,20 @@ def eval_line(step: int, metrics: dict[str, Any]) -> Optional[str]:
 
 
 def _truncate_after(path: str, step: int) -> None:
-    """Keep the lines of a metrics.jsonl logged at or before ``step`` (a resumed run logs the later ones again)."""
+    """Keep the lines of a metrics.jsonl logged at or before ``step`` (a resumed run logs the later ones again);
+    a line cut short by a crash mid-write is dropped."""
     if not os.path.isfile(path):
         return
+    keep = []
     with open(path) as f:
-        keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    with open(path, "w") as f:
-        f.writelines(keep)
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("step", 0) <= step:
+                keep.append(line.rstrip("\n") + "\n")
+    atomic_write(path, lambda f: f.writelines(keep))
 
 
 def _isatty(stream: Any) -> bool:
@@ -87,15 +96,16 @@ def resolve_wandb_mode(mode: str) -> str:
 
 def wandb_identity(config: dict[str, Any], run_name: str) -> dict[str, Any]:
     """``group``, ``tags`` and the config W&B shows for a run's (or its evaluation's) config dump: group =
-    ``wandb.group``, else the queue job's name (``TRM_JOB_NAME``), else the run name; tags = ``arch:<name>``,
-    ``encoder:<name>`` (``encoder:none`` for TRM), ``data:<dataset dir>``, + ``wandb.tags``. Runs without an encoder show
-    ``encoder.name = "none"`` so that grouping by ``encoder.name`` covers TRM runs too."""
+    ``wandb.group`` (a training run stores its effective group there: ``training.config.with_wandb_group``), else
+    ``run_name``; tags = ``arch:<name>``, ``encoder:<name>`` (``encoder:none`` for TRM), ``data:<dataset dir>``,
+    + ``wandb.tags``. Runs without an encoder show ``encoder.name = "none"`` so that grouping by ``encoder.name``
+    covers TRM runs too."""
     wb = config.get("wandb") or {}
     arch = (config.get("arch") or {}).get("name", "model")
     enc = (config.get("encoder") or {}).get("name")
     data = [os.path.basename(os.path.normpath(p)) for p in (config.get("data_paths") or [])]
     shown = dict(config, encoder=config.get("encoder") or {"name": "none"})
-    return {"group": wb.get("group") or os.environ.get("TRM_JOB_NAME") or run_name,
+    return {"group": wb.get("group") or run_name,
             "tags": [f"arch:{arch}", f"encoder:{enc or 'none'}", *(f"data:{d}" for d in data), *wb.get("tags", [])],
             "config": shown}
 
@@ -110,7 +120,7 @@ class RunLogger:
         self.enabled = enabled
         self.metrics_path = metrics_path if enabled else None
         if self.metrics_path:
-            _truncate_after(self.metrics_path, initial_step)
+            _truncate_after(self.metrics_path, initial_step if initial_step > 0 else -1)  # step 0: a fresh start
         self.run = None
         self.mode = resolve_wandb_mode(mode)
         self.bar = None

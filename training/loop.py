@@ -20,7 +20,7 @@ from training import checkpoint as ckpt
 from training import distributed as D
 from training.build import (build_act_model, build_loss_head, build_optimizers, build_run_data, is_encoder_param,
                             resolve_arch, stop_iterator)
-from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra
+from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra, with_wandb_group
 from training.ema import EMA
 from training.health import HealthConfig, HealthMonitor
 from training.metrics import reduce_window
@@ -51,6 +51,7 @@ class Trainer:
         self.cfg, self.info, self.device = cfg, info, info.device
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
         self.project_name, self.run_name = D.broadcast_object(default_names(cfg))
+        self.cfg = cfg = with_wandb_group(cfg, self.run_name)  # stored with the config: evaluate.py joins the group
         self.checkpoint_dir = os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", self.project_name,
                                                                                    self.run_name))
         if cfg.resume and cfg.run_name is None and cfg.checkpoint_path is None:

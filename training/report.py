@@ -13,9 +13,9 @@ from training import distributed as D
 from training.config import PretrainConfig
 from training.health import HealthMonitor
 from training.logging import RunLogger
+from training.summary import EXIT_FAILED, STOP_ERROR, RunSummary
 
 METRICS_FILE = "metrics.jsonl"  # every logged value, one JSON object per log call (python -m training.plot_run)
-from training.summary import EXIT_FAILED, STOP_ERROR, RunSummary
 
 
 @dataclass

@@ -203,6 +203,7 @@ class _Active:
     gpus: list[str]
     log_path: str
     summary: Optional[str]
+    job_id: Optional[str] = None  # the line's id=, exported as TRM_JOB_ID (the run's default W&B group)
     started: float = field(default_factory=time.time)
     attempt_started: float = field(default_factory=time.time)
     proc: Optional[subprocess.Popen] = None
@@ -349,7 +350,7 @@ class Runner:
                     resume_arg=self._resume_arg(job), attempt=1, max_attempts=self._max_attempts(job),
                     resume=job.wants_resume, gpus=gpus,
                     log_path=os.path.join(self.logs_dir, job_slug(job) + ".log"),
-                    summary=summary_path(job, self.workdir),
+                    summary=summary_path(job, self.workdir), job_id=job.id,
                 )
                 if dec.reason:
                     self.log(f"{job.label}: {dec.reason}")
@@ -367,6 +368,9 @@ class Runner:
             PYTHONUNBUFFERED="1", TRM_JOB_NAME=a.label, TRM_JOB_ATTEMPT=str(a.attempt),
             TRM_JOB_RESUME="1" if a.resume else "0", TRM_JOB_LOG=a.log_path,
         )
+        env.pop("TRM_JOB_ID", None)
+        if a.job_id:
+            env["TRM_JOB_ID"] = a.job_id
         env[ERROR_FILE_ENV] = a.error_file  # bad input is recorded here: failed, not retried
         try:
             os.unlink(a.error_file)
