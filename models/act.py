@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, resolve_dtype
+from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, RotaryEmbedding2D, resolve_dtype
 from models.sparse_embedding import SparsePuzzleEmbedding
 
 Batch = Dict[str, torch.Tensor]
@@ -81,17 +81,23 @@ class IOStem(nn.Module):
                                                     init_std=0.0, cast_to=self.forward_dtype)
         if pos_encodings == "rope":
             self.rotary_emb = RotaryEmbedding(hidden_size // num_heads, self.total_seq_len, base=rope_theta)
+        elif pos_encodings == "rope2d":
+            side = math.isqrt(seq_len)
+            if side * side != seq_len:
+                raise ValueError(f"pos_encodings=rope2d needs a square canvas, but the data's seq_len {seq_len} is "
+                                 f"not a square")
+            self.rotary_emb = RotaryEmbedding2D(hidden_size // num_heads, side, self.puzzle_emb_len, base=rope_theta)
         elif pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(self.total_seq_len, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
         elif pos_encodings != "none":
-            raise ValueError(f"pos_encodings must be rope, learned or none, got {pos_encodings!r}")
+            raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {pos_encodings!r}")
         # Q head: zero weights, bias -5 (almost never halts early at the start of training).
         with torch.no_grad():
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5.0)  # type: ignore[union-attr]
 
     def cos_sin(self):
-        return self.rotary_emb() if self.pos_encodings == "rope" else None
+        return self.rotary_emb() if self.pos_encodings in ("rope", "rope2d") else None
 
     def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor,
                          prefix_context: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -117,6 +117,32 @@ class RotaryEmbedding(nn.Module):
         return self.cos_cached, self.sin_cached
 
 
+class RotaryEmbedding2D(nn.Module):
+    """RoPE over grid coordinates: ``(cos, sin)`` [prefix + side*side, dim] in the "rotate half" layout, where the
+    first half of the ``dim / 2`` frequency pairs turn with a cell's row and the second half with its column, so
+    an attention score depends on the (row, column) offset between two cells instead of their distance in the
+    flattened canvas. Cell ``i`` of the canvas (after ``prefix`` context positions) sits at (i // side, i % side);
+    context position ``j`` sits at (-1 - j, -1 - j), off the grid."""
+
+    def __init__(self, dim: int, side: int, prefix: int = 0, base: float = 10000.0) -> None:
+        super().__init__()
+        if dim % 4:
+            raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {dim}")
+        quarter = dim // 4
+        inv_freq = 1.0 / (base ** (torch.arange(0, quarter, dtype=torch.float32) / quarter))
+        cells = torch.arange(side * side)
+        ctx = -1 - torch.arange(prefix)
+        rows = torch.cat((ctx, cells // side)).to(torch.float32)
+        cols = torch.cat((ctx, cells % side)).to(torch.float32)
+        angles = torch.cat((torch.outer(rows, inv_freq), torch.outer(cols, inv_freq)), dim=-1)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos_cached", angles.cos(), persistent=False)
+        self.register_buffer("sin_cached", angles.sin(), persistent=False)
+
+    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.cos_cached, self.sin_cached
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -38,9 +38,13 @@ def check_heads(cfg):
     """Config-level check (a clear ArchConfigError instead of a failure deep in model construction)."""
     if cfg.hidden_size % cfg.num_heads:
         raise ValueError(f"hidden_size ({cfg.hidden_size}) must be divisible by num_heads ({cfg.num_heads})")
-    if cfg.pos_encodings == "rope" and (cfg.hidden_size // cfg.num_heads) % 2:
-        raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = "
-                         f"{cfg.hidden_size // cfg.num_heads}")
+    head_dim = cfg.hidden_size // cfg.num_heads
+    if cfg.pos_encodings == "rope" and head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = {head_dim}")
+    if cfg.pos_encodings == "rope2d" and head_dim % 4:
+        raise ValueError(f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
+                         f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
+                         f"{head_dim}")
     return cfg
 
 
@@ -60,7 +64,9 @@ class ArchConfig(BaseModel):
     expansion: float = Field(4.0, gt=0)
     puzzle_emb_ndim: int = Field(512, ge=0)
     puzzle_emb_len: int = Field(16, ge=0)
-    pos_encodings: Literal["rope", "learned", "none"] = "rope"
+    # rope: 1D RoPE over the flattened canvas (published TRM); rope2d: RoPE over (row, column) of the square
+    # canvas (docs/science.md: the spatial-rule ablation); learned: absolute embeddings; none.
+    pos_encodings: Literal["rope", "rope2d", "learned", "none"] = "rope"
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"

@@ -203,7 +203,9 @@ def test_science_command_table_counts_every_heldout_puzzle_once(science_out, cap
     capsys.readouterr()
     again = main(["--out", out] + ARGS)
     text = capsys.readouterr().out
-    assert text.count("training finished earlier") == 2 and text.count("evaluation exists, reused") == 2
+    assert text.count("training finished earlier") == 2
+    assert text.count("evaluation of the held-out puzzles exists, reused") == 2
+    assert text.count("evaluation of the train-fit set (16 training puzzles) exists, reused") == 2
     assert again["families"] == res["families"]
     assert mtimes == {run: os.path.getmtime(os.path.join(out, "runs", run, "train.log")) for run in mtimes}
     with pytest.raises(SystemExit) as e:

@@ -288,3 +288,38 @@ def test_cli_evaluates_a_sudoku_checkpoint(sudoku_run):
     saved = json.load(open(os.path.join(out, "metrics.json")))["metrics"]
     assert {f"all.{k}" for k in ("accuracy", "exact_accuracy", "lm_loss", "q_halt_accuracy", "steps")} <= set(saved)
     assert saved["all.exact_accuracy"] == printed["all.exact_accuracy"]
+
+
+def test_rope2d_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
+    """arch.pos_encodings=rope2d: the config builds 2D tables, the checkpoint records it, evaluate.py rebuilds the
+    same model (same numbers as the training hook), and the tables matter (1D RoPE on the same weights differs)."""
+    import evaluate
+    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from models.layers import RotaryEmbedding2D
+    from training.build import load_model_for_inference
+    from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
+    from training.loop import train
+    from tests.toy_data import toy_train_config
+
+    data = str(tmp_path / "data")
+    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
+    build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
+    cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
+                           arch={"pos_encodings": "rope2d", "hidden_size": 32, "num_heads": 2})
+    summary = train(cfg)
+    state = load_checkpoint_file(summary["last_checkpoint"])
+    assert state["config"]["arch"]["pos_encodings"] == "rope2d"
+    model, _, meta = load_model_for_inference(state)
+    rot = model.model.inner.rotary_emb if hasattr(model, "model") else model.inner.rotary_emb
+    assert isinstance(rot, RotaryEmbedding2D) and rot.cos_cached.shape[0] == meta.seq_len + 1  # + 1 context slot
+    m = evaluate.run(_cfg(checkpoint=summary["last_checkpoint"], data_path=data, output_dir=str(tmp_path / "o2d"),
+                          use_ema=False, num_pictures=0))
+    for k in ("all.accuracy", "all.lm_loss"):
+        assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
+    raw = read_checkpoint(summary["last_checkpoint"])
+    raw["config"]["arch"]["pos_encodings"] = "rope"  # same weights, 1D tables
+    save_checkpoint_atomic(raw, str(tmp_path / "as_rope.pt"))
+    m1 = evaluate.run(_cfg(checkpoint=str(tmp_path / "as_rope.pt"), data_path=data,
+                           output_dir=str(tmp_path / "o1d"), use_ema=False, num_pictures=0))
+    assert m1["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
+

@@ -291,6 +291,56 @@ def test_learned_positions_and_mlp_t_variants_run():
         assert torch.isfinite(out["logits"]).all()
 
 
+def _scores(table, q, k):
+    """Attention logits between every pair of positions for one fixed query vector q and key vector k."""
+    from models.layers import apply_rotary_pos_emb
+
+    cos, sin = table
+    n = cos.shape[0]
+    qr, kr = apply_rotary_pos_emb(q.expand(1, n, 1, -1), k.expand(1, n, 1, -1), cos, sin)
+    return qr[0, :, 0] @ kr[0, :, 0].T
+
+
+def test_rope2d_scores_depend_on_the_row_and_column_offset_only():
+    from models.layers import RotaryEmbedding, RotaryEmbedding2D
+
+    torch.manual_seed(0)
+    side, P, dim = 5, 2, 8
+    q, k = torch.randn(dim, dtype=torch.float64), torch.randn(dim, dtype=torch.float64)
+    s2 = _scores(tuple(t.double() for t in RotaryEmbedding2D(dim, side, prefix=P)()), q, k)
+    s1 = _scores(tuple(t.double() for t in RotaryEmbedding(dim, P + side * side)()), q, k)
+    cell = lambda r, c: P + r * side + c
+    # the same (row, column) offset anywhere on the grid gives the same score
+    for (r1, c1), (r2, c2), (dr, dc) in (((0, 0), (2, 3), (1, 1)), ((3, 4), (0, 1), (1, -1)), ((1, 1), (1, 3), (2, 0))):
+        a = s2[cell(r1, c1), cell(r2, c2)]
+        b = s2[cell(r1 + dr, c1 + dc), cell(r2 + dr, c2 + dc)]
+        assert torch.allclose(a, b, atol=1e-9), ((r1, c1), (r2, c2), (dr, dc))
+    # end of one row -> start of the next: 1 apart in the flattened canvas (1D RoPE sees the same offset as two
+    # neighbours in a row), but (+1, -4) on the grid (2D RoPE does not)
+    wrap, right = (cell(0, 4), cell(1, 0)), (cell(2, 1), cell(2, 2))
+    assert torch.allclose(s1[wrap], s1[right], atol=1e-9)
+    assert not torch.allclose(s2[wrap], s2[right], atol=1e-3)
+    # context positions are off the grid: none shares its rotation with a cell
+    rot = torch.cat(RotaryEmbedding2D(dim, side, prefix=P)(), dim=-1)
+    assert all(not torch.allclose(rot[j], rot[i]) for j in range(P) for i in range(P, P + side * side))
+
+
+def test_rope2d_needs_a_square_canvas_and_a_head_dim_divisible_by_4():
+    with pytest.raises(ArchConfigError, match="divisible by 4"):
+        parse_arch_config({**TINY["trm"], "hidden_size": 12, "num_heads": 2, "pos_encodings": "rope2d"})  # head dim 6
+    with pytest.raises(ValueError, match="square canvas"):
+        make("trm", pos_encodings="rope2d")  # this file's toy sequence (8) is not a square
+    torch.manual_seed(0)
+    model = build_model({**TINY["trm"], "pos_encodings": "rope2d"}, vocab_size=VOCAB, seq_len=9,
+                        num_puzzle_identifiers=NPUZ, batch_size=4)
+    g = torch.Generator().manual_seed(0)
+    batch = {"inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
+             "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
+             "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32)}
+    _, out = model(model.initial_carry(batch), batch)
+    assert out["logits"].shape == (4, 9, VOCAB) and torch.isfinite(out["logits"]).all()
+
+
 # ---------------------------------------------------------------------------------------------- config strictness
 def test_unknown_key_is_an_error_naming_it():
     with pytest.raises(ArchConfigError, match="unknown key 'arch.latent_dim'"):

@@ -1,16 +1,20 @@
 """AdamATan2: the PyTorch implementation equals a hand-computed update; lr as tensor / changed per step;
-state round trip; the fused CUDA kernel agrees with the fallback (skipped without CUDA + adam_atan2)."""
+state round trip; implementation selection (auto / fused / triton / torch) and its errors; on CUDA, the fused
+kernel of the adam-atan2 package against its own formula and the Triton kernel against the torch path (skipped
+without CUDA). The Triton kernel on CPU tensors (interpreter): tests/test_optim_triton.py."""
 import copy
 import math
 
 import pytest
 import torch
 
-from training.optim import AdamATan2, fused_available
+from training import optim as O
+from training.optim import AdamATan2, available_implementations, fused_available
 
 
 def manual_adam_atan2(p0, grads, lrs, beta1=0.9, beta2=0.999, wd=1e-2, a=1.0, b=1.0):
-    """Element-wise Python-float reference."""
+    """Element-wise Python-float reference of the adam-atan2 package's update (first bias correction in the step
+    size, outside the atan2)."""
     p = [float(x) for x in p0]
     m = [0.0] * len(p)
     v = [0.0] * len(p)
@@ -19,9 +23,8 @@ def manual_adam_atan2(p0, grads, lrs, beta1=0.9, beta2=0.999, wd=1e-2, a=1.0, b=
             p[i] *= 1 - lr * wd
             m[i] = beta1 * m[i] + (1 - beta1) * g[i]
             v[i] = beta2 * v[i] + (1 - beta2) * g[i] ** 2
-            m_hat = m[i] / (1 - beta1 ** t)
             v_hat = v[i] / (1 - beta2 ** t)
-            p[i] -= lr * a * math.atan2(m_hat, b * math.sqrt(v_hat))
+            p[i] -= lr * a / (1 - beta1 ** t) * math.atan2(m[i], b * math.sqrt(v_hat))
     return torch.tensor(p, dtype=torch.float64)
 
 
@@ -42,7 +45,7 @@ def run(opt_kwargs, lrs=None, dtype=torch.float64):
 
 
 def test_matches_hand_computed_update_defaults():
-    p, opt = run(dict(lr=0.01, fused=False))
+    p, opt = run(dict(lr=0.01, impl="torch"))
     ref = manual_adam_atan2(P0, GRADS, [0.01] * 3)
     assert torch.allclose(p, ref, atol=1e-12, rtol=0)
     assert opt.defaults["betas"] == (0.9, 0.999) and opt.defaults["weight_decay"] == 1e-2
@@ -52,7 +55,7 @@ def test_matches_hand_computed_update_defaults():
 
 
 def test_matches_hand_computed_update_custom_hparams():
-    kw = dict(lr=0.05, betas=(0.8, 0.95), weight_decay=0.3, a=1.27, b=0.5, fused=False)
+    kw = dict(lr=0.05, betas=(0.8, 0.95), weight_decay=0.3, a=1.27, b=0.5, impl="torch")
     p, _ = run(kw)
     ref = manual_adam_atan2(P0, GRADS, [0.05] * 3, beta1=0.8, beta2=0.95, wd=0.3, a=1.27, b=0.5)
     assert torch.allclose(p, ref, atol=1e-12, rtol=0)
@@ -60,38 +63,41 @@ def test_matches_hand_computed_update_custom_hparams():
 
 def test_float32_params_and_first_step_is_sign_like():
     p = torch.nn.Parameter(torch.zeros(3))
-    opt = AdamATan2([p], lr=0.1, weight_decay=0.0, fused=False)
+    opt = AdamATan2([p], lr=0.1, weight_decay=0.0, impl="torch")
     p.grad = torch.tensor([1e-8, -5.0, 0.0])
     opt.step()
-    # step 1: m_hat = g, sqrt(v_hat) = |g| -> atan2(g, |g|) = +-pi/4 (0 for g = 0): no epsilon needed
-    assert torch.allclose(p, torch.tensor([-0.1 * math.pi / 4, 0.1 * math.pi / 4, 0.0]), atol=1e-7)
+    # step 1: m = 0.1 g, sqrt(v_hat) = |g| -> lr / 0.1 * atan2(0.1 g, |g|) = +-lr * 10 atan(0.1) (0 for g = 0),
+    # whatever |g|: no epsilon needed. (Bias-correcting m inside the atan2 would give +-lr * pi/4, 21% less.)
+    step1 = 0.1 * 10 * math.atan(0.1)
+    assert torch.allclose(p, torch.tensor([-step1, step1, 0.0]), atol=1e-7)
 
 
 def test_lr_tensor_and_changed_each_step():
     lrs = [0.02, 0.01, 0.005]
-    p, _ = run(dict(lr=torch.tensor(0.02), fused=False), lrs=[torch.tensor(x, dtype=torch.float64) for x in lrs])
+    p, _ = run(dict(lr=torch.tensor(0.02), impl="torch"), lrs=[torch.tensor(x, dtype=torch.float64) for x in lrs])
     assert torch.allclose(p, manual_adam_atan2(P0, GRADS, lrs), atol=1e-12, rtol=0)
-    p2, _ = run(dict(lr=0.02, fused=False), lrs=lrs)
+    p2, _ = run(dict(lr=0.02, impl="torch"), lrs=lrs)
     assert torch.allclose(p2, p, atol=1e-15)
 
 
 def test_params_without_grad_are_skipped_and_groups_independent():
     a = torch.nn.Parameter(torch.ones(2))
     b = torch.nn.Parameter(torch.ones(2))
-    opt = AdamATan2([{"params": [a], "weight_decay": 0.0}, {"params": [b], "lr": 0.5}], lr=0.1, fused=False)
+    opt = AdamATan2([{"params": [a], "weight_decay": 0.0}, {"params": [b], "lr": 0.5}], lr=0.1, impl="torch")
     a.grad = torch.tensor([1.0, -1.0])
     opt.step()
     assert b not in opt.state and torch.equal(b.detach(), torch.ones(2))
-    assert torch.allclose(a.detach(), torch.tensor([1 - 0.1 * math.pi / 4, 1 + 0.1 * math.pi / 4]))
+    first = 10 * math.atan(0.1)  # step 1 moves lr * 10 atan(0.1) against the gradient's sign
+    assert torch.allclose(a.detach(), torch.tensor([1 - 0.1 * first, 1 + 0.1 * first]))
     b.grad = torch.tensor([2.0, 0.0])
     opt.step()
-    assert torch.allclose(b.detach(), torch.tensor([(1 - 0.5 * 1e-2) - 0.5 * math.pi / 4, 1 - 0.5 * 1e-2]))
+    assert torch.allclose(b.detach(), torch.tensor([(1 - 0.5 * 1e-2) - 0.5 * first, 1 - 0.5 * 1e-2]))
 
 
 def test_state_dict_round_trip_continues_exactly():
-    p, opt = run(dict(lr=0.01, fused=False))
+    p, opt = run(dict(lr=0.01, impl="torch"))
     q = torch.nn.Parameter(p.clone())
-    opt2 = AdamATan2([q], lr=0.01, fused=False)
+    opt2 = AdamATan2([q], lr=0.01, impl="torch")
     opt2.load_state_dict(copy.deepcopy(opt.state_dict()))
     p_cont = torch.nn.Parameter(p.clone())
     opt.param_groups[0]["params"] = [p_cont]
@@ -112,26 +118,117 @@ def test_invalid_arguments():
         AdamATan2(p, betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="weight_decay"):
         AdamATan2(p, weight_decay=-0.1)
-    if not fused_available():
-        with pytest.raises(RuntimeError, match="adam-atan2"):
-            AdamATan2(p, fused=True)
+    with pytest.raises(ValueError, match=r"unknown impl 'cuda' \(auto, fused, triton, torch\)"):
+        AdamATan2(p, impl="cuda")
 
 
-@pytest.mark.skipif(not fused_available(), reason="needs CUDA and the adam-atan2 package")
-def test_fused_matches_fallback_on_cuda():
+def test_auto_selects_torch_for_cpu_parameters_and_names_it():
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = AdamATan2([p])
+    assert opt.impl == "auto" and opt.implementation == "torch"
+    assert AdamATan2([p], impl="torch").implementation == "torch"
+    avail = available_implementations()
+    assert avail[-1] == "torch" and set(avail) <= {"fused", "triton", "torch"}
+    assert ("fused" in avail) == fused_available()
+
+
+@pytest.mark.skipif(fused_available(), reason="the fused backend is importable here")
+def test_fused_requested_without_the_backend_names_the_command_that_builds_it():
+    with pytest.raises(RuntimeError, match=r"backend is not importable.*--no-build-isolation adam-atan2"):
+        AdamATan2([torch.nn.Parameter(torch.zeros(1))], impl="fused")
+
+
+def test_fused_requested_for_cpu_parameters_or_a_not_1_is_refused(monkeypatch):
+    """With a (fake) backend present, the checks that remain are CUDA parameters and a == b == 1."""
+    monkeypatch.setattr(O, "_fused_backend", object())
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    with pytest.raises(RuntimeError, match="needs every parameter on CUDA"):
+        AdamATan2(p, impl="fused")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(RuntimeError, match=r"a == b == 1 only \(got a=1.27, b=1.0\)"):
+        AdamATan2(p, impl="fused", a=1.27)
+    assert AdamATan2(p, impl="fused").implementation == "fused"
+    # auto: fused for a == b == 1, and not for a group with a != 1 (Triton or torch there)
+    mixed = AdamATan2([{"params": p}, {"params": [torch.nn.Parameter(torch.zeros(1))], "a": 1.27}])
+    assert mixed.implementation.startswith("fused+")
+
+
+def test_triton_requested_but_unusable_is_refused(monkeypatch):
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    monkeypatch.setattr(O, "triton_module", lambda: None)
+    monkeypatch.setattr(O, "_triton_error", "ModuleNotFoundError: No module named 'triton'")
+    with pytest.raises(RuntimeError, match=r"triton is not importable \(ModuleNotFoundError.*pip install triton"):
+        AdamATan2(p, impl="triton")
+    assert AdamATan2(p).implementation == "torch"  # auto never needs it
+
+    class FakeTriton:  # importable, compiled (not interpreted) kernel: CPU parameters cannot use it
+        INTERPRETED = False
+        SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+    monkeypatch.setattr(O, "triton_module", lambda: FakeTriton)
+    with pytest.raises(RuntimeError, match=r"Triton kernel needs every parameter on CUDA \(or TRITON_INTERPRET=1"):
+        AdamATan2(p, impl="triton")
+    FakeTriton.INTERPRETED = True
+    with pytest.raises(RuntimeError, match="not torch.float64; use impl='torch'"):
+        AdamATan2([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], impl="triton")
+    assert AdamATan2(p, impl="triton").implementation == "triton"
+    assert AdamATan2(p).implementation == "torch"  # auto picks Triton for CUDA parameters only
+
+
+def _package_formula(p, grads, lrs, beta1, beta2, wd):
+    """The adam-atan2 package's CUDA kernel (csrc/adam_atan2.cu): the first bias correction is folded into the
+    step size, p -= lr / (1 - beta1^t) * atan2(m, sqrt(v) / sqrt(1 - beta2^t)) -- not the same number as
+    atan2(m / (1 - beta1^t), ...) while 1 - beta1^t is far from 1."""
+    p = p.double().clone()
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        g = g.double()
+        p.mul_(1 - lr * wd)
+        m.lerp_(g, 1 - beta1)
+        v.lerp_(g * g, 1 - beta2)
+        p.add_(torch.atan2(m, v.sqrt() / math.sqrt(1 - beta2 ** t)), alpha=-lr / (1 - beta1 ** t))
+    return p
+
+
+@pytest.mark.skipif(not fused_available(), reason="needs CUDA and the adam-atan2 package's backend")
+def test_fused_kernel_computes_the_package_formula_on_cuda():
     torch.manual_seed(0)
     shapes = [(64, 32), (7,), (3, 5, 2)]
-    ps_f = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
-    ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_f]
-    opt_f = AdamATan2(ps_f, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), fused=True)
-    opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), fused=False)
+    ps = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
+    p0 = [p.detach().clone() for p in ps]
+    opt = AdamATan2(ps, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="fused")
+    assert opt.implementation == "fused"
+    grads, lrs = [[] for _ in ps], []
     for step in range(20):
-        for pf, pr in zip(ps_f, ps_r):
-            g = torch.randn_like(pf) * 1e-3
-            pf.grad, pr.grad = g.clone(), g.clone()
-        for opt in (opt_f, opt_r):
-            opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
-        opt_f.step()
-        opt_r.step()
-    for pf, pr in zip(ps_f, ps_r):
-        assert torch.allclose(pf, pr, atol=1e-6, rtol=0)
+        lrs.append(1e-3 * (1 + step) / 20)
+        opt.param_groups[0]["lr"] = lrs[-1]
+        for i, p in enumerate(ps):
+            p.grad = torch.randn_like(p) * 1e-3
+            grads[i].append(p.grad.clone())
+        opt.step()
+    for p, q0, gs in zip(ps, p0, grads):
+        assert torch.allclose(p.double(), _package_formula(q0, gs, lrs, 0.9, 0.95, 0.1), atol=5e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and O.triton_module() is not None), reason="needs CUDA and triton")
+def test_triton_matches_torch_path_on_cuda():
+    torch.manual_seed(0)
+    shapes = [(64, 32), (7,), (3, 5, 2), (4097,)]
+    # fp32: rounding-level differences; bf16: the torch path rounds to bf16 after every op, Triton once
+    for dtype, atol, rtol in ((torch.float32, 1e-6, 0.0), (torch.bfloat16, 1e-2, 2e-2)):
+        ps_t = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=dtype)) for s in shapes]
+        ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_t]
+        opt_t = AdamATan2(ps_t, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="triton")
+        opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
+        assert (opt_t.implementation, opt_r.implementation) == ("triton", "torch")
+        for step in range(20):
+            for pt, pr in zip(ps_t, ps_r):
+                g = torch.randn_like(pt) * 1e-3
+                pt.grad, pr.grad = g.clone(), g.clone()
+            for opt in (opt_t, opt_r):
+                opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
+            opt_t.step()
+            opt_r.step()
+        for pt, pr in zip(ps_t, ps_r):
+            assert torch.allclose(pt.float(), pr.float(), atol=atol, rtol=rtol)

@@ -231,7 +231,10 @@ def test_metric_lines_when_stdout_is_not_a_tty(toy, tmp_path, capsys):
     run = str(tmp_path / "lines")
     s = train(toy_train_config(toy, run, epochs=3, log_interval=4, eval_interval_steps=6, eval_at_end=True,
                                progress=True))
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
+    start = [ln for ln in cap.err.splitlines() if ln.startswith("[train] run ")]  # the start line (stderr)
+    assert len(start) == 1 and "optimizer AdamATan2 (torch) + SignSGDSparse, " in start[0]  # the implementation
     train_lines = [ln for ln in out.splitlines() if ln.startswith("[train] step ")]
     assert [ln.split()[2] for ln in train_lines] == ["4/12", "8/12", "12/12"]
     last = dict(zip(train_lines[-1].split()[3::2], train_lines[-1].split()[4::2]))

@@ -216,6 +216,12 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     delta = emb.weights - before
     assert torch.count_nonzero(delta[[0, 2, 4]]) == 0
     assert torch.allclose(delta[[1, 3]].abs(), torch.full_like(delta[[1, 3]], 0.5))
+    # the implementation: config key optimizer_impl (default auto = torch for CPU parameters)
+    assert (cfg.optimizer_impl, opts["adam"].impl, opts["adam"].implementation) == ("auto", "auto", "torch")
+    cfg_t = cfg.model_copy(update={"optimizer_impl": "torch"})
+    assert build_optimizers(cfg_t, model, world_size=1)["adam"].implementation == "torch"
+    with pytest.raises(ConfigError, match="optimizer_impl"):
+        config_from_dict(toy_train_config(data, str(tmp_path / "r"), optimizer_impl="cuda"))
 
 
 def _grads_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:

@@ -234,7 +234,8 @@ def build_optimizers(cfg: PretrainConfig, model: nn.Module, world_size: int) -> 
         groups.append({"params": enc, "lr": base, "base_lr": base, "name": "encoder"})
     opts: dict[str, torch.optim.Optimizer] = {}
     if groups:
-        opts["adam"] = AdamATan2(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+        opts["adam"] = AdamATan2(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                                 impl=cfg.optimizer_impl)
     emb = sparse_embedding(model)
     if emb is not None:
         opts["puzzle_emb"] = SignSGDSparse(list(emb.buffers()), lr=cfg.puzzle_emb_lr,

@@ -89,6 +89,8 @@ class PretrainConfig(_Strict):
     puzzle_emb_lr: float = 1e-2
     puzzle_emb_weight_decay: float = 0.1
     grad_clip: Optional[float] = 1.0  # global norm after all-reduce; None/0 = off
+    # AdamATan2 implementation (training.optim): auto = fused CUDA kernel if built, else Triton on CUDA, else torch
+    optimizer_impl: Literal["auto", "fused", "triton", "torch"] = "auto"
     ema: bool = True
     ema_rate: float = 0.999
 

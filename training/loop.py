@@ -24,7 +24,7 @@ from training.config import ConfigError, PretrainConfig, config_from_dict, confi
 from training.ema import EMA
 from training.health import HealthConfig, HealthMonitor
 from training.metrics import reduce_window
-from training.optim import apply_update, global_grad_norm
+from training.optim import apply_update, describe_optimizers, global_grad_norm
 from training.report import RunReport
 from training.rundir import RunDir
 from training.schedule import eval_due, lr_at_step, make_schedulers
@@ -243,8 +243,8 @@ class Trainer:
             total_steps=self.total_steps, step=self.step, resume_id=self.progress.wandb_id, num_params=self.num_params,
             start_line=f"[train] run {self.project_name}/{self.run_name}: {self.num_params:,} params, "
                        f"{self.total_steps} steps ({self.batches_per_epoch} batches/epoch), world size "
-                       f"{self.info.world_size}, device {self.device}, compile={self.compiled}, checkpoints in "
-                       f"{self.checkpoint_dir}")
+                       f"{self.info.world_size}, device {self.device}, compile={self.compiled}, "
+                       f"{describe_optimizers(self.optimizers.values())}, checkpoints in {self.checkpoint_dir}")
 
     def _run(self) -> dict[str, Any]:
         self._open_report()

@@ -1,34 +1,55 @@
 """AdamATan2 (Everett et al., 2024, "Scaling Exponents Across Parameterizations and Optimizers").
 
 Adam with the ``m / (sqrt(v) + eps)`` ratio replaced by ``atan2`` (no epsilon; bounded, scale-invariant update).
-Per parameter tensor, with step count t (1-based), as in the ``adam-atan2`` package used by HRM/TRM:
+Per parameter tensor, with step count t (1-based):
 
     p  <- p * (1 - lr * weight_decay)                                  (decoupled weight decay, applied first)
     m  <- beta1 * m + (1 - beta1) * g
     v  <- beta2 * v + (1 - beta2) * g^2
-    p  <- p - lr * a * atan2(m / (1 - beta1^t), b * sqrt(v / (1 - beta2^t)))
+    p  <- p - lr * a / (1 - beta1^t) * atan2(m, b * sqrt(v / (1 - beta2^t)))
 
-with ``a = b = 1`` (the package's formula; the paper's tuned variant uses a = 1.27). Defaults as the package:
-lr 1e-3, betas (0.9, 0.999), weight_decay 1e-2.
+with ``a = b = 1`` (the paper's tuned variant uses a = 1.27). This is the update of the ``adam-atan2`` package
+used by HRM/TRM (its CUDA kernel, csrc/adam_atan2.cu: the first bias correction scales the step, outside the
+atan2), so all three implementations below compute the published numbers. (Bias-correcting m *inside* the atan2,
+``atan2(m / (1 - beta1^t), ...)``, is a different number while ``1 - beta1^t`` is far from 1: up to 27% larger
+steps in the first tens of steps.) Defaults as that package: lr 1e-3, betas (0.9, 0.999), weight_decay 1e-2.
 
-Implementation: the fused CUDA kernel of the ``adam_atan2`` package when it imports, every parameter is on
-CUDA and ``a == b == 1`` (``fused=None``, the default), otherwise a pure-PyTorch ``torch._foreach_*``
-implementation of the same update (any device). ``lr`` may be a float or a 0-dim tensor, and the training
-loop may change ``param_groups[i]["lr"]`` before every step.
+Implementations (``impl``; ``AdamATan2.implementation`` names the one in use, the training start line prints it):
+
+* ``"fused"``: the CUDA kernel of the ``adam-atan2`` package (``adam_atan2_backend``). Built only by
+  ``pip install --no-build-isolation adam-atan2`` with a CUDA torch and nvcc present (``scripts/setup_env.sh
+  --cuda``); CUDA parameters and ``a == b == 1`` only. Its update is the package's formula above.
+* ``"triton"``: ``training.optim_triton``, one fused Triton kernel per parameter tensor, the same math as
+  ``"torch"`` (fp32 tolerance). CUDA parameters (or CPU tensors under ``TRITON_INTERPRET=1``, for tests);
+  fp32 / fp16 / bf16 (fp64 or non-contiguous tensors of a group take the torch math).
+* ``"torch"``: ``torch._foreach_*`` ops, any device and dtype.
+* ``"auto"`` (default): ``fused`` when the backend imports, every parameter is on CUDA and ``a == b == 1``;
+  else ``triton`` when triton imports and every parameter is on CUDA; else ``torch``. Decided per parameter
+  group at every step from where the parameters are. An explicit choice that cannot run raises.
+
+``lr`` may be a float or a 0-dim tensor, and the training loop may change ``param_groups[i]["lr"]`` before every
+step.
 """
 from __future__ import annotations
 
 import math
 import warnings
+from types import ModuleType
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-try:  # the fused kernel (optional; compiling it is opt-in: pip install '.[cuda]')
+try:  # the fused kernel (optional; see docs/getting_started.md for the command that really builds it)
     import adam_atan2_backend as _fused_backend  # type: ignore[import-not-found]
-except Exception:  # noqa: BLE001 - any failure (missing package, ABI mismatch) means: use the fallback
+except Exception:  # noqa: BLE001 - any failure (missing package, ABI mismatch) means: not available
     _fused_backend = None
+
+IMPLEMENTATIONS = ("fused", "triton", "torch")
+FUSED_INSTALL_HINT = ("install a CUDA build of torch and nvcc, then `pip install --no-build-isolation adam-atan2` "
+                      "(or `bash scripts/setup_env.sh --cuda`)")
+_triton_mod: Optional[ModuleType] = None
+_triton_error: Optional[str] = None
 
 
 def fused_available() -> bool:
@@ -36,12 +57,37 @@ def fused_available() -> bool:
     return _fused_backend is not None and torch.cuda.is_available()
 
 
+def triton_module() -> Optional[ModuleType]:
+    """``training.optim_triton`` (imports triton on first use), or None when triton cannot be imported."""
+    global _triton_mod, _triton_error
+    if _triton_mod is None and _triton_error is None:
+        try:
+            from training import optim_triton
+            _triton_mod = optim_triton
+        except Exception as e:  # noqa: BLE001 - missing package, broken install: not available
+            _triton_error = f"{type(e).__name__}: {e}"
+    return _triton_mod
+
+
+def triton_available() -> bool:
+    """True when the Triton kernel can run here: triton imports, and CUDA is available (or the kernel is in
+    interpreter mode, ``TRITON_INTERPRET=1`` at import, which runs it on CPU tensors)."""
+    mod = triton_module()
+    return mod is not None and (mod.INTERPRETED or torch.cuda.is_available())
+
+
+def available_implementations() -> List[str]:
+    """The AdamATan2 implementations that can run on this machine, preferred first (``torch`` always)."""
+    return [name for name, ok in (("fused", fused_available()), ("triton", triton_available()), ("torch", True))
+            if ok]
+
+
 class AdamATan2(torch.optim.Optimizer):
-    """Adam-atan2 with decoupled weight decay. ``fused``: None = auto, True = require the CUDA kernel
-    (error if unavailable), False = always the PyTorch implementation."""
+    """Adam-atan2 with decoupled weight decay. ``impl``: ``auto`` | ``fused`` | ``triton`` | ``torch`` (module
+    docstring); an explicit one that cannot run on the parameters raises ``RuntimeError``."""
 
     def __init__(self, params: Iterable, lr: Union[float, Tensor] = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 weight_decay: float = 1e-2, a: float = 1.0, b: float = 1.0, fused: Optional[bool] = None) -> None:
+                 weight_decay: float = 1e-2, a: float = 1.0, b: float = 1.0, impl: str = "auto") -> None:
         if not float(lr) >= 0.0:
             raise ValueError(f"AdamATan2: invalid learning rate {lr}")
         for i, beta in enumerate(betas):
@@ -51,18 +97,57 @@ class AdamATan2(torch.optim.Optimizer):
             raise ValueError(f"AdamATan2: invalid weight_decay {weight_decay}")
         if a <= 0 or b <= 0:
             raise ValueError(f"AdamATan2: a and b must be > 0, got a={a}, b={b}")
-        if fused and _fused_backend is None:
-            raise RuntimeError("AdamATan2(fused=True) needs the 'adam-atan2' package (pip install '.[cuda]')")
+        if impl not in ("auto",) + IMPLEMENTATIONS:
+            raise ValueError(f"AdamATan2: unknown impl {impl!r} (auto, {', '.join(IMPLEMENTATIONS)})")
+        if impl == "fused" and _fused_backend is None:
+            raise RuntimeError(f"AdamATan2(impl='fused'): the adam-atan2 CUDA backend is not importable; "
+                               f"{FUSED_INSTALL_HINT}")
+        if impl == "triton" and triton_module() is None:
+            raise RuntimeError(f"AdamATan2(impl='triton'): triton is not importable ({_triton_error}); "
+                               f"pip install triton")
+        self.impl = impl
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, a=a, b=b))
-        self.fused = fused
 
-    def _use_fused(self, group, params: List[Tensor]) -> bool:
-        if self.fused is False or _fused_backend is None:
-            return False
-        ok = group["a"] == 1.0 and group["b"] == 1.0 and all(p.is_cuda for p in params)
-        if self.fused and not ok:
-            raise RuntimeError("AdamATan2(fused=True): the fused kernel needs CUDA parameters and a == b == 1")
-        return ok
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self._check_group(self.param_groups[-1])
+
+    def _check_group(self, group: Dict[str, Any]) -> None:
+        """An explicit ``fused`` / ``triton`` that cannot run on this group's parameters: a clear error now."""
+        params = group["params"]
+        if self.impl == "fused":
+            if not torch.cuda.is_available() or not all(p.is_cuda for p in params):
+                raise RuntimeError("AdamATan2(impl='fused'): the fused kernel needs every parameter on CUDA")
+            if group["a"] != 1.0 or group["b"] != 1.0:
+                raise RuntimeError(f"AdamATan2(impl='fused'): the fused kernel has a == b == 1 only "
+                                   f"(got a={group['a']}, b={group['b']}); use impl='triton' or 'torch'")
+        elif self.impl == "triton":
+            mod = triton_module()
+            if not (mod.INTERPRETED or (torch.cuda.is_available() and all(p.is_cuda for p in params))):
+                raise RuntimeError("AdamATan2(impl='triton'): the Triton kernel needs every parameter on CUDA "
+                                   "(or TRITON_INTERPRET=1, which interprets it on CPU tensors)")
+            bad = sorted({str(p.dtype) for p in params if p.dtype not in mod.SUPPORTED_DTYPES})
+            if bad:
+                raise RuntimeError(f"AdamATan2(impl='triton'): the Triton kernel handles float32 / float16 / "
+                                   f"bfloat16 parameters, not {', '.join(bad)}; use impl='torch'")
+
+    def _resolve(self, group: Dict[str, Any], params: List[Tensor]) -> str:
+        if self.impl != "auto":
+            return self.impl
+        on_cuda = bool(params) and all(p.is_cuda for p in params)
+        if on_cuda and _fused_backend is not None and group["a"] == 1.0 and group["b"] == 1.0:
+            return "fused"
+        if on_cuda and triton_module() is not None:
+            return "triton"
+        return "torch"
+
+    @property
+    def implementation(self) -> str:
+        """The implementation the next step uses (``fused`` / ``triton`` / ``torch``; ``a+b`` when parameter groups
+        differ, e.g. ``fused+triton`` when one group has a != 1)."""
+        names = sorted({self._resolve(g, list(g["params"])) for g in self.param_groups if g["params"]},
+                       key=IMPLEMENTATIONS.index)
+        return "+".join(names) if names else self._resolve({"a": 1.0, "b": 1.0}, [])
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -92,15 +177,39 @@ class AdamATan2(torch.optim.Optimizer):
             lr = group["lr"]
             lr = float(lr) if isinstance(lr, Tensor) else lr
             beta1, beta2 = group["betas"]
-            if self._use_fused(group, params):
+            impl = self._resolve(group, params)
+            if impl == "fused":
+                if not (group["a"] == 1.0 and group["b"] == 1.0 and all(p.is_cuda for p in params)):
+                    raise RuntimeError("AdamATan2(impl='fused'): the fused kernel needs CUDA parameters and "
+                                       "a == b == 1")
                 self._fused_step(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, group["weight_decay"])
+                continue
+            # torch / triton: the step counters live on the CPU (host bias corrections, no device sync)
+            for i, p in enumerate(params):
+                if steps[i].device.type != "cpu":
+                    self.state[p]["step"] = steps[i] = steps[i].cpu()
+            hyper = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], a=group["a"],
+                         b=group["b"])
+            if impl == "triton":
+                self._triton_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hyper)
             else:
-                for i, p in enumerate(params):
-                    if steps[i].device.type != "cpu":
-                        self.state[p]["step"] = steps[i] = steps[i].cpu()
-                _adam_atan2_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, lr=lr, beta1=beta1, beta2=beta2,
-                                    weight_decay=group["weight_decay"], a=group["a"], b=group["b"])
+                _adam_atan2_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, **hyper)
         return loss
+
+    def _triton_step(self, params, grads, exp_avgs, exp_avg_sqs, steps, **hyper) -> None:
+        mod = triton_module()
+        kernel = [mod.kernel_applies(*x) for x in zip(params, grads, exp_avgs, exp_avg_sqs)]
+        if self.impl == "triton" and not mod.INTERPRETED and not all(p.is_cuda for p in params):
+            raise RuntimeError("AdamATan2(impl='triton'): the Triton kernel needs every parameter on CUDA")
+        rest = [i for i, k in enumerate(kernel) if not k]  # non-contiguous / fp64: the torch math
+        if rest:
+            _adam_atan2_foreach([params[i] for i in rest], [grads[i] for i in rest], [exp_avgs[i] for i in rest],
+                                [exp_avg_sqs[i] for i in rest], [steps[i] for i in rest], **hyper)
+        idx = [i for i, k in enumerate(kernel) if k]
+        for i in idx:
+            steps[i].add_(1)
+        mod.adam_atan2_triton([params[i] for i in idx], [grads[i] for i in idx], [exp_avgs[i] for i in idx],
+                              [exp_avg_sqs[i] for i in idx], [float(steps[i]) for i in idx], **hyper)
 
     def _fused_step(self, params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, weight_decay) -> None:
         # The kernel reads the step counter from device memory: keep it there.
@@ -110,7 +219,8 @@ class AdamATan2(torch.optim.Optimizer):
             if state["step"].device != p.device:
                 state["step"] = state["step"].to(p.device)
             steps.append(state["step"])
-        grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype([params, grads, exp_avgs, exp_avg_sqs, steps])
+        grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(
+            [params, grads, exp_avgs, exp_avg_sqs, steps])
         for (_device, _dtype), ((d_params, d_grads, d_m, d_v, d_steps), _) in grouped.items():
             torch._foreach_add_(d_steps, 1)
             _fused_backend.adam_atan2_cuda_impl_(d_params, d_grads, d_m, d_v, d_steps, lr, beta1, beta2, weight_decay)
@@ -136,12 +246,21 @@ def _adam_atan2_foreach(params: List[Tensor], grads: List[Tensor], exp_avgs: Lis
         torch._foreach_lerp_(d_m, d_grads, 1.0 - beta1)
         torch._foreach_mul_(d_v, beta2)
         torch._foreach_addcmul_(d_v, d_grads, d_grads, value=1.0 - beta2)
-        num = torch._foreach_div(d_m, [1.0 - beta1 ** ti for ti in t])
         den = torch._foreach_sqrt(d_v)
         torch._foreach_div_(den, [math.sqrt(1.0 - beta2 ** ti) / b for ti in t])
-        for n_t, d_t in zip(num, den):
-            n_t.atan2_(d_t)
-        torch._foreach_add_(d_params, num, alpha=-lr * a)
+        upd = [m_t.atan2(d_t) for m_t, d_t in zip(d_m, den)]
+        torch._foreach_mul_(upd, [-lr * a / (1.0 - beta1 ** ti) for ti in t])  # the package's step size lr / bc1
+        torch._foreach_add_(d_params, upd)
+
+
+def describe_optimizers(optimizers: Iterable[torch.optim.Optimizer]) -> str:
+    """``optimizer AdamATan2 (triton) + SignSGDSparse`` for the run's start line: each optimizer, with its
+    implementation when it has several (AdamATan2: fused / triton / torch)."""
+    names = []
+    for opt in optimizers:
+        impl = getattr(opt, "implementation", None)
+        names.append(type(opt).__name__ + (f" ({impl})" if impl else ""))
+    return "optimizer " + " + ".join(names) if names else "no optimizer"
 
 
 def global_grad_norm(params: Iterable[torch.nn.Parameter], device: Any = None) -> Tensor:

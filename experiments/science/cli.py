@@ -5,22 +5,39 @@ a subprocess whose log lands in DIR (``python -m encoders.science``, the old nam
 
 1. data: ``python -m dataset.build_synthetic_dataset ... --canvas-size N --build-dir DIR/data/built --mode etrm``
    (all 8 rule families of dataset/synthetic_rules.py; evaluation puzzles are rule instances never seen in
-   training, and with ``--holdout-families`` whole families never seen in training);
+   training, also not through an augmented copy, and with ``--holdout-families`` whole families never seen in
+   training) -- or, with ``--input-file-prefix P``, your own puzzles (below);
 2. training: ``python pretrain_encoder.py --config-name cfg_science encoder=<name> ...`` once per encoder
    (standard, variational, lpn, hybrid, recurrent) and for the zero-demo control (``control`` = standard with
    ``encoder.zero_demos=true``: the encoder sees only PAD demos, so it cannot know the rule). The recipe is
-   config/cfg_science.yaml; ``--override key=value`` passes Hydra overrides through;
-3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` (voting over the augmented copies, pass@K);
-4. report: held-out pass@1 / pass@2 per rule family (the family of each evaluated puzzle comes from the
-   builder's ``<prefix>_rules.json``, its score from evaluate.py's ``predictions.json``) for every run, written to
-   DIR/science.json and DIR/science.md and printed.
+   config/cfg_science.yaml (it checkpoints every ``checkpoint_every`` steps); ``--override key=value`` passes
+   Hydra overrides through;
+3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` on the held-out puzzles and on the train-fit
+   set (``--train-fit-puzzles`` training puzzles), voting over the augmented copies, pass@K;
+4. report: held-out pass@1 / pass@2 per rule family (per group for your own puzzles) next to the same on the
+   training puzzles (train fit) for every run, written to DIR/science.json and DIR/science.md and printed.
 
-Resumable: a run whose summary.json says ``finished`` is not trained again, an evaluation whose metrics.json and
-predictions.json exist is not repeated; a DIR built with other settings is refused (name a new --out).
+Your own puzzles: ``--input-file-prefix P`` reads the kaggle layout P_training_challenges.json,
+P_training_solutions.json, P_evaluation_challenges.json, P_evaluation_solutions.json (the layout of
+``python -m dataset.build_arc_dataset``; a _solutions file may be left out when the challenges carry the test
+outputs): the evaluation puzzles are the held-out ones. Rows of the table: ``--groups FILE`` (JSON: puzzle id ->
+group, or -> {"family": ...} as the synthetic builder's _rules.json; every puzzle id must be named), else the id
+prefix (the part of the id before its first '_' or '-'; the whole id when it has neither). No colour / dihedral
+augmentation unless you pass --num-aug K: the copies can realise a held-out colour or orientation of a rule, i.e.
+leak a held-out rule instance into training (docs/science.md, "Your own puzzles"). --families, --holdout-families,
+--num-train, --num-test, --min-grid and --max-grid do not apply; --canvas-size defaults to the largest grid side.
+
+Resumable: a run whose summary.json says ``finished`` is not trained again; a run cut short (killed, interrupted,
+failed after a checkpoint) resumes from its last checkpoint, and until then its last checkpoint is evaluated and
+marked "cut short at step N" in the table; an evaluation of the same checkpoint step is not repeated;
+``--no-train`` trains nothing and evaluates what exists. A DIR built with other settings (or other files) is
+refused (name a new --out). Ctrl-C stops the running stage cleanly (training writes a checkpoint first).
 
     python -m experiments.science --out runs/science                       # standard + control (the quick check)
     python -m experiments.science --out runs/science-all --encoders all     # the benchmark: 5 encoders + control
     python -m experiments.science --out runs/s --holdout-families gravity --steps 2000 --override lr=3e-4
+    python -m experiments.science --out runs/mine --input-file-prefix data/mine/puzzles --groups data/mine/groups.json
+    python -m experiments.science --out runs/science --no-train             # evaluate what exists (cut-short runs too)
 
 The older single-family check (``recolour``: repaint colour a as b; train and test instances disjoint), trained
 in-process with ``training.loop.train``, stays available for quick encoder experiments:
@@ -39,27 +56,48 @@ from typing import Optional, Sequence
 import torch
 
 from core.errors import fail, user_errors
-from experiments.science.common import CONTROL, ENCODERS
+from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from experiments.science.recolour import RECOLOUR_STEPS, run_science
-from experiments.science.run import DEFAULT_CONFIG, run_science_command
+from experiments.science.run import (
+    DEFAULT_CONFIG,
+    FILES_NUM_AUG,
+    SYNTHETIC_DEFAULTS,
+    TRAIN_FIT_PUZZLES,
+    run_science_command,
+)
 
 PROG = "python -m experiments.science"
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = SYNTHETIC_DEFAULTS
     ap.add_argument("--out", required=True, help="output directory (data, runs, science.json, science.md)")
     ap.add_argument("--encoders", nargs="+", default=["standard", CONTROL],
                     help=f"runs: any of {', '.join(ENCODERS)}, {CONTROL} (zero-demo standard), or all")
+    ap.add_argument("--input-file-prefix", default=None, metavar="P",
+                    help="your own puzzles: P_{training,evaluation}_{challenges,solutions}.json (kaggle layout); "
+                         "evaluation = held out")
+    ap.add_argument("--groups", default=None, metavar="FILE",
+                    help="with --input-file-prefix: JSON puzzle id -> group (rows of the table; default: the id "
+                         "prefix before the first '_' or '-')")
     ap.add_argument("--families", nargs="+", default=None, help="rule families (default: all 8)")
     ap.add_argument("--holdout-families", nargs="+", default=[], help="families never seen in training")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: max_steps of the config)")
-    ap.add_argument("--canvas-size", type=int, default=8)
+    ap.add_argument("--canvas-size", type=int, default=None,
+                    help=f"canvas side (default {d['canvas_size']}; your own puzzles: the largest grid side)")
     ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: canvas - 2, at most 10)")
-    ap.add_argument("--min-grid", type=int, default=3)
-    ap.add_argument("--num-train", type=int, default=800)
-    ap.add_argument("--num-test", type=int, default=160)
-    ap.add_argument("--num-aug", type=int, default=8, help="augmented copies per puzzle (evaluation votes over them)")
+    ap.add_argument("--min-grid", type=int, default=None, help=f"smallest input side (default {d['min_grid']})")
+    ap.add_argument("--num-train", type=int, default=None, help=f"training puzzles (default {d['num_train']})")
+    ap.add_argument("--num-test", type=int, default=None, help=f"held-out puzzles (default {d['num_test']})")
+    ap.add_argument("--num-aug", type=int, default=None,
+                    help=f"augmented (colour / dihedral) copies per puzzle, evaluation votes over them (default "
+                         f"{d['num_aug']}; your own puzzles: {FILES_NUM_AUG}, since a copy can show a held-out rule "
+                         "instance)")
+    ap.add_argument("--train-fit-puzzles", type=int, default=TRAIN_FIT_PUZZLES,
+                    help="training puzzles evaluated for the train-fit columns (0: none)")
+    ap.add_argument("--no-train", action="store_true",
+                    help="train nothing: evaluate the runs that exist (a cut-short run: its last checkpoint)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for pretrain_encoder.py (repeatable), e.g. --override lr=3e-4")
@@ -74,19 +112,36 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = build_parser().parse_args(argv)
     if args.recolour:
+        with user_errors(code=2):
+            other = [f for f, v in (("--input-file-prefix", args.input_file_prefix), ("--groups", args.groups),
+                                    ("--no-train", args.no_train)) if v]
+            if other:
+                raise ScienceError(f"--recolour and {other[0]} are mutually exclusive (the recolour check writes "
+                                   "its own data and always trains)")
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         res = run_science(args.out, steps=args.steps or RECOLOUR_STEPS, seed=args.seed, encoder=args.encoder)
         print(json.dumps(res, indent=1))
         return res
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
-    with user_errors(code=2):  # bad input (a ScienceError, Hydra's override errors): one line, exit 2
-        res = run_science_command(args.out, encoders=args.encoders, families=args.families,
-                                  holdout_families=args.holdout_families, steps=args.steps,
-                                  canvas_size=args.canvas_size, max_grid=args.max_grid, min_grid=args.min_grid,
-                                  num_train=args.num_train, num_test=args.num_test, num_aug=args.num_aug,
-                                  seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
-                                  config=args.config, command=command)
-    failed = [n for n, r in res["runs"].items() if r["status"] != "ok"]
+    try:
+        with user_errors(code=2):  # bad input (a ScienceError, Hydra's override errors): one line, exit 2
+            res = run_science_command(args.out, encoders=args.encoders, families=args.families,
+                                      holdout_families=args.holdout_families, steps=args.steps,
+                                      canvas_size=args.canvas_size, max_grid=args.max_grid, min_grid=args.min_grid,
+                                      num_train=args.num_train, num_test=args.num_test, num_aug=args.num_aug,
+                                      seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
+                                      config=args.config, command=command, input_file_prefix=args.input_file_prefix,
+                                      groups_file=args.groups, train_fit_puzzles=args.train_fit_puzzles,
+                                      no_train=args.no_train)
+    except KeyboardInterrupt:
+        fail(f"interrupted; run the same command again to resume (a cut-short run continues from its last "
+             f"checkpoint; --no-train evaluates what exists in {args.out})", code=130)
+    runs = res["runs"]
+    failed = [n for n, r in runs.items() if r["status"] in ("train_failed", "eval_failed")
+              or (r["status"] == "cut_short" and not args.no_train)]
     if failed:
-        fail(f"runs failed: {', '.join(failed)} (see their train.log / eval.log under {args.out}/runs)", code=1)
+        fail(f"runs failed or cut short: {', '.join(failed)} (see their train.log / eval.log under {args.out}/runs; "
+             "run the command again to resume a cut-short run)", code=1)
+    if not any(r["status"] in ("ok", "cut_short") for r in runs.values()):
+        fail(f"--no-train: no run of {', '.join(runs)} has a checkpoint in {args.out}/runs", code=1)
     return res

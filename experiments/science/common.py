@@ -1,13 +1,94 @@
-"""Names shared by the science command's stages (:mod:`experiments.science.run`) and its report
-(:mod:`experiments.science.report`)."""
+"""Names and helpers shared by the science command's stages (:mod:`experiments.science.run`,
+:mod:`experiments.science.data`) and its report (:mod:`experiments.science.report`)."""
 from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Optional
 
 from core.errors import PlatformError
 
 ENCODERS = ("standard", "variational", "lpn", "hybrid", "recurrent")
 CONTROL = "control"  # the zero-demo control: encoder=standard encoder.zero_demos=true
 UNFIT_TRAIN_EXACT = 0.5  # below this train exact a run's held-out table is flagged "not fitted"
+TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / group may have this name)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
 
 class ScienceError(PlatformError, ValueError):
     """Bad science-command input (the message names the option / file and the value)."""
+
+
+def say(msg: str) -> None:
+    print(f"[science] {msg}", flush=True)
+
+
+def read_json_or_none(path: str) -> Optional[Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def first_diff(a: Any, b: Any, key: str = "") -> tuple[str, Any, Any]:
+    """(dotted key, a's value, b's value) of the first difference between two JSON-like values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_diff(a.get(k), b.get(k), f"{key}.{k}" if key else k)
+    return key, a, b
+
+
+def check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> None:
+    """Refuse to mix results made with other settings in one --out directory."""
+    if saved is None or saved == wanted:
+        return
+    k, old, new = first_diff(saved, wanted)
+    raise ScienceError(f"{path}: {what} was made with {k}={old!r}, this command asks for {k}={new!r}; "
+                       "use a new --out (or the same options) to keep results comparable")
+
+
+# seconds a stage may take to stop after Ctrl-C (training finishes its step and writes a checkpoint)
+STOP_GRACE_S = 60.0
+
+
+def run_logged(cmd: list[str], log_path: str, *, append: bool = False) -> tuple[int, float, str]:
+    """Run ``cmd`` in the repository root, stdout+stderr to ``log_path`` (``append``: after what it holds, e.g.
+    the earlier segments of a resumed run); (exit status, seconds, last log line).
+
+    Ctrl-C: the stage (in the same process group) gets the SIGINT too; training then stops after its current step
+    and writes a checkpoint (``training.signals``), so it is given :data:`STOP_GRACE_S` seconds to exit (a SIGTERM,
+    the same stop request, is sent if it is still running after 5 s, e.g. when only this process got the SIGINT);
+    a second Ctrl-C kills it. The KeyboardInterrupt is then re-raised."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    t0 = time.time()
+    with open(log_path, "a" if append else "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            say(f"interrupted: letting {os.path.basename(log_path)[:-4]} stop cleanly (Ctrl-C again kills it)")
+            try:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=STOP_GRACE_S)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+            raise
+        except BaseException:  # anything else ends this process: the stage must not outlive it
+            proc.kill()
+            proc.wait()
+            raise
+    with open(log_path) as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    return rc, time.time() - t0, (lines[-1] if lines else "")

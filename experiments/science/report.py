@@ -1,13 +1,15 @@
-"""The science command's report: held-out pass@1 / pass@2 per rule family for every run (science.json), rendered
-as markdown (science.md) with the runs' status and training fit (a run below ``UNFIT_TRAIN_EXACT`` train exact is
-flagged **Not fitted**)."""
+"""The science command's report: held-out pass@1 / pass@2 per rule family (per group, for your own puzzles) for
+every run, next to the same on the train-fit set (training puzzles: did the run fit them?), written to science.json
+and rendered as markdown (science.md) with the runs' status and training fit (a run below ``UNFIT_TRAIN_EXACT``
+train exact is flagged **Not fitted**, and so is every family it does not fit; a cut-short run is marked with
+the step of the checkpoint that was evaluated)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from core.io import atomic_write, write_json_atomic
-from experiments.science.common import CONTROL, UNFIT_TRAIN_EXACT, ScienceError
+from experiments.science.common import CONTROL, TOTAL_ROW, UNFIT_TRAIN_EXACT, ScienceError
 
 
 def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
@@ -19,15 +21,32 @@ def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
     return (sum(c == 1 for c in r) / len(r), sum(c is not None and c <= 2 for c in r) / len(r))
 
 
-def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Sequence[str] = ()) -> dict:
-    """Per-family held-out pass@1 / pass@2 of every run. ``rules``: the builder's rules.json (puzzle ->
-    {subset, family, ...}); ``predictions``: run -> evaluate.py's predictions.json. Every held-out puzzle
-    (subset ``evaluation``) must be in every run's predictions exactly once, and nothing else."""
+def _score(table: dict, heldout: dict[str, str], pred: dict, key: str, runs_key: str, count_key: str,
+           run: str) -> None:
+    """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row."""
+    sums = {f: [0.0, 0.0] for f in table}
+    for p, fam in heldout.items():
+        a, b = puzzle_scores(pred[p])
+        for k in (fam, key):
+            sums[k][0] += a
+            sums[k][1] += b
+    for f, (a, b) in sums.items():
+        n = table[f][count_key]
+        table[f][runs_key][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
+
+
+def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Sequence[str] = (),
+                 train_fit: Optional[tuple[Sequence[str], dict[str, dict]]] = None) -> dict:
+    """Per-family (or per-group) held-out pass@1 / pass@2 of every run. ``rules``: puzzle -> {subset, family}
+    (the builder's rules.json, or the groups of your own puzzles); ``predictions``: run -> evaluate.py's
+    predictions.json. Every held-out puzzle (subset ``evaluation``) must be in every run's predictions exactly
+    once, and nothing else. ``train_fit``: (the train-fit set's puzzle ids, run -> its predictions.json on that
+    set) adds ``train_count`` and ``train_runs`` (pass@1 / pass@2 on training puzzles) to every row."""
     heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
     # every family of the data, also one without held-out puzzles (--num-test below the number of families)
     families = sorted({r["family"] for r in rules.values()})
     table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
-    table["all"] = {"count": len(heldout), "heldout_family": False, "runs": {}}
+    table[TOTAL_ROW] = {"count": len(heldout), "heldout_family": False, "runs": {}}
     for f in heldout.values():
         table[f]["count"] += 1
     for run, pred in predictions.items():
@@ -35,74 +54,158 @@ def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Se
         if extra or missing:
             raise ScienceError(f"run {run}: predictions.json does not hold exactly the held-out puzzles of rules.json "
                                f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]})")
-        sums = {f: [0.0, 0.0] for f in table}
-        for p, fam in heldout.items():
-            a, b = puzzle_scores(pred[p])
-            for key in (fam, "all"):
-                sums[key][0] += a
-                sums[key][1] += b
-        for f, (a, b) in sums.items():
-            n = table[f]["count"]
-            table[f]["runs"][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
+        _score(table, heldout, pred, TOTAL_ROW, "runs", "count", run)
+    if train_fit is None:
+        return table
+    ids, fit_predictions = train_fit
+    not_training = [p for p in ids if rules.get(p, {}).get("subset") != "training"]
+    if not_training:
+        raise ScienceError(f"train-fit set: {not_training[:3]} are not training puzzles")
+    sample = {p: rules[p]["family"] for p in ids}
+    for row in table.values():
+        row.update(train_count=0, train_runs={})
+    table[TOTAL_ROW]["train_count"] = len(sample)
+    for f in sample.values():
+        table[f]["train_count"] += 1
+    for run, pred in fit_predictions.items():
+        if set(pred) != set(sample):
+            raise ScienceError(f"run {run}: the train-fit predictions.json does not hold exactly the train-fit set's "
+                               f"{len(sample)} puzzles")
+        _score(table, sample, pred, TOTAL_ROW, "train_runs", "train_count", run)
     return table
 
 
 def check_against_evaluator(table: dict, runs: dict[str, dict]) -> None:
-    """The table's overall numbers must be evaluate.py's (same puzzles, same definition) for every ok run."""
-    for n in table["all"]["runs"]:
-        for k in ("pass@1", "pass@2"):
-            a, b = table["all"]["runs"][n][k], runs[n]["metrics"][f"ARC/{k}"]
-            if abs(a - b) > 1e-9:
-                raise ScienceError(f"run {n}: {k} over the table's puzzles {a} differs from evaluate.py's {b}")
+    """The table's overall numbers must be evaluate.py's (same puzzles, same definition) for every scored run,
+    on the held-out puzzles and on the train-fit set."""
+    total = table[TOTAL_ROW]
+    for runs_key, metrics_key in (("runs", "metrics"), ("train_runs", "train_fit_metrics")):
+        for n in total.get(runs_key, {}):
+            for k in ("pass@1", "pass@2"):
+                a, b = total[runs_key][n][k], runs[n][metrics_key][f"ARC/{k}"]
+                if abs(a - b) > 1e-9:
+                    raise ScienceError(f"run {n}: {k} over the table's {'train-fit ' if runs_key != 'runs' else ''}"
+                                       f"puzzles {a} differs from evaluate.py's {b}")
+
+
+SCORED = ("ok", "cut_short")  # statuses whose runs have predictions (a cut-short run: of its last checkpoint)
+
+
+def _recipe_text(s: dict) -> str:
+    return (f"Recipe: config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
+            f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
+            "`encoder.zero_demos=true` (sees no demos).")
+
+
+def augmentation_note(num_aug: int) -> str:
+    """What the report says about augmenting your own puzzles (the default is none)."""
+    if num_aug == 0:
+        return ("Augmentation: none (--num-aug 0, the default for your own puzzles): the ARC builder's colour / "
+                "dihedral copies of a training puzzle can realise a held-out colour or orientation of its rule, i.e. "
+                "show a held-out rule instance in training. --num-aug K opts in (docs/science.md).")
+    return (f"**Augmentation: {num_aug} colour / dihedral copies per puzzle (--num-aug {num_aug}, opted in).** A copy "
+            "of a training puzzle can realise a held-out colour or orientation of its rule, so the held-out score may "
+            "count rule instances that training showed (docs/science.md, \"Your own puzzles\").")
 
 
 def _settings_lines(result: dict) -> list[str]:
     s = result["settings"]
     d = s["data"]
+    fit = s.get("train_fit_puzzles")
+    fit_text = (f" Columns `<run>: train`: pass@1 / pass@2 on {fit} training puzzles (a seeded sample; queries "
+                "training saw, with their demos, voted over the same augmented copies): did the run fit its data?"
+                if fit else "")
+    if "files" in d:  # your own puzzles
+        return ["# ETRM science: held-out pass@1 / pass@2 per group", "", f"`{result['command']}`", "",
+                f"Data: your puzzles {s['input_file_prefix']}_{{training,evaluation}}_*.json: {d['num_train']} "
+                f"training / {d['num_test']} held-out (evaluation) puzzles, canvas {d['canvas_size']}x"
+                f"{d['canvas_size']}, seed {d['seed']}. Groups: {s['grouping']}. " + _recipe_text(s) + fit_text, "",
+                augmentation_note(d["num_aug"]), ""]
     return ["# ETRM science: held-out pass@1 / pass@2 per rule family", "",
             f"`{result['command']}`", "",
             f"Data: {d['num_train']} training / {d['num_test']} held-out puzzles (held-out rule "
             f"instances{'; held-out families: ' + ', '.join(d['holdout_families']) if d['holdout_families'] else ''}), "
             f"canvas {d['canvas_size']}x{d['canvas_size']}, grids {d['min_grid']}-"
-            f"{d['max_grid']}, {d['num_aug']} augmentations, seed {d['seed']}. Recipe: "
-            f"config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
-            f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
-            "`encoder.zero_demos=true` (sees no demos). A held-out rule instance is not shown in training, neither by "
-            "a training puzzle nor by any of its augmented copies.", ""]
+            f"{d['max_grid']}, {d['num_aug']} augmentations, seed {d['seed']}. " + _recipe_text(s) +
+            " A held-out rule instance is not shown in training, neither by a training puzzle nor by any of its "
+            "augmented copies." + fit_text, ""]
+
+
+def _label(name: str, r: dict) -> str:
+    return f"{name} (cut short, step {r['steps']})" if r["status"] == "cut_short" else name
+
+
+def _cell(scores: Optional[dict], n: int) -> str:
+    return "—" if not n else ("" if scores is None else f"{scores['pass@1']:.2f} / {scores['pass@2']:.2f}")
 
 
 def _family_lines(result: dict) -> list[str]:
-    runs = [r for r in result["runs"] if result["runs"][r]["status"] == "ok"]
+    runs = [r for r in result["runs"] if result["runs"][r]["status"] in SCORED]
     if not runs:
         return []
-    lines = ["| family | n | " + " | ".join(runs) + " |", "|---|---:|" + "---:|" * len(runs)]
-    for fam, row in result["families"].items():
-        label = f"**{fam}**" if fam == "all" else (f"{fam} (held-out family)" if row["heldout_family"] else fam)
-        cells = [f"{row['runs'][r]['pass@1']:.2f} / {row['runs'][r]['pass@2']:.2f}" if row["count"] else "—"
-                 for r in runs]
-        lines.append(f"| {label} | {row['count']} | " + " | ".join(cells) + " |")
-    return lines + [""]
+    table = result["families"]
+    fit = "train_count" in table[TOTAL_ROW]
+    what = "group" if "files" in result["settings"]["data"] else "family"
+    head = [f"| {what} | n |" + (" n train |" if fit else ""), "|---|---:|" + ("---:|" if fit else "")]
+    for r in runs:
+        label = _label(r, result["runs"][r])
+        head[0] += f" {label} |" + (f" {r}: train |" if fit else "")
+        head[1] += "---:|" + ("---:|" if fit else "")
+    lines = list(head)
+    unfit: dict[str, list[str]] = {}
+    for fam, row in table.items():
+        label = f"**{fam}**" if fam == TOTAL_ROW else (f"{fam} (held-out family)" if row["heldout_family"] else fam)
+        line = f"| {label} | {row['count']} |" + (f" {row['train_count']} |" if fit else "")
+        for r in runs:
+            line += f" {_cell(row['runs'].get(r), row['count'])} |"
+            if fit:
+                tr = row["train_runs"].get(r)
+                line += f" {_cell(tr, row['train_count'])} |"
+                if (r != CONTROL and fam != TOTAL_ROW and tr is not None and row["train_count"]
+                        and tr["pass@1"] < UNFIT_TRAIN_EXACT):
+                    unfit.setdefault(r, []).append(fam)
+        lines.append(line)
+    lines.append("")
+    if unfit:
+        lines += [f"**Not fitted per {what}** (train pass@1 under {UNFIT_TRAIN_EXACT} on the train-fit set): "
+                  + "; ".join(f"{r}: {', '.join(f)}" for r, f in unfit.items())
+                  + f". A {what} that a run does not solve in training says nothing about held-out generalisation.", ""]
+    return lines
 
 
 def _run_lines(result: dict) -> list[str]:
     lines = ["| run | status | steps | train exact | train s | eval s |", "|---|---|---:|---:|---:|---:|"]
-    unfit = []
+    unfit, cut, notes = [], [], []
     for name, r in result["runs"].items():
         ts, es, te = r.get("train_seconds"), r.get("eval_seconds"), r.get("train_exact")
-        lines.append(f"| {name} | {r['status']} | {r.get('steps', '')} | {'' if te is None else f'{te:.2f}'} | "
+        status = r["status"]
+        if status == "cut_short":
+            status = f"cut short at step {r['steps']}" + (f" of {r['total_steps']}" if r.get("total_steps") else "")
+            cut.append(f"{name} ({r['cut_short']['message']})")
+        steps = r.get("steps")
+        lines.append(f"| {name} | {status} | {'' if steps is None else steps} | {'' if te is None else f'{te:.2f}'} | "
                      f"{'' if ts is None else f'{ts:.0f}'} | {'' if es is None else f'{es:.0f}'} |")
-        if name != CONTROL and r["status"] == "ok" and te is not None and te < UNFIT_TRAIN_EXACT:
+        if name != CONTROL and r["status"] in SCORED and te is not None and te < UNFIT_TRAIN_EXACT:
             unfit.append(f"{name} ({te:.2f})")
+        if r.get("train_fit_failed"):
+            notes.append(f"{name}: the train-fit evaluation failed: {r['train_fit_failed']}")
     lines += ["", "train exact: exact accuracy on the training batches of the last log window."]
     if unfit:
         lines += ["", f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
                   "not solve its own training examples says nothing about generalisation to held-out ones; train "
                   "longer or on fewer families (docs/science.md). The control is expected to stay low."]
+    if cut:
+        lines += ["", (f"**Cut short** (training did not finish): {'; '.join(cut)}. A cut-short run's numbers are "
+                       "those of its last checkpoint; run the same command again to resume its training from there "
+                       "(--no-train evaluates without training).")]
+    if notes:
+        lines += [""] + notes
     return lines
 
 
 def render_markdown(result: dict) -> str:
-    """science.md: the settings, the per-family table of the ok runs, every run's status and training fit."""
+    """science.md: the settings, the per-family (per-group) table of the runs that were evaluated, held-out next to
+    train fit, every run's status and training fit."""
     lines = _settings_lines(result) + _family_lines(result) + _run_lines(result)
     lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"

@@ -2,22 +2,27 @@
 
 Each stage is a user-facing command run as a subprocess in the repository root, its log in the output dir:
 
-1. data (:func:`build_science_data`): ``python -m dataset.build_synthetic_dataset ... --mode etrm``;
+1. data (:mod:`experiments.science.data`): ``python -m dataset.build_synthetic_dataset ... --mode etrm`` (the
+   synthetic rule families), or ``python -m dataset.build_arc_dataset --input-file-prefix P ... --mode etrm``
+   (your own kaggle-layout files); plus the train-fit set (a sample of the training puzzles as a test split);
 2. training (:func:`train_and_evaluate`): ``python pretrain_encoder.py --config-name <config> encoder=<name>``
-   per run (``control`` = standard with ``encoder.zero_demos=true``);
-3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` (voting over the augmented copies, pass@K);
+   per run (``control`` = standard with ``encoder.zero_demos=true``), checkpointing every ``checkpoint_every``
+   steps (config/cfg_science.yaml);
+3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` on the held-out puzzles and on the train-fit
+   set (voting over the augmented copies, pass@K);
 4. report (:mod:`experiments.science.report`): science.json / science.md.
 
-Resumable: data built with the same settings, a run whose summary.json says ``finished`` and an evaluation whose
-metrics.json and predictions.json exist are reused; an --out built with other settings (data options, steps,
-overrides, the resolved training recipe, recorded in data/settings.json and runs/<run>/run.json) is refused.
+Resumable: data built with the same settings, a run whose summary.json says ``finished`` and an evaluation of the
+same checkpoint step (metrics.json and predictions.json) are reused; a run that was cut short (killed,
+interrupted, failed) resumes from its last checkpoint (``resume=true``); ``no_train`` evaluates what exists (a
+cut-short run: its last checkpoint, flagged in the table). An --out built with other settings (data options,
+steps, overrides, the resolved training recipe, recorded in data/settings.json and runs/<run>/run.json) is refused.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -26,16 +31,39 @@ from core.io import write_json_atomic
 from dataset.build_synthetic_dataset import default_max_grid
 from dataset.synthetic_rules import FAMILIES
 from encoders import EncoderConfigError
-from experiments.science.common import CONTROL, ENCODERS, ScienceError
-from experiments.science.report import check_against_evaluator, family_table, write_report
+from experiments.science.common import (
+    CONTROL,
+    ENCODERS,
+    ScienceError,
+    check_same,
+    read_json_or_none,
+    run_logged,
+    say,
+)
+from experiments.science.data import (
+    ScienceData,
+    files_settings,
+    load_user_puzzles,
+    prepare_files,
+    prepare_fit,
+    prepare_synthetic,
+)
+from experiments.science.report import augmentation_note, check_against_evaluator, family_table, write_report
 from models import ArchConfigError
+from training.checkpoint import list_checkpoints
 from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-DATA_PREFIX = "synth"
 DEFAULT_CONFIG = "cfg_science"
-# a run's own paths and names: not part of its recipe
-_PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume")
+# synthetic-data defaults (the function's None = these; with your own files they do not apply)
+SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 800, "num_test": 160, "num_aug": 8}
+FILES_NUM_AUG = 0  # your own files: no colour / dihedral copies unless asked for (docs/science.md)
+TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
+# a run's own paths and names, and how often it checkpoints: not part of its recipe (they do not change what it
+# learns), so an --out keeps its runs when only these change
+_PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume",
+                 "checkpoint_every", "checkpoint_keep", "checkpoint_every_eval")
+# the runs' evaluations: (subdirectory of the run, what it scores)
+HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
 
 
 def run_plan(name: str) -> tuple[str, list[str]]:
@@ -52,36 +80,6 @@ def _hq(path: str) -> str:
     return "'" + path.replace("'", "\\'") + "'"
 
 
-def _say(msg: str) -> None:
-    print(f"[science] {msg}", flush=True)
-
-
-def _read_json_or_none(path: str) -> Optional[Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _first_diff(a: Any, b: Any, key: str = "") -> tuple[str, Any, Any]:
-    """(dotted key, a's value, b's value) of the first difference between two JSON-like values."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_diff(a.get(k), b.get(k), f"{key}.{k}" if key else k)
-    return key, a, b
-
-
-def _check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> None:
-    """Refuse to mix results made with other settings in one --out directory."""
-    if saved is None or saved == wanted:
-        return
-    k, old, new = _first_diff(saved, wanted)
-    raise ScienceError(f"{path}: {what} was made with {k}={old!r}, this command asks for {k}={new!r}; "
-                       "use a new --out (or the same options) to keep results comparable")
-
-
 def recipe_record(cfg: PretrainConfig) -> dict:
     """The JSON record of a composed training config (every key, defaults filled in, the arch / encoder / health
     sections too) without the per-run paths and names."""
@@ -89,6 +87,22 @@ def recipe_record(cfg: PretrainConfig) -> dict:
     for k in _PER_RUN_KEYS:
         rec.pop(k, None)
     return json.loads(json.dumps(rec))
+
+
+def _recipe_override(o: str) -> bool:
+    """Whether a Hydra override can change what a run learns (not a checkpoint-interval key)."""
+    return o.split("=", 1)[0].lstrip("+~") not in _PER_RUN_KEYS
+
+
+def _comparable(spec: Optional[dict]) -> Optional[dict]:
+    """A run.json record without the keys that do not change a run (also in records written before they were
+    left out), for the refuse-other-settings check."""
+    if spec is None:
+        return None
+    spec = dict(spec, overrides=[o for o in spec.get("overrides", []) if _recipe_override(o)])
+    if isinstance(spec.get("recipe"), dict):
+        spec["recipe"] = {k: v for k, v in spec["recipe"].items() if k not in _PER_RUN_KEYS}
+    return spec
 
 
 def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequence[str]) -> dict:
@@ -106,130 +120,134 @@ def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequ
     return recipe_record(cfg)
 
 
-def _subprocess(cmd: list[str], log_path: str) -> tuple[int, float, str]:
-    """Run ``cmd`` in the repository root, stdout+stderr to ``log_path``; (exit status, seconds, last log line)."""
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-    with open(log_path) as f:
-        lines = [ln.strip() for ln in f if ln.strip()]
-    return rc, time.time() - t0, (lines[-1] if lines else "")
-
-
-def _build_command(settings: dict, raw: str, built: str) -> list[str]:
-    cmd = [sys.executable, "-m", "dataset.build_synthetic_dataset", "--output-dir", raw, "--output-prefix", DATA_PREFIX,
-           "--num-train", str(settings["num_train"]), "--num-test", str(settings["num_test"]),
-           "--min-grid", str(settings["min_grid"]), "--max-grid", str(settings["max_grid"]),
-           "--canvas-size", str(settings["canvas_size"]), "--seed", str(settings["seed"]),
-           "--heldout-puzzles-per-instance", str(settings["heldout_puzzles_per_instance"]),
-           "--families", *settings["families"]]
-    if settings["holdout_families"]:
-        cmd += ["--holdout-families", *settings["holdout_families"]]
-    return cmd + ["--build-dir", built, "--num-aug", str(settings["num_aug"]), "--mode", "etrm", "--overwrite",
-                  "--num-workers", "1", "--no-progress"]
-
-
-def build_science_data(out: str, settings: dict) -> tuple[str, str]:
-    """Stage 1: the synthetic rule families built by the user-facing builder (skipped when already built with the
-    same settings). Returns (built dataset dir, rules.json path)."""
-    data = os.path.join(out, "data")
-    built, raw = os.path.join(data, "built"), os.path.join(data, "raw")
-    rules = os.path.join(raw, f"{DATA_PREFIX}_rules.json")
-    spath = os.path.join(data, "settings.json")
-    done = os.path.exists(os.path.join(built, "test", "dataset.json")) and os.path.exists(rules)
-    if done:
-        _check_same(spath, _read_json_or_none(spath), settings, "the data")
-        if _read_json_or_none(spath) == settings:
-            _say(f"data: {built} already built, reused")
-            return built, rules
-    nf = len(settings["families"])
-    _say(f"data: {settings['num_train']} training + {settings['num_test']} held-out puzzles, "
-         f"{nf} famil{'y' if nf == 1 else 'ies'}, canvas {settings['canvas_size']} -> {built}")
-    log = os.path.join(data, "build.log")
-    rc, secs, last = _subprocess(_build_command(settings, raw, built), log)
-    if rc != 0:
-        raise ScienceError(f"data build failed (exit {rc}): {last} (log: {log})")
-    write_json_atomic(spath, settings)
-    _say(f"data: built in {secs:.0f} s")
-    return built, rules
+def _latest_step(ck: str) -> Optional[int]:
+    """Step of the newest checkpoint file in ``ck`` (None: none)."""
+    cks = list_checkpoints(ck) if os.path.isdir(ck) else []
+    return cks[-1][0] if cks else None
 
 
 def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, extra: list[str],
-           steps: Optional[int], overrides: list[str]) -> tuple[Optional[dict], Optional[dict]]:
-    """Stage 2 for one run: pretrain_encoder.py unless its summary.json says finished. Returns (summary, None)
-    or (None, the failure's fields)."""
-    ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "eval")
-    summary = _read_json_or_none(os.path.join(ck, "summary.json"))
+           steps: Optional[int], overrides: list[str], no_train: bool) -> dict:
+    """Stage 2 for one run: pretrain_encoder.py unless its summary.json says finished (a cut-short run resumes
+    from its last checkpoint). Returns {"outcome": finished | cut_short | failed | not_trained, "summary",
+    "message", "exit_status"}; cut_short = not finished but a checkpoint to evaluate."""
+    ck = os.path.join(run_dir, "checkpoint")
+    summary = read_json_or_none(os.path.join(ck, "summary.json"))
     if summary is not None and summary.get("status") == "finished":
-        _say(f"{name}: training finished earlier ({summary.get('steps')} steps), reused")
-        return summary, None
-    shutil.rmtree(ev, ignore_errors=True)  # outputs of an older checkpoint
+        say(f"{name}: training finished earlier ({summary.get('steps')} steps), reused")
+        return dict(outcome="finished", summary=summary)
+    before = _latest_step(ck)
+    if no_train:
+        if before is None:
+            say(f"{name}: not trained (--no-train)")
+            return dict(outcome="not_trained", summary=summary, message="no checkpoint (--no-train)")
+        say(f"{name}: training did not finish; evaluating its last checkpoint (step {before}, --no-train)")
+        return dict(outcome="cut_short", summary=summary, exit_status=None,
+                    message=f"{(summary or {}).get('stop_reason') or 'killed'}, last checkpoint step {before}; "
+                            "not resumed (--no-train)")
+    if before is None:  # trained from scratch: evaluations in the run dir are of other weights (same step numbers)
+        for sub in (HELDOUT_EVAL, FIT_EVAL):
+            shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
     cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{_hq(built)}]",
            f"encoder={encoder}", f"checkpoint_path={_hq(ck)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra'))}",
            "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
     cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
-    _say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
-         f"{', ' + str(steps) + ' steps' if steps else ''}); log {os.path.join(run_dir, 'train.log')}")
-    rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "train.log"))
-    summary = _read_json_or_none(os.path.join(ck, "summary.json"))
-    if rc not in (0, 3) or summary is None or summary.get("status") != "finished":
-        _say(f"{name}: training FAILED (exit {rc}): {last}")
-        return None, dict(status="train_failed", exit_status=rc, message=last)
-    _say(f"{name}: trained {summary.get('steps')} steps in {secs:.0f} s")
-    return summary, None
+    log = os.path.join(run_dir, "train.log")
+    if before is not None:
+        say(f"{name}: resuming the cut-short run from its checkpoint at step {before}; log {log}")
+    else:
+        say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
+            f"{', ' + str(steps) + ' steps' if steps else ''}); log {log}")
+    rc, secs, last = run_logged(cmd, log, append=before is not None)
+    summary = read_json_or_none(os.path.join(ck, "summary.json"))
+    if rc in (0, 3) and summary is not None and summary.get("status") == "finished":
+        say(f"{name}: trained {summary.get('steps')} steps in {secs:.0f} s")
+        return dict(outcome="finished", summary=summary)
+    after = _latest_step(ck)
+    if after is None:
+        say(f"{name}: training FAILED (exit {rc}): {last}")
+        return dict(outcome="failed", summary=summary, exit_status=rc, message=last)
+    say(f"{name}: training stopped early (exit {rc}: {last}); evaluating its last checkpoint (step {after}); "
+        "run the command again to resume it")
+    return dict(outcome="cut_short", summary=summary, exit_status=rc,
+                message=f"training exited with status {rc} ({last}), last checkpoint step {after}")
 
 
-def _evaluate(name: str, run_dir: str, built: str, eval_overrides: list[str]) -> Optional[dict]:
-    """Stage 3 for one run: evaluate.py unless its metrics.json and predictions.json exist. Returns None, or the
-    failure's fields."""
-    ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "eval")
-    if os.path.exists(os.path.join(ev, "metrics.json")) and os.path.exists(os.path.join(ev, "predictions.json")):
-        _say(f"{name}: evaluation exists, reused")
-        return None
-    cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(built)}", f"output_dir={_hq(ev)}",
-           f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra-eval'))}", "progress=false", "num_pictures=0",
-           "pass_ks=[1,2]", *eval_overrides]
-    _say(f"{name}: evaluating the held-out puzzles")
-    rc, secs, last = _subprocess(cmd, os.path.join(run_dir, "eval.log"))
-    if rc != 0 or not os.path.exists(os.path.join(ev, "metrics.json")):
-        _say(f"{name}: evaluation FAILED (exit {rc}): {last}")
-        return dict(status="eval_failed", exit_status=rc, message=last)
-    _say(f"{name}: evaluated in {secs:.0f} s")
-    return None
+def _evaluate(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
+              eval_overrides: list[str], what: str) -> tuple[Optional[dict], Optional[dict]]:
+    """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
+    checkpoint ``step`` on exactly the puzzles ``expect``. Returns (metrics.json record, None) or (None, the
+    failure's fields)."""
+    ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
+    mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
+    rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
+    if rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect):
+        say(f"{name}: evaluation of {what} exists, reused")
+        return rec, None
+    shutil.rmtree(ev, ignore_errors=True)
+    cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(data_path)}",
+           f"output_dir={_hq(ev)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra-' + sub))}", "progress=false",
+           "num_pictures=0", "pass_ks=[1,2]", *eval_overrides]
+    say(f"{name}: evaluating {what} (checkpoint step {step})")
+    log = os.path.join(run_dir, f"{sub}.log")
+    rc, secs, last = run_logged(cmd, log)
+    rec = read_json_or_none(mpath)
+    if rc != 0 or rec is None or not os.path.exists(ppath):
+        say(f"{name}: evaluation of {what} FAILED (exit {rc}): {last}")
+        return None, dict(status="eval_failed", exit_status=rc, message=f"{what}: {last} (log: {log})")
+    say(f"{name}: evaluated {what} in {secs:.0f} s")
+    return rec, None
 
 
-def train_and_evaluate(out: str, name: str, built: str, *, config: str, steps: Optional[int], overrides: list[str],
-                       eval_overrides: list[str], data_settings: dict, recipe: dict) -> dict:
-    """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished), then
-    evaluate.py (unless its outputs exist). Returns the run's record (status, times, metrics, paths)."""
+_METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac")
+
+
+def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tuple[str, list[str]]], *,
+                       config: str, steps: Optional[int], overrides: list[str], eval_overrides: list[str],
+                       recipe: dict, no_train: bool = False) -> dict:
+    """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished; a
+    cut-short run resumes), then evaluate.py on the held-out puzzles and the train-fit set. Returns the run's
+    record (status ok | cut_short | not_trained | train_failed | eval_failed, steps, times, metrics, paths)."""
     encoder, extra = run_plan(name)
     run_dir = os.path.join(out, "runs", name)
     spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
-            "data": data_settings, "recipe": recipe}
+            "data": data.settings, "recipe": recipe}
     spath = os.path.join(run_dir, "run.json")
-    _check_same(spath, _read_json_or_none(spath), spec, f"run {name!r}")
-    write_json_atomic(spath, spec)
+    check_same(spath, _comparable(read_json_or_none(spath)), _comparable(spec), f"run {name!r}")
     rec: dict[str, Any] = {"encoder": encoder, "zero_demos": name == CONTROL, "run_dir": run_dir, "status": None}
-    summary, failed = _train(name, run_dir, built, config=config, encoder=encoder, extra=extra, steps=steps,
-                             overrides=overrides)
-    if failed is not None:
-        return dict(rec, **failed)
-    rec.update(steps=summary.get("steps"), train_seconds=summary.get("wall_time_s"),
-               stop_reason=summary.get("stop_reason"), num_params=summary.get("num_params"),
+    if not (no_train and not os.path.isdir(run_dir)):
+        write_json_atomic(spath, spec)
+    t = _train(name, run_dir, data.built, config=config, encoder=encoder, extra=extra, steps=steps,
+               overrides=overrides, no_train=no_train)
+    summary = t["summary"] or {}
+    if t["outcome"] in ("failed", "not_trained"):
+        status = "train_failed" if t["outcome"] == "failed" else "not_trained"
+        return dict(rec, status=status, exit_status=t.get("exit_status"), message=t.get("message"))
+    rec.update(steps=summary.get("steps"), total_steps=summary.get("total_steps") or recipe.get("max_steps"),
+               train_seconds=summary.get("wall_time_s"), stop_reason=summary.get("stop_reason"),
+               num_params=summary.get("num_params"),
                # exact accuracy on the training batches of the last log window: did the run fit its data?
                train_exact=(summary.get("final") or {}).get("train/exact_accuracy"))
-    failed = _evaluate(name, run_dir, built, eval_overrides)
+    step = _latest_step(os.path.join(run_dir, "checkpoint"))
+    if t["outcome"] == "cut_short":
+        rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
+    heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
+    m, failed = _evaluate(name, run_dir, data.built, HELDOUT_EVAL, heldout, step, eval_overrides,
+                          "the held-out puzzles")
     if failed is not None:
         return dict(rec, **failed)
-    ev = os.path.join(run_dir, "eval")
-    with open(os.path.join(ev, "metrics.json")) as f:
-        m = json.load(f)["metrics"]
-    rec.update(status="ok", eval_seconds=m.get("eval/wall_seconds"), predictions=os.path.join(ev, "predictions.json"),
-               metrics={k: m[k] for k in ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs",
-                                          "ARC/malformed_frac") if k in m})
+    metrics = m["metrics"]
+    rec.update(status="ok" if t["outcome"] == "finished" else "cut_short", eval_seconds=metrics.get("eval/wall_seconds"),
+               evaluated_step=m.get("checkpoint_step"), predictions=os.path.join(run_dir, HELDOUT_EVAL, "predictions.json"),
+               metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics})
+    if fit is not None:
+        m, failed = _evaluate(name, run_dir, fit[0], FIT_EVAL, fit[1], step, eval_overrides,
+                              f"the train-fit set ({len(fit[1])} training puzzles)")
+        if failed is not None:  # the held-out numbers stand; the train-fit column stays empty
+            rec["train_fit_failed"] = failed["message"]
+        else:
+            rec.update(train_fit_predictions=os.path.join(run_dir, FIT_EVAL, "predictions.json"),
+                       train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
     return rec
 
 
@@ -251,6 +269,19 @@ def _check_inputs(encoders: Sequence[str], families: Optional[Sequence[str]], ho
     return fams, names
 
 
+def _check_files_mode(input_file_prefix: Optional[str], groups_file: Optional[str], synthetic: dict) -> None:
+    """Options of the synthetic data do not apply to your own files (and --groups only to them)."""
+    if input_file_prefix is None:
+        if groups_file is not None:
+            raise ScienceError("--groups needs --input-file-prefix (the synthetic families are grouped by rule family)")
+        return
+    given = [k for k, v in synthetic.items() if v not in (None, [], ())]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ScienceError(f"--input-file-prefix and {flag} are mutually exclusive ({flag} shapes the synthetic "
+                           "rule families; your files define the puzzles)")
+
+
 def _load_json(path: str) -> Any:
     with open(path) as f:
         return json.load(f)
@@ -258,38 +289,77 @@ def _load_json(path: str) -> Any:
 
 def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONTROL),
                         families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
-                        steps: Optional[int] = None, canvas_size: int = 8, max_grid: Optional[int] = None,
-                        min_grid: int = 3, num_train: int = 800, num_test: int = 160, num_aug: int = 8, seed: int = 0,
+                        steps: Optional[int] = None, canvas_size: Optional[int] = None, max_grid: Optional[int] = None,
+                        min_grid: Optional[int] = None, num_train: Optional[int] = None,
+                        num_test: Optional[int] = None, num_aug: Optional[int] = None, seed: int = 0,
                         overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
-                        config: str = DEFAULT_CONFIG, command: str = "") -> dict:
-    """The whole experiment (see the module docstring); returns the result written to science.json."""
+                        config: str = DEFAULT_CONFIG, command: str = "", input_file_prefix: Optional[str] = None,
+                        groups_file: Optional[str] = None, train_fit_puzzles: int = TRAIN_FIT_PUZZLES,
+                        no_train: bool = False) -> dict:
+    """The whole experiment (see the module docstring); returns the result written to science.json.
+
+    ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
+    ``holdout_families``, ``max_grid``, ``min_grid``, ``num_train``, ``num_test`` must then be left unset), grouped
+    by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
+    files. ``no_train``: train nothing, evaluate what exists."""
     t0 = time.time()
     out = os.path.abspath(out)  # the stages run in the repository root
+    _check_files_mode(input_file_prefix, groups_file, {"families": families, "holdout_families": holdout_families,
+                                                       "max_grid": max_grid, "min_grid": min_grid,
+                                                       "num_train": num_train, "num_test": num_test})
     fams, names = _check_inputs(encoders, families, holdout_families, steps, config)
+    if num_aug is not None and num_aug < 0:
+        raise ScienceError(f"--num-aug must be >= 0, got {num_aug}")
+    if train_fit_puzzles < 0:
+        raise ScienceError(f"--train-fit-puzzles must be >= 0, got {train_fit_puzzles}")
+    if no_train and not os.path.exists(os.path.join(out, "data", "settings.json")):
+        raise ScienceError(f"--no-train: {out} holds no science data (nothing was trained there; run the command "
+                           "without --no-train first)")
     recipes = {n: resolve_recipe(config, n, steps, overrides) for n in names}
-    if max_grid is None:
-        max_grid = default_max_grid(canvas_size)
-    data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
-                     "min_grid": min_grid, "max_grid": max_grid,
-                     "num_train": num_train, "num_test": num_test, "num_aug": num_aug, "seed": seed,
-                     # the reserved held-out instances (never shown by a training puzzle or its augmented copies);
-                     # data built before them lack this key, so an old --out is refused rather than mixed
-                     "heldout_puzzles_per_instance": 2}
+    user = None
+    if input_file_prefix is not None:
+        user = load_user_puzzles(input_file_prefix, groups_file)  # every file validated before any work
+        data_settings = files_settings(user, canvas_size=canvas_size, seed=seed,
+                                       num_aug=FILES_NUM_AUG if num_aug is None else num_aug)
+        say(augmentation_note(data_settings["num_aug"]).replace("**", ""))
+    else:
+        d = SYNTHETIC_DEFAULTS
+        canvas_size = d["canvas_size"] if canvas_size is None else canvas_size
+        data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
+                         "min_grid": d["min_grid"] if min_grid is None else min_grid,
+                         "max_grid": default_max_grid(canvas_size) if max_grid is None else max_grid,
+                         "num_train": d["num_train"] if num_train is None else num_train,
+                         "num_test": d["num_test"] if num_test is None else num_test,
+                         "num_aug": d["num_aug"] if num_aug is None else num_aug, "seed": seed,
+                         # the reserved held-out instances (never shown by a training puzzle or its augmented
+                         # copies); data built before them lack this key, so an old --out is refused, not mixed
+                         "heldout_puzzles_per_instance": 2}
     os.makedirs(out, exist_ok=True)
-    built, rules_path = build_science_data(out, data_settings)
-    runs = {n: train_and_evaluate(out, n, built, config=config, steps=steps, overrides=list(overrides),
-                                  eval_overrides=list(eval_overrides), data_settings=data_settings, recipe=recipes[n])
+    if user is not None:
+        data = prepare_files(out, user, data_settings, no_train=no_train)
+    else:
+        data = prepare_synthetic(out, data_settings, no_train=no_train)
+    fit = prepare_fit(out, data, train_fit_puzzles)
+    runs = {n: train_and_evaluate(out, n, data, fit, config=config, steps=steps, overrides=list(overrides),
+                                  eval_overrides=list(eval_overrides), recipe=recipes[n], no_train=no_train)
             for n in names}
-    ok = {n: _load_json(r["predictions"]) for n, r in runs.items() if r["status"] == "ok"}
-    table = family_table(_load_json(rules_path), ok, holdout_families)
+    scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
+    fit_pred = {n: _load_json(r["train_fit_predictions"]) for n, r in scored.items() if "train_fit_predictions" in r}
+    table = family_table(data.rules, {n: _load_json(r["predictions"]) for n, r in scored.items()},
+                         holdout_families if user is None else (), train_fit=(fit[1], fit_pred) if fit else None)
     check_against_evaluator(table, runs)
     for r in runs.values():
         r.pop("predictions", None)
-    result = {"command": command or "python -m experiments.science --out " + out,
-              "settings": {"data": data_settings, "encoders": names, "steps": steps, "config": config,
-                           "overrides": list(overrides), "eval_overrides": list(eval_overrides)},
+        r.pop("train_fit_predictions", None)
+    settings: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": steps, "config": config,
+                                "overrides": list(overrides), "eval_overrides": list(eval_overrides),
+                                "grouping": data.grouping, "train_fit_puzzles": len(fit[1]) if fit else 0,
+                                "no_train": no_train}
+    if user is not None:
+        settings["input_file_prefix"] = user.prefix
+    result = {"command": command or "python -m experiments.science --out " + out, "settings": settings,
               "runs": runs, "families": table, "wall_seconds": round(time.time() - t0, 1)}
     md = write_report(out, result)
     print(md, flush=True)
-    _say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
+    say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
     return result

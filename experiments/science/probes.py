@@ -1,0 +1,103 @@
+"""Core-fit probes for the spatial families: can the TRM core *apply* a dihedral map, before any encoder has to
+read it? (docs/science.md, "Spatial families: what stops the fit").
+
+    python -m experiments.science.probes --out data/probe-hflip --dihedral 4            # one fixed map (flip)
+    python -m experiments.science.probes --out data/probe-hflip6 --dihedral 4 --sizes 6 6
+    python -m experiments.science.probes --out data/probe-dih --dihedral 1 2 3 4 5 6 7 --oracle
+
+Each puzzle: 3 demo pairs + 1 query of random grids (sides in ``--sizes``, 3 colours of 1..9 at density 0.5)
+under one of the ``--dihedral`` maps (dataset.common.dihedral_transform ids; one drawn per puzzle). Written as
+kaggle-layout files (``DIR/probe_{training,evaluation}_{challenges,solutions}.json``, ``DIR/probe_rules.json``:
+puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode trm``, no augmentation, canvas
+``--canvas-size``). ``--oracle`` then replaces every example's puzzle identifier with its map id (1..7), so a TRM
+with a puzzle embedding is *told* the map: the core's fit without any rule reading. Train on it with
+``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Optional, Sequence
+
+import numpy as np
+
+from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+from dataset.common import dihedral_transform
+
+PREFIX = "probe"
+
+
+def _grid(rng: np.random.Generator, sizes: tuple[int, int]) -> np.ndarray:
+    h, w = rng.integers(sizes[0], sizes[1] + 1, size=2)
+    colours = rng.choice(np.arange(1, 10), 3, replace=False)
+    return np.where(rng.random((h, w)) < 0.5, rng.choice(colours, (h, w)), 0)
+
+
+def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval: int, sizes: tuple[int, int],
+                      seed: int = 0) -> str:
+    """Write the kaggle-layout files; returns their prefix."""
+    rng = np.random.default_rng(seed)
+    prefix, rules = os.path.join(out, PREFIX), {}
+    os.makedirs(out, exist_ok=True)
+    for subset, n in (("training", num_train), ("evaluation", num_eval)):
+        challenges, solutions = {}, {}
+        for i in range(n):
+            pid = f"{subset[:2]}{i:05d}"
+            tid = int(maps[rng.integers(len(maps))]) if len(maps) > 1 else int(maps[0])
+            rules[pid] = tid
+            pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]
+            challenges[pid] = {"train": [{"input": a.tolist(), "output": b.tolist()} for a, b in pairs[:3]],
+                               "test": [{"input": pairs[3][0].tolist()}]}
+            solutions[pid] = [pairs[3][1].tolist()]
+        for kind, obj in (("challenges", challenges), ("solutions", solutions)):
+            with open(f"{prefix}_{subset}_{kind}.json", "w") as f:
+                json.dump(obj, f)
+    with open(f"{prefix}_rules.json", "w") as f:
+        json.dump(rules, f)
+    return prefix
+
+
+def give_map_ids(built: str, rules: dict[str, int]) -> None:
+    """``--oracle``: every example's puzzle identifier becomes its map id (identifiers.json names the puzzles)."""
+    with open(os.path.join(built, "identifiers.json")) as f:
+        names = json.load(f)
+    lut = np.array([0] + [rules[name.split("|")[0]] for name in names[1:]])
+    for split in ("train", "test"):
+        path = os.path.join(built, split, "all__puzzle_identifiers.npy")
+        ids = np.load(path)
+        np.save(path, lut[ids].astype(ids.dtype))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    ap = argparse.ArgumentParser(prog="python -m experiments.science.probes", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dihedral", type=int, nargs="+", default=[4], help="map ids (1..7), one drawn per puzzle")
+    ap.add_argument("--sizes", type=int, nargs=2, default=(2, 6), metavar=("MIN", "MAX"), help="grid sides")
+    ap.add_argument("--num-train", type=int, default=1000)
+    ap.add_argument("--num-eval", type=int, default=100)
+    ap.add_argument("--canvas-size", type=int, default=8)
+    ap.add_argument("--oracle", action="store_true", help="puzzle identifier := map id")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    if any(not 1 <= t <= 7 for t in a.dihedral):
+        ap.error(f"--dihedral ids must be in 1..7, got {a.dihedral}")
+    if not 1 <= a.sizes[0] <= a.sizes[1] <= a.canvas_size - 1:
+        ap.error(f"--sizes must satisfy 1 <= MIN <= MAX <= canvas-size - 1 (room for the end marker), got {a.sizes}")
+    prefix = write_probe_files(a.out, a.dihedral, num_train=a.num_train, num_eval=a.num_eval,
+                               sizes=tuple(a.sizes), seed=a.seed)
+    puzzles = load_kaggle_subset(prefix, "training") + load_kaggle_subset(prefix, "evaluation")
+    built = os.path.join(a.out, "built")
+    build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=0, seed=a.seed, mode="trm",
+                      overwrite=True, source=f"probe dihedral {a.dihedral}", progress=False, canvas_size=a.canvas_size)
+    if a.oracle:
+        with open(f"{prefix}_rules.json") as f:
+            give_map_ids(built, json.load(f))
+    print(f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, maps {a.dihedral}"
+          f"{' (puzzle identifier = map id)' if a.oracle else ''}")
+    return built
+
+
+if __name__ == "__main__":
+    main()
