@@ -1,10 +1,12 @@
-"""AdamATan2: the PyTorch implementation equals a hand-computed update; lr as tensor / changed per step;
+"""AdamATan2: the PyTorch implementation equals the adam-atan2 package's update (first bias correction in the
+step size), hand-computed and in an independent numpy reference over 40 steps; lr as tensor / changed per step;
 state round trip; implementation selection (auto / fused / triton / torch) and its errors; on CUDA, the fused
-kernel of the adam-atan2 package against its own formula and the Triton kernel against the torch path (skipped
-without CUDA). The Triton kernel on CPU tensors (interpreter): tests/test_optim_triton.py."""
+kernel of the adam-atan2 package against its own formula and against the torch path, and the Triton kernel against
+the torch path (skipped without CUDA). The Triton kernel on CPU tensors (interpreter): tests/test_optim_triton.py."""
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,6 +61,52 @@ def test_matches_hand_computed_update_custom_hparams():
     p, _ = run(kw)
     ref = manual_adam_atan2(P0, GRADS, [0.05] * 3, beta1=0.8, beta2=0.95, wd=0.3, a=1.27, b=0.5)
     assert torch.allclose(p, ref, atol=1e-12, rtol=0)
+
+
+def numpy_package_formula(p0, grads, lrs, beta1, beta2, wd, a=1.0, b=1.0, bc1_inside=False):
+    """Vectorised float64 numpy reference of the adam-atan2 package's update, independent of torch:
+    p *= 1 - lr wd; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2;
+    p -= lr a / (1 - beta1^t) * atan2(m, b sqrt(v / (1 - beta2^t))).
+    ``bc1_inside``: the other formula, lr a * atan2(m / (1 - beta1^t), ...) (not the package's; for the check that
+    the test tells the two apart)."""
+    p = np.array(p0, dtype=np.float64)
+    m = np.zeros_like(p)
+    v = np.zeros_like(p)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        g = np.asarray(g, dtype=np.float64)
+        p = p * (1 - lr * wd)
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+        bc1, bc2 = 1 - beta1 ** t, 1 - beta2 ** t
+        den = b * np.sqrt(v / bc2)
+        if bc1_inside:
+            p = p - lr * a * np.arctan2(m / bc1, den)
+        else:
+            p = p - lr * a / bc1 * np.arctan2(m, den)
+    return p
+
+
+@pytest.mark.parametrize("hp", [dict(beta1=0.9, beta2=0.95, wd=0.1),
+                                dict(beta1=0.8, beta2=0.999, wd=0.0, a=1.27, b=0.5)])
+def test_torch_path_matches_numpy_package_formula_over_many_steps(hp):
+    """40 steps, random gradients over six orders of magnitude (with exact zeros), a warmup-then-decay lr: the
+    torch path is the package's formula to float64 rounding, and measurably not the bias-inside-atan2 one."""
+    rng = np.random.default_rng(0)
+    n, steps = 257, 40
+    p0 = rng.standard_normal(n)
+    grads = [rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1, n) * (rng.random(n) > 0.05) for _ in range(steps)]
+    lrs = [1e-2 * min(1.0, (k + 1) / 10) * (1 - 0.5 * k / steps) for k in range(steps)]
+    p = torch.nn.Parameter(torch.tensor(p0))
+    opt = AdamATan2([p], lr=lrs[0], betas=(hp["beta1"], hp["beta2"]), weight_decay=hp["wd"], a=hp.get("a", 1.0),
+                    b=hp.get("b", 1.0), impl="torch")
+    for g, lr in zip(grads, lrs):
+        opt.param_groups[0]["lr"] = lr
+        p.grad = torch.tensor(g)
+        opt.step()
+    ref = numpy_package_formula(p0, grads, lrs, **hp)
+    np.testing.assert_allclose(p.detach().numpy(), ref, rtol=0, atol=1e-12)
+    other = numpy_package_formula(p0, grads, lrs, **hp, bc1_inside=True)
+    assert np.abs(other - ref).max() > 1e-3  # the two formulas differ far beyond the tolerance above
 
 
 def test_float32_params_and_first_step_is_sign_like():
@@ -209,6 +257,29 @@ def test_fused_kernel_computes_the_package_formula_on_cuda():
         opt.step()
     for p, q0, gs in zip(ps, p0, grads):
         assert torch.allclose(p.double(), _package_formula(q0, gs, lrs, 0.9, 0.95, 0.1), atol=5e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(not fused_available(), reason="needs CUDA and the adam-atan2 package's backend")
+def test_fused_matches_torch_path_on_cuda():
+    """The torch path computes the package's formula: fp32 rounding-level agreement with its kernel over 20
+    steps (the kernel's fma lerp / contraction vs separate torch ops: an ulp or so of |p| per step at most)."""
+    torch.manual_seed(0)
+    shapes = [(64, 32), (7,), (3, 5, 2)]
+    ps_f = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
+    ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_f]
+    opt_f = AdamATan2(ps_f, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="fused")
+    opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
+    assert (opt_f.implementation, opt_r.implementation) == ("fused", "torch")
+    for step in range(20):
+        for pf, pr in zip(ps_f, ps_r):
+            g = torch.randn_like(pf) * 1e-3
+            pf.grad, pr.grad = g.clone(), g.clone()
+        for opt in (opt_f, opt_r):
+            opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
+        opt_f.step()
+        opt_r.step()
+    for pf, pr in zip(ps_f, ps_r):
+        assert torch.allclose(pf, pr, atol=1e-6, rtol=0), (pf - pr).abs().max().item()
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and O.triton_module() is not None), reason="needs CUDA and triton")
