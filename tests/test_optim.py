@@ -259,47 +259,35 @@ def test_fused_kernel_computes_the_package_formula_on_cuda():
         assert torch.allclose(p.double(), _package_formula(q0, gs, lrs, 0.9, 0.95, 0.1), atol=5e-6, rtol=1e-6)
 
 
+def _against_torch_path_on_cuda(impl, shapes, dtype, atol, rtol):
+    """20 steps of ``impl`` and of the torch path from the same parameters and gradients (warm-up lr)."""
+    torch.manual_seed(0)
+    ps_i = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=dtype)) for s in shapes]
+    ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_i]
+    opt_i = AdamATan2(ps_i, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl=impl)
+    opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
+    assert (opt_i.implementation, opt_r.implementation) == (impl, "torch")
+    for step in range(20):
+        for pi, pr in zip(ps_i, ps_r):
+            g = torch.randn_like(pi) * 1e-3
+            pi.grad, pr.grad = g.clone(), g.clone()
+        for opt in (opt_i, opt_r):
+            opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
+            opt.step()
+    for pi, pr in zip(ps_i, ps_r):
+        assert torch.allclose(pi.float(), pr.float(), atol=atol, rtol=rtol), (pi.float() - pr.float()).abs().max().item()
+
+
 @pytest.mark.skipif(not fused_available(), reason="needs CUDA and the adam-atan2 package's backend")
 def test_fused_matches_torch_path_on_cuda():
     """The torch path computes the package's formula: fp32 rounding-level agreement with its kernel over 20
     steps (the kernel's fma lerp / contraction vs separate torch ops: an ulp or so of |p| per step at most)."""
-    torch.manual_seed(0)
-    shapes = [(64, 32), (7,), (3, 5, 2)]
-    ps_f = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]
-    ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_f]
-    opt_f = AdamATan2(ps_f, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="fused")
-    opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
-    assert (opt_f.implementation, opt_r.implementation) == ("fused", "torch")
-    for step in range(20):
-        for pf, pr in zip(ps_f, ps_r):
-            g = torch.randn_like(pf) * 1e-3
-            pf.grad, pr.grad = g.clone(), g.clone()
-        for opt in (opt_f, opt_r):
-            opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
-        opt_f.step()
-        opt_r.step()
-    for pf, pr in zip(ps_f, ps_r):
-        assert torch.allclose(pf, pr, atol=1e-6, rtol=0), (pf - pr).abs().max().item()
+    _against_torch_path_on_cuda("fused", [(64, 32), (7,), (3, 5, 2)], torch.float32, 1e-6, 0.0)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and O.triton_module() is not None), reason="needs CUDA and triton")
 def test_triton_matches_torch_path_on_cuda():
-    torch.manual_seed(0)
-    shapes = [(64, 32), (7,), (3, 5, 2), (4097,)]
     # fp32: rounding-level differences; bf16: the torch path rounds to bf16 after every op, Triton once
-    for dtype, atol, rtol in ((torch.float32, 1e-6, 0.0), (torch.bfloat16, 1e-2, 2e-2)):
-        ps_t = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=dtype)) for s in shapes]
-        ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_t]
-        opt_t = AdamATan2(ps_t, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="triton")
-        opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
-        assert (opt_t.implementation, opt_r.implementation) == ("triton", "torch")
-        for step in range(20):
-            for pt, pr in zip(ps_t, ps_r):
-                g = torch.randn_like(pt) * 1e-3
-                pt.grad, pr.grad = g.clone(), g.clone()
-            for opt in (opt_t, opt_r):
-                opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
-            opt_t.step()
-            opt_r.step()
-        for pt, pr in zip(ps_t, ps_r):
-            assert torch.allclose(pt.float(), pr.float(), atol=atol, rtol=rtol)
+    shapes = [(64, 32), (7,), (3, 5, 2), (4097,)]
+    _against_torch_path_on_cuda("triton", shapes, torch.float32, 1e-6, 0.0)
+    _against_torch_path_on_cuda("triton", shapes, torch.bfloat16, 1e-2, 2e-2)
