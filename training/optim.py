@@ -178,10 +178,9 @@ class AdamATan2(torch.optim.Optimizer):
             lr = float(lr) if isinstance(lr, Tensor) else lr
             beta1, beta2 = group["betas"]
             impl = self._resolve(group, params)
+            if impl == self.impl:  # an explicit choice: parameters may have moved since the group was added
+                self._check_group(group)
             if impl == "fused":
-                if not (group["a"] == 1.0 and group["b"] == 1.0 and all(p.is_cuda for p in params)):
-                    raise RuntimeError("AdamATan2(impl='fused'): the fused kernel needs CUDA parameters and "
-                                       "a == b == 1")
                 self._fused_step(params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, group["weight_decay"])
                 continue
             # torch / triton: the step counters live on the CPU (host bias corrections, no device sync)
@@ -199,8 +198,6 @@ class AdamATan2(torch.optim.Optimizer):
     def _triton_step(self, params, grads, exp_avgs, exp_avg_sqs, steps, **hyper) -> None:
         mod = triton_module()
         kernel = [mod.kernel_applies(*x) for x in zip(params, grads, exp_avgs, exp_avg_sqs)]
-        if self.impl == "triton" and not mod.INTERPRETED and not all(p.is_cuda for p in params):
-            raise RuntimeError("AdamATan2(impl='triton'): the Triton kernel needs every parameter on CUDA")
         rest = [i for i, k in enumerate(kernel) if not k]  # non-contiguous / fp64: the torch math
         if rest:
             _adam_atan2_foreach([params[i] for i in rest], [grads[i] for i in rest], [exp_avgs[i] for i in rest],
