@@ -27,7 +27,7 @@ import sys
 import time
 from typing import Any, Optional, Sequence
 
-from core.io import write_json_atomic
+from core.io import read_json, write_json_atomic
 from dataset.build_synthetic_dataset import default_max_grid
 from dataset.synthetic_rules import FAMILIES
 from encoders import EncoderConfigError
@@ -282,11 +282,6 @@ def _check_files_mode(input_file_prefix: Optional[str], groups_file: Optional[st
                            "rule families; your files define the puzzles)")
 
 
-def _load_json(path: str) -> Any:
-    with open(path) as f:
-        return json.load(f)
-
-
 def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONTROL),
                         families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
                         steps: Optional[int] = None, canvas_size: Optional[int] = None, max_grid: Optional[int] = None,
@@ -344,8 +339,8 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
                                   eval_overrides=list(eval_overrides), recipe=recipes[n], no_train=no_train)
             for n in names}
     scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
-    fit_pred = {n: _load_json(r["train_fit_predictions"]) for n, r in scored.items() if "train_fit_predictions" in r}
-    table = family_table(data.rules, {n: _load_json(r["predictions"]) for n, r in scored.items()},
+    fit_pred = {n: read_json(r["train_fit_predictions"], ScienceError) for n, r in scored.items() if "train_fit_predictions" in r}
+    table = family_table(data.rules, {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
                          holdout_families if user is None else (), train_fit=(fit[1], fit_pred) if fit else None)
     check_against_evaluator(table, runs)
     for r in runs.values():
