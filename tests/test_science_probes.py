@@ -20,13 +20,15 @@ def test_probe_puzzles_follow_their_map_and_oracle_ids_name_it(tmp_path):
     for pid, p in ch.items():
         for pair in p["train"]:
             assert np.array_equal(dihedral_transform(np.array(pair["input"]), rules[pid]), np.array(pair["output"]))
-    names = json.load(open(os.path.join(built, "identifiers.json")))
+    # the same build without --oracle: every puzzle identifier is replaced by its puzzle's map id
+    plain = main(["--out", str(tmp_path / "plain"), "--dihedral", "1", "4", "6", "--num-train", "12",
+                  "--num-eval", "4", "--sizes", "2", "5"])
+    names = json.load(open(os.path.join(plain, "identifiers.json")))
     for split in ("train", "test"):
-        ids = np.load(os.path.join(built, split, "all__puzzle_identifiers.npy"))
-        assert set(ids.tolist()) <= {1, 4, 6}
-    # the first training example's id is its puzzle's map
-    pid0 = names[1].split("|")[0]
-    assert np.load(os.path.join(built, "train", "all__puzzle_identifiers.npy"))[0] == rules[pid0]
+        ids = np.load(os.path.join(plain, split, "all__puzzle_identifiers.npy"))
+        oracle = np.load(os.path.join(built, split, "all__puzzle_identifiers.npy"))
+        assert oracle.tolist() == [rules[names[i].split("|")[0]] for i in ids.tolist()]
+        assert len(set(ids.tolist())) > 3  # the plain build has one identifier per puzzle
 
 
 def test_probe_refuses_bad_maps_and_sizes(tmp_path):
