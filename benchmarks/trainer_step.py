@@ -18,7 +18,7 @@ import contextlib
 import os
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -50,11 +50,12 @@ def make_data(config: str, root: str) -> str:
     return out
 
 
-def make_trainer(config: str, data: str, run_dir: str, compile_flag: bool, device: str) -> Trainer:
+def make_trainer(config: str, data: str, run_dir: str, compile_flag: bool, device: str,
+                 overrides: Sequence[str] = ()) -> Trainer:
     name, extra = {"science": ("cfg_science", ["encoder=standard"]), "trm-tiny": ("cfg_demo", [])}[config]
     cfg = load_config(name, [*extra, f"data_paths=[{data}]", f"checkpoint_path={run_dir}", "eval_interval=null",
                              "eval_at_end=false", "evaluators=[]", "progress=false", "wandb.mode=disabled",
-                             f"compile={str(compile_flag).lower()}", f"device={device}"])
+                             f"compile={str(compile_flag).lower()}", f"device={device}", *overrides])
     return Trainer(cfg, DistInfo(device=resolve_device(device)))
 
 

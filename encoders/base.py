@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
+from core.ops import linear_chunks
 from dataset.common import PAD_ID
 
 
@@ -65,6 +66,10 @@ class BaseEncoderConfig(pydantic.BaseModel):
     context_scale_init: float = 1.0
     # crop the all-PAD tail of the demo canvases before encoding (exact: masked tokens have no effect)
     crop_padding: bool = True
+    # run the per-demo blocks on the non-PAD tokens only (exact, like crop_padding, but per demo): projections,
+    # norms and SwiGLU see each real token once, attention runs per bucket of demos of similar length
+    # (TokenPacking). False = every demo padded to the batch's (cropped) canvas length, the reference path.
+    pack_tokens: bool = True
     # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
     # recompute each per-demo block in the backward pass (saves activation memory on full 30x30 ARC demos)
@@ -157,7 +162,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(inner, dim, bias=False)
 
     def forward(self, x):
-        g, u = self.gate_up(x).chunk(2, dim=-1)
+        g, u = linear_chunks(x, self.gate_up.weight, (self.down.in_features,) * 2)
         return self.down(F.silu(g) * u)
 
 
@@ -178,10 +183,94 @@ class Attention(nn.Module):
         n, tq, d = x.shape
         tk = ctx.shape[1]
         q = self.q(x).view(n, tq, self.h, d // self.h).transpose(1, 2)
-        k, v = self.kv(ctx).view(n, tk, 2, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        if key_mask is not None and ctx is not x:  # cross-attention: project only the keys that are attended
+            sel = key_mask.flatten().nonzero().squeeze(-1)
+            kv = self.kv(ctx.reshape(n * tk, d).index_select(0, sel))
+            kv = kv.new_zeros(n * tk, 2 * d).index_copy(0, sel, kv)
+        else:
+            kv = self.kv(ctx)
+        k, v = (t.reshape(n, tk, self.h, d // self.h).transpose(1, 2) for t in kv.chunk(2, dim=-1))
         mask = None if key_mask is None else key_mask[:, None, None, :]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o(out.transpose(1, 2).reshape(n, tq, d))
+
+
+    def forward_packed(self, x: torch.Tensor, packing: "TokenPacking") -> torch.Tensor:
+        """Self-attention within each demo of packed tokens x [N, d] (``TokenPacking``): the same numbers as
+        :meth:`forward` on the padded demos with their key mask, for the real tokens."""
+        n_tok, d = x.shape
+        q = self.q(x)
+        k, v = linear_chunks(x, self.kv.weight, (d, d))
+        outs = []
+        for bk in packing.buckets:
+            def heads(t: torch.Tensor) -> torch.Tensor:
+                t = t[bk.start:bk.end]
+                if bk.index is not None:  # demos shorter than the bucket: scatter into the padded layout
+                    t = t.new_zeros(bk.num * bk.length, d).index_copy(0, bk.index, t)
+                return t.reshape(bk.num, bk.length, self.h, d // self.h).transpose(1, 2)
+
+            o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=bk.attn_mask)
+            o = o.transpose(1, 2).reshape(bk.num * bk.length, d)
+            outs.append(o if bk.index is None else o.index_select(0, bk.index))
+        return self.o(torch.cat(outs) if len(outs) > 1 else outs[0])
+
+
+@dataclass
+class PackedBucket:
+    start: int  # packed tokens [start, end) belong to this bucket's demos
+    end: int
+    num: int  # demos in the bucket
+    length: int  # padded length of the bucket
+    index: Optional[torch.Tensor]  # [end - start] slot of each token in the [num * length] padded layout (None: full)
+    attn_mask: Optional[torch.Tensor]  # [num, 1, 1, length] key mask (None: every slot is a real token)
+
+
+@dataclass
+class TokenPacking:
+    """The non-PAD tokens of n demos, flattened demo by demo (demos sorted by length, tokens in canvas order),
+    and the buckets attention runs in: demos whose length rounds up to the same multiple of ``quantum``."""
+    buckets: list[PackedBucket]
+    dest: torch.Tensor  # [N] slot of each packed token in the left-aligned [n * max_len] layout
+    lengths: torch.Tensor  # [n] real tokens per demo
+    max_len: int
+
+    QUANTUM = 8
+
+    @classmethod
+    def build(cls, mask: torch.Tensor) -> tuple["TokenPacking", torch.Tensor, torch.Tensor]:
+        """From a key mask [n, T] (every row with a real token): (packing, order [n] of the demos, sel [N] flat
+        index of each packed token into [n * T] in the sorted order)."""
+        n, T = mask.shape
+        counts = mask.sum(1)
+        padded = ((counts + cls.QUANTUM - 1) // cls.QUANTUM * cls.QUANTUM).clamp_max(T)
+        order = torch.argsort(padded, stable=True)
+        mask, counts, padded = mask[order], counts[order], padded[order]
+        sel = mask.flatten().nonzero().squeeze(-1)
+        rank = (mask.cumsum(1) - 1).flatten().index_select(0, sel)
+        demo = torch.div(sel, T, rounding_mode="floor")
+        lens, nums = torch.unique_consecutive(padded, return_counts=True)
+        ends = torch.cumsum(nums, 0)
+        tok_ends = torch.cumsum(counts, 0).index_select(0, ends - 1)
+        lens, nums, ends, tok_ends, max_len = (*(t.tolist() for t in (lens, nums, ends, tok_ends)),
+                                               int(counts.max()))  # one host sync
+        buckets, d0, t0 = [], 0, 0
+        for length, num, d1, t1 in zip(lens, nums, ends, tok_ends):
+            if t1 - t0 == num * length:  # every demo fills the bucket: no scatter, no mask
+                buckets.append(PackedBucket(t0, t1, num, length, None, None))
+            else:
+                index = (demo[t0:t1] - d0) * length + rank[t0:t1]
+                key = torch.arange(length, device=mask.device) < counts[d0:d1, None]
+                buckets.append(PackedBucket(t0, t1, num, length, index, key[:, None, None, :]))
+            d0, t0 = d1, t1
+        return cls(buckets, demo * max_len + rank, counts, max_len), order, sel
+
+    def unpack(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed token states [N, d] -> (left-aligned [n, max_len, d] (zeros after each demo's tokens), key mask
+        [n, max_len])."""
+        n = self.lengths.shape[0]
+        full = x.new_zeros(n * self.max_len, x.shape[-1]).index_copy(0, self.dest, x)
+        mask = torch.arange(self.max_len, device=x.device) < self.lengths[:, None]
+        return full.view(n, self.max_len, -1), mask
 
 
 class Block(nn.Module):
@@ -193,8 +282,10 @@ class Block(nn.Module):
         self.mlp = SwiGLU(dim, expansion)
         self.eps = eps
 
-    def forward(self, x, ctx=None, key_mask=None):
-        x = rms_norm(x + self.attn(x, ctx, key_mask), self.eps)
+    def forward(self, x, ctx=None, key_mask=None, packing: Optional[TokenPacking] = None):
+        """``packing``: x is packed tokens [N, d] (self-attention within each demo, TokenPacking)."""
+        a = self.attn(x, ctx, key_mask) if packing is None else self.attn.forward_packed(x, packing)
+        x = rms_norm(x + a, self.eps)
         return rms_norm(x + self.mlp(x), self.eps)
 
 
@@ -274,11 +365,18 @@ class DemoTrunk(nn.Module):
             x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1)
             mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
         x = self.embed_scale * x
+        packing = None
+        if self.cfg.pack_tokens and self.blocks:  # exact: PAD tokens are never keys and never read out
+            packing, order, sel = TokenPacking.build(mask)
+            idx = idx.index_select(0, order)
+            x = x.index_select(0, order).flatten(0, 1).index_select(0, sel)
         for blk in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, packing, use_reentrant=False)
             else:
-                x = blk(x, key_mask=mask)
+                x = blk(x, key_mask=mask, packing=packing)
+        if packing is not None:
+            x, mask = packing.unpack(x)
         return x, mask, idx, valid
 
     @torch.compiler.disable

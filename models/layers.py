@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.ops import linear_chunks
+
 CosSin = Optional[Tuple[torch.Tensor, torch.Tensor]]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -82,6 +84,12 @@ class CastedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         return F.linear(x, self.weight.to(x.dtype), bias)
+
+    def forward_chunks(self, x: torch.Tensor, sizes: Sequence[int]) -> Tuple[torch.Tensor, ...]:
+        """``forward(x).split(sizes, -1)``, as one matmul per chunk on CPU (``core.ops.linear_chunks``)."""
+        if self.bias is not None:
+            return self.forward(x).split(list(sizes), dim=-1)
+        return linear_chunks(x, self.weight.to(x.dtype), sizes)
 
 
 class CastedEmbedding(nn.Module):
@@ -152,10 +160,18 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     """q, k: [b, seq, heads, head_dim]; cos, sin: [seq, head_dim]. Computed in the tables' dtype (fp32)."""
     dtype = q.dtype
     q, k = q.to(cos.dtype), k.to(cos.dtype)
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    q_out = q * cos + rotate_half(q) * sin
-    k_out = k * cos + rotate_half(k) * sin
+    # rotate_half(x) * sin == swap_halves(x) * (sin with its first half negated), bit for bit (the sign moves from
+    # x to sin); one flip instead of two slices, a negation and a concatenation (and their backward)
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(-2)
+    cos = cos.unsqueeze(-2)
+    q_out = q * cos + _swap_halves(q) * sin
+    k_out = k * cos + _swap_halves(k) * sin
     return q_out.to(dtype), k_out.to(dtype)
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    return x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -177,10 +193,8 @@ class Attention(nn.Module):
 
     def forward(self, cos_sin: CosSin, hidden_states: torch.Tensor) -> torch.Tensor:
         b, s, _ = hidden_states.shape
-        qkv = self.qkv_proj(hidden_states).view(b, s, self.num_heads + 2 * self.num_key_value_heads, self.head_dim)
-        q = qkv[:, :, : self.num_heads]
-        k = qkv[:, :, self.num_heads: self.num_heads + self.num_key_value_heads]
-        v = qkv[:, :, self.num_heads + self.num_key_value_heads:]
+        hq, hkv = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        q, k, v = (t.view(b, s, -1, self.head_dim) for t in self.qkv_proj.forward_chunks(hidden_states, (hq, hkv, hkv)))
         if cos_sin is not None:
             cos, sin = cos_sin
             q, k = apply_rotary_pos_emb(q, k, cos[:s], sin[:s])
@@ -205,7 +219,8 @@ class SwiGLU(nn.Module):
         self.down_proj = CastedLinear(inter, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        inter = self.down_proj.weight.shape[1]
+        gate, up = self.gate_up_proj.forward_chunks(x, (inter, inter))
         return self.down_proj(F.silu(gate) * up)
 
 

@@ -69,7 +69,7 @@ def test_padding_and_empty_slots_do_not_change_output(name):
     di3[1, 2] = 7
     out_garbage = run(enc, di3, dl, m).context
     # 4) without cropping (full canvas attention with masks) the result is the same
-    enc_nc = make(name, seq_len=S + 5, crop_padding=False).eval()
+    enc_nc = make(name, seq_len=S + 5, crop_padding=False, pack_tokens=False).eval()
     enc_nc.load_state_dict(enc.state_dict())
     out_nc = run(enc_nc, di, dl, m).context
     for o in (out_pad, out_slots, out_garbage, out_nc):
@@ -256,7 +256,7 @@ def test_options_shapes_padding_order_and_gradients(name, over):
     pad = torch.zeros(*di.shape[:2], 5, dtype=di.dtype)
     g = torch.randint(2, V, (3, 2, S), dtype=di.dtype)
     m2 = torch.cat([m, torch.zeros(3, 2, dtype=torch.bool), torch.ones(3, 2, dtype=torch.bool)], 1)
-    nc = make_opt(name, over, seq_len=S + 5, crop_padding=False).eval()
+    nc = make_opt(name, over, seq_len=S + 5, crop_padding=False, pack_tokens=False).eval()
     nc.load_state_dict(enc.state_dict())
     perm = torch.tensor([2, 0, 3, 1])
     for out in (run(enc, torch.cat([di, pad], -1), torch.cat([dl, pad], -1), m).context,
@@ -311,3 +311,80 @@ def test_trunk_option_values_are_validated_and_unused_ones_refused():
     with pytest.raises(EncoderConfigError, match="aggregation"):
         make("recurrent", aggregation="mean")
     assert make("recurrent", aggregation="tokens").trunk.cfg.aggregation == "tokens"
+
+
+def ragged_demos(b=4, d=5, s=40, seed=3):
+    """Demos whose real-token counts span several packing buckets (1, 8, 16, 17, ..., s = a full bucket), with
+    PAD holes inside the canvas (rows shorter than the canvas), an all-PAD slot and a masked slot."""
+    g = torch.Generator().manual_seed(seed)
+    di = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
+    dl = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
+    counts = torch.tensor([1, 8, 16, 17, 40, 3, 24, 9, 31, 8, 12, 5, 16, 40, 2, 20, 7, 11, 26, 40])[: b * d]
+    keep = torch.zeros(b * d, s, dtype=torch.bool)
+    for i, c in enumerate(counts.tolist()):
+        keep[i, torch.randperm(s, generator=g)[:c]] = True
+    keep = keep.view(b, d, s)
+    di, dl = di * keep, dl * keep
+    dl[1, 3] = 0
+    di[1, 3] = 0  # an all-PAD slot (skipped)
+    mask = torch.ones(b, d, dtype=torch.bool)
+    mask[2, 1] = False
+    return di, dl, mask
+
+
+PACK_CASES = OPTIONS + [("standard", {"pair_layout": "sequence"}), ("lpn", {"pair_layout": "sequence"}),
+                        ("standard", {"aggregation": "tokens", "activation_checkpointing": True})]
+
+
+@pytest.mark.parametrize("name,over", PACK_CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}"
+                                                       for n, o in PACK_CASES])
+def test_packed_tokens_match_the_padded_path(name, over):
+    """pack_tokens (the default) runs the per-demo blocks on the real tokens only, attention per length bucket:
+    the context, the KL and every parameter's gradient equal the padded reference (pack_tokens=false, no cropping)
+    on demos of ragged lengths."""
+    from encoders.base import TokenPacking
+
+    di, dl, m = ragged_demos()
+    real = (di != 0) | (dl != 0)
+    if over.get("pair_layout") == "sequence":
+        real = torch.cat([di != 0, dl != 0], -1)
+    pk, _, _ = TokenPacking.build(real.flatten(0, 1)[real.flatten(0, 1).any(-1) & m.flatten()])
+    assert len(pk.buckets) >= 4 and {b.index is None for b in pk.buckets} == {True, False}  # not vacuous
+    outs = []
+    for packed in (True, False):
+        enc = make(name, seq_len=40, pack_tokens=packed, crop_padding=packed, **over).train()
+        torch.manual_seed(5)  # the variational sample
+        out = run(enc, di, dl, m)
+        w = torch.randn(out.context.shape, generator=torch.Generator().manual_seed(7))
+        ((out.context * w).sum() + (out.kl.sum() if out.kl is not None else 0)).backward()
+        outs.append((out, {n: p.grad.clone() for n, p in enc.named_parameters()}))
+    (a, ga), (b, gb) = outs
+    torch.testing.assert_close(a.context, b.context, atol=2e-5, rtol=1e-5)
+    if a.kl is not None:
+        torch.testing.assert_close(a.kl, b.kl, atol=2e-5, rtol=1e-5)
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+
+
+def test_cross_attention_projects_only_attended_keys_with_the_same_numbers():
+    """Cross-attention with a key mask projects only the attended keys (the aggregation's many PAD keys cost
+    nothing): output and gradients equal softmax attention over the full projection with masked scores."""
+    import torch.nn.functional as F
+
+    from encoders.base import Attention
+
+    torch.manual_seed(0)
+    att = Attention(16, 4)
+    x, ctx = torch.randn(3, 2, 16), torch.randn(3, 9, 16, requires_grad=True)
+    mask = torch.rand(3, 9) > 0.5
+    mask[:, 0] = True
+    out = att(x, ctx, mask)
+    q = F.linear(x, att.q.weight).view(3, 2, 4, 4).transpose(1, 2)
+    k, v = (t.view(3, 9, 4, 4).transpose(1, 2) for t in F.linear(ctx, att.kv.weight).chunk(2, -1))
+    s = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask[:, None, None, :], float("-inf"))
+    ref = F.linear((s.softmax(-1) @ v).transpose(1, 2).reshape(3, 2, 16), att.o.weight)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
+    g, = torch.autograd.grad(out.square().sum(), ctx)
+    g_ref, = torch.autograd.grad(ref.square().sum(), ctx)
+    torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-5)
+    assert (g[~mask] == 0).all() and (g[mask] != 0).any()

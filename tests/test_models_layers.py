@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from models.layers import (Attention, CastedEmbedding, CastedLinear, RotaryEmbedding, SwiGLU, TransformerBlock,
-                           apply_rotary_pos_emb, resolve_dtype, rms_norm, swiglu_intermediate_size, trunc_normal_init_)
+                           apply_rotary_pos_emb, resolve_dtype, rms_norm, rotate_half, swiglu_intermediate_size,
+                           trunc_normal_init_)
 
 
 def test_trunc_normal_has_requested_std_and_bounds():
@@ -114,3 +115,44 @@ def test_mlp_t_mixes_along_sequence_not_attention():
     assert not torch.allclose(blk(None, x2)[0, 0], y[0, 0])
     with pytest.raises(ValueError, match="sequence length"):
         TransformerBlock(8, 2, 4, 1e-5, mlp_t=True)
+
+
+def test_rope_swap_halves_equals_rotate_half_bit_for_bit():
+    """apply_rotary_pos_emb moves the sign of rotate_half onto the sin table: the same bits as the textbook form."""
+    torch.manual_seed(0)
+    cos, sin = RotaryEmbedding(dim=16, max_position_embeddings=10)()
+    q, k = torch.randn(3, 10, 4, 16), torch.randn(3, 10, 4, 16)
+    qr, kr = apply_rotary_pos_emb(q, k, cos, sin)
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    assert torch.equal(qr, q * c + rotate_half(q) * s) and torch.equal(kr, k * c + rotate_half(k) * s)
+
+
+@pytest.mark.parametrize("kind", ["attention", "gqa", "mlp_t"])
+def test_split_projections_match_one_fused_matmul(monkeypatch, kind):
+    """The CPU path (one matmul per qkv / gate-up chunk) and the CUDA path (one matmul, then split) give the same
+    block output (bit for bit) and the same gradients."""
+    from core import ops
+
+    torch.manual_seed(0)
+    if kind == "gqa":
+        blk = torch.nn.Module()
+        blk.attn = Attention(hidden_size=32, head_dim=8, num_heads=4, num_key_value_heads=2)
+        fwd = lambda x: blk.attn(RotaryEmbedding(8, 7)(), x)  # noqa: E731
+    else:
+        blk = TransformerBlock(32, 4, 4, 1e-5, mlp_t=kind == "mlp_t", total_seq_len=7)
+        cs = None if kind == "mlp_t" else RotaryEmbedding(8, 7)()
+        fwd = lambda x: blk(cs, x)  # noqa: E731
+    x0 = torch.randn(3, 7, 32)
+    res = []
+    for split in (True, False):
+        monkeypatch.setattr(ops, "split_projections", lambda x, split=split: split)
+        x = x0.clone().requires_grad_()
+        y = fwd(x)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        res.append((y.detach(), x.grad, [p.grad.clone() for p in blk.parameters()]))
+        blk.zero_grad(set_to_none=True)
+    (ya, gxa, gpa), (yb, gxb, gpb) = res
+    assert torch.equal(ya, yb)
+    torch.testing.assert_close(gxa, gxb, atol=1e-6, rtol=1e-5)
+    for a, b in zip(gpa, gpb):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

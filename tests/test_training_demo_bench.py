@@ -76,3 +76,31 @@ def test_compile_flag_is_honoured_on_cpu():
     cpu = torch.device("cpu")
     assert D.should_compile(None, cpu) is False and D.should_compile(False, cpu) is False
     assert D.should_compile(True, cpu) is True  # a C++ compiler is on this machine's PATH (inductor needs it)
+
+
+def test_science_fast_path_gives_the_reference_loss_curve(tmp_path, monkeypatch):
+    """The science step's CPU speed-ups (packed encoder tokens, per-chunk projections, RoPE sign on the table,
+    cross-attention keys projected only where attended) keep the numbers: five steps of cfg_science on the same
+    data from the same seed give the reference path's losses, gradient norms and weights to fp32 tolerance."""
+    import torch
+
+    from benchmarks import trainer_step
+    from core import ops
+
+    data = trainer_step.make_data("science", str(tmp_path))
+    runs = {}
+    for fast in (True, False):
+        monkeypatch.setattr(ops, "split_projections", lambda x, fast=fast: fast and not x.is_cuda)
+        tr = trainer_step.make_trainer("science", data, str(tmp_path / f"run-{fast}"), False, "cpu",
+                                       [] if fast else ["encoder.pack_tokens=false", "encoder.crop_padding=false"])
+        assert tr.model.encoder.trunk.cfg.pack_tokens is fast
+        it = iter(tr.data.train_loader)
+        curve = [tr.train_step(next(it)[1]) for _ in range(5)]
+        runs[fast] = ([v for m in curve for v in (m["loss"], m["grad/total_norm"])],
+                      {k: v.detach().clone() for k, v in tr.model.state_dict().items()})
+        tr.close()
+    (fast_curve, fast_w), (ref_curve, ref_w) = runs[True], runs[False]
+    assert fast_curve == pytest.approx(ref_curve, rel=2e-5)
+    assert len({round(loss, 3) for loss in ref_curve[::2]}) > 1  # the weights moved: a curve, not one point
+    for k in ref_w:
+        torch.testing.assert_close(fast_w[k], ref_w[k], atol=2e-5, rtol=1e-4, msg=lambda s: f"{k}: {s}")
