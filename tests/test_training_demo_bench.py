@@ -104,3 +104,22 @@ def test_science_fast_path_gives_the_reference_loss_curve(tmp_path, monkeypatch)
     assert len({round(loss, 3) for loss in ref_curve[::2]}) > 1  # the weights moved: a curve, not one point
     for k in ref_w:
         torch.testing.assert_close(fast_w[k], ref_w[k], atol=2e-5, rtol=1e-4, msg=lambda s: f"{k}: {s}")
+
+
+def test_compare_commits_alternates_old_and_new_and_reports_the_median_ratio(capsys):
+    """benchmarks.compare_commits: each round times the old commit's tree, then this one (a temporary git
+    worktree, removed afterwards); the ratio per round is old/new and the median is quoted."""
+    from benchmarks import compare_commits as cc
+
+    s = cc.summarise([3.0, 2.0, 4.0], [1.0, 2.0, 1.0])
+    assert s["ratios"] == [3.0, 1.0, 4.0] and s["median_ratio"] == 3.0
+    with pytest.raises(ValueError):
+        cc.summarise([1.0], [])
+    with pytest.raises(cc.CompareError, match="no-such-rev"):
+        cc.compare("no-such-rev", rounds=1, steps=1)
+    before = cc._git("worktree", "list")
+    out = cc.compare("HEAD", config="trm-tiny", rounds=1, steps=1)
+    log = capsys.readouterr().out
+    assert out["old"] == cc._git("rev-parse", "HEAD") and len(out["ratios"]) == 1 and out["ratios"][0] > 0
+    assert log.index("round 1/1 old") < log.index("round 1/1 new") and "median" in log
+    assert cc._git("worktree", "list") == before  # the temporary tree is gone
