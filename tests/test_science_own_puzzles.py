@@ -328,3 +328,37 @@ def test_cut_short_run_is_evaluated_flagged_and_resumed(own_files, own_out, tmp_
     log = _read(train_log)
     assert log.startswith(before) and "resumed from" in log and "step_2.pt at step 2" in log
     assert "cut short" not in _read(os.path.join(out, "science.md"))
+
+
+@pytest.mark.slow
+def test_curve_evaluates_every_kept_checkpoint_and_plots_them(own_files, own_out, tmp_path, capsys):
+    """--curve: every kept checkpoint (here step 2 and step 4) of every run is evaluated on the held-out puzzles
+    and the train-fit set; the last point is the report's own evaluation; curve.md / curve.png are written, a
+    re-run reuses the evaluations, and experiments.science.curve draws several --out dirs in one figure."""
+    from experiments.science import curve
+
+    prefix, groups, _ = own_files
+    out = str(tmp_path / "out")
+    shutil.copytree(own_out[0], out)
+    args = ["--out", out, "--input-file-prefix", prefix, "--groups", groups, "--no-train", "--curve"] + ARGS
+    res = main(args)
+    c = json.loads(_read(os.path.join(out, "curve.json")))
+    assert sorted(c["runs"]) == sorted(["standard", CONTROL]) and "checkpoint_every=2" in c["title"]
+    for run, points in c["runs"].items():
+        assert [p["step"] for p in points] == [2, STEPS]
+        last = points[-1]
+        assert sorted(last["heldout"]) == sorted(FAMS + ["all"])
+        assert last["heldout"]["all"] == pytest.approx(res["runs"][run]["metrics"]["ARC/pass@1"])
+        assert last["fit"]["all"] == pytest.approx(res["runs"][run]["train_fit_metrics"]["ARC/pass@1"])
+        step2 = json.loads(_read(os.path.join(out, "runs", run, "curve", "step_2", "heldout", "metrics.json")))
+        assert step2["checkpoint_step"] == 2 and points[0]["heldout"]["all"] == pytest.approx(
+            step2["metrics"]["ARC/pass@1"])
+    md = _read(os.path.join(out, "curve.md"))
+    assert "| step | all | colour_map | flip_rotate |" in md and md.count("\n| 2 | ") == 2
+    with open(os.path.join(out, "curve.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    main(args)
+    assert capsys.readouterr().out.count("exists, reused") == 4 + 8  # the report's 4, the curve's 8 (4 of them the report's)
+    fig = curve.main([out, out, "--out", str(tmp_path / "both.png")])
+    assert os.path.getsize(fig) > 10_000

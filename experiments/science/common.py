@@ -15,6 +15,8 @@ ENCODERS = ("standard", "variational", "lpn", "hybrid", "recurrent")
 CONTROL = "control"  # the zero-demo control: encoder=standard encoder.zero_demos=true
 UNFIT_TRAIN_EXACT = 0.5  # below this train exact a run's held-out table is flagged "not fitted"
 TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / group may have this name)
+# a run's evaluations by the report: (subdirectory of the run dir, what it scores)
+HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 

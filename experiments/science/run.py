@@ -34,12 +34,15 @@ from encoders import EncoderConfigError
 from experiments.science.common import (
     CONTROL,
     ENCODERS,
+    FIT_EVAL,
+    HELDOUT_EVAL,
     ScienceError,
     check_same,
     read_json_or_none,
     run_logged,
     say,
 )
+from experiments.science.curve import run_curve
 from experiments.science.data import (
     ScienceData,
     files_settings,
@@ -62,8 +65,6 @@ TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
 # learns), so an --out keeps its runs when only these change
 _PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume",
                  "checkpoint_every", "checkpoint_keep", "checkpoint_every_eval")
-# the runs' evaluations: (subdirectory of the run, what it scores)
-HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
 
 
 def run_plan(name: str) -> tuple[str, list[str]]:
@@ -173,23 +174,26 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
                 message=f"training exited with status {rc} ({last}), last checkpoint step {after}")
 
 
-def _evaluate(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
-              eval_overrides: list[str], what: str) -> tuple[Optional[dict], Optional[dict]]:
+def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
+                        eval_overrides: list[str], what: str, checkpoint: Optional[str] = None
+                        ) -> tuple[Optional[dict], Optional[dict]]:
     """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
-    checkpoint ``step`` on exactly the puzzles ``expect``. Returns (metrics.json record, None) or (None, the
-    failure's fields)."""
-    ck, ev = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
+    checkpoint ``step`` on exactly the puzzles ``expect``. ``checkpoint``: that file (default: the run's newest).
+    Returns (metrics.json record, None) or (None, the failure's fields)."""
+    ck, ev = checkpoint or os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
     mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
     rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
     if rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect):
         say(f"{name}: evaluation of {what} exists, reused")
         return rec, None
     shutil.rmtree(ev, ignore_errors=True)
+    hydra_dir = os.path.join(run_dir, "hydra-" + sub.replace(os.sep, "-"))
     cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(data_path)}",
-           f"output_dir={_hq(ev)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra-' + sub))}", "progress=false",
+           f"output_dir={_hq(ev)}", f"hydra.run.dir={_hq(hydra_dir)}", "progress=false",
            "num_pictures=0", "pass_ks=[1,2]", *eval_overrides]
     say(f"{name}: evaluating {what} (checkpoint step {step})")
     log = os.path.join(run_dir, f"{sub}.log")
+    os.makedirs(os.path.dirname(log), exist_ok=True)
     rc, secs, last = run_logged(cmd, log)
     rec = read_json_or_none(mpath)
     if rc != 0 or rec is None or not os.path.exists(ppath):
@@ -232,7 +236,7 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
     if t["outcome"] == "cut_short":
         rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
     heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
-    m, failed = _evaluate(name, run_dir, data.built, HELDOUT_EVAL, heldout, step, eval_overrides,
+    m, failed = evaluate_checkpoint(name, run_dir, data.built, HELDOUT_EVAL, heldout, step, eval_overrides,
                           "the held-out puzzles")
     if failed is not None:
         return dict(rec, **failed)
@@ -241,7 +245,7 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
                evaluated_step=m.get("checkpoint_step"), predictions=os.path.join(run_dir, HELDOUT_EVAL, "predictions.json"),
                metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics})
     if fit is not None:
-        m, failed = _evaluate(name, run_dir, fit[0], FIT_EVAL, fit[1], step, eval_overrides,
+        m, failed = evaluate_checkpoint(name, run_dir, fit[0], FIT_EVAL, fit[1], step, eval_overrides,
                               f"the train-fit set ({len(fit[1])} training puzzles)")
         if failed is not None:  # the held-out numbers stand; the train-fit column stays empty
             rec["train_fit_failed"] = failed["message"]
@@ -290,13 +294,14 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
                         overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
                         config: str = DEFAULT_CONFIG, command: str = "", input_file_prefix: Optional[str] = None,
                         groups_file: Optional[str] = None, train_fit_puzzles: int = TRAIN_FIT_PUZZLES,
-                        no_train: bool = False) -> dict:
+                        no_train: bool = False, curve: bool = False) -> dict:
     """The whole experiment (see the module docstring); returns the result written to science.json.
 
     ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
     ``holdout_families``, ``max_grid``, ``min_grid``, ``num_train``, ``num_test`` must then be left unset), grouped
     by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
-    files. ``no_train``: train nothing, evaluate what exists."""
+    files. ``no_train``: train nothing, evaluate what exists. ``curve``: also every kept checkpoint
+    (:mod:`experiments.science.curve`)."""
     t0 = time.time()
     out = os.path.abspath(out)  # the stages run in the repository root
     _check_files_mode(input_file_prefix, groups_file, {"families": families, "holdout_families": holdout_families,
@@ -357,4 +362,6 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     md = write_report(out, result)
     print(md, flush=True)
     say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
+    if curve:
+        run_curve(out, data, fit, runs, eval_overrides, evaluate_checkpoint, title=" ".join(overrides))
     return result
