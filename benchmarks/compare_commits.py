@@ -61,7 +61,7 @@ def summarise(old: list[float], new: list[float]) -> dict[str, Any]:
 
 
 def compare(old_rev: str, *, config: str = "science", threads: int = 1, rounds: int = 4, steps: int = 10,
-            progress=print) -> dict[str, Any]:
+            progress=lambda msg: print(msg, flush=True)) -> dict[str, Any]:
     sha = _git("rev-parse", "--verify", f"{old_rev}^{{commit}}")
     old_s, new_s = [], []
     with tempfile.TemporaryDirectory(prefix="compare-commits-") as tmp:
