@@ -24,6 +24,7 @@ import tempfile
 from typing import Any, Optional
 
 from core.errors import PlatformError, user_errors
+from core.io import write_json_atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,8 +98,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     with user_errors():
         out = compare(a.old, config=a.config, threads=a.threads, rounds=a.rounds, steps=a.steps)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write_json_atomic(a.json, out)
     return out
 
 

@@ -194,25 +194,26 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o(out.transpose(1, 2).reshape(n, tq, d))
 
-
     def forward_packed(self, x: torch.Tensor, packing: "TokenPacking") -> torch.Tensor:
         """Self-attention within each demo of packed tokens x [N, d] (``TokenPacking``): the same numbers as
         :meth:`forward` on the padded demos with their key mask, for the real tokens."""
-        n_tok, d = x.shape
+        d = x.shape[-1]
         q = self.q(x)
         k, v = linear_chunks(x, self.kv.weight, (d, d))
         outs = []
         for bk in packing.buckets:
-            def heads(t: torch.Tensor) -> torch.Tensor:
-                t = t[bk.start:bk.end]
-                if bk.index is not None:  # demos shorter than the bucket: scatter into the padded layout
-                    t = t.new_zeros(bk.num * bk.length, d).index_copy(0, bk.index, t)
-                return t.reshape(bk.num, bk.length, self.h, d // self.h).transpose(1, 2)
-
-            o = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=bk.attn_mask)
+            o = F.scaled_dot_product_attention(*(self._bucket_heads(t, bk) for t in (q, k, v)),
+                                               attn_mask=bk.attn_mask)
             o = o.transpose(1, 2).reshape(bk.num * bk.length, d)
             outs.append(o if bk.index is None else o.index_select(0, bk.index))
         return self.o(torch.cat(outs) if len(outs) > 1 else outs[0])
+
+    def _bucket_heads(self, t: torch.Tensor, bk: "PackedBucket") -> torch.Tensor:
+        """The bucket's packed tokens of t [N, d] as padded heads [num, h, length, d / h]."""
+        t = t[bk.start:bk.end]
+        if bk.index is not None:  # demos shorter than the bucket: scatter into the padded layout
+            t = t.new_zeros(bk.num * bk.length, t.shape[-1]).index_copy(0, bk.index, t)
+        return t.reshape(bk.num, bk.length, self.h, -1).transpose(1, 2)
 
 
 @dataclass
