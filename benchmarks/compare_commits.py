@@ -41,7 +41,7 @@ def _git(*args: str) -> str:
 
 
 def _time_step(tree: str, config: str, steps: int, threads: int, out_json: str) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=tree)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # `-m` in cwd=tree: that tree's modules come first
     cmd = [sys.executable, "-m", "benchmarks.train_step", "--config", config, "--steps", str(steps),
            "--compile", "eager", "--device", "cpu", "--json", out_json]
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)

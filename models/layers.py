@@ -116,13 +116,17 @@ class RotaryEmbedding(nn.Module):
         if dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {dim}")
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        angles = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("cos_cached", angles.cos(), persistent=False)
-        self.register_buffer("sin_cached", angles.sin(), persistent=False)
+        _set_rope_tables(self, torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq))
 
     def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.cos_cached, self.sin_cached
+
+
+def _set_rope_tables(module: nn.Module, angles: torch.Tensor) -> None:
+    """``cos_cached`` / ``sin_cached`` buffers of the angles [positions, dim / 2] in the "rotate half" layout."""
+    angles = torch.cat((angles, angles), dim=-1)
+    module.register_buffer("cos_cached", angles.cos(), persistent=False)
+    module.register_buffer("sin_cached", angles.sin(), persistent=False)
 
 
 class RotaryEmbedding2D(nn.Module):
@@ -142,10 +146,7 @@ class RotaryEmbedding2D(nn.Module):
         ctx = -1 - torch.arange(prefix)
         rows = torch.cat((ctx, cells // side)).to(torch.float32)
         cols = torch.cat((ctx, cells % side)).to(torch.float32)
-        angles = torch.cat((torch.outer(rows, inv_freq), torch.outer(cols, inv_freq)), dim=-1)
-        angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("cos_cached", angles.cos(), persistent=False)
-        self.register_buffer("sin_cached", angles.sin(), persistent=False)
+        _set_rope_tables(self, torch.cat((torch.outer(rows, inv_freq), torch.outer(cols, inv_freq)), dim=-1))
 
     def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.cos_cached, self.sin_cached

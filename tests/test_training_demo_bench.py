@@ -106,7 +106,7 @@ def test_science_fast_path_gives_the_reference_loss_curve(tmp_path, monkeypatch)
         torch.testing.assert_close(fast_w[k], ref_w[k], atol=2e-5, rtol=1e-4, msg=lambda s: f"{k}: {s}")
 
 
-def test_compare_commits_alternates_old_and_new_and_reports_the_median_ratio(capsys):
+def test_compare_commits_alternates_old_and_new_and_reports_the_median_ratio(capsys, monkeypatch):
     """benchmarks.compare_commits: each round times the old commit's tree, then this one (a temporary git
     worktree, removed afterwards); the ratio per round is old/new and the median is quoted."""
     from benchmarks import compare_commits as cc
@@ -117,6 +117,22 @@ def test_compare_commits_alternates_old_and_new_and_reports_the_median_ratio(cap
         cc.summarise([1.0], [])
     with pytest.raises(cc.CompareError, match="no-such-rev"):
         cc.compare("no-such-rev", rounds=1, steps=1)
+    # the alternation, with the timings faked: old tree (a checkout of the asked commit) first, then this one
+    calls = []
+
+    def fake_time(tree, config, steps, threads, out_json):
+        calls.append((tree, cc._git("-C", tree, "rev-parse", "HEAD"), config, steps, threads))
+        return 2.0 if tree != cc.REPO else 1.0
+
+    head = cc._git("rev-parse", "HEAD")  # (a clone may be shallow: HEAD is the commit surely there)
+    monkeypatch.setattr(cc, "_time_step", fake_time)
+    fake = cc.compare("HEAD", config="trm-tiny", threads=2, rounds=2, steps=3)
+    assert [c[0] == cc.REPO for c in calls] == [False, True, False, True]
+    assert {c[1] for c in calls[::2]} == {head} and calls[0][0] == calls[2][0] != cc.REPO
+    assert {c[2:] for c in calls} == {("trm-tiny", 3, 2)}
+    assert fake["ratios"] == [2.0, 2.0] and fake["old"] == head and not os.path.exists(calls[0][0])
+    monkeypatch.undo()
+    # one real round: both trees run the benchmark command
     before = cc._git("worktree", "list")
     out = cc.compare("HEAD", config="trm-tiny", rounds=1, steps=1)
     log = capsys.readouterr().out

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from core.errors import PlatformError
 
@@ -94,3 +96,36 @@ def run_logged(cmd: list[str], log_path: str, *, append: bool = False) -> tuple[
     with open(log_path) as f:
         lines = [ln.strip() for ln in f if ln.strip()]
     return rc, time.time() - t0, (lines[-1] if lines else "")
+
+
+def hydra_quote(path: str) -> str:
+    """A path as a quoted Hydra override value (spaces, commas, brackets and '=' survive)."""
+    return "'" + path.replace("'", "\\'") + "'"
+
+
+def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
+                        eval_overrides: list[str], what: str, checkpoint: Optional[str] = None
+                        ) -> tuple[Optional[dict], Optional[dict]]:
+    """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
+    checkpoint ``step`` on exactly the puzzles ``expect``. ``checkpoint``: that file (default: the run's newest).
+    Returns (metrics.json record, None) or (None, the failure's fields)."""
+    ck, ev = checkpoint or os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
+    mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
+    rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
+    if rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect):
+        say(f"{name}: evaluation of {what} exists, reused")
+        return rec, None
+    shutil.rmtree(ev, ignore_errors=True)
+    hydra_dir = os.path.join(run_dir, "hydra-" + sub.replace(os.sep, "-"))
+    cmd = [sys.executable, "evaluate.py", f"checkpoint={hydra_quote(ck)}", f"data_path={hydra_quote(data_path)}",
+           f"output_dir={hydra_quote(ev)}", f"hydra.run.dir={hydra_quote(hydra_dir)}", "progress=false",
+           "num_pictures=0", "pass_ks=[1,2]", *eval_overrides]
+    say(f"{name}: evaluating {what} (checkpoint step {step})")
+    log = os.path.join(run_dir, f"{sub}.log")
+    rc, secs, last = run_logged(cmd, log)
+    rec = read_json_or_none(mpath)
+    if rc != 0 or rec is None or not os.path.exists(ppath):
+        say(f"{name}: evaluation of {what} FAILED (exit {rc}): {last}")
+        return None, dict(status="eval_failed", exit_status=rc, message=f"{what}: {last} (log: {log})")
+    say(f"{name}: evaluated {what} in {secs:.0f} s")
+    return rec, None

@@ -13,11 +13,19 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from core.errors import user_errors
 from core.io import atomic_write, read_json, write_json_atomic
-from experiments.science.common import CONTROL, FIT_EVAL, HELDOUT_EVAL, TOTAL_ROW, ScienceError, say
+from experiments.science.common import (
+    CONTROL,
+    FIT_EVAL,
+    HELDOUT_EVAL,
+    TOTAL_ROW,
+    ScienceError,
+    evaluate_checkpoint,
+    say,
+)
 from experiments.science.data import ScienceData
 from experiments.science.report import SCORED, family_table
 from training.checkpoint import list_checkpoints
@@ -25,10 +33,9 @@ from training.checkpoint import list_checkpoints
 CURVE_DIR = "curve"
 
 
-def _step_table(data: ScienceData, fit: Optional[tuple[str, list[str]]], name: str, run_dir: str, step: int,
-                path: str, eval_overrides: list[str], evaluate_checkpoint: Callable, newest: bool) -> Optional[dict]:
+def _step_table(data: ScienceData, heldout: list[str], fit: Optional[tuple[str, list[str]]], name: str,
+                run_dir: str, step: int, path: str, eval_overrides: list[str], newest: bool) -> Optional[dict]:
     """One checkpoint's held-out (and train-fit) pass@1 per family, or None when an evaluation failed."""
-    heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
     # the newest checkpoint's evaluations are the report's own (reused); older ones go under curve/step_<N>/
     sub = os.path.join(CURVE_DIR, f"step_{step}")
     held_sub, fit_sub = (HELDOUT_EVAL, FIT_EVAL) if newest else (os.path.join(sub, "heldout"), os.path.join(sub, "fit"))
@@ -49,11 +56,11 @@ def _step_table(data: ScienceData, fit: Optional[tuple[str, list[str]]], name: s
 
 
 def run_curve(out: str, data: ScienceData, fit: Optional[tuple[str, list[str]]], runs: dict[str, dict],
-              eval_overrides: Sequence[str], evaluate_checkpoint: Callable, title: str = "") -> dict:
-    """Evaluate every kept checkpoint of every scored run with ``evaluate_checkpoint`` (the science command's
-    evaluate.py stage, :func:`experiments.science.run.evaluate_checkpoint`); write curve.json / curve.md /
-    curve.png in ``out``."""
+              eval_overrides: Sequence[str], title: str = "") -> dict:
+    """Evaluate every kept checkpoint of every scored run (the science command's evaluate.py stage,
+    :func:`experiments.science.common.evaluate_checkpoint`); write curve.json / curve.md / curve.png in ``out``."""
     curve: dict[str, Any] = {"title": title, "runs": {}}
+    heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
     for name, rec in runs.items():
         if rec.get("status") not in SCORED:
             continue
@@ -61,7 +68,7 @@ def run_curve(out: str, data: ScienceData, fit: Optional[tuple[str, list[str]]],
         if len(cks) < 2:
             say(f"curve: {name} keeps {len(cks)} checkpoint(s); pass --override checkpoint_keep=null to keep "
                 "every one (checkpoint_every steps apart)")
-        points = [_step_table(data, fit, name, rec["run_dir"], step, path, list(eval_overrides), evaluate_checkpoint,
+        points = [_step_table(data, heldout, fit, name, rec["run_dir"], step, path, list(eval_overrides),
                               newest=step == rec.get("evaluated_step"))
                   for step, path in cks]
         curve["runs"][name] = [p for p in points if p is not None]

@@ -38,6 +38,8 @@ from experiments.science.common import (
     HELDOUT_EVAL,
     ScienceError,
     check_same,
+    evaluate_checkpoint,
+    hydra_quote,
     read_json_or_none,
     run_logged,
     say,
@@ -74,11 +76,6 @@ def run_plan(name: str) -> tuple[str, list[str]]:
     if name not in ENCODERS:
         raise ScienceError(f"--encoders: unknown run {name!r} (choose from {', '.join(ENCODERS + (CONTROL,))} or all)")
     return name, []
-
-
-def _hq(path: str) -> str:
-    """A path as a quoted Hydra override value (spaces, commas, brackets and '=' survive)."""
-    return "'" + path.replace("'", "\\'") + "'"
 
 
 def recipe_record(cfg: PretrainConfig) -> dict:
@@ -149,8 +146,8 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
     if before is None:  # trained from scratch: evaluations in the run dir are of other weights (same step numbers)
         for sub in (HELDOUT_EVAL, FIT_EVAL):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
-    cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{_hq(built)}]",
-           f"encoder={encoder}", f"checkpoint_path={_hq(ck)}", f"hydra.run.dir={_hq(os.path.join(run_dir, 'hydra'))}",
+    cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{hydra_quote(built)}]",
+           f"encoder={encoder}", f"checkpoint_path={hydra_quote(ck)}", f"hydra.run.dir={hydra_quote(os.path.join(run_dir, 'hydra'))}",
            "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
     cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
     log = os.path.join(run_dir, "train.log")
@@ -172,35 +169,6 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
         "run the command again to resume it")
     return dict(outcome="cut_short", summary=summary, exit_status=rc,
                 message=f"training exited with status {rc} ({last}), last checkpoint step {after}")
-
-
-def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
-                        eval_overrides: list[str], what: str, checkpoint: Optional[str] = None
-                        ) -> tuple[Optional[dict], Optional[dict]]:
-    """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
-    checkpoint ``step`` on exactly the puzzles ``expect``. ``checkpoint``: that file (default: the run's newest).
-    Returns (metrics.json record, None) or (None, the failure's fields)."""
-    ck, ev = checkpoint or os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
-    mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
-    rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
-    if rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect):
-        say(f"{name}: evaluation of {what} exists, reused")
-        return rec, None
-    shutil.rmtree(ev, ignore_errors=True)
-    hydra_dir = os.path.join(run_dir, "hydra-" + sub.replace(os.sep, "-"))
-    cmd = [sys.executable, "evaluate.py", f"checkpoint={_hq(ck)}", f"data_path={_hq(data_path)}",
-           f"output_dir={_hq(ev)}", f"hydra.run.dir={_hq(hydra_dir)}", "progress=false",
-           "num_pictures=0", "pass_ks=[1,2]", *eval_overrides]
-    say(f"{name}: evaluating {what} (checkpoint step {step})")
-    log = os.path.join(run_dir, f"{sub}.log")
-    os.makedirs(os.path.dirname(log), exist_ok=True)
-    rc, secs, last = run_logged(cmd, log)
-    rec = read_json_or_none(mpath)
-    if rc != 0 or rec is None or not os.path.exists(ppath):
-        say(f"{name}: evaluation of {what} FAILED (exit {rc}): {last}")
-        return None, dict(status="eval_failed", exit_status=rc, message=f"{what}: {last} (log: {log})")
-    say(f"{name}: evaluated {what} in {secs:.0f} s")
-    return rec, None
 
 
 _METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac")
@@ -363,6 +331,6 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     print(md, flush=True)
     say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
     if curve:
-        run_curve(out, data, fit, runs, eval_overrides, evaluate_checkpoint,
+        run_curve(out, data, fit, runs, eval_overrides,
                   title=" ".join(o for o in overrides if _recipe_override(o)) or config)
     return result
