@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
-from core.ops import linear_chunks
+from core.ops import grid_coordinates, linear_chunks
 from dataset.common import PAD_ID
 
 
@@ -70,6 +70,10 @@ class BaseEncoderConfig(pydantic.BaseModel):
     # norms and SwiGLU see each real token once, attention runs per bucket of demos of similar length
     # (TokenPacking). False = every demo padded to the batch's (cropped) canvas length, the reference path.
     pack_tokens: bool = True
+    # add learned embeddings of each cell's offsets from the edges of the input grid and of the output grid
+    # (core.ops.grid_coordinates; square canvases): where a cell sits in each grid, so a token can tell where
+    # cells moved and not only which colour became which (docs/science.md, "Grid-relative positions")
+    grid_coords: bool = False
     # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
     # recompute each per-demo block in the backward pass (saves activation memory on full 30x30 ARC demos)
@@ -322,6 +326,14 @@ class DemoTrunk(nn.Module):
         else:
             self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
         self.cls = nn.Parameter(_trunc_normal_(torch.empty(d), std)) if pooling == "cls" else None
+        if cfg.grid_coords:  # four offset tables each for the input grid and the output grid
+            side = math.isqrt(seq_len)
+            if side * side != seq_len:
+                raise EncoderConfigError(f"encoder {cfg.name}: grid_coords=true needs a square canvas, but the "
+                                         f"data's seq_len {seq_len} is not a square")
+            self.side = side
+            self.coord_in = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
+            self.coord_out = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
         self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.num_layers))
 
     # Runs eagerly under torch.compile: skipping empty slots and cropping PAD give data-dependent shapes, which
@@ -354,12 +366,17 @@ class DemoTrunk(nn.Module):
             pi, po = pos[:li], pos[:lo]
         else:
             pi = po = pos
+        cin = cout = 0.0
+        if self.cfg.grid_coords:
+            cin, cout = self._coords(self.coord_in, inp), self._coords(self.coord_out, out)
         if self.aligned:
             x = self.tok[inp] + self.tok_out[out] + self.pos[pi]
+            if self.cfg.grid_coords:
+                x = x + cin + cout
             mask = (inp != PAD_ID) | (out != PAD_ID)
         else:
-            x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0], self.tok[out] + self.pos[po] + self.seg[1]],
-                          dim=1)
+            x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0] + cin,
+                           self.tok[out] + self.pos[po] + self.seg[1] + cout], dim=1)
             mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
         if self.cls is not None:
             n = x.shape[0]
@@ -379,6 +396,11 @@ class DemoTrunk(nn.Module):
         if packing is not None:
             x, mask = packing.unpack(x)
         return x, mask, idx, valid
+
+    def _coords(self, tables: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Sum of the four edge-offset embeddings of each of ``tokens`` [n, L] (a cropped canvas prefix)."""
+        coords = grid_coordinates(tokens, self.side)[:, :tokens.shape[1]]
+        return sum(F.embedding(coords[..., k], tables[k]) for k in range(4))
 
     @torch.compiler.disable
     def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):

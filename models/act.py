@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, RotaryEmbedding2D, resolve_dtype
+from models.layers import (CastedEmbedding, CastedLinear, GridCoordEmbedding, RotaryEmbedding, RotaryEmbedding2D,
+                           resolve_dtype)
 from models.sparse_embedding import SparsePuzzleEmbedding
 
 Batch = Dict[str, torch.Tensor]
@@ -91,6 +92,13 @@ class IOStem(nn.Module):
             self.embed_pos = CastedEmbedding(self.total_seq_len, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
         elif pos_encodings != "none":
             raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {pos_encodings!r}")
+        self.grid_coords = bool(getattr(config, "grid_coords", False))
+        if self.grid_coords:
+            side = math.isqrt(seq_len)
+            if side * side != seq_len:
+                raise ValueError(f"grid_coords=true needs a square canvas, but the data's seq_len {seq_len} is not a "
+                                 f"square")
+            self.embed_grid = GridCoordEmbedding(side, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
         # Q head: zero weights, bias -5 (almost never halts early at the start of training).
         with torch.no_grad():
             self.q_head.weight.zero_()
@@ -108,6 +116,8 @@ class IOStem(nn.Module):
         learned token + 15 zero tokens), else zeros. The prefix goes through the same sqrt(hidden) scaling.
         """
         emb = self.embed_tokens(inputs.to(torch.int32))
+        if self.grid_coords:
+            emb = 0.707106781 * (emb + self.embed_grid(inputs))  # keep the variance
         b = emb.shape[0]
         P = self.puzzle_emb_len
         if P > 0:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.ops import linear_chunks
+from core.ops import grid_coordinates, linear_chunks
 
 CosSin = Optional[Tuple[torch.Tensor, torch.Tensor]]
 
@@ -120,6 +120,26 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.cos_cached, self.sin_cached
+
+
+class GridCoordEmbedding(nn.Module):
+    """Learned embeddings of a cell's offsets from the edges of its input grid (``core.ops.grid_coordinates``):
+    top, bottom, left and right, one table each, summed. With them a cell knows where it sits *relative to the
+    grid*, which a flip or rotation of a grid of any size needs (the cell (r, c) of a w-wide grid mirrors to
+    column w - 1 - c, i.e. its offset from the right edge becomes its offset from the left); RoPE alone only gives
+    offsets between cells. ``forward(inputs [b, side*side]) -> [b, side*side, dim]``. Each table's std is
+    ``init_std / 2``, so the sum of four has the variance of one token embedding of std ``init_std``."""
+
+    def __init__(self, side: int, dim: int, init_std: float, cast_to: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.side = side
+        self.cast_to = cast_to
+        self.embedding_weight = nn.Parameter(trunc_normal_init_(torch.empty(4, 2 * side + 1, dim), std=init_std / 2))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        coords = grid_coordinates(inputs, self.side)  # [b, S, 4]
+        w = self.embedding_weight.to(self.cast_to)
+        return sum(F.embedding(coords[..., k], w[k]) for k in range(4))
 
 
 def _set_rope_tables(module: nn.Module, angles: torch.Tensor) -> None:

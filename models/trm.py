@@ -67,6 +67,9 @@ class ArchConfig(BaseModel):
     # rope: 1D RoPE over the flattened canvas (published TRM); rope2d: RoPE over (row, column) of the square
     # canvas (docs/science.md: the spatial-rule ablation); learned: absolute embeddings; none.
     pos_encodings: Literal["rope", "rope2d", "learned", "none"] = "rope"
+    # add learned embeddings of each cell's offsets from its input grid's edges (models.layers.GridCoordEmbedding;
+    # square canvas only; on top of pos_encodings; docs/science.md, "Grid-relative positions")
+    grid_coords: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"

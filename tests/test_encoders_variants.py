@@ -388,3 +388,55 @@ def test_cross_attention_projects_only_attended_keys_with_the_same_numbers():
     g_ref, = torch.autograd.grad(ref.square().sum(), ctx)
     torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-5)
     assert (g[~mask] == 0).all() and (g[mask] != 0).any()
+
+
+def grid_demos(b=3, d=3, side=7, seed=4):
+    """Demos as real canvases: random grids (sides 1..5) written at random offsets of a side x side canvas."""
+    import numpy as np
+
+    from dataset.common import grid_to_canvas
+
+    rng = np.random.default_rng(seed)
+
+    def canvas():
+        h, w = rng.integers(1, 6, size=2)
+        off = (int(rng.integers(0, side - h + 1)), int(rng.integers(0, side - w + 1)))
+        return grid_to_canvas(rng.integers(0, 10, size=(h, w)), offset=off, size=side)
+
+    di = torch.from_numpy(np.stack([[canvas() for _ in range(d)] for _ in range(b)])).int()
+    dl = torch.from_numpy(np.stack([[canvas() for _ in range(d)] for _ in range(b)])).int()
+    mask = torch.ones(b, d, dtype=torch.bool)
+    mask[1, 2] = False
+    return di, dl, mask
+
+
+@pytest.mark.parametrize("layout", ["aligned", "sequence"])
+def test_grid_coords_in_the_encoder_add_grid_offsets_and_keep_the_packed_path_exact(layout):
+    """encoder.grid_coords: each token gets the offsets of its cell from the edges of the input grid and the
+    output grid. Zeroed offset tables give exactly the encoder without them; non-zero ones change the context;
+    the packed path still equals the padded reference (context and every gradient)."""
+    di, dl, m = grid_demos()
+    plain = make("standard", seq_len=49, pair_layout=layout).eval()
+    enc = make("standard", seq_len=49, pair_layout=layout, grid_coords=True).eval()
+    assert enc.trunk.coord_in.shape == enc.trunk.coord_out.shape == (4, 15, 32)
+    own = {k: v for k, v in enc.state_dict().items() if not k.startswith("trunk.coord_")}
+    plain.load_state_dict(own)
+    ref = run(plain, di, dl, m).context
+    assert not torch.allclose(run(enc, di, dl, m).context, ref, atol=1e-4)
+    with torch.no_grad():
+        enc.trunk.coord_in.zero_()
+        enc.trunk.coord_out.zero_()
+    torch.testing.assert_close(run(enc, di, dl, m).context, ref, atol=1e-6, rtol=1e-6)
+    outs = []
+    for packed in (True, False):
+        e = make("standard", seq_len=49, pair_layout=layout, grid_coords=True, pack_tokens=packed,
+                 crop_padding=packed).train()
+        out = run(e, di, dl, m)
+        (out.context * torch.randn(out.context.shape, generator=torch.Generator().manual_seed(7))).sum().backward()
+        outs.append((out.context, {n: p.grad.clone() for n, p in e.named_parameters()}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
+    for n in outs[0][1]:
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+    assert outs[0][1]["trunk.coord_out"].abs().sum() > 0
+    with pytest.raises(EncoderConfigError, match="square canvas"):
+        make("standard", seq_len=40, grid_coords=True)

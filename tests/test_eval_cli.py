@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -290,9 +291,10 @@ def test_cli_evaluates_a_sudoku_checkpoint(sudoku_run):
     assert saved["all.exact_accuracy"] == printed["all.exact_accuracy"]
 
 
-def test_rope2d_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
-    """arch.pos_encodings=rope2d: the config builds 2D tables, the checkpoint records it, evaluate.py rebuilds the
-    same model (same numbers as the training hook), and the tables matter (1D RoPE on the same weights differs)."""
+def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
+    """arch.pos_encodings=rope2d and arch.grid_coords=true: the config builds 2D tables and the grid-offset
+    embedding, the checkpoint records both, evaluate.py rebuilds the same model (same numbers as the training
+    hook), and both matter (1D RoPE on the same weights differs; so does a zeroed grid-offset table)."""
     import evaluate
     from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
     from models.layers import RotaryEmbedding2D
@@ -305,13 +307,16 @@ def test_rope2d_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kag
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
     cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
-                           arch={"pos_encodings": "rope2d", "hidden_size": 32, "num_heads": 2})
+                           arch={"pos_encodings": "rope2d", "grid_coords": True, "hidden_size": 32, "num_heads": 2})
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
-    assert state["config"]["arch"]["pos_encodings"] == "rope2d"
+    assert state["config"]["arch"]["pos_encodings"] == "rope2d" and state["config"]["arch"]["grid_coords"] is True
     model, _, meta = load_model_for_inference(state)
-    rot = model.model.inner.rotary_emb if hasattr(model, "model") else model.inner.rotary_emb
+    inner = model.model.inner if hasattr(model, "model") else model.inner
+    rot = inner.rotary_emb
     assert isinstance(rot, RotaryEmbedding2D) and rot.cos_cached.shape[0] == meta.seq_len + 1  # + 1 context slot
+    side = math.isqrt(meta.seq_len)
+    assert inner.embed_grid.embedding_weight.shape == (4, 2 * side + 1, 32)
     m = evaluate.run(_cfg(checkpoint=summary["last_checkpoint"], data_path=data, output_dir=str(tmp_path / "o2d"),
                           use_ema=False, num_pictures=0))
     for k in ("all.accuracy", "all.lm_loss"):
@@ -322,4 +327,11 @@ def test_rope2d_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kag
     m1 = evaluate.run(_cfg(checkpoint=str(tmp_path / "as_rope.pt"), data_path=data,
                            output_dir=str(tmp_path / "o1d"), use_ema=False, num_pictures=0))
     assert m1["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
+    raw = read_checkpoint(summary["last_checkpoint"])
+    key = next(k for k in raw["model"] if k.endswith("embed_grid.embedding_weight"))
+    raw["model"][key] = torch.zeros_like(raw["model"][key])  # same weights, no grid offsets
+    save_checkpoint_atomic(raw, str(tmp_path / "no_grid.pt"))
+    m0 = evaluate.run(_cfg(checkpoint=str(tmp_path / "no_grid.pt"), data_path=data,
+                           output_dir=str(tmp_path / "o0"), use_ema=False, num_pictures=0))
+    assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
 

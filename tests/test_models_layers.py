@@ -156,3 +156,71 @@ def test_split_projections_match_one_fused_matmul(monkeypatch, kind):
     torch.testing.assert_close(gxa, gxb, atol=1e-6, rtol=1e-5)
     for a, b in zip(gpa, gpb):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- grid coordinates
+def _reference_coords(canvas: "np.ndarray", side: int) -> "np.ndarray":
+    """Offsets of every cell from the edges of the bounding box of the colour cells (tokens >= 2), numpy."""
+    import numpy as np
+
+    g = canvas.reshape(side, side) >= 2
+    rows, cols = np.nonzero(g.any(1))[0], np.nonzero(g.any(0))[0]
+    r0, r1 = (rows.min(), rows.max()) if len(rows) else (0, -1)
+    c0, c1 = (cols.min(), cols.max()) if len(cols) else (0, -1)
+    r, c = np.meshgrid(np.arange(side), np.arange(side), indexing="ij")
+    out = np.stack([r - r0, r1 - r, c - c0, c1 - c], -1).reshape(side * side, 4)
+    return np.clip(out, -side, side) + side
+
+
+def test_grid_coordinates_are_offsets_from_the_grid_edges_wherever_the_grid_sits():
+    import numpy as np
+
+    from core.ops import grid_coordinates
+    from dataset.common import grid_to_canvas
+
+    rng, side = np.random.default_rng(0), 7
+    canvases = []
+    for _ in range(40):
+        h, w = rng.integers(1, side, size=2)
+        grid = rng.integers(0, 10, size=(h, w))
+        off = (int(rng.integers(0, side - h + 1)), int(rng.integers(0, side - w + 1)))
+        canvases.append(grid_to_canvas(grid, offset=off, size=side))
+    canvases.append(np.zeros(side * side, dtype=np.uint8))  # no grid at all: an empty box at the origin
+    t = torch.from_numpy(np.stack(canvases)).long()
+    got = grid_coordinates(t, side)
+    assert got.shape == (41, side * side, 4) and got.dtype == torch.long
+    assert np.array_equal(got.numpy(), np.stack([_reference_coords(c, side) for c in canvases]))
+    # a 3x2 grid at (1, 2): cell (2, 3) is 1 below the top, 1 above the bottom, 1 right of the left edge, 0 from the right
+    one = grid_to_canvas(np.ones((3, 2), dtype=int), offset=(1, 2), size=side)
+    assert (grid_coordinates(torch.from_numpy(one)[None].long(), side)[0, 2 * side + 3] - side).tolist() == [1, 1, 1, 0]
+    # a cropped tail (the encoders keep a prefix of the canvas) counts as empty canvas
+    crop = int(np.nonzero(canvases[0])[0].max()) + 1
+    assert torch.equal(grid_coordinates(t[:1, :crop], side), got[:1])
+    with pytest.raises(ValueError, match="do not fit"):
+        grid_coordinates(torch.zeros(1, side * side + 1, dtype=torch.long), side)
+
+
+def test_grid_coord_embedding_follows_the_grid_and_tells_widths_apart():
+    import numpy as np
+
+    from dataset.common import grid_to_canvas
+    from models.layers import GridCoordEmbedding
+
+    torch.manual_seed(0)
+    side = 6
+    emb = GridCoordEmbedding(side, 16, init_std=0.25)
+    grid = np.arange(12).reshape(3, 4) % 10
+    at = lambda g, off: emb(torch.from_numpy(grid_to_canvas(g, offset=off, size=side))[None].long())[0]
+    e0, e1 = at(grid, (0, 0)), at(grid, (2, 1))
+    cell = lambda r, c: r * side + c
+    for r in range(3):  # every grid cell keeps its embedding when the grid moves on the canvas
+        for c in range(4):
+            assert torch.equal(e0[cell(r, c)], e1[cell(r + 2, c + 1)])
+    # a narrower grid: the same cell (0, 0) is nearer the right edge, so its embedding differs
+    assert not torch.allclose(at(grid[:, :2], (0, 0))[cell(0, 0)], e0[cell(0, 0)])
+    # cell (0, 1) of the 3x4 grid: 0 below the top, 2 above the bottom, 1 right of the left edge, 2 from the right
+    w = emb.embedding_weight
+    assert torch.allclose(e0[cell(0, 1)], w[0, side + 0] + w[1, side + 2] + w[2, side + 1] + w[3, side + 2])
+    # std: the four tables sum to the variance of one embedding of std init_std
+    big = GridCoordEmbedding(8, 4096, init_std=0.25)
+    assert big.embedding_weight.std().item() == pytest.approx(0.125, rel=0.02)
