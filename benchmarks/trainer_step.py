@@ -11,6 +11,12 @@ FLOPs, so it is a lower bound), achieved FLOP/s, and (eager mode: hooks would br
 split: the phases come from timers in forward hooks of the model and its encoder and in the optimizers' step hooks (``torch.profiler.record_function`` ranges
 of the same names are recorded too, so ``--trace DIR`` writes a profiler trace with them). The first
 ``--warmup`` steps (compilation included) are not timed.
+
+The ceiling (CPU): an fp32 matmul of the step's own largest GEMM shape, measured in the same run at the same thread
+count (``fp32_matmul_flops_per_s``). ``floor_s_per_step`` = counted FLOPs / that rate is the fastest the step could
+run at identical arithmetic (every FLOP at matmul speed, nothing else costing time); ``fraction_of_fp32_matmul`` =
+achieved / ceiling. A speed-up target above ``seconds_per_step / floor_s_per_step`` needs fewer FLOPs, not faster
+code (docs/training.md, "The ceiling").
 """
 from __future__ import annotations
 
@@ -154,6 +160,22 @@ def measure(config: str, *, steps: int, warmup: int, compiled: bool, device: str
             "phases_s": split, "threads": torch.get_num_threads(), "batch": trainer.cfg.global_batch_size}
 
 
+def fp32_matmul_flops(m: int = 4224, k: int = 64, n: int = 256, iters: int = 50) -> float:
+    """Achieved FLOP/s of an fp32 ``[m, k] x [k, n]`` CPU matmul at the current thread count (the default is the
+    science step's largest GEMM: 64 samples x 66 tokens through the SwiGLU up-projection), best of 3 repeats."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    for _ in range(5):
+        torch.mm(a, b, out=out)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * k * n * iters / best
+
+
 def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cpu", trace: Optional[str] = None,
         interleave: int = 1) -> dict[str, Any]:
     """Both modes (``compile``: eager / compiled / both), ``interleave`` rounds alternating them (a noisy machine
@@ -172,6 +194,16 @@ def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cp
     for mode, rs in rounds.items():
         rs.sort(key=lambda r: r["seconds_per_step"])
         out[mode] = dict(rs[len(rs) // 2], rounds_s_per_step=[r["seconds_per_step"] for r in rs])
+    if out["device"] == "cpu":
+        peak = out["fp32_matmul_flops_per_s"] = fp32_matmul_flops()
+        for mode in rounds:
+            r = out[mode]
+            r["floor_s_per_step"] = r["flops_per_step_counted"] / peak
+            r["fraction_of_fp32_matmul"] = r["flops_per_s"] / peak
+            print(f"[train_step] {config} {mode}: ceiling {peak / 1e9:.1f} GFLOP/s (fp32 matmul, "
+                  f"{torch.get_num_threads()} thread(s)); at identical FLOPs a step takes at least "
+                  f"{r['floor_s_per_step'] * 1e3:.1f} ms, so at most {r['seconds_per_step'] / r['floor_s_per_step']:.2f}x "
+                  f"faster than this ({100 * r['fraction_of_fp32_matmul']:.0f}% of the ceiling now)", flush=True)
     if "eager" in out and "compiled" in out:
         out["compiled_speedup"] = out["eager"]["seconds_per_step"] / out["compiled"]["seconds_per_step"]
     return out

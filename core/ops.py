@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -51,3 +53,81 @@ def grid_coordinates(tokens: torch.Tensor, side: int, first_colour: int = 2) -> 
     coords = torch.stack([rows[0][:, :, None].expand(n, side, side), rows[1][:, :, None].expand(n, side, side),
                           cols[0][:, None, :].expand(n, side, side), cols[1][:, None, :].expand(n, side, side)], -1)
     return (coords.clamp(-side, side) + side).view(n, side * side, 4)
+
+
+# ---------------------------------------------------------------------------------------------- pointer RoPE
+# The pointer of each dihedral map (dataset.common.dihedral_transform ids) as (row, column) coefficients over a
+# cell's features (top, bottom, left, right, 1) relative to the *input* grid: the output cell (u, v) of the map reads
+# the input cell it points at (tests/test_models_trm.py checks every map on grids of several shapes).
+DIHEDRAL_POINTERS = {
+    0: ((1, 0, 0, 0, 0), (0, 0, 1, 0, 0)),    # identity: (top, left)
+    1: ((0, 0, 1, 0, 0), (-1, 0, 1, 1, 0)),   # rot90 counter-clockwise: (left, W - top), W = left + right
+    2: ((0, 1, 0, 0, 0), (0, 0, 0, 1, 0)),    # rot180: (bottom, right)
+    3: ((1, 1, -1, 0, 0), (1, 0, 0, 0, 0)),   # rot90 clockwise: (H - left, top), H = top + bottom
+    4: ((1, 0, 0, 0, 0), (0, 0, 0, 1, 0)),    # horizontal flip: (top, right)
+    5: ((0, 1, 0, 0, 0), (0, 0, 1, 0, 0)),    # vertical flip: (bottom, left)
+    6: ((0, 0, 1, 0, 0), (1, 0, 0, 0, 0)),    # transpose: (left, top)
+    7: ((1, 1, -1, 0, 0), (-1, 0, 1, 1, 0)),  # anti-diagonal reflection: (H - left, W - top)
+}
+# how pointer heads start: all at the identity (plain grid-relative 2D RoPE), or head h at dihedral map h % 8
+POINTER_INITS = ("identity", "dihedral")
+
+
+def pointer_bias(num_heads: int, init: str) -> torch.Tensor:
+    """[num_heads * 2 * 5] starting pointers of ``num_heads`` heads (``POINTER_INITS``), flattened as the bias of a
+    pointer projection whose output is viewed [heads, 2 (row, column), 5 (features)]."""
+    if init not in POINTER_INITS:
+        raise ValueError(f"pointer init must be one of {POINTER_INITS}, got {init!r}")
+    maps = [0] * num_heads if init == "identity" else [h % 8 for h in range(num_heads)]
+    return torch.tensor([DIHEDRAL_POINTERS[m] for m in maps], dtype=torch.float32).flatten()
+
+
+def pointer_freqs(head_dim: int, side: int) -> torch.Tensor:
+    """[head_dim / 4] angular frequencies per axis: ``pi * k / side`` for k = 1 .. head_dim/4 - 1 (no aliasing
+    between offsets within one canvas) and one pair at 0 (content, not position)."""
+    if head_dim % 4 or head_dim < 8:
+        raise ValueError(f"pointer RoPE needs a head dimension divisible by 4 and at least 8, got {head_dim}")
+    return torch.tensor([math.pi * (k + 1) / side for k in range(head_dim // 4 - 1)] + [0.0])
+
+
+def pointer_features(tokens: torch.Tensor, side: int, prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token features and key positions of pointer RoPE, from flattened ``side x side`` canvases ``tokens`` [n, L]
+    (``grid_coordinates``: the grid is the canvas's colour cells). Returns (feats [n, prefix + L, 5] float32: the
+    offsets from the top, bottom, left and right edge of the grid and 1; key_pos [n, prefix + L, 2]: the (row,
+    column) offset from the grid's top-left corner). ``prefix`` leading non-cell slots (context slots, a CLS token)
+    get features (0, 0, 0, 0, 1) and a key position half a period of the lowest frequency off the grid."""
+    n, L = tokens.shape
+    coords = (grid_coordinates(tokens, side)[:, :L] - side).to(torch.float32)
+    feats = torch.cat((coords, coords.new_ones(n, L, 1)), -1)
+    key_pos = coords[..., 0::2]
+    if prefix:
+        ctx = feats.new_zeros(n, prefix, 5)
+        ctx[..., 4] = 1.0
+        feats = torch.cat((ctx, feats), 1)
+        key_pos = torch.cat((key_pos.new_full((n, prefix, 2), 1.5 * side), key_pos), 1)
+    return feats, key_pos
+
+
+def pointer_tables(pos: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [..., 4 * len(freqs)] in the "rotate half" layout of (row, column) positions ``pos`` [..., 2]: the
+    first half of the frequency pairs turn with the row, the second half with the column."""
+    angles = torch.cat((pos[..., 0:1] * freqs, pos[..., 1:2] * freqs), -1)
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_pointer_rope(q: torch.Tensor, k: torch.Tensor, coef: torch.Tensor, feats: torch.Tensor,
+                       k_cos: torch.Tensor, k_sin: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pointer RoPE on q, k [..., heads, head_dim]: each query rotated to the position its head points at,
+    ``(coef [..., heads, 2, 5] * feats [..., 5]).sum(-1)``, each key by its own table ``k_cos`` / ``k_sin``
+    [..., 1, head_dim]; computed in fp32, returned in q's dtype."""
+    dtype = q.dtype
+    pos = (coef.to(torch.float32) * feats[..., None, None, :]).sum(-1)  # [..., heads, 2]
+    q_cos, q_sin = pointer_tables(pos, freqs)
+    q32, k32 = q.float(), k.float()
+    return (q32 * q_cos + rotate_half(q32) * q_sin).to(dtype), (k32 * k_cos + rotate_half(k32) * k_sin).to(dtype)

@@ -24,7 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
-from core.ops import grid_coordinates, linear_chunks
+from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias, pointer_features,
+                      pointer_freqs, pointer_tables)
 from dataset.common import PAD_ID
 
 
@@ -74,6 +75,12 @@ class BaseEncoderConfig(pydantic.BaseModel):
     # (core.ops.grid_coordinates; square canvases): where a cell sits in each grid, so a token can tell where
     # cells moved and not only which colour became which (docs/science.md, "Grid-relative positions")
     grid_coords: bool = False
+    # pointer RoPE in the per-demo self-attention (core.ops.apply_pointer_rope; square canvases): each query of each
+    # head is rotated to the cell it points at -- a learned linear map of its offsets from the *input* grid's edges,
+    # starting at the identity ("identity") or at dihedral map h % 8 for head h ("dihedral") -- and each key sits at
+    # its offset from the input grid's top-left corner, so a head can compare an output cell with the input cell a
+    # flip / rotation / shift sends to it (docs/science.md, "Pointer RoPE"). null = off.
+    pointer: Optional[Literal["identity", "dihedral"]] = None
     # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
     # recompute each per-demo block in the backward pass (saves activation memory on full 30x30 ARC demos)
@@ -84,6 +91,10 @@ class BaseEncoderConfig(pydantic.BaseModel):
         if self.hidden_size % self.num_heads != 0:
             raise ValueError(f"encoder {self.name}: hidden_size={self.hidden_size} is not divisible by "
                              f"num_heads={self.num_heads}")
+        if self.pointer is not None and ((self.hidden_size // self.num_heads) % 4
+                                         or self.hidden_size // self.num_heads < 8):
+            raise ValueError(f"encoder {self.name}: pointer={self.pointer} needs a head dimension (hidden_size / "
+                             f"num_heads) divisible by 4 and at least 8, got {self.hidden_size // self.num_heads}")
         if self.num_layers < 0:
             raise ValueError(f"encoder {self.name}: num_layers must be >= 0, got {self.num_layers}")
         return self
@@ -170,23 +181,66 @@ class SwiGLU(nn.Module):
         return self.down(F.silu(g) * u)
 
 
+@dataclass
+class TokenPointers:
+    """Pointer RoPE inputs of a demo's tokens (``BaseEncoderConfig.pointer``), padded [n, T, ...] or packed [N, ...]
+    like the tokens: ``feats`` (..., 5) grid features of each query, ``k_cos`` / ``k_sin`` (..., 1, head_dim) each
+    key's rotation, ``freqs`` [head_dim / 4] (core.ops.pointer_features / pointer_tables)."""
+    feats: torch.Tensor
+    k_cos: torch.Tensor
+    k_sin: torch.Tensor
+    freqs: torch.Tensor
+
+    def select(self, order: torch.Tensor, sel: torch.Tensor) -> "TokenPointers":
+        """Packed like the tokens (``TokenPacking.build``'s order and sel)."""
+        pack = lambda t: t.index_select(0, order).flatten(0, 1).index_select(0, sel)  # noqa: E731
+        return TokenPointers(pack(self.feats), pack(self.k_cos), pack(self.k_sin), self.freqs)
+
+
 class Attention(nn.Module):
     """Multi-head attention; ``key_mask`` [n, Tk] bool, True = attend. Callers guarantee every row
-    has at least one attendable key."""
+    has at least one attendable key. ``pointer`` (None | "identity" | "dihedral"): a pointer projection for
+    pointer RoPE in self-attention (zero weights, the bias at the starting pointers)."""
 
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, pointer: Optional[str] = None):
         super().__init__()
         self.h = num_heads
         self.q = nn.Linear(dim, dim, bias=False)
         self.kv = nn.Linear(dim, 2 * dim, bias=False)
         self.o = nn.Linear(dim, dim, bias=False)
+        self.pointer = None
+        if pointer is not None:
+            self.pointer = nn.Linear(dim, num_heads * 2 * 5, bias=True)
+            with torch.no_grad():
+                self.pointer.weight.zero_()
+                self.pointer.bias.copy_(pointer_bias(num_heads, pointer))
+            # a learned query and key offset per head: the projections have no bias, so without it a purely
+            # positional match (attend to the cell the pointer names, whatever its colour) is not expressible
+            self.pointer_qk = nn.Parameter(_trunc_normal_(torch.empty(2, num_heads, dim // num_heads), 0.5))
+
+    def _rotate(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pointers: TokenPointers):
+        """q, k [..., T, h, head_dim] of tokens x [..., T, d] with pointer RoPE applied."""
+        if self.pointer is None:
+            raise ValueError("pointer positions were given to an encoder attention layer built without a pointer")
+        coef = self.pointer(x).view(*x.shape[:-1], self.h, 2, 5)
+        q, k = q + self.pointer_qk[0], k + self.pointer_qk[1]
+        return apply_pointer_rope(q, k, coef, pointers.feats, pointers.k_cos, pointers.k_sin, pointers.freqs)
 
     def forward(self, x: torch.Tensor, ctx: Optional[torch.Tensor] = None,
-                key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                key_mask: Optional[torch.Tensor] = None, pointers: Optional[TokenPointers] = None) -> torch.Tensor:
+        if pointers is not None and ctx is not None:
+            raise ValueError("pointer RoPE is for self-attention (ctx=None)")
         ctx = x if ctx is None else ctx
         n, tq, d = x.shape
         tk = ctx.shape[1]
-        q = self.q(x).view(n, tq, self.h, d // self.h).transpose(1, 2)
+        q = self.q(x).view(n, tq, self.h, d // self.h)
+        if pointers is not None:
+            k, v = self.kv(x).view(n, tk, 2, self.h, d // self.h).unbind(2)
+            q, k = self._rotate(x, q, k, pointers)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 attn_mask=None if key_mask is None else key_mask[:, None, None, :])
+            return self.o(out.transpose(1, 2).reshape(n, tq, d))
+        q = q.transpose(1, 2)
         if key_mask is not None and ctx is not x:  # cross-attention: project only the keys that are attended
             sel = key_mask.flatten().nonzero().squeeze(-1)
             kv = self.kv(ctx.reshape(n * tk, d).index_select(0, sel))
@@ -198,12 +252,16 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.o(out.transpose(1, 2).reshape(n, tq, d))
 
-    def forward_packed(self, x: torch.Tensor, packing: "TokenPacking") -> torch.Tensor:
+    def forward_packed(self, x: torch.Tensor, packing: "TokenPacking",
+                       pointers: Optional[TokenPointers] = None) -> torch.Tensor:
         """Self-attention within each demo of packed tokens x [N, d] (``TokenPacking``): the same numbers as
         :meth:`forward` on the padded demos with their key mask, for the real tokens."""
         d = x.shape[-1]
         q = self.q(x)
         k, v = linear_chunks(x, self.kv.weight, (d, d))
+        if pointers is not None:
+            q, k = (t.reshape(t.shape[0], d) for t in self._rotate(x, q.view(-1, self.h, d // self.h),
+                                                                     k.reshape(-1, self.h, d // self.h), pointers))
         outs = []
         for bk in packing.buckets:
             o = F.scaled_dot_product_attention(*(self._bucket_heads(t, bk) for t in (q, k, v)),
@@ -281,15 +339,18 @@ class TokenPacking:
 class Block(nn.Module):
     """Post-norm block: x = norm(x + attn(x, ctx)); x = norm(x + mlp(x))."""
 
-    def __init__(self, dim: int, num_heads: int, expansion: float, eps: float):
+    def __init__(self, dim: int, num_heads: int, expansion: float, eps: float, pointer: Optional[str] = None):
         super().__init__()
-        self.attn = Attention(dim, num_heads)
+        self.attn = Attention(dim, num_heads, pointer=pointer)
         self.mlp = SwiGLU(dim, expansion)
         self.eps = eps
 
-    def forward(self, x, ctx=None, key_mask=None, packing: Optional[TokenPacking] = None):
-        """``packing``: x is packed tokens [N, d] (self-attention within each demo, TokenPacking)."""
-        a = self.attn(x, ctx, key_mask) if packing is None else self.attn.forward_packed(x, packing)
+    def forward(self, x, ctx=None, key_mask=None, packing: Optional[TokenPacking] = None,
+                pointers: Optional[TokenPointers] = None):
+        """``packing``: x is packed tokens [N, d] (self-attention within each demo, TokenPacking); ``pointers``:
+        pointer RoPE inputs laid out like x."""
+        a = (self.attn(x, ctx, key_mask, pointers) if packing is None
+             else self.attn.forward_packed(x, packing, pointers))
         x = rms_norm(x + a, self.eps)
         return rms_norm(x + self.mlp(x), self.eps)
 
@@ -326,15 +387,20 @@ class DemoTrunk(nn.Module):
         else:
             self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
         self.cls = nn.Parameter(_trunc_normal_(torch.empty(d), std)) if pooling == "cls" else None
-        if cfg.grid_coords:  # four offset tables each for the input grid and the output grid
+        if cfg.grid_coords or cfg.pointer is not None:
             side = math.isqrt(seq_len)
             if side * side != seq_len:
-                raise EncoderConfigError(f"encoder {cfg.name}: grid_coords=true needs a square canvas, but the "
+                what = "grid_coords=true" if cfg.grid_coords else f"pointer={cfg.pointer}"
+                raise EncoderConfigError(f"encoder {cfg.name}: {what} needs a square canvas, but the "
                                          f"data's seq_len {seq_len} is not a square")
             self.side = side
+        if cfg.grid_coords:  # four offset tables each for the input grid and the output grid
             self.coord_in = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
             self.coord_out = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
-        self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.num_layers))
+        if cfg.pointer is not None:
+            self.register_buffer("pointer_freqs", pointer_freqs(d // cfg.num_heads, side), persistent=False)
+        self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps, pointer=cfg.pointer)
+                                    for _ in range(cfg.num_layers))
 
     # Runs eagerly under torch.compile: skipping empty slots and cropping PAD give data-dependent shapes, which
     # would otherwise force a recompilation for every new shape.
@@ -366,6 +432,7 @@ class DemoTrunk(nn.Module):
             pi, po = pos[:li], pos[:lo]
         else:
             pi = po = pos
+            li = lo = S
         cin = cout = 0.0
         if self.cfg.grid_coords:
             cin, cout = self._coords(self.coord_in, inp), self._coords(self.coord_out, out)
@@ -383,19 +450,35 @@ class DemoTrunk(nn.Module):
             x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1)
             mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
         x = self.embed_scale * x
+        pointers = self._pointers(inp, li, lo) if self.cfg.pointer is not None else None
         packing = None
         if self.cfg.pack_tokens and self.blocks:  # exact: PAD tokens are never keys and never read out
             packing, order, sel = TokenPacking.build(mask)
             idx = idx.index_select(0, order)
             x = x.index_select(0, order).flatten(0, 1).index_select(0, sel)
+            if pointers is not None:
+                pointers = pointers.select(order, sel)
         for blk in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, packing, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(blk, x, None, mask, packing, pointers, use_reentrant=False)
             else:
-                x = blk(x, key_mask=mask, packing=packing)
+                x = blk(x, key_mask=mask, packing=packing, pointers=pointers)
         if packing is not None:
             x, mask = packing.unpack(x)
         return x, mask, idx, valid
+
+    def _pointers(self, inp: torch.Tensor, li: int, lo: int) -> TokenPointers:
+        """Pointer RoPE inputs of every token (in the token layout: [CLS,] cells, or [CLS,] input then output
+        cells), all relative to each demo's *input* grid, so an output cell can point at the input cell a map
+        sends to it."""
+        side = self.side
+        feats, key_pos = pointer_features(F.pad(inp, (0, side * side - inp.shape[1])), side,
+                                          prefix=1 if self.cls is not None else 0)
+        P = 1 if self.cls is not None else 0
+        keep = list(range(P + li)) + ([] if self.aligned else list(range(P, P + lo)))
+        feats, key_pos = feats[:, keep], key_pos[:, keep]
+        cos, sin = pointer_tables(key_pos, self.pointer_freqs)
+        return TokenPointers(feats, cos.unsqueeze(-2), sin.unsqueeze(-2), self.pointer_freqs)
 
     def _coords(self, tables: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Sum of the four edge-offset embeddings of each of ``tokens`` [n, L] (a cropped canvas prefix)."""

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import (CastedEmbedding, CastedLinear, GridCoordEmbedding, RotaryEmbedding, RotaryEmbedding2D,
-                           resolve_dtype)
+from models.layers import (CastedEmbedding, CastedLinear, GridCoordEmbedding, PointerRoPE, RotaryEmbedding,
+                           RotaryEmbedding2D, resolve_dtype)
 from models.sparse_embedding import SparsePuzzleEmbedding
 
 Batch = Dict[str, torch.Tensor]
@@ -42,6 +42,12 @@ class ACTCarry:
     steps: torch.Tensor  # int32 [b]
     halted: torch.Tensor  # bool [b]
     current_data: Dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def pointer_init(config) -> Optional[str]:
+    """The ``pointer`` argument of every attention layer: the arch's ``pointer_init`` under pos_encodings=pointer,
+    else None (no pointer projection)."""
+    return getattr(config, "pointer_init", "identity") if config.pos_encodings == "pointer" else None
 
 
 def prefix_length(puzzle_emb_ndim: int, puzzle_emb_len: int, hidden_size: int) -> int:
@@ -82,16 +88,20 @@ class IOStem(nn.Module):
                                                     init_std=0.0, cast_to=self.forward_dtype)
         if pos_encodings == "rope":
             self.rotary_emb = RotaryEmbedding(hidden_size // num_heads, self.total_seq_len, base=rope_theta)
-        elif pos_encodings == "rope2d":
+        elif pos_encodings in ("rope2d", "pointer"):
             side = math.isqrt(seq_len)
             if side * side != seq_len:
-                raise ValueError(f"pos_encodings=rope2d needs a square canvas, but the data's seq_len {seq_len} is "
-                                 f"not a square")
-            self.rotary_emb = RotaryEmbedding2D(hidden_size // num_heads, side, self.puzzle_emb_len, base=rope_theta)
+                raise ValueError(f"pos_encodings={pos_encodings} needs a square canvas, but the data's seq_len {seq_len} "
+                                 f"is not a square")
+            if pos_encodings == "rope2d":
+                self.rotary_emb = RotaryEmbedding2D(hidden_size // num_heads, side, self.puzzle_emb_len, base=rope_theta)
+            else:
+                self.rotary_emb = PointerRoPE(hidden_size // num_heads, side, self.puzzle_emb_len,
+                                              source=getattr(config, "pointer_source", "token"))
         elif pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(self.total_seq_len, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
         elif pos_encodings != "none":
-            raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {pos_encodings!r}")
+            raise ValueError(f"pos_encodings must be rope, rope2d, pointer, learned or none, got {pos_encodings!r}")
         self.grid_coords = bool(getattr(config, "grid_coords", False))
         if self.grid_coords:
             side = math.isqrt(seq_len)
@@ -104,7 +114,11 @@ class IOStem(nn.Module):
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5.0)  # type: ignore[union-attr]
 
-    def cos_sin(self):
+    def cos_sin(self, inputs: torch.Tensor):
+        """What every attention layer of this forward gets: RoPE tables (rope, rope2d), the per-sample
+        ``PointerPositions`` of ``inputs`` (pointer), or None."""
+        if self.pos_encodings == "pointer":
+            return self.rotary_emb(inputs)
         return self.rotary_emb() if self.pos_encodings in ("rope", "rope2d") else None
 
     def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor,

@@ -13,7 +13,7 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTModel, IOStem
+from models.act import ACTModel, IOStem, pointer_init
 from models.layers import ReasoningModule, TransformerBlock, trunc_normal_init_
 from models.trm import _ArchBase
 
@@ -43,7 +43,8 @@ class HRMInner(IOStem):
 
         def stack(n: int) -> ReasoningModule:
             return ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
-                                                     config.rms_norm_eps) for _ in range(n)])
+                                                     config.rms_norm_eps, pointer=pointer_init(config))
+                                    for _ in range(n)])
 
         self.H_level = stack(config.H_layers)
         self.L_level = stack(config.L_layers)
@@ -61,7 +62,7 @@ class HRMInner(IOStem):
                              z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L))
 
     def forward(self, carry: HRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None):
-        cos_sin = self.cos_sin()
+        cos_sin = self.cos_sin(batch["inputs"])
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         z_H, z_L = carry.z_H, carry.z_L
         H, L = self.config.H_cycles, self.config.L_cycles

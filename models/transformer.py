@@ -11,7 +11,7 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTModel, IOStem
+from models.act import ACTModel, IOStem, pointer_init
 from models.layers import ReasoningModule, TransformerBlock
 from models.trm import ArchConfig
 
@@ -34,7 +34,8 @@ class TransformerInner(IOStem):
                          batch_size=batch_size)
         self.layers = ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
                                                         config.rms_norm_eps, mlp_t=config.mlp_t,
-                                                        total_seq_len=self.total_seq_len)
+                                                        total_seq_len=self.total_seq_len,
+                                                        pointer=pointer_init(config))
                                        for _ in range(config.num_layers)])
 
     def empty_carry(self, batch_size: int, device: torch.device) -> None:
@@ -45,7 +46,7 @@ class TransformerInner(IOStem):
 
     def forward(self, carry: None, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None):
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
-        z = self.layers(x, torch.zeros_like(x), self.cos_sin())
+        z = self.layers(x, torch.zeros_like(x), self.cos_sin(batch["inputs"]))
         logits, q_halt, q_continue = self.heads(z)
         return None, logits, (q_halt, q_continue)
 

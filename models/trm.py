@@ -20,7 +20,7 @@ from typing import Dict, Literal, Optional, Tuple
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from models.act import ACTModel, IOStem
+from models.act import ACTModel, IOStem, pointer_init
 from models.layers import ReasoningModule, TransformerBlock, trunc_normal_init_
 
 
@@ -41,10 +41,19 @@ def check_heads(cfg):
     head_dim = cfg.hidden_size // cfg.num_heads
     if cfg.pos_encodings == "rope" and head_dim % 2:
         raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = {head_dim}")
-    if cfg.pos_encodings == "rope2d" and head_dim % 4:
-        raise ValueError(f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
-                         f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
+    if cfg.pos_encodings in ("rope2d", "pointer") and head_dim % 4:
+        raise ValueError(f"2D RoPE (pos_encodings={cfg.pos_encodings}) needs a head dimension divisible by 4 (half of "
+                         f"its frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
                          f"{head_dim}")
+    if cfg.pos_encodings == "pointer" and head_dim < 8:
+        raise ValueError(f"pointer RoPE (pos_encodings=pointer) needs a head dimension of at least 8, got "
+                         f"hidden_size/num_heads = {head_dim}")
+    if (cfg.pos_encodings == "pointer" and getattr(cfg, "pointer_source", "token") == "context"
+            and cfg.puzzle_emb_len == 0 and cfg.puzzle_emb_ndim == 0):
+        raise ValueError("pointer_source=context reads the pointers from the first context slot, but the model has "
+                         "none (puzzle_emb_len = 0 and puzzle_emb_ndim = 0)")
+    if cfg.pos_encodings == "pointer" and getattr(cfg, "mlp_t", False):
+        raise ValueError("pos_encodings=pointer rotates attention queries, but mlp_t=true has no attention")
     return cfg
 
 
@@ -65,11 +74,19 @@ class ArchConfig(BaseModel):
     puzzle_emb_ndim: int = Field(512, ge=0)
     puzzle_emb_len: int = Field(16, ge=0)
     # rope: 1D RoPE over the flattened canvas (published TRM); rope2d: RoPE over (row, column) of the square
-    # canvas (docs/science.md: the spatial-rule ablation); learned: absolute embeddings; none.
-    pos_encodings: Literal["rope", "rope2d", "learned", "none"] = "rope"
+    # canvas (docs/science.md: the spatial-rule ablation); pointer: 2D RoPE over grid-relative coordinates in which
+    # each query points at the cell a learned, context-chosen linear map of its grid offsets names (models.layers.
+    # PointerRoPE; docs/science.md, "Pointer RoPE"); learned: absolute embeddings; none.
+    pos_encodings: Literal["rope", "rope2d", "pointer", "learned", "none"] = "rope"
     # add learned embeddings of each cell's offsets from its input grid's edges (models.layers.GridCoordEmbedding;
     # square canvas only; on top of pos_encodings; docs/science.md, "Grid-relative positions")
     grid_coords: bool = False
+    # pos_encodings=pointer: where the heads' pointers start (identity: every head at its own cell, i.e. grid-relative
+    # 2D RoPE; dihedral: head h at dihedral map h % 8, models.layers.DIHEDRAL_POINTERS); learned from there
+    pointer_init: Literal["identity", "dihedral"] = "identity"
+    # pos_encodings=pointer: what sets a query's pointer (token: its own hidden state; context: the first context
+    # slot's, shared by every query of the sample; needs puzzle_emb_len >= 1)
+    pointer_source: Literal["token", "context"] = "token"
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
@@ -112,7 +129,8 @@ class TRMInner(IOStem):
                          batch_size=batch_size)
         self.L_level = ReasoningModule([
             TransformerBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps,
-                             mlp_t=config.mlp_t, total_seq_len=self.total_seq_len)
+                             mlp_t=config.mlp_t, total_seq_len=self.total_seq_len,
+                             pointer=pointer_init(config))
             for _ in range(config.L_layers)])
         self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
         self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
@@ -135,7 +153,7 @@ class TRMInner(IOStem):
         return z_H, z_L
 
     def forward(self, carry: TRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None):
-        cos_sin = self.cos_sin()
+        cos_sin = self.cos_sin(batch["inputs"])
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():

@@ -335,3 +335,50 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
                            output_dir=str(tmp_path / "o0"), use_ema=False, num_pictures=0))
     assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
 
+
+
+def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
+    """arch.pos_encodings=pointer with arch.pointer_init=dihedral and pointer_source=context: the config builds
+    PointerRoPE (reading the pointers from the first context slot) and one pointer
+    projection per attention layer whose heads start at dihedral maps 0..3, the checkpoint records both keys,
+    evaluate.py rebuilds the same model (same numbers as the training hook), and the learned pointers matter (the
+    same weights with every head's pointer reset to the identity give another loss)."""
+    import evaluate
+    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from models.layers import DIHEDRAL_POINTERS, PointerRoPE
+    from training.build import load_model_for_inference
+    from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
+    from training.loop import train
+    from tests.toy_data import toy_train_config
+
+    data = str(tmp_path / "data")
+    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
+    build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
+    cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
+                           arch={"pos_encodings": "pointer", "pointer_init": "dihedral", "pointer_source": "context",
+                                 "grid_coords": True, "hidden_size": 32, "num_heads": 4})
+    summary = train(cfg)
+    state = load_checkpoint_file(summary["last_checkpoint"])
+    assert state["config"]["arch"]["pos_encodings"] == "pointer"
+    assert state["config"]["arch"]["pointer_init"] == "dihedral"
+    assert state["config"]["arch"]["pointer_source"] == "context"
+    model, _, _ = load_model_for_inference(state)
+    inner = model.model.inner if hasattr(model, "model") else model.inner
+    assert isinstance(inner.rotary_emb, PointerRoPE) and inner.rotary_emb.source == "context"
+    pointer_keys = [k for k in state["model"] if k.endswith("self_attn.pointer.bias")]
+    assert pointer_keys
+    start = torch.tensor([DIHEDRAL_POINTERS[m] for m in range(4)], dtype=torch.float32).flatten()
+    for k in pointer_keys:  # trained for 3 steps from the dihedral start: moved, but not far
+        assert not torch.equal(state["model"][k], start) and torch.allclose(state["model"][k], start, atol=0.1)
+    m = evaluate.run(_cfg(checkpoint=summary["last_checkpoint"], data_path=data, output_dir=str(tmp_path / "op"),
+                          use_ema=False, num_pictures=0))
+    for k in ("all.accuracy", "all.lm_loss"):
+        assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
+    raw = read_checkpoint(summary["last_checkpoint"])
+    identity = torch.tensor([DIHEDRAL_POINTERS[0]] * 4, dtype=torch.float32).flatten()
+    for k in pointer_keys:
+        raw["model"][k] = identity.clone()
+    save_checkpoint_atomic(raw, str(tmp_path / "identity.pt"))
+    m0 = evaluate.run(_cfg(checkpoint=str(tmp_path / "identity.pt"), data_path=data,
+                           output_dir=str(tmp_path / "oi"), use_ema=False, num_pictures=0))
+    assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)

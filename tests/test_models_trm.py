@@ -1,6 +1,7 @@
 """TRM / HRM / transformer: shapes, ACT semantics, gradient flow, puzzle prefix, config strictness."""
 from typing import Any, Dict
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,7 +115,7 @@ def test_trm_recursion_order_and_gradient_only_in_last_cycle():
     # Reference recursion written out by hand: same numbers
     inner = model.inner
     x = inner.input_embeddings(carry.current_data["inputs"], carry.current_data["puzzle_identifiers"])
-    net = lambda h, inj: inner.L_level(h, inj, inner.cos_sin())  # noqa: E731
+    net = lambda h, inj: inner.L_level(h, inj, inner.cos_sin(carry.current_data["inputs"]))  # noqa: E731
     z_H, z_L = carry.inner_carry.z_H, carry.inner_carry.z_L
     for _ in range(3):
         for _ in range(2):
@@ -431,3 +432,137 @@ def test_tiny_trm_fits_a_fixed_batch_with_adamatan2_and_sign_sgd():
     touched = batch["puzzle_identifiers"].long().unique()
     assert model.puzzle_emb.weights[touched].abs().sum() > 0
     assert model.puzzle_emb.weights[0].abs().sum() == 0  # untouched row stays zero
+
+
+# ---------------------------------------------------------------------------------------------- pointer RoPE
+def _pointer_attention(heads=2, head_dim=8):
+    from models.layers import Attention
+    torch.manual_seed(0)
+    return Attention(heads * head_dim, head_dim, heads, heads, pointer="identity")
+
+
+def _canvas(side, grid, r0, c0):
+    """Tokens of a side x side canvas with ``grid`` (colours 0..9 -> tokens 2..11) at (r0, c0), PAD elsewhere."""
+    canvas = torch.zeros(side, side, dtype=torch.int32)
+    h, w = grid.shape
+    canvas[r0:r0 + h, c0:c0 + w] = torch.as_tensor(grid, dtype=torch.int32) + 2
+    return canvas.view(1, -1)
+
+
+def _pointer_scores(attn, pos, prefix):
+    """[heads, S, S] q.k after pointer RoPE of constant q = k (the score then depends on positions only)."""
+    b, S = pos.feats.shape[:2]
+    h = torch.randn(b, S, attn.hidden_size)  # the pointer weights are zero: the hidden state must not matter
+    ones = torch.ones(b, S, attn.num_heads, attn.head_dim)
+    q, k = attn.rotate(pos, h, ones, ones)
+    return torch.einsum("bshd,bthd->bhst", q, k)[0]
+
+
+def test_pointer_rope_starts_as_translation_invariant_grid_relative_2d_rope():
+    """At initialisation (zero pointer weights, identity bias) every head points at its own cell: each query's best
+    key is itself, scores depend only on the (row, column) offset between cells, and moving the grid on the
+    canvas (translation augmentation) leaves every cell-to-cell score unchanged."""
+    from models.layers import PointerRoPE
+    side, P = 8, 2
+    attn = _pointer_attention()
+    rope = PointerRoPE(attn.head_dim, side, prefix=P)
+    grid = np.random.default_rng(0).integers(0, 10, (3, 5))
+    s_a = _pointer_scores(attn, rope(_canvas(side, grid, 0, 0)), P)
+    s_b = _pointer_scores(attn, rope(_canvas(side, grid, 4, 2)), P)
+    cells_a = [P + r * side + c for r in range(3) for c in range(5)]
+    cells_b = [P + (r + 4) * side + (c + 2) for r in range(3) for c in range(5)]
+    assert torch.allclose(s_a[:, cells_a][:, :, cells_a], s_b[:, cells_b][:, :, cells_b], atol=1e-5)
+    assert (s_a[:, P:, :].argmax(-1) == torch.arange(P, P + side * side)).all()  # each cell points at itself
+    # the same offset anywhere gives the same score; context slots are never a cell's best key
+    assert torch.allclose(s_a[0, P + 0, P + 9], s_a[0, P + 20, P + 29], atol=1e-5)  # (+1, +1) both
+    assert (s_a[:, P:, :P].amax(-1) < s_a[:, P:, P:].amax(-1) - 1).all()
+
+
+@pytest.mark.parametrize("d", range(8))
+def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
+    """With the pointer bias set to a map's coefficients, every output cell's best key is exactly the input cell
+    the map copies into it (dataset.common.dihedral_transform), for grids of several shapes anywhere on the canvas:
+    one linear pointer per map serves every grid size. A wrong coefficient fails it."""
+    from dataset.common import dihedral_transform
+    from models.layers import DIHEDRAL_POINTERS, PointerRoPE
+    side, P = 8, 2
+    attn = _pointer_attention(heads=2)
+    rope = PointerRoPE(attn.head_dim, side, prefix=P)
+    row, col = DIHEDRAL_POINTERS[d]
+    with torch.no_grad():
+        bias = torch.tensor([row, col], dtype=torch.float32)
+        attn.pointer.bias.copy_(bias.expand(attn.num_heads, 2, 5).flatten())
+    for (h, w), (r0, c0) in (((3, 5), (0, 0)), ((4, 4), (2, 1)), ((2, 6), (1, 2)), ((5, 3), (1, 3))):
+        index = np.arange(h * w).reshape(h, w)
+        out = dihedral_transform(index, d)  # out[u, v] = index of the input cell it comes from
+        grid = np.random.default_rng(d).integers(0, 10, (h, w))
+        scores = _pointer_scores(attn, rope(_canvas(side, grid, r0, c0)), P)
+        for u in range(out.shape[0]):
+            for v in range(out.shape[1]):
+                src_r, src_c = divmod(int(out[u, v]), w)
+                query = P + (r0 + u) * side + (c0 + v)
+                assert (scores[:, query].argmax(-1) == P + (r0 + src_r) * side + (c0 + src_c)).all(), (d, h, w, u, v)
+
+
+def test_pointer_rope_is_wired_through_every_architecture_and_trains_its_pointer():
+    """pos_encodings=pointer builds PointerRoPE and a pointer projection in every attention layer of TRM, HRM and
+    the transformer; the pointer weights get gradient (from their zero start), and changing them changes the
+    output. Refused without a square canvas, with mlp_t, or with a head dimension below 8."""
+    from models.layers import PointerRoPE
+    for name in ("trm", "hrm", "transformer"):
+        torch.manual_seed(0)
+        model = build_model({**TINY[name], "pos_encodings": "pointer", "hidden_size": 16, "num_heads": 2},
+                            vocab_size=VOCAB, seq_len=9, num_puzzle_identifiers=NPUZ, batch_size=4)
+        assert isinstance(model.inner.rotary_emb, PointerRoPE)
+        g = torch.Generator().manual_seed(0)
+        batch = {"inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
+                 "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
+                 "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32)}
+        _, out = model(model.initial_carry(batch), batch)
+        out["logits"].square().sum().backward()
+        pointers = [m.pointer for m in model.modules() if getattr(m, "pointer", None) is not None]
+        assert pointers and all(p.weight.grad.abs().sum() > 0 for p in pointers), name
+        with torch.no_grad():
+            for p in pointers:
+                p.bias.view(-1, 2, 5)[:, 1] = torch.tensor([0.0, 0, 0, 1, 0])  # every head: (top, right)
+        _, out2 = model(model.initial_carry(batch), batch)
+        assert not torch.allclose(out["logits"], out2["logits"], atol=1e-4), name
+    with pytest.raises(ValueError, match="square canvas"):
+        make("trm", pos_encodings="pointer")
+    with pytest.raises(ArchConfigError, match="mlp_t"):
+        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "mlp_t": True})
+    with pytest.raises(ArchConfigError, match="at least 8"):
+        parse_arch_config({**TINY["trm"], "hidden_size": 8, "num_heads": 2, "pos_encodings": "pointer"})
+
+
+def test_pointer_source_context_gives_every_query_of_a_sample_the_pointer_of_its_first_context_slot():
+    """pointer_source=context: the pointers come from the first context slot's hidden state alone -- the same for
+    every query of a sample, unchanged when any other token's state changes, changed with slot 0's; token (the
+    default) reads each query's own state. Without a context slot it is refused."""
+    from models.layers import PointerRoPE
+    side, P = 4, 2
+    attn = _pointer_attention(heads=2)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        attn.pointer.weight.normal_()
+    inputs = _canvas(side, np.random.default_rng(0).integers(0, 10, (3, 4)), 0, 0).expand(2, -1)
+    h = torch.randn(2, P + side * side, attn.hidden_size)
+    ctx = attn.pointed_positions(h, PointerRoPE(attn.head_dim, side, P, source="context")(inputs))
+    tok = attn.pointed_positions(h, PointerRoPE(attn.head_dim, side, P, source="token")(inputs))
+    coef = attn.pointer(h[:, :1]).view(2, 1, attn.num_heads, 2, 5)
+    feats = PointerRoPE(attn.head_dim, side, P)(inputs).feats
+    assert torch.allclose(ctx, (coef * feats[:, :, None, None, :]).sum(-1), atol=1e-5)
+    h2 = h.clone()
+    h2[:, 1:] += torch.randn_like(h2[:, 1:])  # every state but the first context slot's
+    assert torch.equal(attn.pointed_positions(h2, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx)
+    assert not torch.allclose(attn.pointed_positions(h2, PointerRoPE(attn.head_dim, side, P)(inputs)), tok)
+    h3 = h.clone()
+    h3[:, 0] += 1.0
+    assert not torch.allclose(attn.pointed_positions(h3, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx)
+    with pytest.raises(ValueError, match="context slot"):
+        PointerRoPE(attn.head_dim, side, 0, source="context")
+    with pytest.raises(ArchConfigError):
+        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "sample"})
+    with pytest.raises(ArchConfigError, match="first context slot"):
+        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "context",
+                           "puzzle_emb_len": 0, "puzzle_emb_ndim": 0})

@@ -68,6 +68,23 @@ def test_science_step_benchmark_times_the_real_training_step_with_a_phase_split(
                                                                                   r["seconds_per_step"])
 
 
+def test_science_benchmark_reports_the_fp32_matmul_ceiling_and_the_step_floor(monkeypatch):
+    """On CPU, run() measures an fp32 matmul in the same run and reports the fastest step at identical FLOPs
+    (counted FLOPs / ceiling) and the achieved fraction; the matmul measurement itself is a real rate."""
+    from benchmarks import trainer_step
+
+    rate = trainer_step.fp32_matmul_flops(m=256, k=64, n=128, iters=5)
+    assert 1e8 < rate < 1e13
+    fake = {"config": "science", "mode": "eager", "seconds_per_step": 0.3, "flops_per_step_counted": 12e9,
+            "flops_per_s": 40e9, "phases_s": {}, "samples_per_s": 1.0}
+    monkeypatch.setattr(trainer_step, "measure", lambda *a, **k: dict(fake))
+    monkeypatch.setattr(trainer_step, "fp32_matmul_flops", lambda: 80e9)
+    out = trainer_step.run("science", steps=1, warmup=0, compile="eager", device="cpu")
+    assert out["fp32_matmul_flops_per_s"] == 80e9
+    assert out["eager"]["floor_s_per_step"] == pytest.approx(0.15)  # 12 GFLOP at 80 GFLOP/s
+    assert out["eager"]["fraction_of_fp32_matmul"] == pytest.approx(0.5)
+
+
 def test_compile_flag_is_honoured_on_cpu():
     import torch
 
