@@ -95,7 +95,8 @@ def pointer_features(tokens: torch.Tensor, side: int, prefix: int = 0) -> tuple[
     (``grid_coordinates``: the grid is the canvas's colour cells). Returns (feats [n, prefix + L, 5] float32: the
     offsets from the top, bottom, left and right edge of the grid and 1; key_pos [n, prefix + L, 2]: the (row,
     column) offset from the grid's top-left corner). ``prefix`` leading non-cell slots (context slots, a CLS token)
-    get features (0, 0, 0, 0, 1) and a key position half a period of the lowest frequency off the grid."""
+    get features (0, 0, 0, 0, 1) and the key position (1.5 side, 1.5 side): at least side / 2 + 1 from every cell
+    of the grid on each axis, modulo the lowest frequency's period (2 side)."""
     n, L = tokens.shape
     coords = (grid_coordinates(tokens, side)[:, :L] - side).to(torch.float32)
     feats = torch.cat((coords, coords.new_ones(n, L, 1)), -1)

@@ -222,8 +222,10 @@ class Attention(nn.Module):
         """q, k [..., T, h, head_dim] of tokens x [..., T, d] with pointer RoPE applied."""
         if self.pointer is None:
             raise ValueError("pointer positions were given to an encoder attention layer built without a pointer")
-        coef = self.pointer(x).view(*x.shape[:-1], self.h, 2, 5)
-        q, k = q + self.pointer_qk[0], k + self.pointer_qk[1]
+        with torch.autocast(x.device.type, enabled=False):  # pointers in fp32: bf16 would blur them by ~0.1 cell
+            coef = F.linear(x.float(), self.pointer.weight.float(), self.pointer.bias.float())
+        coef = coef.view(*x.shape[:-1], self.h, 2, 5)
+        q, k = q + self.pointer_qk[0].to(q.dtype), k + self.pointer_qk[1].to(k.dtype)
         return apply_pointer_rope(q, k, coef, pointers.feats, pointers.k_cos, pointers.k_sin, pointers.freqs)
 
     def forward(self, x: torch.Tensor, ctx: Optional[torch.Tensor] = None,

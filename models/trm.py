@@ -52,6 +52,10 @@ def check_heads(cfg):
             and cfg.puzzle_emb_len == 0 and cfg.puzzle_emb_ndim == 0):
         raise ValueError("pointer_source=context reads the pointers from the first context slot, but the model has "
                          "none (puzzle_emb_len = 0 and puzzle_emb_ndim = 0)")
+    if cfg.pos_encodings != "pointer" and (getattr(cfg, "pointer_init", "identity") != "identity"
+                                           or getattr(cfg, "pointer_source", "token") != "token"):
+        raise ValueError(f"pointer_init / pointer_source apply to pos_encodings=pointer only, but pos_encodings is "
+                         f"{cfg.pos_encodings!r}")
     if cfg.pos_encodings == "pointer" and getattr(cfg, "mlp_t", False):
         raise ValueError("pos_encodings=pointer rotates attention queries, but mlp_t=true has no attention")
     return cfg
@@ -82,7 +86,7 @@ class ArchConfig(BaseModel):
     # square canvas only; on top of pos_encodings; docs/science.md, "Grid-relative positions")
     grid_coords: bool = False
     # pos_encodings=pointer: where the heads' pointers start (identity: every head at its own cell, i.e. grid-relative
-    # 2D RoPE; dihedral: head h at dihedral map h % 8, models.layers.DIHEDRAL_POINTERS); learned from there
+    # 2D RoPE; dihedral: head h at dihedral map h % 8, core.ops.DIHEDRAL_POINTERS); learned from there
     pointer_init: Literal["identity", "dihedral"] = "identity"
     # pos_encodings=pointer: what sets a query's pointer (token: its own hidden state; context: the first context
     # slot's, shared by every query of the sample; needs puzzle_emb_len >= 1)

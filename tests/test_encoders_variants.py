@@ -479,3 +479,47 @@ def test_encoder_pointer_needs_a_square_canvas_and_a_head_dim_of_at_least_8():
         make("standard", seq_len=49, pointer="identity", num_heads=8)  # head dim 4
     with pytest.raises(EncoderConfigError):
         make("standard", seq_len=49, pointer="sideways")
+
+
+@pytest.mark.parametrize("name,layout", [("standard", "aligned"), ("standard", "sequence"), ("lpn", "sequence")])
+def test_encoder_pointer_features_are_relative_to_each_demos_input_grid(name, layout):
+    """Every token's pointer features are those of its canvas cell relative to the demo's *input* grid -- output
+    tokens of the sequence layout included (so an output cell can point into the input) -- in the token order
+    ([CLS,] cells or [CLS,] input cells then output cells); a CLS token gets (0, 0, 0, 0, 1)."""
+    from core.ops import pointer_features
+
+    enc = make(name, seq_len=49, pair_layout=layout, pointer="identity")
+    trunk = enc.trunk
+    di, dl, _ = grid_demos()
+    inp = di[:, 0].long()
+    last = lambda t: int(((t != 0).any(0) * torch.arange(1, 50)).max())  # noqa: E731 - kept length, as cropped
+    li, lo = last(inp), last(dl[:, 0])
+    got = trunk._pointers(inp[:, :li], li, lo)
+    ref, _ = pointer_features(inp, 7)
+    P = 1 if trunk.cls is not None else 0
+    if P:
+        assert torch.equal(got.feats[:, 0], torch.tensor([0.0, 0, 0, 0, 1]).expand(inp.shape[0], 5))
+    assert torch.equal(got.feats[:, P:P + li], ref[:, :li])
+    if layout == "sequence":
+        assert got.feats.shape[1] == P + li + lo and torch.equal(got.feats[:, P + li:], ref[:, :lo])
+    else:
+        assert got.feats.shape[1] == P + li
+    assert got.k_cos.shape == (inp.shape[0], got.feats.shape[1], 1, 8)
+
+
+def test_pointer_rotation_keeps_the_compute_dtype_under_autocast():
+    """Under bf16 autocast the rotated q / k come back in q's dtype (the pointers themselves are computed in fp32)."""
+    from encoders.base import Attention
+
+    enc = make("standard", seq_len=49, pointer="dihedral")
+    di, dl, m = grid_demos()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ctx = enc(di, dl, m).context
+    assert torch.isfinite(ctx.float()).all()
+    att = Attention(32, 4, pointer="dihedral")
+    pts = enc.trunk._pointers(di[:, 0].long(), 49, 49)
+    x = torch.randn(3, 49, 32)
+    q = torch.randn(3, 49, 4, 8, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        qr, kr = att._rotate(x, q, q.clone(), pts)
+    assert qr.dtype == kr.dtype == torch.bfloat16

@@ -345,7 +345,8 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     same weights with every head's pointer reset to the identity give another loss)."""
     import evaluate
     from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
-    from models.layers import DIHEDRAL_POINTERS, PointerRoPE
+    from core.ops import DIHEDRAL_POINTERS
+    from models.layers import PointerRoPE
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
     from training.loop import train

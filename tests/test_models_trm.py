@@ -484,7 +484,8 @@ def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
     the map copies into it (dataset.common.dihedral_transform), for grids of several shapes anywhere on the canvas:
     one linear pointer per map serves every grid size. A wrong coefficient fails it."""
     from dataset.common import dihedral_transform
-    from models.layers import DIHEDRAL_POINTERS, PointerRoPE
+    from core.ops import DIHEDRAL_POINTERS
+    from models.layers import PointerRoPE
     side, P = 8, 2
     attn = _pointer_attention(heads=2)
     rope = PointerRoPE(attn.head_dim, side, prefix=P)
@@ -563,6 +564,8 @@ def test_pointer_source_context_gives_every_query_of_a_sample_the_pointer_of_its
         PointerRoPE(attn.head_dim, side, 0, source="context")
     with pytest.raises(ArchConfigError):
         parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "sample"})
+    with pytest.raises(ArchConfigError, match="pos_encodings=pointer only"):
+        parse_arch_config({**TINY["trm"], "pointer_source": "context"})  # pos_encodings rope: would be ignored
     with pytest.raises(ArchConfigError, match="first context slot"):
         parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "context",
                            "puzzle_emb_len": 0, "puzzle_emb_ndim": 0})

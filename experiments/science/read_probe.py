@@ -19,7 +19,6 @@ a ``--canvas-size`` canvas, as ETRM demos are) and their image under the puzzle'
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any, Optional, Sequence
