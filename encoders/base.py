@@ -236,22 +236,17 @@ class Attention(nn.Module):
         n, tq, d = x.shape
         tk = ctx.shape[1]
         q = self.q(x).view(n, tq, self.h, d // self.h)
-        if pointers is not None:
-            k, v = self.kv(x).view(n, tk, 2, self.h, d // self.h).unbind(2)
-            q, k = self._rotate(x, q, k, pointers)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 attn_mask=None if key_mask is None else key_mask[:, None, None, :])
-            return self.o(out.transpose(1, 2).reshape(n, tq, d))
-        q = q.transpose(1, 2)
         if key_mask is not None and ctx is not x:  # cross-attention: project only the keys that are attended
             sel = key_mask.flatten().nonzero().squeeze(-1)
             kv = self.kv(ctx.reshape(n * tk, d).index_select(0, sel))
             kv = kv.new_zeros(n * tk, 2 * d).index_copy(0, sel, kv)
         else:
             kv = self.kv(ctx)
-        k, v = (t.reshape(n, tk, self.h, d // self.h).transpose(1, 2) for t in kv.chunk(2, dim=-1))
+        k, v = (t.reshape(n, tk, self.h, d // self.h) for t in kv.chunk(2, dim=-1))
+        if pointers is not None:
+            q, k = self._rotate(x, q, k, pointers)
         mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.o(out.transpose(1, 2).reshape(n, tq, d))
 
     def forward_packed(self, x: torch.Tensor, packing: "TokenPacking",
