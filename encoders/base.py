@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
-from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias, pointer_features,
-                      pointer_freqs, pointer_tables)
+from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias, pointer_coefficients,
+                      pointer_features, pointer_freqs, pointer_tables)
 from dataset.common import PAD_ID
 
 
@@ -222,9 +222,7 @@ class Attention(nn.Module):
         """q, k [..., T, h, head_dim] of tokens x [..., T, d] with pointer RoPE applied."""
         if self.pointer is None:
             raise ValueError("pointer positions were given to an encoder attention layer built without a pointer")
-        with torch.autocast(x.device.type, enabled=False):  # pointers in fp32: bf16 would blur them by ~0.1 cell
-            coef = F.linear(x.float(), self.pointer.weight.float(), self.pointer.bias.float())
-        coef = coef.view(*x.shape[:-1], self.h, 2, 5)
+        coef = pointer_coefficients(x, self.pointer.weight, self.pointer.bias, self.h)
         q, k = q + self.pointer_qk[0].to(q.dtype), k + self.pointer_qk[1].to(k.dtype)
         return apply_pointer_rope(q, k, coef, pointers.feats, pointers.k_cos, pointers.k_sin, pointers.freqs)
 
@@ -468,10 +466,8 @@ class DemoTrunk(nn.Module):
         """Pointer RoPE inputs of every token (in the token layout: [CLS,] cells, or [CLS,] input then output
         cells), all relative to each demo's *input* grid, so an output cell can point at the input cell a map
         sends to it."""
-        side = self.side
-        feats, key_pos = pointer_features(F.pad(inp, (0, side * side - inp.shape[1])), side,
-                                          prefix=1 if self.cls is not None else 0)
-        P = 1 if self.cls is not None else 0
+        side, P = self.side, int(self.cls is not None)
+        feats, key_pos = pointer_features(F.pad(inp, (0, side * side - inp.shape[1])), side, prefix=P)
         keep = list(range(P + li)) + ([] if self.aligned else list(range(P, P + lo)))
         feats, key_pos = feats[:, keep], key_pos[:, keep]
         cos, sin = pointer_tables(key_pos, self.pointer_freqs)

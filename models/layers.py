@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias, pointer_features,
-                      pointer_freqs, pointer_tables, rotate_half)  # noqa: F401 (rotate_half: re-exported)
+from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias,  # noqa: F401 (rotate_half:
+                      pointer_coefficients, pointer_features, pointer_freqs, pointer_tables, rotate_half)  # re-exported)
 
 CosSin = Optional[Union[Tuple[torch.Tensor, torch.Tensor], "PointerPositions"]]
 
@@ -277,9 +277,7 @@ class Attention(nn.Module):
         """[b, s or 1, heads, 2, 5] pointer coefficients of each query (``pos.source`` token) or of the sample
         (context: the first context slot's), fp32."""
         src = hidden_states[:, :1] if pos.source == "context" else hidden_states
-        with torch.autocast(src.device.type, enabled=False):  # in fp32: bf16 would blur a pointer by ~0.1 cell
-            coef = F.linear(src.float(), self.pointer.weight.float(), self.pointer.bias.float())
-        return coef.view(src.shape[0], src.shape[1], self.num_heads, 2, 5)
+        return pointer_coefficients(src, self.pointer.weight, self.pointer.bias, self.num_heads)
 
     def pointed_positions(self, hidden_states: torch.Tensor, pos: "PointerPositions") -> torch.Tensor:
         """[b, s, heads, 2] (row, column) each query of each head points at (:class:`PointerRoPE`), fp32."""
