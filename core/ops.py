@@ -109,6 +109,39 @@ def pointer_features(tokens: torch.Tensor, side: int, prefix: int = 0) -> tuple[
     return feats, key_pos
 
 
+def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
+    """For every cell of flattened ``side x side`` canvases ``tokens`` [n, L] and every dihedral map d
+    (:data:`DIHEDRAL_POINTERS`), the canvas index of the cell of the canvas's grid that map d sends there, or -1
+    where it sends none: [n, 8, L] long. So if an output grid placed at the input grid's top-left corner is the
+    input grid transformed by d, ``tokens[src[:, d, p]]`` is the output's colour at every output cell p
+    (``dataset.common.dihedral_transform``; tests/test_encoders_variants.py checks every map and grid shape)."""
+    n, L = tokens.shape
+    feats, _ = pointer_features(tokens, side)  # [n, L, 5]: offsets from the grid's top, bottom, left, right; 1
+    coef = torch.tensor([DIHEDRAL_POINTERS[d] for d in range(8)], dtype=feats.dtype, device=feats.device)
+    rc = torch.einsum("nlf,dkf->ndlk", feats, coef).round().long()  # [n, 8, L, 2] (row, col) inside the grid
+    t, b, l, r = (feats[..., i].round().long() for i in range(4))
+    h, w = (t + b + 1)[:, None], (l + r + 1)[:, None]  # the grid's height / width ([n, 1, L]; 0 if no grid)
+    row0 = torch.arange(L, device=tokens.device) // side - t  # the grid's top-left corner ([n, L])
+    col0 = torch.arange(L, device=tokens.device) % side - l
+    inside = (rc[..., 0] >= 0) & (rc[..., 0] < h) & (rc[..., 1] >= 0) & (rc[..., 1] < w)
+    src = (row0[:, None] + rc[..., 0]) * side + col0[:, None] + rc[..., 1]
+    return torch.where(inside & (src < L), src, -1)
+
+
+def dihedral_agreement(inp: torch.Tensor, out: torch.Tensor, side: int, first_colour: int = 2
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output cell and dihedral map d, of demo canvases inp / out [n, L]: (colour [n, 8, L]: the input token
+    that d sends to the cell, 0 (PAD) where none; agreement [n, 8, L]: 0 = no source or no output colour there,
+    1 = the output differs from it, 2 = equals it). Where the output is the input transformed by d, every output
+    cell agrees under d."""
+    n, L = inp.shape
+    src = dihedral_sources(inp, side)
+    colour = inp.gather(1, src.clamp_min(0).flatten(1)).view(n, 8, L).masked_fill(src < 0, 0)
+    none = (src < 0) | (out < first_colour)[:, None]
+    agreement = torch.where(none, 0, 1 + (colour == out[:, None]).long())
+    return colour, agreement
+
+
 def pointer_coefficients(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
     """[..., heads, 2, 5] pointer coefficients of tokens x [..., d] through a pointer projection (weight
     [heads * 10, d], bias [heads * 10]), always in fp32 (also under autocast): bf16 rounds a coefficient near 1 by

@@ -24,9 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
-from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias, pointer_coefficients,
-                      pointer_features, pointer_freqs, pointer_tables)
+from core.ops import (apply_pointer_rope, dihedral_agreement, grid_coordinates, linear_chunks, pointer_bias,
+                      pointer_coefficients, pointer_features, pointer_freqs, pointer_tables)
 from dataset.common import PAD_ID
+from dataset.synthetic_rules import RULE_SLOTS
 
 
 class EncoderConfigError(PlatformError, ValueError):
@@ -81,10 +82,22 @@ class BaseEncoderConfig(pydantic.BaseModel):
     # its offset from the input grid's top-left corner, so a head can compare an output cell with the input cell a
     # flip / rotation / shift sends to it (docs/science.md, "Pointer RoPE"). null = off.
     pointer: Optional[Literal["identity", "dihedral"]] = None
+    # dihedral views (aligned layout; square canvases): each output cell also sees, for every dihedral map d, the
+    # input colour that d would send there (core.ops.dihedral_sources) and whether the output agrees with it, so
+    # "the output is the input flipped / rotated by d" is a per-cell comparison the pooling can count
+    dihedral_views: bool = False
     # science control: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
+    # science control, the other bound: the context is a learned embedding of the sample's true rule labels
+    # (RULE_SLOTS, from rule_labels; training batches only, zeros where there are none, e.g. evaluation). Measures
+    # whether the core can apply a rule it is told through the ETRM path (docs/science.md, "Rule readout")
+    oracle_context: bool = False
     # recompute each per-demo block in the backward pass (saves activation memory on full 30x30 ARC demos)
     activation_checkpointing: bool = False
+    # auxiliary rule readout (docs/science.md, "Rule readout"): weight of a loss that asks a linear head on the
+    # context to name the rule (dataset.synthetic_rules.RULE_SLOTS) of each training sample; needs the training
+    # config's rule_labels (the synthetic builder's rules.json). 0 = off (no head).
+    rule_readout: float = pydantic.Field(default=0.0, ge=0.0)
 
     @pydantic.model_validator(mode="after")
     def _check(self):
@@ -97,6 +110,9 @@ class BaseEncoderConfig(pydantic.BaseModel):
                              f"num_heads) divisible by 4 and at least 8, got {self.hidden_size // self.num_heads}")
         if self.num_layers < 0:
             raise ValueError(f"encoder {self.name}: num_layers must be >= 0, got {self.num_layers}")
+        if self.dihedral_views and self.pair_layout != "aligned":
+            raise ValueError(f"encoder {self.name}: dihedral_views=true needs pair_layout=aligned (one token per "
+                             f"output cell), got pair_layout={self.pair_layout}")
         return self
 
 
@@ -382,16 +398,20 @@ class DemoTrunk(nn.Module):
         else:
             self.seg = nn.Parameter(_trunc_normal_(torch.empty(2, d), std))
         self.cls = nn.Parameter(_trunc_normal_(torch.empty(d), std)) if pooling == "cls" else None
-        if cfg.grid_coords or cfg.pointer is not None:
+        if cfg.grid_coords or cfg.pointer is not None or cfg.dihedral_views:
             side = math.isqrt(seq_len)
             if side * side != seq_len:
-                what = "grid_coords=true" if cfg.grid_coords else f"pointer={cfg.pointer}"
+                what = ("grid_coords=true" if cfg.grid_coords else f"pointer={cfg.pointer}" if cfg.pointer
+                        else "dihedral_views=true")
                 raise EncoderConfigError(f"encoder {cfg.name}: {what} needs a square canvas, but the "
                                          f"data's seq_len {seq_len} is not a square")
             self.side = side
         if cfg.grid_coords:  # four offset tables each for the input grid and the output grid
             self.coord_in = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
             self.coord_out = nn.Parameter(_trunc_normal_(torch.empty(4, 2 * side + 1, d), std / 2))
+        if cfg.dihedral_views:  # per map: the source cell's colour (PAD = no source) and agreement (none/no/yes)
+            self.view_tok = nn.Parameter(_trunc_normal_(torch.empty(8, vocab_size, d), std / 2))
+            self.view_eq = nn.Parameter(_trunc_normal_(torch.empty(8, 3, d), std / 2))
         if cfg.pointer is not None:
             self.register_buffer("pointer_freqs", pointer_freqs(d // cfg.num_heads, side), persistent=False)
         self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps, pointer=cfg.pointer)
@@ -415,6 +435,7 @@ class DemoTrunk(nn.Module):
             return None, None, idx, valid
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        views = self._dihedral_views(inp, out) if self.cfg.dihedral_views else None
         pos = torch.arange(S, device=inp.device)
         if self.cfg.crop_padding:  # exact: trailing PAD is masked anyway
             # kept length of each canvas = last column holding a non-PAD token + 1 (at least 1); one host sync
@@ -435,6 +456,8 @@ class DemoTrunk(nn.Module):
             x = self.tok[inp] + self.tok_out[out] + self.pos[pi]
             if self.cfg.grid_coords:
                 x = x + cin + cout
+            if views is not None:
+                x = x + views[:, :li]
             mask = (inp != PAD_ID) | (out != PAD_ID)
         else:
             x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0] + cin,
@@ -461,6 +484,14 @@ class DemoTrunk(nn.Module):
         if packing is not None:
             x, mask = packing.unpack(x)
         return x, mask, idx, valid
+
+    def _dihedral_views(self, inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """[n, S, d] per-cell features of the dihedral views (``dihedral_views``) of full canvases inp / out [n, S]:
+        for each map d, the embedding of the input colour d sends to the cell (PAD where none) plus that of the
+        agreement (core.ops.dihedral_agreement: none / differs / equal)."""
+        colour, agreement = dihedral_agreement(inp, out, self.side)
+        maps = torch.arange(8, device=inp.device)[None, :, None]
+        return (self.view_tok[maps, colour] + self.view_eq[maps, agreement]).sum(1)
 
     def _pointers(self, inp: torch.Tensor, li: int, lo: int) -> TokenPointers:
         """Pointer RoPE inputs of every token (in the token layout: [CLS,] cells, or [CLS,] input then output
@@ -622,6 +653,54 @@ def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return kl.flatten(1).sum(-1)
 
 
+class RuleReadout(nn.Module):
+    """Auxiliary rule readout: a linear head on the flattened context that names the rule of the sample in every
+    slot of :data:`dataset.synthetic_rules.RULE_SLOTS` (family, dihedral map, shift, colours, ...). Its loss is
+    the mean cross-entropy over the sample's labelled slots (targets -100 elsewhere), computed in fp32; it
+    reaches the encoder only, through the context the core also reads."""
+
+    def __init__(self, d_in: int):
+        super().__init__()
+        self.sizes = list(RULE_SLOTS.values())
+        self.proj = nn.Linear(d_in, sum(self.sizes))
+
+    def forward(self, context: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context [b, P, D], targets int [b, len(RULE_SLOTS)] -> (per-sample loss [b], per-sample exact [b]:
+        every labelled slot named right; False for a sample without labels)."""
+        if targets.shape != (context.shape[0], len(self.sizes)):
+            raise ValueError(f"rule targets {tuple(targets.shape)} must be [batch, {len(self.sizes)}]")
+        logits = F.linear(context.flatten(1).float(), self.proj.weight.float(), self.proj.bias.float())
+        valid = targets >= 0
+        losses, right = [], []
+        for j, lg in enumerate(torch.split(logits, self.sizes, dim=-1)):
+            t = targets[:, j]
+            losses.append(F.cross_entropy(lg, t.clamp_min(0), reduction="none") * valid[:, j])
+            right.append((lg.argmax(-1) == t) | ~valid[:, j])
+        labelled = valid.sum(-1)
+        loss = torch.stack(losses, -1).sum(-1) / labelled.clamp_min(1)
+        exact = torch.stack(right, -1).all(-1) & (labelled > 0)
+        return loss, exact.detach().float()
+
+
+class RuleOracle(nn.Module):
+    """``encoder.oracle_context``: the context of a sample is the sum of learned embeddings of its rule labels
+    (one table row per class of every :data:`dataset.synthetic_rules.RULE_SLOTS` slot; unlabelled slots add
+    nothing), [b, P, hidden], at the scale of a token embedding (the core multiplies by sqrt(hidden))."""
+
+    def __init__(self, puzzle_emb_len: int, hidden_size: int):
+        super().__init__()
+        sizes = list(RULE_SLOTS.values())
+        self.register_buffer("offsets", torch.tensor([0] + sizes[:-1]).cumsum(0), persistent=False)
+        self.shape = (puzzle_emb_len, hidden_size)
+        self.table = nn.Parameter(_trunc_normal_(torch.empty(sum(sizes), puzzle_emb_len * hidden_size),
+                                                 1.0 / math.sqrt(hidden_size)))
+
+    def forward(self, targets: torch.Tensor) -> torch.Tensor:
+        valid = (targets >= 0).unsqueeze(-1)
+        rows = self.table[(targets.clamp_min(0) + self.offsets).long()]  # [b, slots, P * hidden]
+        return (rows * valid).sum(1).view(targets.shape[0], *self.shape)
+
+
 class DemoEncoder(nn.Module):
     """Base class of every encoder module."""
 
@@ -637,6 +716,12 @@ class DemoEncoder(nn.Module):
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.puzzle_emb_len = puzzle_emb_len
+        self.rule_head = self.rule_oracle = None
+        with torch.random.fork_rng(devices=[]):  # the rest of the model initialises as it would without them
+            if cfg.rule_readout > 0:
+                self.rule_head = RuleReadout(puzzle_emb_len * hidden_size)
+            if cfg.oracle_context:
+                self.rule_oracle = RuleOracle(puzzle_emb_len, hidden_size)
 
     @staticmethod
     def _check_inputs(demo_inputs, demo_labels, demo_mask):

@@ -96,9 +96,21 @@ class ETRM(ACTModel):
         return float(getattr(self.encoder, "kl_weight", 0.0))
 
     @property
+    def rule_readout_weight(self) -> float:
+        return float(self.encoder.cfg.rule_readout) if getattr(self.encoder, "rule_head", None) is not None else 0.0
+
+    @property
     def extra_loss_weights(self) -> Dict[str, float]:
         """Per-sample extra loss terms in ``outputs`` and their weights (the loss head adds w * outputs[k])."""
-        return {"kl": self.kl_weight} if self.kl_weight > 0 else {}
+        w = {"kl": self.kl_weight} if self.kl_weight > 0 else {}
+        if self.rule_readout_weight > 0:
+            w["rule_readout"] = self.rule_readout_weight
+        return w
+
+    @property
+    def extra_metric_keys(self) -> Tuple[str, ...]:
+        """Per-sample outputs the loss head logs (summed) without adding them to the loss."""
+        return ("rule_exact",) if self.rule_readout_weight > 0 else ()
 
     # -- carry ---------------------------------------------------------------------------------------
     def initial_carry(self, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
@@ -144,6 +156,9 @@ class ETRM(ACTModel):
             state = torch.where(carry.halted.view(-1, 1, 1), init, prev.to(init.dtype))
         out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
         ctx = out.context
+        if getattr(self.encoder, "rule_oracle", None) is not None:  # science control: the true rule, told
+            targets = data.get("rule_targets")
+            ctx = (torch.zeros_like(ctx) if targets is None else self.encoder.rule_oracle(targets).to(ctx.dtype))
         if not self.training and self.latent_search_steps > 0:
             return out, self._search_context(carry, ctx)
         if self.encoder_cache:
@@ -180,6 +195,8 @@ class ETRM(ACTModel):
         outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)
         # fallback for diagnostics() when the loss head does not return these outputs (runs eagerly)
         self._stash_diag(ctx.detach(), outputs["encoder_sample_mask"])
+        if self.rule_readout_weight > 0:
+            outputs["rule_readout"], outputs["rule_exact"] = self._rule_readout(ctx, carry.current_data)
         if enc.kl is not None:
             # with encoder_cache the KL belongs to the first step only (the later steps reuse that encoding)
             outputs["kl"] = torch.where(carry.halted, enc.kl, torch.zeros_like(enc.kl)) if self.encoder_cache \
@@ -189,6 +206,15 @@ class ETRM(ACTModel):
                                      cached_context=ctx.detach() if (self.encoder_cache or reuse) else None,
                                      cached_kl=enc.kl.detach() if (enc.kl is not None and reuse) else None)
         return new_carry, outputs
+
+    def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The auxiliary rule-readout loss and exactness per sample (encoders.base.RuleReadout); zero for batches
+        without ``rule_targets`` (evaluation: the labels exist for training puzzles only)."""
+        targets = data.get("rule_targets")
+        if targets is None:
+            zero = ctx.new_zeros(ctx.shape[0], dtype=torch.float32)
+            return zero, zero
+        return self.encoder.rule_head(ctx, targets)
 
     # -- diagnostics (outside the compiled forward; pitfall 18) --------------------------------------
     @torch.no_grad()

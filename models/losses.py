@@ -82,6 +82,16 @@ class ACTLossHead(nn.Module):
         return self.model.initial_carry(batch)
 
     @property
+    def extra_metric_keys(self) -> Tuple[str, ...]:
+        """Per-sample outputs of the model that are logged as sums but not added to the loss."""
+        return tuple(getattr(self.model, "extra_metric_keys", ()))
+
+    @property
+    def per_sample_keys(self) -> Tuple[str, ...]:
+        """The metrics that are per-sample sums (averaged over every sample of a log window, not the halted)."""
+        return (*self.extra_loss_weights, *self.extra_metric_keys)
+
+    @property
     def puzzle_emb(self):
         return getattr(self.model, "puzzle_emb", None)
 
@@ -134,4 +144,7 @@ class ACTLossHead(nn.Module):
             term_sum = term.to(torch.float32).sum()
             loss = loss + weight * term_sum
             metrics[key] = term_sum.detach()  # unweighted per-sample sum, e.g. "kl" -> train/kl
+        for key in self.extra_metric_keys:  # logged only (e.g. ETRM's rule_exact -> train/rule_exact)
+            if key in outputs:
+                metrics[key] = outputs[key].detach().to(torch.float32).sum()
         return loss, metrics

@@ -410,34 +410,47 @@ def grid_demos(b=3, d=3, side=7, seed=4):
     return di, dl, mask
 
 
+def zeroed_tables_give_the_plain_encoder(demo_batch, prefix, **over):
+    """An encoder option that adds tables (parameters named ``prefix``*) changes the context against the same
+    weights without it, and with those tables zeroed gives exactly the encoder without the option. Returns it."""
+    plain = make("standard", seq_len=49, pair_layout=over["pair_layout"]).eval()
+    enc = make("standard", seq_len=49, **over).eval()
+    plain.load_state_dict({k: v for k, v in enc.state_dict().items() if not k.startswith(prefix)})
+    ref = run(plain, *demo_batch).context
+    assert not torch.allclose(run(enc, *demo_batch).context, ref, atol=1e-4)
+    with torch.no_grad():
+        for n, p in enc.named_parameters():
+            if n.startswith(prefix):
+                p.zero_()
+    torch.testing.assert_close(run(enc, *demo_batch).context, ref, atol=1e-6, rtol=1e-6)
+    return enc
+
+
+def packed_equals_padded(demo_batch, name="standard", **over):
+    """The packed path (pack_tokens, crop_padding) gives the context and every gradient of the padded reference on
+    real canvases (seq_len 49); returns the packed run's gradients."""
+    outs = []
+    for packed in (True, False):
+        e = make(name, seq_len=49, pack_tokens=packed, crop_padding=packed, **over).train()
+        out = run(e, *demo_batch)
+        (out.context * torch.randn(out.context.shape, generator=torch.Generator().manual_seed(7))).sum().backward()
+        outs.append((out.context, {n: p.grad.clone() for n, p in e.named_parameters()}))
+    torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
+    for n in outs[0][1]:
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+    return outs[0][1]
+
+
 @pytest.mark.parametrize("layout", ["aligned", "sequence"])
 def test_grid_coords_in_the_encoder_add_grid_offsets_and_keep_the_packed_path_exact(layout):
     """encoder.grid_coords: each token gets the offsets of its cell from the edges of the input grid and the
     output grid. Zeroed offset tables give exactly the encoder without them; non-zero ones change the context;
     the packed path still equals the padded reference (context and every gradient)."""
     di, dl, m = grid_demos()
-    plain = make("standard", seq_len=49, pair_layout=layout).eval()
-    enc = make("standard", seq_len=49, pair_layout=layout, grid_coords=True).eval()
+    enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.coord_", pair_layout=layout, grid_coords=True)
     assert enc.trunk.coord_in.shape == enc.trunk.coord_out.shape == (4, 15, 32)
-    own = {k: v for k, v in enc.state_dict().items() if not k.startswith("trunk.coord_")}
-    plain.load_state_dict(own)
-    ref = run(plain, di, dl, m).context
-    assert not torch.allclose(run(enc, di, dl, m).context, ref, atol=1e-4)
-    with torch.no_grad():
-        enc.trunk.coord_in.zero_()
-        enc.trunk.coord_out.zero_()
-    torch.testing.assert_close(run(enc, di, dl, m).context, ref, atol=1e-6, rtol=1e-6)
-    outs = []
-    for packed in (True, False):
-        e = make("standard", seq_len=49, pair_layout=layout, grid_coords=True, pack_tokens=packed,
-                 crop_padding=packed).train()
-        out = run(e, di, dl, m)
-        (out.context * torch.randn(out.context.shape, generator=torch.Generator().manual_seed(7))).sum().backward()
-        outs.append((out.context, {n: p.grad.clone() for n, p in e.named_parameters()}))
-    torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
-    for n in outs[0][1]:
-        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
-    assert outs[0][1]["trunk.coord_out"].abs().sum() > 0
+    grads = packed_equals_padded((di, dl, m), pair_layout=layout, grid_coords=True)
+    assert grads["trunk.coord_out"].abs().sum() > 0
     with pytest.raises(EncoderConfigError, match="square canvas"):
         make("standard", seq_len=40, grid_coords=True)
 
@@ -523,3 +536,55 @@ def test_pointer_rotation_keeps_the_compute_dtype_under_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         qr, kr = att._rotate(x, q, q.clone(), pts)
     assert qr.dtype == kr.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------ dihedral views (encoder.dihedral_views)
+def mapped_demos(maps, side=7, seed=3):
+    """One demo per map of ``maps``: a random grid at a random offset and its image under the map at the same
+    top-left corner (as the builder writes a demo pair, translated together)."""
+    import numpy as np
+
+    from dataset.common import dihedral_transform, grid_to_canvas
+
+    rng = np.random.default_rng(seed)
+    ins, outs = [], []
+    for d in maps:
+        h, w = (int(v) for v in rng.integers(2, 6, size=2))
+        g = rng.integers(0, 10, size=(h, w))
+        off = (int(rng.integers(0, side - max(h, w) + 1)), int(rng.integers(0, side - max(h, w) + 1)))
+        ins.append(grid_to_canvas(g, offset=off, size=side))
+        outs.append(grid_to_canvas(dihedral_transform(g, d), offset=off, size=side))
+    return torch.from_numpy(np.stack(ins)).long(), torch.from_numpy(np.stack(outs)).long()
+
+
+def test_dihedral_agreement_marks_exactly_the_map_each_demo_shows():
+    """core.ops.dihedral_sources / dihedral_agreement: for a demo whose output is its input under map d, every
+    output colour cell agrees under d (its source is the input cell dihedral_transform copies there), on grids of
+    several shapes and offsets; under every other map some cell does not (random grids have no symmetry)."""
+    from core.ops import dihedral_agreement
+
+    maps = [d for d in range(8) for _ in range(6)]
+    inp, out = mapped_demos(maps)
+    colour, agreement = dihedral_agreement(inp, out, 7)
+    cells = out >= 2
+    for i, d in enumerate(maps):
+        assert (agreement[i, d][cells[i]] == 2).all() and (colour[i, d][cells[i]] == out[i][cells[i]]).all()
+        assert (agreement[i, d][~cells[i]] == 0).all()
+        others = [e for e in range(8) if e != d]
+        assert all(not (agreement[i, e][cells[i]] == 2).all() for e in others), (i, d)
+
+
+def test_dihedral_views_are_wired_and_keep_the_packed_path_exact():
+    """encoder.dihedral_views adds per-map source-colour and agreement embeddings to each aligned token: zeroed
+    tables give exactly the encoder without them, non-zero ones change the context, the packed path equals the
+    padded reference (context and every gradient), and the options it needs are checked."""
+    di, dl, m = grid_demos()
+    enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.view_", pair_layout="aligned",
+                                               dihedral_views=True)
+    assert enc.trunk.view_tok.shape == (8, V, 32) and enc.trunk.view_eq.shape == (8, 3, 32)
+    grads = packed_equals_padded((di, dl, m), pair_layout="aligned", dihedral_views=True)
+    assert grads["trunk.view_eq"].abs().sum() > 0 and grads["trunk.view_tok"].abs().sum() > 0
+    with pytest.raises(EncoderConfigError, match="pair_layout=aligned"):
+        make("standard", seq_len=49, pair_layout="sequence", dihedral_views=True)
+    with pytest.raises(EncoderConfigError, match="dihedral_views=true needs a square canvas"):
+        make("standard", seq_len=40, pair_layout="aligned", dihedral_views=True)

@@ -22,6 +22,7 @@ from torch import nn
 
 from dataset.common import DatasetMetadata
 from dataset.loader import PuzzleDatasetConfig, create_dataloader
+from dataset.rule_labels import rule_label_table
 from encoders import build_encoder
 from evaluators import build_evaluators
 from models import ArchConfig, build_model, compat, parse_arch_config
@@ -61,13 +62,15 @@ def resolve_arch(cfg: PretrainConfig) -> dict[str, Any]:
     return cfg.arch.model_dump(mode="json")
 
 
-def etrm_core_arch(arch: ArchConfig, kl_weight: float = 0.0) -> ArchConfig:
+def etrm_core_arch(arch: ArchConfig, extra_loss_weights: Optional[dict[str, float]] = None) -> ArchConfig:
     """The TRM core's arch config for ETRM: no learned puzzle embedding (puzzle_emb_ndim=0), the prefix
-    positions (puzzle_emb_len, default 16) are fed by the encoder. With ``kl_weight > 0`` the loss section gets
-    ``extra_loss_weights.kl`` so the loss head adds ``kl_weight * outputs["kl"]`` per sample (pitfall 6)."""
+    positions (puzzle_emb_len, default 16) are fed by the encoder. ``extra_loss_weights`` (the ETRM's per-sample
+    terms, e.g. ``{"kl": beta}``, pitfall 6, or ``{"rule_readout": w}``) go to the loss section, so the loss head
+    adds ``w * outputs[k]`` per sample."""
     d = parse_arch_config(arch).model_dump()
-    if kl_weight > 0:
-        d["loss"]["extra_loss_weights"] = {**d["loss"].get("extra_loss_weights", {}), "kl": float(kl_weight)}
+    if extra_loss_weights:
+        d["loss"]["extra_loss_weights"] = {**d["loss"].get("extra_loss_weights", {}),
+                                           **{k: float(v) for k, v in extra_loss_weights.items()}}
     if int(d.get("puzzle_emb_len") or 0) <= 0:
         d["puzzle_emb_len"] = max(1, -(-int(d.get("puzzle_emb_ndim") or 0) // int(d["hidden_size"])))
     d["puzzle_emb_ndim"] = 0
@@ -160,6 +163,24 @@ def eval_needed(cfg: PretrainConfig) -> bool:
     return all(os.path.isfile(os.path.join(p, "test", "dataset.json")) for p in cfg.test_paths)
 
 
+def build_rule_table(cfg: PretrainConfig, device: Any, say: Any = print) -> Optional[torch.Tensor]:
+    """The rule-readout labels per puzzle identifier of the training data (``rule_labels``;
+    dataset.rule_labels.rule_label_table) on ``device``, or None without the readout."""
+    if not cfg.rule_labels:
+        return None
+    table = rule_label_table(cfg.data_paths[0], cfg.rule_labels)
+    say(f"[train] rule readout: labels of {int((table[:, 0] >= 0).sum())} training identifiers from "
+        f"{cfg.rule_labels} (readout weight {cfg.encoder.rule_readout}, oracle context {cfg.encoder.oracle_context})")
+    return torch.as_tensor(table, device=device)
+
+
+def with_rule_targets(batch: Dict[str, torch.Tensor], table: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``batch`` plus ``rule_targets`` (the labels of each example's puzzle identifier) when ``table`` is given."""
+    if table is None:
+        return batch
+    return {**batch, "rule_targets": table[batch["puzzle_identifiers"].long()]}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Models
 # ---------------------------------------------------------------------------------------------------
@@ -189,9 +210,9 @@ def build_etrm_model(cfg: Any, metadata: DatasetMetadata, *, batch_size: Optiona
                        num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=bs)
     encoder = build_encoder(enc_cfg, hidden_size=core.hidden_size, vocab_size=metadata.vocab_size,
                             seq_len=metadata.seq_len, puzzle_emb_len=core.puzzle_emb_len, verbose=verbose)
-    if getattr(encoder, "kl_weight", 0.0) > 0:  # the core's config carries the KL weight in its loss section
-        core.config = etrm_core_arch(arch, encoder.kl_weight)
     model = ETRM(core, encoder, encoder_cache=bool(_get(cfg, "encoder_cache", False)))
+    if model.extra_loss_weights:  # the config carries the KL / rule-readout weights in its loss section
+        model.config = core.config = etrm_core_arch(arch, model.extra_loss_weights)
     path = _get(cfg, "load_pretrained_decoder")
     if path:
         load_pretrained_decoder(model, path, arch=etrm_core_arch(arch).model_dump(exclude={"loss"}),

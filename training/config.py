@@ -129,6 +129,9 @@ class PretrainConfig(_Strict):
     # ETRM refuses training data whose train/ split holds the test puzzles' demo pairs (a TRM-mode build): that
     # would make held-out scores not few-shot. true = accept it anyway (e.g. to compare with TRM on equal data).
     allow_test_demos_in_train: bool = False
+    # the synthetic builder's <prefix>_rules.json: labels of the auxiliary rule readout (encoder.rule_readout > 0;
+    # dataset.rule_labels, docs/science.md "Rule readout"); training puzzles only, one data path
+    rule_labels: Optional[str] = None
     early_stop: bool = False
     health: HealthConfig = Field(default_factory=HealthConfig)
 
@@ -179,6 +182,16 @@ class PretrainConfig(_Strict):
             v = getattr(self, k)
             if v is not None and v <= 0:
                 raise ValueError(f"{k} must be > 0 or null, got {v}")
+        enc = self.encoder
+        what = None if enc is None else (f"encoder.rule_readout={enc.rule_readout}" if enc.rule_readout > 0 else
+                                         "encoder.oracle_context=true" if enc.oracle_context else None)
+        if what and not self.rule_labels:
+            raise ValueError(f"{what} needs rule_labels (the synthetic builder's <prefix>_rules.json)")
+        if self.rule_labels and not what:
+            raise ValueError(f"rule_labels={self.rule_labels!r} has no effect without an encoder with "
+                             "encoder.rule_readout > 0 or encoder.oracle_context=true")
+        if self.rule_labels and len(self.data_paths) != 1:
+            raise ValueError(f"rule_labels needs exactly one data path, got data_paths={self.data_paths}")
         return self
 
     # ------------------------------------------------------------------------------------------------

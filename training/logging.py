@@ -26,7 +26,8 @@ from core.io import atomic_write
 # (metric, short name) shown in the plain train line, in this order (those present)
 TRAIN_LINE_KEYS = (("train/loss", "loss"), ("train/lm_loss", "lm_loss"), ("train/exact_accuracy", "exact"),
                    ("train/accuracy", "acc"), ("train/q_halt_accuracy", "q_halt_acc"), ("train/steps", "steps"),
-                   ("train/lr", "lr"), ("grad/total_norm", "grad"), ("train/epoch", "epoch"))
+                   ("train/rule_exact", "rule_exact"), ("train/lr", "lr"), ("grad/total_norm", "grad"),
+                   ("train/epoch", "epoch"))
 
 
 def _fmt(v: Any) -> str:

@@ -18,8 +18,8 @@ import torch
 from evaluators.inference import evaluate
 from training import checkpoint as ckpt
 from training import distributed as D
-from training.build import (build_act_model, build_loss_head, build_optimizers, build_run_data, is_encoder_param,
-                            resolve_arch, stop_iterator)
+from training.build import (build_act_model, build_loss_head, build_optimizers, build_rule_table, build_run_data,
+                            is_encoder_param, resolve_arch, stop_iterator, with_rule_targets)
 from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra, with_wandb_group
 from training.ema import EMA
 from training.health import HealthConfig, HealthMonitor
@@ -71,6 +71,7 @@ class Trainer:
         D.seed_everything(cfg.seed, 0)  # identical on every rank for construction (same initial weights)
         self.data = build_run_data(cfg, info, os.path.join(self.checkpoint_dir, "eval"), say=self._print)
         self.model = build_act_model(cfg, self.data.metadata, self.local_bs).to(self.device)
+        self.rule_table = build_rule_table(cfg, self.device, say=self._print)  # rule readout labels, or None
         self.arch = resolve_arch(cfg)
         self.head = build_loss_head(self.model, cfg.loss_type).to(self.device)
         self.optimizers = build_optimizers(cfg, self.model, info.world_size)
@@ -149,6 +150,7 @@ class Trainer:
         """One optimizer update on one global batch. Returns the rank-summed raw metric sums (host floats: the
         step's only device-to-host transfer)."""
         cfg, p = self.cfg, self.progress
+        batch = with_rule_targets(batch, self.rule_table)  # they travel with the sample in the ACT carry
         if p.carry is None:
             with torch.device(self.device):
                 p.carry = self.model.initial_carry(batch)
@@ -196,7 +198,7 @@ class Trainer:
     def reduce_window(self, acc: dict[str, float], n_steps: int) -> dict[str, float]:
         """The logged values of a log window (training.metrics.reduce_window) + lr, examples seen, epoch."""
         out = reduce_window(acc, n_steps, global_batch_size=self.cfg.global_batch_size,
-                            extra_loss_keys=self.head.extra_loss_weights)
+                            extra_loss_keys=self.head.per_sample_keys)
         out["train/lr"] = self._lr(self.step, self.cfg.lr)
         out["train/examples_seen"] = float(self.progress.examples_seen)
         out["train/epoch"] = self._epochs_completed()

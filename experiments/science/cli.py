@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--curve", action="store_true",
                     help="also evaluate every kept checkpoint (held-out and train fit) -> curve.json / curve.md / "
                          "curve.png; keep them with --override checkpoint_keep=null (experiments.science.curve)")
+    ap.add_argument("--rule-readout", type=float, default=0.0, metavar="W",
+                    help="weight of an auxiliary loss that asks a head on the encoder's context to name each training "
+                         "puzzle's rule (family and parameters; synthetic families only; docs/science.md)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for pretrain_encoder.py (repeatable), e.g. --override lr=3e-4")
@@ -135,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                       seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
                                       config=args.config, command=command, input_file_prefix=args.input_file_prefix,
                                       groups_file=args.groups, train_fit_puzzles=args.train_fit_puzzles,
-                                      no_train=args.no_train, curve=args.curve)
+                                      no_train=args.no_train, curve=args.curve, rule_readout=args.rule_readout)
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume (a cut-short run continues from its last "
              f"checkpoint; --no-train evaluates what exists in {args.out})", code=130)

@@ -128,11 +128,16 @@ def _arc_command(prefix: str, subsets: list[str], test_set: str, built: str, *, 
             "--no-progress"]
 
 
+def synthetic_rules_path(out: str) -> str:
+    """The synthetic builder's rules.json of an --out (puzzle id -> family, params)."""
+    return os.path.join(out, "data", "raw", f"{DATA_PREFIX}_rules.json")
+
+
 def prepare_synthetic(out: str, settings: dict, *, no_train: bool = False) -> ScienceData:
     """The synthetic rule families built by the user-facing builder (skipped when already built with the same
     settings); rows of the table = rule families (the builder's rules.json)."""
     raw = os.path.join(out, "data", "raw")
-    rules_path = os.path.join(raw, f"{DATA_PREFIX}_rules.json")
+    rules_path = synthetic_rules_path(out)
     nf = len(settings["families"])
     what = (f"{settings['num_train']} training + {settings['num_test']} held-out puzzles, {nf} "
             f"famil{'y' if nf == 1 else 'ies'}, canvas {settings['canvas_size']}")

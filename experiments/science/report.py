@@ -10,6 +10,7 @@ from typing import Any, Optional, Sequence
 
 from core.io import atomic_write, write_json_atomic
 from experiments.science.common import CONTROL, TOTAL_ROW, UNFIT_TRAIN_EXACT, ScienceError
+from experiments.science.readout import format_table
 
 
 def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
@@ -203,10 +204,23 @@ def _run_lines(result: dict) -> list[str]:
     return lines
 
 
+def _readout_lines(result: dict) -> list[str]:
+    """Per run trained with the rule readout: what its encoder's context names, per family (held-out / train)."""
+    lines = []
+    for name, r in result["runs"].items():
+        if "rule_readout" in r:
+            ro = r["rule_readout"]
+            lines += ["", f"**Rule readout, {_label(name, r)}** (`experiments.science.readout`): how often the readout "
+                      "head names the rule of a sample from its context, every augmented copy a sample. Rule named "
+                      "but answers wrong: the core does not apply it; not named: the encoder does not read it.", ""]
+            lines += format_table(ro["heldout"], ro.get("train"))
+    return lines
+
+
 def render_markdown(result: dict) -> str:
     """science.md: the settings, the per-family (per-group) table of the runs that were evaluated, held-out next to
-    train fit, every run's status and training fit."""
-    lines = _settings_lines(result) + _family_lines(result) + _run_lines(result)
+    train fit, every run's status and training fit (and, for rule-readout runs, what the context names)."""
+    lines = _settings_lines(result) + _family_lines(result) + _readout_lines(result) + _run_lines(result)
     lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 

@@ -52,7 +52,9 @@ from experiments.science.data import (
     prepare_files,
     prepare_fit,
     prepare_synthetic,
+    synthetic_rules_path,
 )
+from experiments.science.readout import readout_accuracy
 from experiments.science.report import augmentation_note, check_against_evaluator, family_table, write_report
 from models import ArchConfigError
 from training.checkpoint import list_checkpoints
@@ -66,7 +68,7 @@ TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
 # a run's own paths and names, and how often it checkpoints: not part of its recipe (they do not change what it
 # learns), so an --out keeps its runs when only these change
 _PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume",
-                 "checkpoint_every", "checkpoint_keep", "checkpoint_every_eval")
+                 "checkpoint_every", "checkpoint_keep", "checkpoint_every_eval", "rule_labels")
 
 
 def run_plan(name: str) -> tuple[str, list[str]]:
@@ -116,6 +118,18 @@ def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequ
     except Exception as e:  # noqa: BLE001 - Hydra's override / composition errors, one line
         raise ScienceError(f"config/{config}.yaml with {over}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     return recipe_record(cfg)
+
+
+def _rule_readout_overrides(out: str, weight: float, input_file_prefix: Optional[str]) -> list[str]:
+    """The training overrides of ``--rule-readout W``: the weight and the synthetic builder's rules.json."""
+    if weight < 0:
+        raise ScienceError(f"--rule-readout must be >= 0, got {weight}")
+    if weight == 0:
+        return []
+    if input_file_prefix is not None:
+        raise ScienceError("--rule-readout needs the synthetic families (their builder knows each puzzle's rule); "
+                           "your own puzzles have no rule labels")
+    return [f"encoder.rule_readout={weight}", f"rule_labels={synthetic_rules_path(out)}"]
 
 
 def _latest_step(ck: str) -> Optional[int]:
@@ -220,12 +234,21 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
         else:
             rec.update(train_fit_predictions=os.path.join(run_dir, FIT_EVAL, "predictions.json"),
                        train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
+    if (recipe.get("encoder") or {}).get("rule_readout", 0) > 0:  # what the context names, held-out and train
+        ck, rules = os.path.join(run_dir, "checkpoint"), synthetic_rules_path(out)
+        rec["rule_readout"] = {s: readout_accuracy(ck, data.built, rules, split)
+                               for s, split in (("heldout", "test"), ("train", "train"))}
     return rec
 
 
 def _check_inputs(encoders: Sequence[str], families: Optional[Sequence[str]], holdout_families: Sequence[str],
-                  steps: Optional[int], config: str) -> tuple[list[str], list[str]]:
+                  steps: Optional[int], config: str, num_aug: Optional[int] = None, train_fit_puzzles: int = 0
+                  ) -> tuple[list[str], list[str]]:
     """Validate the command's options before any work -> (families incl. the held-out ones, run names)."""
+    if num_aug is not None and num_aug < 0:
+        raise ScienceError(f"--num-aug must be >= 0, got {num_aug}")
+    if train_fit_puzzles < 0:
+        raise ScienceError(f"--train-fit-puzzles must be >= 0, got {train_fit_puzzles}")
     fams = list(families) if families else list(FAMILIES)
     for f in list(fams) + list(holdout_families):
         if f not in FAMILIES:
@@ -262,24 +285,22 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
                         overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
                         config: str = DEFAULT_CONFIG, command: str = "", input_file_prefix: Optional[str] = None,
                         groups_file: Optional[str] = None, train_fit_puzzles: int = TRAIN_FIT_PUZZLES,
-                        no_train: bool = False, curve: bool = False) -> dict:
+                        no_train: bool = False, curve: bool = False, rule_readout: float = 0.0) -> dict:
     """The whole experiment (see the module docstring); returns the result written to science.json.
 
     ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
     ``holdout_families``, ``max_grid``, ``min_grid``, ``num_train``, ``num_test`` must then be left unset), grouped
     by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
     files. ``no_train``: train nothing, evaluate what exists. ``curve``: also every kept checkpoint
-    (:mod:`experiments.science.curve`)."""
+    (:mod:`experiments.science.curve`). ``rule_readout``: weight of the auxiliary rule-readout loss (synthetic
+    families only: the builder's rules.json labels the training puzzles; docs/science.md "Rule readout")."""
     t0 = time.time()
     out = os.path.abspath(out)  # the stages run in the repository root
     _check_files_mode(input_file_prefix, groups_file, {"families": families, "holdout_families": holdout_families,
                                                        "max_grid": max_grid, "min_grid": min_grid,
                                                        "num_train": num_train, "num_test": num_test})
-    fams, names = _check_inputs(encoders, families, holdout_families, steps, config)
-    if num_aug is not None and num_aug < 0:
-        raise ScienceError(f"--num-aug must be >= 0, got {num_aug}")
-    if train_fit_puzzles < 0:
-        raise ScienceError(f"--train-fit-puzzles must be >= 0, got {train_fit_puzzles}")
+    fams, names = _check_inputs(encoders, families, holdout_families, steps, config, num_aug, train_fit_puzzles)
+    overrides = list(overrides) + _rule_readout_overrides(out, rule_readout, input_file_prefix)
     if no_train and not os.path.exists(os.path.join(out, "data", "settings.json")):
         raise ScienceError(f"--no-train: {out} holds no science data (nothing was trained there; run the command "
                            "without --no-train first)")

@@ -1,0 +1,113 @@
+"""What a rule-readout run's encoder reads: per family, how often the readout head names the rule of a puzzle.
+
+A run trained with ``encoder.rule_readout > 0`` (``python -m experiments.science --rule-readout W``) has a linear
+head on its context that names each sample's rule in the slots of :data:`dataset.synthetic_rules.RULE_SLOTS`. This
+asks that head, on every augmented copy of the held-out puzzles (``--split test``: rule instances the run never
+saw) or the training puzzles (``--split train``), how often it names the family, each of the family's parameters,
+and the whole rule. It separates the two halves of a miss in the science table: a family whose rule the context
+carries (readout right) but whose answers are wrong is limited by the core *applying* it; one whose rule the context
+does not carry is limited by the encoder *reading* it (docs/science.md, "Rule readout and dihedral views").
+
+    python -m experiments.science.readout runs/s/runs/standard/checkpoint --data runs/s/data/built \\
+        --rules runs/s/data/raw/synth_rules.json [--split test] [--json out.json]
+
+The science command runs it for every run trained with the readout and adds the table to science.md.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from core.errors import user_errors
+from core.io import write_json_atomic
+from dataset.loader import create_dataloader
+from dataset.rule_labels import rule_label_table
+from dataset.synthetic_rules import FAMILIES, RULE_SLOTS
+from training.build import load_model_for_inference
+
+SLOTS = list(RULE_SLOTS)
+
+
+@torch.no_grad()
+def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str = "test",
+                     max_examples: int = 4096, batch_size: int = 256) -> dict:
+    """{"families": {family: {"n", "exact", "slots": {slot: accuracy}}}, "all": {"n", "exact"}} over the first
+    ``max_examples`` examples of ``split`` (every augmented copy is its own sample; "exact" = every labelled slot
+    named right). The checkpoint must have a readout head (``encoder.rule_readout > 0``)."""
+    model, _, _ = load_model_for_inference(checkpoint, device="cpu")
+    head = getattr(model.encoder, "rule_head", None)
+    if head is None:
+        raise ValueError(f"{checkpoint}: the run has no rule-readout head (train with encoder.rule_readout > 0)")
+    table = torch.as_tensor(rule_label_table(data_dir, rules_path, split=split))
+    loader, _ = create_dataloader(dict(data_paths=[data_dir], global_batch_size=batch_size, test_mode=True,
+                                       encoder_mode=True), split=split)
+    right, seen, exact, fams = [], [], [], []
+    n = 0
+    for _, batch, _ in loader:
+        ids = torch.as_tensor(batch["puzzle_identifiers"]).long()
+        keep = (table[ids, 0] >= 0).nonzero().squeeze(-1)[: max_examples - n]  # padding rows of the last batch
+        if keep.numel() == 0:
+            continue
+        t = table[ids[keep]]
+        out = model.encoder(*(torch.as_tensor(batch[k])[keep] for k in ("demo_inputs", "demo_labels", "demo_mask")))
+        logits = torch.split(head.proj(out.context.flatten(1).float()), list(RULE_SLOTS.values()), dim=-1)
+        pred = torch.stack([lg.argmax(-1) for lg in logits], -1)
+        ok = pred == t
+        labelled = t >= 0
+        right.append((ok & labelled).numpy())
+        seen.append(labelled.numpy())
+        exact.append((ok | ~labelled).all(-1).numpy())
+        fams.append(t[:, 0].numpy())
+        n += len(keep)
+        if n >= max_examples:
+            break
+    if n == 0:
+        raise ValueError(f"{data_dir}: no labelled {split} examples (rules {rules_path})")
+    right, seen, exact, fams = (np.concatenate(a) for a in (right, seen, exact, fams))
+    families = {}
+    for i, fam in enumerate(FAMILIES):
+        rows = fams == i
+        if rows.any():
+            cols = seen[rows].any(0)
+            families[fam] = {"n": int(rows.sum()), "exact": float(exact[rows].mean()),
+                             "slots": {s: float(right[rows][:, j].sum() / seen[rows][:, j].sum())
+                                       for j, s in enumerate(SLOTS) if cols[j]}}
+    return {"split": split, "families": families, "all": {"n": int(n), "exact": float(exact.mean())}}
+
+
+def format_table(heldout: dict, train: Optional[dict] = None) -> list[str]:
+    """Markdown rows: per family, whole-rule readout (held-out / train) and each slot's held-out accuracy."""
+    lines = ["| family | n | rule named: held-out" + (" / train" if train else "") + " | per slot (held-out) |",
+             "|---|---:|---:|---|"]
+    for fam, r in heldout["families"].items():
+        tr = (train or {}).get("families", {}).get(fam)
+        cell = f"{r['exact']:.2f}" + (f" / {tr['exact']:.2f}" if tr else (" / -" if train else ""))
+        slots = ", ".join(f"{s} {a:.2f}" for s, a in r["slots"].items())
+        lines.append(f"| {fam} | {r['n']} | {cell} | {slots} |")
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m experiments.science.readout", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", help="a checkpoint file or run directory trained with encoder.rule_readout > 0")
+    ap.add_argument("--data", required=True, help="the built dataset (the science --out's data/built)")
+    ap.add_argument("--rules", required=True, help="the synthetic builder's rules.json")
+    ap.add_argument("--split", choices=("test", "train"), default="test")
+    ap.add_argument("--max-examples", type=int, default=4096)
+    ap.add_argument("--json", default=None, help="also write the result here")
+    args = ap.parse_args(argv)
+    with user_errors(code=2):
+        res = readout_accuracy(args.checkpoint, args.data, args.rules, args.split, args.max_examples)
+    print("\n".join(format_table(res)))
+    print(f"all: {res['all']['n']} examples, rule named {res['all']['exact']:.3f}")
+    if args.json:
+        write_json_atomic(args.json, res)
+    return res
+
+
+if __name__ == "__main__":
+    main()

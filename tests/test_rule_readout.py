@@ -1,0 +1,282 @@
+"""The auxiliary rule readout (encoder.rule_readout, rule_labels; docs/science.md "Rule readout").
+
+Labels (dataset.synthetic_rules.rule_targets, dataset.rule_labels.rule_label_table): every family fills its slots in
+range; an augmented copy is labelled with the rule it *shows* (the conjugate under its augmentation), checked against
+the copy's own demo pairs; held-out puzzles are never labelled. The head (encoders.base.RuleReadout): mean
+cross-entropy over the labelled slots only. The loop: the labels reach the loss through the ACT carry, the readout
+trains the encoder, and the checkpoint evaluates without labels."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dataset.build_arc_dataset import build_arc_dataset, load_puzzles, read_identifiers_map
+from dataset.build_synthetic_dataset import generate_synthetic_arc
+from dataset.rule_labels import UNLABELLED, rule_label_table
+from dataset.synthetic_rules import (_DIRS, FAMILIES, NO_COLOUR, RULE_SLOTS, GridSpec, rule_apply, rule_targets)
+from encoders.base import RuleReadout
+from experiments.science.common import ScienceError
+from experiments.science.run import _rule_readout_overrides
+from training.config import ConfigError, load_config
+
+SLOTS = list(RULE_SLOTS)
+
+
+def test_rule_targets_fill_every_family_in_range():
+    rng = np.random.default_rng(0)
+    for i, (fam, make) in enumerate(FAMILIES.items()):
+        for _ in range(40):
+            t = rule_targets(fam, make(rng, GridSpec(3, 6)).params)
+            assert t["family"] == i and len(t) > 1
+            assert all(0 <= v < RULE_SLOTS[k] for k, v in t.items())
+        assert rule_targets(fam, None) == {"family": i}
+    assert rule_targets("translate", {"dr": -3, "dc": 2, "wrap": True}) == {
+        "family": 2, "dr": 0, "dc": 5, "wrap": 1}
+    lut = rule_targets("colour_map", {"map": {"3": 7, "7": 3}})
+    assert [lut[f"lut_{c}"] for c in range(10)] == [0, 1, 2, 7, 4, 5, 6, 3, 8, 9]
+    assert rule_targets("flip_rotate", {"dihedral": 5, "recolour": None})["colour_a"] == NO_COLOUR
+    assert "colour_c" not in rule_targets("fill_enclosed", {"border": 1, "fill": 2, "noise": 3})  # input-only noise
+    with pytest.raises(ValueError, match="unknown family 'nope'"):
+        rule_targets("nope", {})
+
+
+def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
+    """Decode a label row back to a rule instance (the families of the table test)."""
+    t = {k: int(v) for k, v in zip(SLOTS, row) if v != UNLABELLED}
+    fam = list(FAMILIES)[t["family"]]
+    col = lambda k: None if t[k] == NO_COLOUR else t[k]  # noqa: E731
+    if fam == "flip_rotate":
+        rc = None if t["colour_a"] == NO_COLOUR else [t["colour_a"], t["colour_b"]]
+        return fam, {"dihedral": t["dihedral"], "recolour": rc}
+    if fam == "translate":
+        return fam, {"dr": t["dr"] - 3, "dc": t["dc"] - 3, "wrap": bool(t["wrap"])}
+    if fam == "gravity":
+        return fam, {"direction": next(d for d, k in _DIRS.items() if k == t["direction"]), "wall": col("colour_a")}
+    assert fam == "colour_map"
+    return fam, {"map": {str(c): t[f"lut_{c}"] for c in range(10)}}
+
+
+def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_path):
+    fams = ["flip_rotate", "translate", "gravity", "colour_map"]
+    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=fams, num_train=16, num_test=8, min_grid=3,
+                                   max_grid=6, seed=3, canvas_size=10, num_aug=4, progress=False)
+    built = str(tmp_path / "built")
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
+    build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=4, seed=0, canvas_size=10, mode="etrm", progress=False)
+    table = rule_label_table(built, paths["rules"])
+    ids = read_identifiers_map(built)
+    rules = json.load(open(paths["rules"]))
+    raw = {p.name: p for p in puzzles}
+    assert table.shape == (len(ids), len(RULE_SLOTS)) and (table[0] == UNLABELLED).all()
+    checked = changed = 0
+    for i, entry in enumerate(ids):
+        if entry is None:
+            continue
+        if rules[entry["name"]]["subset"] == "evaluation":  # held-out puzzles: never labelled
+            assert (table[i] == UNLABELLED).all()
+            continue
+        fam, params = _params_from_labels(table[i])
+        assert fam == rules[entry["name"]]["family"]
+        aug, f = entry["augmentation"], rule_apply(fam, params)
+        for x, y in raw[entry["name"]].train + raw[entry["name"]].test:  # the copy shows (g(x), g(y))
+            got = f(aug.apply(x))
+            assert got is not None and np.array_equal(got, aug.apply(y)), (entry, fam, params)
+        checked += 1
+        changed += not np.array_equal(table[i], table[ids.index(next(e for e in ids if e and e["name"] == entry["name"]
+                                                                     and e["augmentation"].is_identity))])
+    assert checked == 16 * 5 and changed > 16  # the copies' labels differ from their puzzle's: conjugated
+
+
+def test_rule_label_table_errors_name_the_file_and_puzzle(tmp_path):
+    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=["translate"], num_train=4, num_test=2,
+                                   min_grid=3, max_grid=5, seed=1, canvas_size=8, progress=False)
+    built = str(tmp_path / "built")
+    build_arc_dataset(built, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+                      test_set_name="evaluation", num_aug=0, seed=0, canvas_size=8, mode="etrm", progress=False)
+    rules = json.load(open(paths["rules"]))
+    name = sorted(n for n, r in rules.items() if r["subset"] == "training")[0]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({n: r for n, r in rules.items() if n != name}))
+    with pytest.raises(ValueError, match=f"bad.json: train puzzle '{name}'.*has no rule"):
+        rule_label_table(built, str(bad))
+    bad.write_text(json.dumps({**rules, name: {"family": "gravitee", "params": {}}}))
+    with pytest.raises(ValueError, match=f"puzzle '{name}': field 'family' = 'gravitee'"):
+        rule_label_table(built, str(bad))
+    with pytest.raises(ValueError, match="no such file"):
+        rule_label_table(built, str(tmp_path / "none.json"))
+
+
+def test_readout_loss_is_the_mean_cross_entropy_of_the_labelled_slots():
+    torch.manual_seed(0)
+    head = RuleReadout(2 * 8)
+    ctx = torch.randn(3, 2, 8)
+    targets = torch.full((3, len(SLOTS)), UNLABELLED)
+    targets[0, SLOTS.index("family")] = 1
+    targets[0, SLOTS.index("dihedral")] = 6
+    targets[1, SLOTS.index("family")] = 2  # sample 2: no labels
+    loss, exact = head(ctx, targets)
+    logits = head.proj(ctx.flatten(1))
+    parts = dict(zip(SLOTS, torch.split(logits, list(RULE_SLOTS.values()), dim=-1)))
+    want0 = (F.cross_entropy(parts["family"][:1], torch.tensor([1])) +
+             F.cross_entropy(parts["dihedral"][:1], torch.tensor([6]))) / 2
+    want1 = F.cross_entropy(parts["family"][1:2], torch.tensor([2]))
+    assert torch.allclose(loss, torch.stack([want0, want1, torch.tensor(0.0)]), atol=1e-6)
+    assert exact[2] == 0
+    # unlabelled slots do not matter; exact = every labelled slot named right
+    with torch.no_grad():
+        head.proj.bias[sum(list(RULE_SLOTS.values())[:3]):] += 100.0  # slots after family / dihedral
+        head.proj.bias[1] += 100.0  # family 1
+        head.proj.bias[len(FAMILIES) + 6] += 100.0  # dihedral 6
+    loss2, exact2 = head(ctx, targets)
+    assert exact2.tolist() == [1.0, 0.0, 0.0] and loss2[0] < 1e-3 and loss2[2] == 0
+    with pytest.raises(ValueError, match="rule targets"):
+        head(ctx, targets[:, :3])
+
+
+def test_config_refuses_a_readout_without_labels_and_labels_without_a_readout():
+    with pytest.raises(ConfigError, match="rule_readout=1.0 needs rule_labels"):
+        load_config("cfg_science", ["encoder=standard", "encoder.rule_readout=1.0"])
+    with pytest.raises(ConfigError, match="oracle_context=true needs rule_labels"):
+        load_config("cfg_science", ["encoder=standard", "encoder.oracle_context=true"])
+    with pytest.raises(ConfigError, match="has no effect"):
+        load_config("cfg_science", ["encoder=standard", "rule_labels=r.json"])
+    cfg = load_config("cfg_science", ["encoder=standard", "encoder.rule_readout=0.5", "rule_labels=r.json"])
+    assert cfg.encoder.rule_readout == 0.5 and cfg.rule_labels == "r.json"
+    assert _rule_readout_overrides("/o", 0.0, None) == []
+    assert _rule_readout_overrides("/o", 2.0, None) == ["encoder.rule_readout=2.0",
+                                                        "rule_labels=/o/data/raw/synth_rules.json"]
+    with pytest.raises(ScienceError, match="your own puzzles have no rule labels"):
+        _rule_readout_overrides("/o", 1.0, "my/prefix")
+    with pytest.raises(ScienceError, match=">= 0"):
+        _rule_readout_overrides("/o", -1.0, None)
+
+
+TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
+        "encoder.num_layers=1", "global_batch_size=16", "log_interval=10", "diag_interval=10", "device=cpu",
+        "checkpoint_every=null", "lr=3e-3", "lr_warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_synthetic(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rule readout")
+    paths = generate_synthetic_arc(str(d / "raw"), "s", families=["flip_rotate", "gravity"], num_train=12, num_test=4,
+                                   min_grid=3, max_grid=5, seed=2, canvas_size=8, num_aug=2, progress=False)
+    build_arc_dataset(str(d / "built"), load_puzzles(["training", "evaluation"], "evaluation",
+                                                     input_file_prefix=paths["prefix"]),
+                      test_set_name="evaluation", num_aug=2, seed=0, canvas_size=8, mode="etrm", progress=False)
+    return d, str(d / "built"), paths["rules"]
+
+
+def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
+    """The config's weight reaches the loss head: loss(w) = loss(0) + w * sum of the per-sample readout losses of
+    the head on the same context, and the labels reach the encoder's head from the batch. The head does not change
+    the initialisation of the rest of the model (same seed, same weights: runs with and without it compare)."""
+    from dataset.loader import create_dataloader  # noqa: PLC0415 - test-only imports
+    from training.build import build_etrm_model, build_loss_head  # noqa: PLC0415
+    d, built, rules = tiny_synthetic
+    loader, meta = create_dataloader(dict(data_paths=[built], global_batch_size=8, encoder_mode=True))
+    batch = {k: torch.as_tensor(v) for k, v in next(iter(loader))[1].items()}
+    table = torch.as_tensor(rule_label_table(built, rules))
+    batch["rule_targets"] = table[batch["puzzle_identifiers"].long()]
+    assert (batch["rule_targets"][:, 0] >= 0).all()
+    losses = {}
+    for w in (0.0, 2.5):
+        cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]"] +
+                          ([f"encoder.rule_readout={w}", f"rule_labels={rules}"] if w else []))
+        torch.manual_seed(0)
+        model = build_etrm_model(cfg, meta, batch_size=8, verbose=False)
+        head = build_loss_head(model)
+        assert ("rule_readout" in head.extra_loss_weights) == (w > 0)
+        _, loss, metrics, out, _ = head(head.initial_carry(batch), batch, return_keys=("encoder_context",))
+        losses[w] = (loss, metrics, out, model)
+    loss, metrics, out, model = losses[2.5]
+    per_sample, exact = model.encoder.rule_head(out["encoder_context"], batch["rule_targets"])
+    assert torch.allclose(metrics["rule_readout"], per_sample.sum(), atol=1e-5)
+    assert torch.allclose(loss, losses[0.0][0] + 2.5 * per_sample.sum(), atol=1e-4)
+    assert metrics["rule_exact"] == exact.sum() and "rule_readout" not in losses[0.0][1]
+    base = losses[0.0][3].state_dict()
+    assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if "rule_head" not in k)
+
+
+@pytest.mark.slow
+def test_a_run_with_the_readout_learns_to_name_the_rules_and_evaluates_without_labels(tiny_synthetic, tmp_path):
+    from evaluate import EvaluateConfig, run  # noqa: PLC0415 - test-only import
+    from training.loop import train  # noqa: PLC0415
+    d, built, rules = tiny_synthetic
+    ck = tmp_path / "ck"
+    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={ck}",
+                                      "max_steps=200", "encoder.rule_readout=1.0", f"rule_labels={rules}"])
+    summary = train(cfg)
+    rows = [json.loads(line) for line in open(ck / "metrics.jsonl") if '"train/rule_readout"' in line]
+    assert [r["step"] for r in rows] == list(range(10, 201, 10))
+    # 12 puzzles x 3 copies: the head learns to name them (family, map / direction, colours)
+    assert rows[-1]["train/rule_readout"] < 0.5 * rows[0]["train/rule_readout"]
+    assert rows[-1]["train/rule_exact"] > rows[0]["train/rule_exact"] + 0.2
+    m = run(EvaluateConfig(checkpoint=str(ck), data_path=built, output_dir=str(tmp_path / "ev"), device="cpu",
+                           progress=False))
+    assert m["ARC/num_puzzles"] == 4 and 0.0 <= m["ARC/pass@1"] <= 1.0
+    assert summary["exit_status"] == 0
+
+
+@pytest.mark.slow
+def test_science_command_with_the_readout_reports_what_the_context_names(tmp_path, capsys):
+    """--rule-readout W trains with the readout (labels from the builder's rules.json) and science.md gets the
+    per-family readout table; experiments.science.readout gives the same numbers from the command line."""
+    from experiments.science.cli import main  # noqa: PLC0415 - test-only imports
+    from experiments.science.readout import main as readout_main  # noqa: PLC0415
+    out = tmp_path / "s"
+    args = ["--families", "flip_rotate", "gravity", "--num-train", "12", "--num-test", "4", "--num-aug", "1",
+            "--steps", "6", "--canvas-size", "8", "--max-grid", "5", "--encoders", "standard", "--rule-readout", "0.5"]
+    res = main(["--out", str(out)] + args + [a for o in TINY[:6] for a in ("--override", o)])
+    run = res["runs"]["standard"]
+    log = open(out / "runs" / "standard" / "train.log").read()
+    assert "encoder.rule_readout=0.5" in log and "rule readout: labels of 24 training identifiers" in log
+    held = run["rule_readout"]["heldout"]
+    assert set(held["families"]) == {"flip_rotate", "gravity"} and held["split"] == "test"
+    n_test = len(np.load(out / "data" / "built" / "test" / "all__inputs.npy"))  # every query of every copy
+    assert held["all"]["n"] == sum(f["n"] for f in held["families"].values()) == n_test >= 8
+    assert set(held["families"]["gravity"]["slots"]) == {"family", "direction", "colour_a"}
+    assert run["rule_readout"]["train"]["all"]["n"] > 24
+    md = open(out / "science.md").read()
+    assert "**Rule readout, standard**" in md and "| gravity | " in md
+    capsys.readouterr()
+    cli = readout_main([str(out / "runs" / "standard" / "checkpoint"), "--data", str(out / "data" / "built"),
+                        "--rules", str(out / "data" / "raw" / "synth_rules.json")])
+    assert cli == json.loads(json.dumps(held)) and "rule named" in capsys.readouterr().out
+    saved = json.load(open(out / "science.json"))
+    assert saved["runs"]["standard"]["rule_readout"]["heldout"] == cli
+
+
+def test_oracle_context_is_the_embedding_of_the_true_rule_and_ignores_the_demos(tiny_synthetic):
+    """encoder.oracle_context (the science control's upper bound): the core's context is the sum of learned
+    embeddings of the sample's rule labels; the demos do not matter, another label changes it, unlabelled slots add
+    nothing, and a batch without labels (evaluation) gets a zero context."""
+    from dataset.loader import create_dataloader  # noqa: PLC0415 - test-only imports
+    from training.build import build_etrm_model, build_loss_head, with_rule_targets  # noqa: PLC0415
+    d, built, rules = tiny_synthetic
+    loader, meta = create_dataloader(dict(data_paths=[built], global_batch_size=8, encoder_mode=True))
+    batch = {k: torch.as_tensor(v) for k, v in next(iter(loader))[1].items()}
+    labelled = with_rule_targets(batch, torch.as_tensor(rule_label_table(built, rules)))
+    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
+                                      "encoder.oracle_context=true", f"rule_labels={rules}"])
+    model = build_etrm_model(cfg, meta, batch_size=8, verbose=False)
+    head = build_loss_head(model)
+
+    def context(b):
+        return head(head.initial_carry(b), b, return_keys=("encoder_context",))[3]["encoder_context"]
+
+    ctx = context(labelled)
+    t = labelled["rule_targets"]
+    oracle = model.encoder.rule_oracle
+    offsets = oracle.offsets.tolist()
+    want = torch.stack([sum(oracle.table[offsets[j] + int(v)] for j, v in enumerate(row) if v >= 0) for row in t])
+    torch.testing.assert_close(ctx, want.view_as(ctx))
+    shuffled = dict(labelled, demo_inputs=labelled["demo_inputs"].flip(0), demo_labels=labelled["demo_labels"].flip(0))
+    torch.testing.assert_close(context(shuffled), ctx)
+    other = t.clone()
+    other[0, SLOTS.index("family")] = (int(t[0, 0]) + 1) % len(FAMILIES)
+    assert not torch.allclose(context(dict(labelled, rule_targets=other))[0], ctx[0])
+    assert torch.count_nonzero(context(batch)) == 0
