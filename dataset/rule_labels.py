@@ -8,8 +8,9 @@ map). A copy under augmentation g of a puzzle of rule R is a puzzle of g . R . g
 {1: 2} through a colour permutation pi is {pi(1): pi(2)}. Where the conjugate is not an instance of the family
 (copy_pattern, see there) only the family is labelled.
 
-Only the identifiers of the asked split are labelled (training: the training copies); every other row (the blank
-id 0, evaluation puzzles) is :data:`UNLABELLED` in every slot, so training labels cannot reach a held-out puzzle.
+Only the identifiers of the asked split are labelled (training: the training copies, never a puzzle of the test set,
+even where a TRM-mode build shows its demo pairs in ``train/``); every other row (the blank id 0, evaluation
+puzzles) is :data:`UNLABELLED` in every slot, so training labels cannot reach a held-out puzzle.
 """
 from __future__ import annotations
 
@@ -47,6 +48,13 @@ def _read_rules(path: str) -> dict:
     return rules
 
 
+def _read_json_keys(path: str) -> list:
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return list(json.load(f))
+
+
 def rule_label_table(data_dir: str, rules_path: str, split: str = "train") -> np.ndarray:
     """int64 [num identifiers, len(RULE_SLOTS)]: the labels of every identifier of ``split`` of the dataset built in
     ``data_dir`` (its ``identifiers_map.json`` and ``<split>/`` directory), UNLABELLED elsewhere. Training uses
@@ -56,9 +64,15 @@ def rule_label_table(data_dir: str, rules_path: str, split: str = "train") -> np
     rules = _read_rules(rules_path)
     ids = read_identifiers_map(data_dir)
     split_dir = os.path.join(data_dir, split)
-    with open(os.path.join(split_dir, "dataset.json")) as f:
+    meta = os.path.join(split_dir, "dataset.json")
+    if not os.path.isfile(meta):
+        raise DatasetError(f"rule labels: {meta}: no such file (no {split!r} split in {data_dir})")
+    with open(meta) as f:
         sets = json.load(f)["sets"]
     train_ids = np.concatenate([np.load(os.path.join(split_dir, f"{s}__puzzle_identifiers.npy")) for s in sets])
+    # a build with the test puzzles' demo pairs in train/ (TRM mode) shows them under the test identifiers: the
+    # training labels must still never name a held-out puzzle's rule
+    held = set(_read_json_keys(os.path.join(data_dir, "test_puzzles.json"))) if split == "train" else set()
     slots = list(RULE_SLOTS)
     table = np.full((len(ids), len(slots)), UNLABELLED, dtype=np.int64)
     for i in np.unique(train_ids).tolist():
@@ -66,6 +80,8 @@ def rule_label_table(data_dir: str, rules_path: str, split: str = "train") -> np
         if entry is None:
             continue
         name = entry["name"]
+        if name in held:
+            continue
         if name not in rules:
             raise DatasetError(f"rule labels {rules_path}: {split} puzzle {name!r} of {data_dir} has no rule "
                                "(built from other puzzles?)")

@@ -489,9 +489,14 @@ class DemoTrunk(nn.Module):
         """[n, S, d] per-cell features of the dihedral views (``dihedral_views``) of full canvases inp / out [n, S]:
         for each map d, the embedding of the input colour d sends to the cell (PAD where none) plus that of the
         agreement (core.ops.dihedral_agreement: none / differs / equal)."""
-        colour, agreement = dihedral_agreement(inp, out, self.side)
+        colour, agreement = dihedral_agreement(inp, out, self.side)  # [n, 8, S] each
+        n, _, S = colour.shape
+        V = self.view_tok.shape[1]
         maps = torch.arange(8, device=inp.device)[None, :, None]
-        return (self.view_tok[maps, colour] + self.view_eq[maps, agreement]).sum(1)
+        # one bag of 16 rows per cell of one table (never an [n, 8, S, d] tensor)
+        rows = torch.cat((maps * V + colour, 8 * V + maps * 3 + agreement), 1).permute(0, 2, 1).reshape(n * S, 16)
+        table = torch.cat((self.view_tok.flatten(0, 1), self.view_eq.flatten(0, 1)))
+        return F.embedding_bag(rows, table, mode="sum").view(n, S, -1)
 
     def _pointers(self, inp: torch.Tensor, li: int, lo: int) -> TokenPointers:
         """Pointer RoPE inputs of every token (in the token layout: [CLS,] cells, or [CLS,] input then output
@@ -669,7 +674,8 @@ class RuleReadout(nn.Module):
         every labelled slot named right; False for a sample without labels)."""
         if targets.shape != (context.shape[0], len(self.sizes)):
             raise ValueError(f"rule targets {tuple(targets.shape)} must be [batch, {len(self.sizes)}]")
-        logits = F.linear(context.flatten(1).float(), self.proj.weight.float(), self.proj.bias.float())
+        with torch.autocast(context.device.type, enabled=False):  # fp32 under bf16 autocast too
+            logits = F.linear(context.flatten(1).float(), self.proj.weight.float(), self.proj.bias.float())
         valid = targets >= 0
         losses, right = [], []
         for j, lg in enumerate(torch.split(logits, self.sizes, dim=-1)):

@@ -154,11 +154,10 @@ class ETRM(ACTModel):
             init = self.encoder.initial_state(b, data["inputs"].device)  # carries gradient to z_init
             prev = carry.z_E if carry.z_E is not None else torch.zeros_like(init)
             state = torch.where(carry.halted.view(-1, 1, 1), init, prev.to(init.dtype))
+        if getattr(self.encoder, "rule_oracle", None) is not None:  # science control: the true rule, told
+            return self._oracle_context(data)
         out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
         ctx = out.context
-        if getattr(self.encoder, "rule_oracle", None) is not None:  # science control: the true rule, told
-            targets = data.get("rule_targets")
-            ctx = (torch.zeros_like(ctx) if targets is None else self.encoder.rule_oracle(targets).to(ctx.dtype))
         if not self.training and self.latent_search_steps > 0:
             return out, self._search_context(carry, ctx)
         if self.encoder_cache:
@@ -206,6 +205,15 @@ class ETRM(ACTModel):
                                      cached_context=ctx.detach() if (self.encoder_cache or reuse) else None,
                                      cached_kl=enc.kl.detach() if (enc.kl is not None and reuse) else None)
         return new_carry, outputs
+
+    def _oracle_context(self, data: Dict[str, torch.Tensor]):
+        """``encoder.oracle_context``: the embedding of the sample's rule labels (zeros without labels, e.g. in
+        evaluation); the encoder does not run."""
+        targets = data.get("rule_targets")
+        b, p = data["inputs"].shape[0], next(self.inner.parameters())
+        ctx = (p.new_zeros(b, self.puzzle_emb_len, self.hidden_size) if targets is None
+               else self.encoder.rule_oracle(targets).to(p.dtype))
+        return EncoderOutput(context=ctx), ctx
 
     def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The auxiliary rule-readout loss and exactness per sample (encoders.base.RuleReadout); zero for batches

@@ -582,6 +582,14 @@ def test_dihedral_views_are_wired_and_keep_the_packed_path_exact():
     enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.view_", pair_layout="aligned",
                                                dihedral_views=True)
     assert enc.trunk.view_tok.shape == (8, V, 32) and enc.trunk.view_eq.shape == (8, 3, 32)
+    from core.ops import dihedral_agreement
+    with torch.no_grad():  # the bag of 16 rows per cell = the sum over maps of the two tables' rows
+        enc.trunk.view_tok.normal_()
+        enc.trunk.view_eq.normal_()
+        inp, out = di.flatten(0, 1).long(), dl.flatten(0, 1).long()
+        colour, agreement = dihedral_agreement(inp, out, 7)
+        want = sum(enc.trunk.view_tok[d][colour[:, d]] + enc.trunk.view_eq[d][agreement[:, d]] for d in range(8))
+        torch.testing.assert_close(enc.trunk._dihedral_views(inp, out), want, atol=1e-5, rtol=1e-5)
     grads = packed_equals_padded((di, dl, m), pair_layout="aligned", dihedral_views=True)
     assert grads["trunk.view_eq"].abs().sum() > 0 and grads["trunk.view_tok"].abs().sum() > 0
     with pytest.raises(EncoderConfigError, match="pair_layout=aligned"):

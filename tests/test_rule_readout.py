@@ -90,6 +90,26 @@ def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_
     assert checked == 16 * 5 and changed > 16  # the copies' labels differ from their puzzle's: conjugated
 
 
+def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in_train(tmp_path):
+    """A TRM-mode build shows the test puzzles' demo pairs in train/ under the test identifiers: the training
+    labels still leave every held-out puzzle unlabelled (its rule would otherwise reach the readout / oracle)."""
+    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=["gravity"], num_train=6, num_test=4,
+                                   min_grid=3, max_grid=5, seed=1, canvas_size=8, progress=False)
+    built = str(tmp_path / "built")
+    build_arc_dataset(built, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+                      test_set_name="evaluation", num_aug=1, seed=0, canvas_size=8, mode="trm", progress=False)
+    ids = read_identifiers_map(built)
+    in_train = set(np.load(os.path.join(built, "train", "all__puzzle_identifiers.npy")).tolist())
+    held = [i for i in in_train if ids[i] and ids[i]["name"].endswith("gravity") and
+            json.load(open(paths["rules"]))[ids[i]["name"]]["subset"] == "evaluation"]
+    assert held  # not vacuous: the held-out puzzles' demos are in train/
+    table = rule_label_table(built, paths["rules"])
+    assert all((table[i] == UNLABELLED).all() for i in held)
+    assert (table[sorted(in_train - set(held) - {0})][:, 0] >= 0).all()
+    with pytest.raises(ValueError, match="no 'nope' split"):
+        rule_label_table(built, paths["rules"], split="nope")
+
+
 def test_rule_label_table_errors_name_the_file_and_puzzle(tmp_path):
     paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=["translate"], num_train=4, num_test=2,
                                    min_grid=3, max_grid=5, seed=1, canvas_size=8, progress=False)
@@ -134,6 +154,10 @@ def test_readout_loss_is_the_mean_cross_entropy_of_the_labelled_slots():
     assert exact2.tolist() == [1.0, 0.0, 0.0] and loss2[0] < 1e-3 and loss2[2] == 0
     with pytest.raises(ValueError, match="rule targets"):
         head(ctx, targets[:, :3])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the logits stay fp32 under autocast
+        loss_bf, _ = head(ctx.bfloat16(), targets)
+    assert loss_bf.dtype == torch.float32
+    torch.testing.assert_close(loss_bf, head(ctx.bfloat16().float(), targets)[0])
 
 
 def test_config_refuses_a_readout_without_labels_and_labels_without_a_readout():

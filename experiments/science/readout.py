@@ -11,7 +11,9 @@ does not carry is limited by the encoder *reading* it (docs/science.md, "Rule re
     python -m experiments.science.readout runs/s/runs/standard/checkpoint --data runs/s/data/built \\
         --rules runs/s/data/raw/synth_rules.json [--split test] [--json out.json]
 
-The science command runs it for every run trained with the readout and adds the table to science.md.
+The science command runs it for every run trained with the readout and adds the table to science.md. The context
+is the one ``ETRM.forward`` computes at a sample's first ACT step; an ``oracle_context`` run is refused (its context
+is the labels themselves).
 """
 from __future__ import annotations
 
@@ -36,11 +38,16 @@ def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str
                      max_examples: int = 4096, batch_size: int = 256) -> dict:
     """{"families": {family: {"n", "exact", "slots": {slot: accuracy}}}, "all": {"n", "exact"}} over the first
     ``max_examples`` examples of ``split`` (every augmented copy is its own sample; "exact" = every labelled slot
-    named right). The checkpoint must have a readout head (``encoder.rule_readout > 0``)."""
+    named right). The checkpoint must have a readout head (``encoder.rule_readout > 0``). The context is the one
+    ``ETRM.forward`` computes at a sample's first ACT step (a recurrent encoder refines it at later steps)."""
     model, _, _ = load_model_for_inference(checkpoint, device="cpu")
     head = getattr(model.encoder, "rule_head", None)
     if head is None:
         raise ValueError(f"{checkpoint}: the run has no rule-readout head (train with encoder.rule_readout > 0)")
+    if getattr(model.encoder, "rule_oracle", None) is not None:
+        raise ValueError(f"{checkpoint}: an oracle_context run's context is the rule labels themselves; reading them "
+                         "back measures nothing")
+    model.latent_search_steps = 0  # the context the head was trained on: the encoder's, first ACT step
     table = torch.as_tensor(rule_label_table(data_dir, rules_path, split=split))
     loader, _ = create_dataloader(dict(data_paths=[data_dir], global_batch_size=batch_size, test_mode=True,
                                        encoder_mode=True), split=split)
@@ -52,8 +59,9 @@ def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str
         if keep.numel() == 0:
             continue
         t = table[ids[keep]]
-        out = model.encoder(*(torch.as_tensor(batch[k])[keep] for k in ("demo_inputs", "demo_labels", "demo_mask")))
-        logits = torch.split(head.proj(out.context.flatten(1).float()), list(RULE_SLOTS.values()), dim=-1)
+        rows = {k: torch.as_tensor(v)[keep] for k, v in batch.items()}
+        _, ctx = model.encode(model.refill(model.initial_carry(rows), rows))  # the path ETRM.forward takes
+        logits = torch.split(head.proj(ctx.flatten(1).float()), list(RULE_SLOTS.values()), dim=-1)
         pred = torch.stack([lg.argmax(-1) for lg in logits], -1)
         ok = pred == t
         labelled = t >= 0

@@ -208,6 +208,8 @@ def _readout_lines(result: dict) -> list[str]:
     """Per run trained with the rule readout: what its encoder's context names, per family (held-out / train)."""
     lines = []
     for name, r in result["runs"].items():
+        if "rule_readout_failed" in r:
+            lines += ["", f"**Rule readout, {_label(name, r)}**: failed ({r['rule_readout_failed']})."]
         if "rule_readout" in r:
             ro = r["rule_readout"]
             lines += ["", f"**Rule readout, {_label(name, r)}** (`experiments.science.readout`): how often the readout "
