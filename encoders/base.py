@@ -674,11 +674,9 @@ class RuleReadout(nn.Module):
         every labelled slot named right; False for a sample without labels)."""
         if targets.shape != (context.shape[0], len(self.sizes)):
             raise ValueError(f"rule targets {tuple(targets.shape)} must be [batch, {len(self.sizes)}]")
-        with torch.autocast(context.device.type, enabled=False):  # fp32 under bf16 autocast too
-            logits = F.linear(context.flatten(1).float(), self.proj.weight.float(), self.proj.bias.float())
         valid = targets >= 0
         losses, right = [], []
-        for j, lg in enumerate(torch.split(logits, self.sizes, dim=-1)):
+        for j, lg in enumerate(self.slot_logits(context)):
             t = targets[:, j]
             losses.append(F.cross_entropy(lg, t.clamp_min(0), reduction="none") * valid[:, j])
             right.append((lg.argmax(-1) == t) | ~valid[:, j])
@@ -686,6 +684,16 @@ class RuleReadout(nn.Module):
         loss = torch.stack(losses, -1).sum(-1) / labelled.clamp_min(1)
         exact = torch.stack(right, -1).all(-1) & (labelled > 0)
         return loss, exact.detach().float()
+
+    def slot_logits(self, context: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per slot, the fp32 logits [b, classes] of contexts [b, P, D] (fp32 under bf16 autocast too)."""
+        with torch.autocast(context.device.type, enabled=False):
+            logits = F.linear(context.flatten(1).float(), self.proj.weight.float(), self.proj.bias.float())
+        return torch.split(logits, self.sizes, dim=-1)
+
+    def predict(self, context: torch.Tensor) -> torch.Tensor:
+        """The class the head names in every slot: long [b, len(RULE_SLOTS)]."""
+        return torch.stack([lg.argmax(-1) for lg in self.slot_logits(context)], -1)
 
 
 class RuleOracle(nn.Module):

@@ -61,9 +61,7 @@ def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str
         t = table[ids[keep]]
         rows = {k: torch.as_tensor(v)[keep] for k, v in batch.items()}
         _, ctx = model.encode(model.refill(model.initial_carry(rows), rows))  # the path ETRM.forward takes
-        logits = torch.split(head.proj(ctx.flatten(1).float()), list(RULE_SLOTS.values()), dim=-1)
-        pred = torch.stack([lg.argmax(-1) for lg in logits], -1)
-        ok = pred == t
+        ok = head.predict(ctx) == t
         labelled = t >= 0
         right.append((ok & labelled).numpy())
         seen.append(labelled.numpy())
