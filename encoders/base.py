@@ -63,9 +63,14 @@ class BaseEncoderConfig(pydantic.BaseModel):
     pair_layout: Literal["sequence", "aligned"] = "aligned"
     num_queries: Optional[int] = None  # None = puzzle_emb_len (one query per context token)
     # optional learned scale / gate on the context (pitfall 10): "none" | "scalar" (one learned scale)
-    # | "gate" (per context token sigmoid gate)
-    context_scale: Literal["none", "scalar", "gate"] = "none"
+    # | "gate" (per context token sigmoid gate) | "norm" (each context token RMS-normalised to the scale of a token
+    # embedding, times context_scale_init: the context cannot outgrow the decoder's own inputs)
+    context_scale: Literal["none", "scalar", "gate", "norm"] = "none"
     context_scale_init: float = 1.0
+    # K > 0: the context is a softmax mixture of K learned whole contexts ("codes", [P, hidden] each, token scale)
+    # chosen by a linear head on the encoder state: a confident encoder hands the core exactly one code, the same
+    # for every sample that gets it, like the rule oracle's table (docs/science.md, "A code book context")
+    context_codes: int = 0
     # crop the all-PAD tail of the demo canvases before encoding (exact: masked tokens have no effect)
     crop_padding: bool = True
     # run the per-demo blocks on the non-PAD tokens only (exact, like crop_padding, but per demo): projections,
@@ -605,12 +610,25 @@ class ContextHead(nn.Module):
         if num_tokens not in (1, puzzle_emb_len):
             raise EncoderConfigError(f"encoder {cfg.name}: num_queries={num_tokens} must be 1 or equal to "
                                      f"puzzle_emb_len={puzzle_emb_len}")
-        self.proj = nn.Linear(d_in, hidden_size * (puzzle_emb_len if num_tokens == 1 and puzzle_emb_len > 1 else 1))
-        # The decoder multiplies its input embeddings (prefix included) by sqrt(hidden); initialise so that a
-        # unit-RMS encoder state gives context entries of std 1/sqrt(hidden), i.e. the scale of the decoder's own
-        # token embeddings (std 1 after that multiplication).
-        _trunc_normal_(self.proj.weight, 1.0 / math.sqrt(d_in * hidden_size))
-        nn.init.zeros_(self.proj.bias)
+        if cfg.context_codes < 0:
+            raise EncoderConfigError(f"encoder {cfg.name}: context_codes must be >= 0, got {cfg.context_codes}")
+        self.codes: Optional[nn.Parameter] = None
+        if cfg.context_codes:
+            # logits over the codes from the flattened encoder state; small init: a near-uniform mixture at the
+            # start. Each code is a whole context at the decoder's token-embedding scale (like the oracle's rows).
+            self.code_logits = nn.Linear(num_tokens * d_in, cfg.context_codes)
+            _trunc_normal_(self.code_logits.weight, 0.1 / math.sqrt(num_tokens * d_in))
+            nn.init.zeros_(self.code_logits.bias)
+            self.codes = nn.Parameter(_trunc_normal_(torch.empty(cfg.context_codes, puzzle_emb_len * hidden_size),
+                                                     1.0 / math.sqrt(hidden_size)))
+        else:
+            self.proj = nn.Linear(d_in, hidden_size * (puzzle_emb_len if num_tokens == 1 and puzzle_emb_len > 1
+                                                       else 1))
+            # The decoder multiplies its input embeddings (prefix included) by sqrt(hidden); initialise so that a
+            # unit-RMS encoder state gives context entries of std 1/sqrt(hidden), i.e. the scale of the decoder's
+            # own token embeddings (std 1 after that multiplication).
+            _trunc_normal_(self.proj.weight, 1.0 / math.sqrt(d_in * hidden_size))
+            nn.init.zeros_(self.proj.bias)
         self.mode = cfg.context_scale
         if self.mode == "scalar":
             self.scale = nn.Parameter(torch.tensor(float(cfg.context_scale_init)))
@@ -618,14 +636,22 @@ class ContextHead(nn.Module):
             # sigmoid gate per context token, initialised so that sigmoid(g) = context_scale_init
             p = min(max(cfg.context_scale_init, 1e-4), 1 - 1e-4)
             self.gate = nn.Parameter(torch.full((puzzle_emb_len,), math.log(p / (1 - p))))
+        elif self.mode == "norm":  # RMS context_scale_init / sqrt(hidden): RMS context_scale_init in the decoder
+            self.norm_gain, self.eps = float(cfg.context_scale_init) / math.sqrt(hidden_size), cfg.norm_eps
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         b = z.shape[0]
-        ctx = self.proj(z).reshape(b, self.L, self.hidden)
+        if self.codes is not None:
+            probs = torch.softmax(self.code_logits(z.flatten(1)).float(), -1)
+            ctx = (probs @ self.codes.float()).to(z.dtype).reshape(b, self.L, self.hidden)
+        else:
+            ctx = self.proj(z).reshape(b, self.L, self.hidden)
         if self.mode == "scalar":
             ctx = ctx * self.scale
         elif self.mode == "gate":
             ctx = ctx * torch.sigmoid(self.gate).view(1, -1, 1).to(ctx.dtype)
+        elif self.mode == "norm":
+            ctx = rms_norm(ctx, self.eps) * self.norm_gain
         return ctx
 
 

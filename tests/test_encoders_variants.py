@@ -203,6 +203,58 @@ def test_context_scale_gate_and_scalar_scale_the_context():
         torch.testing.assert_close(enc(di, dl, m).context, factor * base(di, dl, m).context, atol=1e-6, rtol=1e-4)
 
 
+def test_context_scale_norm_puts_every_context_token_at_token_embedding_scale():
+    """``context_scale=norm``: each context token is the plain context's direction at RMS init/sqrt(hidden), whatever
+    the plain context's size (a context grown 100x reaches the decoder at the same scale)."""
+    di, dl, m = demos()
+    base = make("standard").eval()
+    enc = make("standard", context_scale="norm", context_scale_init=2.0).eval()
+    enc.load_state_dict(base.state_dict(), strict=False)
+    with torch.no_grad():
+        plain = base(di, dl, m).context
+        ctx = enc(di, dl, m).context
+        hidden = ctx.shape[-1]
+        rms = ctx.square().mean(-1).sqrt()
+        torch.testing.assert_close(rms, torch.full_like(rms, 2.0 / hidden ** 0.5), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ctx, plain / plain.square().mean(-1, keepdim=True).sqrt() * 2.0 / hidden ** 0.5,
+                                   atol=1e-5, rtol=1e-4)
+        for mod in (base, enc):
+            mod.head.proj.weight.mul_(100.0)
+        torch.testing.assert_close(enc(di, dl, m).context, ctx, atol=1e-5, rtol=1e-4)
+        assert base(di, dl, m).context.abs().max() > 50 * plain.abs().max()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_context_codes_hand_the_core_a_mixture_of_learned_codes(name):
+    """``context_codes=K``: the context is softmax(logits(encoder state)) @ codes. A confident head hands every
+    sample exactly the code it picks (the same tensor for every sample that picks it), a zero-weight head the same
+    uniform-by-bias mixture for every sample; every parameter gets gradient; K < 0 is refused."""
+    di, dl, m = demos()
+    enc = make(name, context_codes=5).eval()
+    assert not hasattr(enc.head, "proj")  # no unused projection beside the codes
+    codes = enc.head.codes.detach().view(5, L, H)
+    with torch.no_grad():
+        enc.head.code_logits.weight.zero_()
+        enc.head.code_logits.bias.copy_(torch.tensor([0.0, 100.0, 0.0, 0.0, 0.0]))
+        ctx = run(enc, di, dl, m).context
+        torch.testing.assert_close(ctx, codes[1].expand(3, L, H), atol=1e-6, rtol=1e-5)
+        bias = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
+        enc.head.code_logits.bias.copy_(bias)
+        mix = (torch.softmax(bias, 0).view(5, 1, 1) * codes).sum(0)
+        torch.testing.assert_close(run(enc, di, dl, m).context, mix.expand(3, L, H), atol=1e-6, rtol=1e-5)
+    enc = make(name, context_codes=5).train()
+    plain = make(name).eval()
+    out = run(enc, di, dl, m)
+    assert not torch.allclose(out.context[0], out.context[2])  # the mixture depends on the demos
+    loss = (out.context * torch.randn_like(out.context)).sum() + (out.kl.sum() if out.kl is not None else 0)
+    loss.backward()
+    missing = [n for n, p in enc.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, f"{name}: parameters without gradient: {missing}"
+    assert hasattr(plain.head, "proj") and plain.head.codes is None
+    with pytest.raises(EncoderConfigError, match="context_codes"):
+        make(name, context_codes=-1)
+
+
 def test_activation_checkpointing_gives_the_same_gradients():
     di, dl, m = demos()
     grads = []

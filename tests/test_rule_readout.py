@@ -225,6 +225,20 @@ def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
     assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items() if "rule_head" not in k)
 
 
+def test_within_class_share_is_zero_for_one_context_per_class_and_near_one_for_a_context_that_ignores_it():
+    from experiments.science.readout import within_class_share  # noqa: PLC0415 - test-only import
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (400,), generator=g)
+    codes = torch.randn(4, 6, generator=g)
+    assert within_class_share(codes[labels], labels) == 0.0  # the oracle's table: one context per class
+    noise = torch.randn(400, 6, generator=g)
+    assert 0.97 < within_class_share(noise, labels) <= 1.0  # ignores the class: ~1 - (classes - 1) / n
+    mixed = codes[labels] + 0.1 * noise
+    want = sum((mixed[labels == c] - mixed[labels == c].mean(0)).square().sum() for c in range(4)) \
+        / (mixed - mixed.mean(0)).square().sum()
+    assert abs(within_class_share(mixed, labels) - float(want)) < 1e-9 and within_class_share(mixed, labels) < 0.05
+
+
 @pytest.mark.slow
 def test_a_run_with_the_readout_learns_to_name_the_rules_and_evaluates_without_labels(tiny_synthetic, tmp_path):
     from evaluate import EvaluateConfig, run  # noqa: PLC0415 - test-only import
@@ -243,6 +257,13 @@ def test_a_run_with_the_readout_learns_to_name_the_rules_and_evaluates_without_l
                            progress=False))
     assert m["ARC/num_puzzles"] == 4 and 0.0 <= m["ARC/pass@1"] <= 1.0
     assert summary["exit_status"] == 0
+    # the context carries every slot the head learned to name (a context that ignored a slot, or contexts paired
+    # with the wrong labels, leave ~all of its variance inside the slot's classes); the maps most clearly (0.23)
+    from experiments.science.readout import main as readout_main  # noqa: PLC0415 - test-only import
+    sep = readout_main([str(ck), "--data", built, "--rules", rules, "--split", "train", "--separation"])
+    assert sep["n"] > 36 and set(sep["slots"]) >= {"family", "dihedral", "direction"}
+    assert sep["slots"]["family"]["classes"] == 2 and all(r["within"] < 0.85 for r in sep["slots"].values()), sep
+    assert sep["slots"]["dihedral"]["within"] < 0.4, sep
 
 
 @pytest.mark.slow
