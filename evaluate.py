@@ -39,7 +39,8 @@ from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
 from evaluators.inference import evaluate
 from models.compat import load_original_trm_checkpoint
-from training.build import build_loss_head, check_split_matches, load_model_for_inference
+from dataset.rule_labels import rule_label_table
+from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
 from training.checkpoint import CheckpointError, load_checkpoint_file
 from training.distributed import init_distributed, shutdown_distributed
 from training.logging import resolve_wandb_mode, wandb_identity
@@ -85,6 +86,9 @@ class EvaluateConfig(pydantic.BaseModel):
     wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
     wandb_run_name: Optional[str] = None
     wandb_mode: str = "auto"  # auto: online with an API key / login, else offline (as training)
+    # an encoder.oracle_context run (the science control whose context is the true rule): the synthetic builder's
+    # rules.json, whose labels of the evaluated puzzles (each augmented copy's conjugate) become the context
+    rule_labels: Optional[str] = None
 
 
 def evaluate_defaults() -> dict[str, Any]:
@@ -223,6 +227,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         local_bs = gbs // dist_info.world_size
         head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device, state)
         del state  # the model holds the weights now
+        rule_table = _oracle_labels(cfg, info)
         _configure_latent_search(head, cfg)
         model = torch.compile(head) if cfg.compile else head
         loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
@@ -231,6 +236,8 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                          max_demos=max_demos, num_workers=cfg.num_workers,
                                          # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
                                          seed=int(info.get("seed", 0)))
+        if rule_table is not None:
+            loader = _LabelledLoader(loader, rule_table)
         out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
         if dist_info.is_main:
             created = _ensure_writable(out_dir)  # before the evaluation, not after it
@@ -261,6 +268,37 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             run_wandb.log(metrics)
             run_wandb.finish()
         return metrics
+
+
+def _oracle_labels(cfg: EvaluateConfig, info: dict[str, Any]) -> Optional[torch.Tensor]:
+    """The rule labels of the evaluated puzzles, per identifier, for an ``encoder.oracle_context`` checkpoint
+    (``rule_labels``); None for any other run. Either half without the other is refused: an oracle run's context
+    without labels would be zeros, and no other run reads labels in evaluation."""
+    oracle = bool((info.get("encoder") or {}).get("oracle_context"))
+    if cfg.rule_labels and not oracle:
+        raise EvaluateError(f"rule_labels={cfg.rule_labels!r}: only an encoder.oracle_context run reads rule labels "
+                            f"in evaluation; checkpoint={cfg.checkpoint!r} is not one")
+    if oracle and not cfg.rule_labels:
+        raise EvaluateError(f"checkpoint={cfg.checkpoint!r} is an encoder.oracle_context run (its context is the true "
+                            "rule): evaluating it needs rule_labels=<the synthetic builder's rules.json>")
+    if not oracle:
+        return None
+    table = torch.as_tensor(rule_label_table(cfg.data_path, cfg.rule_labels, split="test"))
+    log.info("oracle context: rule labels of %d evaluated identifiers from %s", int((table[:, 0] >= 0).sum()),
+             cfg.rule_labels)
+    return table
+
+
+class _LabelledLoader:
+    """The evaluation loader with each batch's ``rule_targets`` (an oracle run's context) added."""
+
+    def __init__(self, loader: Any, table: torch.Tensor) -> None:
+        self.loader, self.table = loader, table
+        self.dataset = getattr(loader, "dataset", None)  # the progress bar's total (evaluators.inference)
+
+    def __iter__(self):
+        for set_name, batch, n in self.loader:
+            yield set_name, with_rule_targets(batch, self.table.to(batch["puzzle_identifiers"].device)), n
 
 
 def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any:

@@ -19,7 +19,7 @@ from dataset.rule_labels import UNLABELLED, rule_label_table
 from dataset.synthetic_rules import (_DIRS, FAMILIES, NO_COLOUR, RULE_SLOTS, GridSpec, rule_apply, rule_targets)
 from encoders.base import RuleReadout
 from experiments.science.common import ScienceError
-from experiments.science.run import _rule_readout_overrides
+from experiments.science.run import _rule_readout_overrides, oracle_eval_overrides
 from training.config import ConfigError, load_config
 
 SLOTS = list(RULE_SLOTS)
@@ -325,3 +325,54 @@ def test_oracle_context_is_the_embedding_of_the_true_rule_and_ignores_the_demos(
     other[0, SLOTS.index("family")] = (int(t[0, 0]) + 1) % len(FAMILIES)
     assert not torch.allclose(context(dict(labelled, rule_targets=other))[0], ctx[0])
     assert torch.count_nonzero(context(batch)) == 0
+
+
+def test_an_oracle_run_is_evaluated_on_the_labels_of_the_evaluated_puzzles(tiny_synthetic, tmp_path, monkeypatch):
+    """evaluate.py rule_labels=...: an oracle_context checkpoint's evaluation batches carry the rule labels of the
+    held-out puzzles (each augmented copy's own), so its context is the oracle's embedding of their rule; evaluating
+    an oracle run without labels, or giving labels to another run, is refused by name."""
+    import evaluate as ev  # noqa: PLC0415 - test-only imports
+    from evaluators.data import build_eval_loader  # noqa: PLC0415
+    from training.loop import train  # noqa: PLC0415
+    d, built, rules = tiny_synthetic
+    ck = tmp_path / "oracle"
+    train(load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={ck}",
+                                      "max_steps=2", "encoder.oracle_context=true", f"rule_labels={rules}"]))
+    cfg = ev.EvaluateConfig(checkpoint=str(ck), data_path=built, output_dir=str(tmp_path / "ev"), device="cpu",
+                            progress=False, rule_labels=rules)
+    seen = []
+
+    class Spy(ev._LabelledLoader):
+        def __iter__(self):
+            for item in super().__iter__():
+                seen.append(item[1]["rule_targets"])
+                yield item
+    monkeypatch.setattr(ev, "_LabelledLoader", Spy)
+    m = ev.run(cfg)
+    assert m["ARC/num_puzzles"] == 4 and seen and all((t[:, 0] >= 0).any() for t in seen)  # every batch labelled
+    with pytest.raises(ev.EvaluateError, match="oracle_context run .*needs rule_labels"):
+        ev.run(cfg.model_copy(update={"rule_labels": None, "output_dir": str(tmp_path / "ev2")}))
+    plain = tmp_path / "plain"
+    train(load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={plain}",
+                                      "max_steps=1"]))
+    with pytest.raises(ev.EvaluateError, match="only an encoder.oracle_context run reads rule labels"):
+        ev.run(cfg.model_copy(update={"checkpoint": str(plain), "output_dir": str(tmp_path / "ev3")}))
+    # what the evaluation feeds the model: the test split's labels, and the context is their embedding
+    head, _, _, info = ev.load_model(cfg, ev.load_metadata(os.path.join(built, "test")), 8, "cpu")
+    table = ev._oracle_labels(cfg, info)
+    assert torch.equal(table, torch.as_tensor(rule_label_table(built, rules, split="test")))
+    loader, _ = build_eval_loader(built, 8, encoder_mode=True)
+    _, batch, _ = next(iter(ev._LabelledLoader(loader, table)))
+    t = batch["rule_targets"]
+    real = batch["puzzle_identifiers"] > 0
+    assert torch.equal(t, table[batch["puzzle_identifiers"].long()]) and (t[real, 0] >= 0).all() and real.any()
+    with torch.no_grad():
+        ctx = head(head.initial_carry(batch), batch, return_keys=("encoder_context",))[3]["encoder_context"]
+    torch.testing.assert_close(ctx, head.model.encoder.rule_oracle(t).view_as(ctx))
+
+
+def test_the_science_command_evaluates_an_oracle_run_with_its_rule_labels():
+    over = ["encoder.oracle_context=true", "rule_labels=/x/synth_rules.json", "arch.hidden_size=32"]
+    oracle, plain = {"encoder": {"oracle_context": True}}, {"encoder": {"oracle_context": False}}
+    assert oracle_eval_overrides(oracle, over, ["batch_size=8"]) == ["batch_size=8", "rule_labels=/x/synth_rules.json"]
+    assert oracle_eval_overrides(plain, over, ["batch_size=8"]) == ["batch_size=8"]

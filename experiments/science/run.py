@@ -132,6 +132,15 @@ def _rule_readout_overrides(out: str, weight: float, input_file_prefix: Optional
     return [f"encoder.rule_readout={weight}", f"rule_labels={synthetic_rules_path(out)}"]
 
 
+def oracle_eval_overrides(recipe: dict, overrides: Sequence[str], eval_overrides: Sequence[str]) -> list[str]:
+    """evaluate.py's overrides for a run: an ``encoder.oracle_context`` run (told the true rule) also gets the
+    training's ``rule_labels=`` so that its evaluation reads the evaluated puzzles' labels (evaluate.py refuses an
+    oracle run without them)."""
+    if not (recipe.get("encoder") or {}).get("oracle_context"):
+        return list(eval_overrides)
+    return list(eval_overrides) + [o for o in overrides if o.split("=", 1)[0] == "rule_labels"]
+
+
 def _latest_step(ck: str) -> Optional[int]:
     """Step of the newest checkpoint file in ``ck`` (None: none)."""
     cks = list_checkpoints(ck) if os.path.isdir(ck) else []
@@ -218,6 +227,8 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
     if t["outcome"] == "cut_short":
         rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
     heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
+    enc = recipe.get("encoder") or {}
+    eval_overrides = oracle_eval_overrides(recipe, overrides, eval_overrides)
     m, failed = evaluate_checkpoint(name, run_dir, data.built, HELDOUT_EVAL, heldout, step, eval_overrides,
                           "the held-out puzzles")
     if failed is not None:
@@ -234,7 +245,6 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
         else:
             rec.update(train_fit_predictions=os.path.join(run_dir, FIT_EVAL, "predictions.json"),
                        train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
-    enc = recipe.get("encoder") or {}
     if enc.get("rule_readout", 0) > 0 and not enc.get("oracle_context"):  # what the context names
         ck, rules = os.path.join(run_dir, "checkpoint"), synthetic_rules_path(out)
         try:
