@@ -69,7 +69,8 @@ class BaseEncoderConfig(pydantic.BaseModel):
     context_scale_init: float = 1.0
     # K > 0: the context is a softmax mixture of K learned whole contexts ("codes", [P, hidden] each, token scale)
     # chosen by a linear head on the encoder state: a confident encoder hands the core exactly one code, the same
-    # for every sample that gets it, like the rule oracle's table (docs/science.md, "A code book context")
+    # for every sample that gets it, like the rule oracle's table (docs/science.md, "What the core needs from the
+    # encoder's context")
     context_codes: int = 0
     # crop the all-PAD tail of the demo canvases before encoding (exact: masked tokens have no effect)
     crop_padding: bool = True

@@ -367,6 +367,6 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     print(md, flush=True)
     say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
     if curve:
-        run_curve(out, data, fit, runs, eval_overrides,
+        run_curve(out, data, fit, runs, oracle_eval_overrides(recipes[names[0]], overrides, eval_overrides),
                   title=" ".join(o for o in overrides if _recipe_override(o)) or config)
     return result
