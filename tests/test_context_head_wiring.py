@@ -1,0 +1,64 @@
+"""encoder.context_scale=norm and encoder.context_codes=K end to end: Hydra config -> training -> checkpoint ->
+evaluate.py rebuilds the same model (the training run's own numbers), and each option matters there (the same
+weights read as another head give other numbers). Unit behaviour: tests/test_encoders_variants.py."""
+import pytest
+import torch
+
+from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.build_synthetic_dataset import generate_synthetic_arc
+from training.config import load_config
+
+TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
+        "encoder.num_layers=1", "global_batch_size=16", "log_interval=2", "device=cpu", "checkpoint_every=null",
+        "lr=3e-3", "lr_warmup_steps=1", "max_steps=4", "eval_at_end=true", "evaluators=[]"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("context head")
+    paths = generate_synthetic_arc(str(d / "raw"), "s", families=["flip_rotate", "colour_map"], num_train=10,
+                                   num_test=4, min_grid=3, max_grid=5, seed=3, canvas_size=8, num_aug=1,
+                                   progress=False)
+    build_arc_dataset(str(d / "built"), load_puzzles(["training", "evaluation"], "evaluation",
+                                                     input_file_prefix=paths["prefix"]),
+                      test_set_name="evaluation", num_aug=1, seed=0, canvas_size=8, mode="etrm", progress=False)
+    return str(d / "built")
+
+
+def _evaluate(ev, ck, data, out):
+    return ev.run(ev.EvaluateConfig(checkpoint=str(ck), data_path=data, output_dir=str(out), device="cpu",
+                                    progress=False, num_pictures=0, use_ema=False))
+
+
+@pytest.mark.parametrize("over,change", [
+    (["encoder.context_scale=norm", "encoder.context_scale_init=2.0"], ("context_scale", "none")),
+    (["encoder.context_codes=6"], None)], ids=["norm", "codes"])
+def test_context_head_options_are_wired_from_config_to_checkpoint_to_evaluate(built, tmp_path, over, change):
+    import evaluate as ev  # noqa: PLC0415 - test-only imports
+    from training.build import load_model_for_inference  # noqa: PLC0415
+    from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic  # noqa: PLC0415
+    from training.loop import train  # noqa: PLC0415
+    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
+                                      f"checkpoint_path={tmp_path / 'ck'}", *over])
+    summary = train(cfg)
+    state = load_checkpoint_file(summary["last_checkpoint"])
+    enc_cfg = state["config"]["encoder"]
+    model, _, _ = load_model_for_inference(state)
+    head = model.encoder.head
+    if change is not None:  # norm: every context token at RMS context_scale_init / sqrt(hidden)
+        assert enc_cfg["context_scale"] == "norm" and head.mode == "norm"
+        assert head.norm_gain == pytest.approx(2.0 / 32 ** 0.5)
+    else:
+        assert enc_cfg["context_codes"] == 6 and head.codes.shape == (6, cfg.arch.puzzle_emb_len * 32)
+    m = _evaluate(ev, summary["last_checkpoint"], built, tmp_path / "ev")
+    for k in ("all.accuracy", "all.lm_loss"):  # evaluate.py rebuilds the trained model: the run's own numbers
+        assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
+    raw = read_checkpoint(summary["last_checkpoint"])
+    if change is not None:  # the same weights without the normalisation
+        raw["config"]["encoder"][change[0]] = change[1]
+    else:  # the same weights with two codes swapped: the context is the mixture of these very codes
+        key = next(k for k in raw["model"] if k.endswith("head.codes"))
+        raw["model"][key] = raw["model"][key][torch.tensor([1, 0, 2, 3, 4, 5])].clone()
+    save_checkpoint_atomic(raw, str(tmp_path / "other.pt"))
+    other = _evaluate(ev, tmp_path / "other.pt", built, tmp_path / "ev2")
+    assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
