@@ -363,3 +363,21 @@ def test_curve_evaluates_every_kept_checkpoint_and_plots_them(own_files, own_out
     assert capsys.readouterr().out.count("exists, reused") == 4 + 8  # the report's 4, the curve's 8 (4 of them the report's)
     fig = curve.main([out, out, "--out", str(tmp_path / "both.png")])
     assert os.path.getsize(fig) > 10_000
+
+
+def test_the_report_flags_a_run_that_halts_before_the_step_it_is_scored_on():
+    """A run whose training samples halt at ~1 of 2 ACT steps is scored (evaluate.py's default) on the step
+    training no longer supervises: the report says so and names the halting-step evaluation; a run that uses every
+    step, or one already evaluated with halt_early=true, gets no note."""
+    from experiments.science.report import _run_lines  # noqa: PLC0415 - test-only import
+
+    def lines(steps, eval_overrides=()):
+        result = {"settings": {"eval_overrides": list(eval_overrides)},
+                  "runs": {"standard": {"status": "ok", "steps": 10, "train_exact": 0.99, "train_steps": steps,
+                                        "halt_max_steps": 2, "run_dir": "/o/runs/standard"}}}
+        return "\n".join(_run_lines(result))
+    md = lines(1.02)
+    assert "**Halts early**: standard halts its training samples after 1.02 of 2 ACT steps" in md
+    assert "checkpoint=/o/runs/standard/checkpoint data_path=<out>/data/built halt_early=true" in md
+    assert "Halts early" not in lines(1.95) and "Halts early" not in lines(None)
+    assert "Halts early" not in lines(1.0, ["halt_early=true"])

@@ -190,6 +190,9 @@ def _run_lines(result: dict) -> list[str]:
             unfit.append(f"{name} ({te:.2f})")
         if r.get("train_fit_failed"):
             notes.append(f"{name}: the train-fit evaluation failed: {r['train_fit_failed']}")
+        early = _halts_early(name, r, result)
+        if early:
+            notes.append(early)
     lines += ["", "train exact: exact accuracy on the training batches of the last log window."]
     if unfit:
         lines += ["", f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
@@ -202,6 +205,21 @@ def _run_lines(result: dict) -> list[str]:
     if notes:
         lines += [""] + notes
     return lines
+
+
+def _halts_early(name: str, r: dict, result: dict) -> Optional[str]:
+    """A note for a run whose Q head halts its training samples well before ``halt_max_steps`` while the evaluation
+    scores the last ACT step (evaluate.py's default): training no longer supervises the steps after a sample halts,
+    so the score can be far below the one at the halting step (docs/science.md, "What the core needs from the
+    encoder's context": 0.29 against 0.98 for one checkpoint)."""
+    steps, top = r.get("train_steps"), r.get("halt_max_steps")
+    overrides = result.get("settings", {}).get("eval_overrides") or []
+    if steps is None or not top or steps > top - 0.5 or "halt_early=true" in overrides or r["status"] not in SCORED:
+        return None
+    return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average, and "
+            "its scores count the last step, which training no longer supervises for those samples. Score it at "
+            f"the Q head's halting step too: `python evaluate.py checkpoint={r['run_dir']}/checkpoint "
+            "data_path=<out>/data/built halt_early=true` (or run the command with --eval-override halt_early=true).")
 
 
 def _readout_lines(result: dict) -> list[str]:

@@ -222,7 +222,10 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
                train_seconds=summary.get("wall_time_s"), stop_reason=summary.get("stop_reason"),
                num_params=summary.get("num_params"),
                # exact accuracy on the training batches of the last log window: did the run fit its data?
-               train_exact=(summary.get("final") or {}).get("train/exact_accuracy"))
+               train_exact=(summary.get("final") or {}).get("train/exact_accuracy"),
+               # mean ACT steps of those batches: a run that halts early is scored on a step training skips
+               train_steps=(summary.get("final") or {}).get("train/steps"),
+               halt_max_steps=(recipe.get("arch") or {}).get("halt_max_steps"))
     step = _latest_step(os.path.join(run_dir, "checkpoint"))
     if t["outcome"] == "cut_short":
         rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
