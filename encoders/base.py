@@ -71,7 +71,7 @@ class BaseEncoderConfig(pydantic.BaseModel):
     # chosen by a linear head on the encoder state: a confident encoder hands the core exactly one code, the same
     # for every sample that gets it, like the rule oracle's table (docs/science.md, "What the core needs from the
     # encoder's context")
-    context_codes: int = 0
+    context_codes: int = pydantic.Field(default=0, ge=0)
     # crop the all-PAD tail of the demo canvases before encoding (exact: masked tokens have no effect)
     crop_padding: bool = True
     # run the per-demo blocks on the non-PAD tokens only (exact, like crop_padding, but per demo): projections,
@@ -611,8 +611,6 @@ class ContextHead(nn.Module):
         if num_tokens not in (1, puzzle_emb_len):
             raise EncoderConfigError(f"encoder {cfg.name}: num_queries={num_tokens} must be 1 or equal to "
                                      f"puzzle_emb_len={puzzle_emb_len}")
-        if cfg.context_codes < 0:
-            raise EncoderConfigError(f"encoder {cfg.name}: context_codes must be >= 0, got {cfg.context_codes}")
         self.codes: Optional[nn.Parameter] = None
         if cfg.context_codes:
             # logits over the codes from the flattened encoder state; small init: a near-uniform mixture at the

@@ -380,4 +380,4 @@ def test_the_report_flags_a_run_that_halts_before_the_step_it_is_scored_on():
     assert "**Halts early**: standard halts its training samples after 1.02 of 2 ACT steps" in md
     assert "checkpoint=/o/runs/standard/checkpoint data_path=<out>/data/built halt_early=true" in md
     assert "Halts early" not in lines(1.95) and "Halts early" not in lines(None)
-    assert "Halts early" not in lines(1.0, ["halt_early=true"])
+    assert "Halts early" not in lines(1.0, ["halt_early=true"]) and "Halts early" not in lines(1.0, ["halt_early=True"])

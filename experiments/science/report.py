@@ -213,8 +213,9 @@ def _halts_early(name: str, r: dict, result: dict) -> Optional[str]:
     so the score can be far below the one at the halting step (docs/science.md, "What the core needs from the
     encoder's context": 0.29 against 0.98 for one checkpoint)."""
     steps, top = r.get("train_steps"), r.get("halt_max_steps")
-    overrides = result.get("settings", {}).get("eval_overrides") or []
-    if steps is None or not top or steps > top - 0.5 or "halt_early=true" in overrides or r["status"] not in SCORED:
+    halting = any(o.replace(" ", "").lower() in ("halt_early=true", "halt_early=1")
+                  for o in result.get("settings", {}).get("eval_overrides") or [])
+    if steps is None or not top or steps > top - 0.5 or halting or r["status"] not in SCORED:
         return None
     return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average, and "
             "its scores count the last step, which training no longer supervises for those samples. Score it at "
