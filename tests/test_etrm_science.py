@@ -261,3 +261,40 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
         return json.load(open(os.path.join(d, "predictions.json")))
 
     assert predictions(built) == predictions(other)
+
+
+@pytest.mark.slow
+def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
+    """experiments.science.compare on the command's real science.json and an edited copy of it (another
+    override, other scores): every cell is the family table's pass@1 (held-out / train fit), a row names only
+    what it changes from the baseline, s/step is the run's own, and --runs picks runs."""
+    from experiments.science import compare
+
+    out, res = science_out
+    saved = json.load(open(os.path.join(out, "science.json")))
+    other = tmp_path / "f8-lr"
+    other.mkdir()
+    saved["settings"]["overrides"] = saved["settings"]["overrides"] + ["lr=2e-3", "seed=1"]
+    saved["families"]["flip_rotate"]["runs"]["standard"]["pass@1"] = 0.75
+    saved["runs"]["standard"]["train_seconds"] = 8.0
+    json.dump(saved, open(other / "science.json", "w"))
+    md = compare.main([out, str(other), "--runs", "standard", "--out", str(tmp_path / "t.md")])
+    assert open(tmp_path / "t.md").read() == md == capsys.readouterr().out
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "standard" in line]
+    assert len(rows) == 2 and "control" not in md  # --runs standard
+    fam = res["families"]
+    cells = [c.strip() for c in rows[0].split("|")[1:-1]]
+    want = {f: f"{fam[f]['runs']['standard']['pass@1']:.2f} / {fam[f]['train_runs']['standard']['pass@1']:.2f}"
+            for f in ("all", "colour_map", "flip_rotate")}
+    assert cells[5] == f"**{want['all']}**" and cells[6:] == [want["colour_map"], want["flip_rotate"]]
+    assert cells[1] == " ".join(f"`{o}`" for o in res["settings"]["overrides"]) and cells[2] == "0, 0"
+    r = res["runs"]["standard"]
+    assert cells[3] == "4" and cells[4] == f"{r['train_seconds'] / 4:.2f}"
+    edited = [c.strip() for c in rows[1].split("|")[1:-1]]
+    assert edited[1] == "`lr=2e-3` `seed=1`" and edited[2] == "0, 1" and edited[4] == "2.00"
+    assert edited[7].startswith("0.75 / ") and edited[6] == cells[6]
+    assert len(compare.load_rows([out])) == 2  # both runs without --runs
+    with pytest.raises(ScienceError, match="nowhere/science.json"):
+        compare.load_rows([str(tmp_path / "nowhere")])
+    with pytest.raises(ScienceError, match="no scored run named lpn"):
+        compare.load_rows([out], ["lpn"])

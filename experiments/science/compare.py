@@ -1,0 +1,111 @@
+"""Several science runs side by side: one row per run, the overall and per-family held-out / train-fit pass@1,
+with what each run changed (its ``--override``s), its seeds, steps and seconds per step.
+
+    python -m experiments.science.compare runs/f8 runs/f8-halt4 runs/f8-lr2e-3 [--runs standard] [--out T.md]
+
+Each DIR is a science command's ``--out`` (its science.json); the first is the baseline the others are read
+against, and every other row names only the overrides it adds to or changes from the baseline's. The ablation
+tables of docs/science.md are written with it: every row carries the steps, the s/step and the seeds it rests on.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional, Sequence
+
+from core.errors import user_errors
+from core.io import atomic_write, read_json
+from experiments.science.common import TOTAL_ROW, ScienceError
+from experiments.science.report import SCORED
+
+# overrides that name a path of the run's own (the same option in every --out): not what a run changed
+_PATH_KEYS = ("rule_labels",)
+
+
+def _overrides(settings: dict) -> list[str]:
+    return [o for o in settings.get("overrides") or [] if o.split("=", 1)[0].lstrip("+~") not in _PATH_KEYS]
+
+
+def _training_seed(overrides: Sequence[str]) -> str:
+    seeds = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "seed"]
+    return seeds[-1] if seeds else "0"
+
+
+def load_rows(dirs: Sequence[str], runs: Optional[Sequence[str]] = None) -> list[dict]:
+    """One row per scored run of every DIR's science.json (only the runs named in ``runs``, when given)."""
+    rows = []
+    for d in dirs:
+        res = read_json(os.path.join(d, "science.json"), ScienceError)
+        try:
+            settings, table = res["settings"], res["families"]
+        except (KeyError, TypeError):
+            raise ScienceError(f"{os.path.join(d, 'science.json')}: not a science command's result "
+                               "(no 'settings' / 'families')") from None
+        over = _overrides(settings)
+        for name, r in res.get("runs", {}).items():
+            if r.get("status") not in SCORED or (runs and name not in runs):
+                continue
+            held = {f: row["runs"][name]["pass@1"] for f, row in table.items()
+                    if name in row.get("runs", {}) and row.get("count")}
+            fit = {f: row["train_runs"][name]["pass@1"] for f, row in table.items()
+                   if name in row.get("train_runs", {}) and row.get("train_count")}
+            steps, secs = r.get("steps"), r.get("train_seconds")
+            rows.append({"dir": d, "run": name, "overrides": over, "data_seed": settings["data"].get("seed"),
+                         "seed": _training_seed(over), "steps": steps, "cut_short": r["status"] == "cut_short",
+                         "s_per_step": secs / steps if secs and steps else None, "heldout": held, "fit": fit})
+    if not rows:
+        raise ScienceError(f"no scored run{' named ' + ', '.join(runs) if runs else ''} in {', '.join(dirs)}")
+    return rows
+
+
+def _changes(base: Sequence[str], over: Sequence[str]) -> str:
+    """The overrides of ``over`` that the baseline does not have (an override the baseline has but this run drops
+    is shown as ``-key``)."""
+    added = [o for o in over if o not in base]
+    keys = {o.split("=", 1)[0] for o in over}
+    dropped = [f"-{o.split('=', 1)[0]}" for o in base if o.split("=", 1)[0] not in keys]
+    return " ".join(f"`{o}`" for o in added + dropped) or "(baseline)"
+
+
+def render(rows: list[dict]) -> str:
+    """The markdown table: one row per run, the baseline (first row) with its own overrides."""
+    fams = sorted({f for r in rows for f in r["heldout"] if f != TOTAL_ROW})
+    base = rows[0]["overrides"]
+    head = ["| run | change | seeds (data, training) | steps | s/step | **all** | " + " | ".join(fams) + " |",
+            "|---|---|---|---:|---:|---|" + "---|" * len(fams)]
+
+    def cell(r: dict, f: str) -> str:
+        h, t = r["heldout"].get(f), r["fit"].get(f)
+        if h is None:
+            return "—"
+        return f"{h:.2f}" + (f" / {t:.2f}" if t is not None else "")
+
+    lines = [f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
+             ""] + head
+    for i, r in enumerate(rows):
+        change = (" ".join(f"`{o}`" for o in base) or "(the recipe)") if i == 0 else _changes(base, r["overrides"])
+        steps = f"{r['steps']}{' (cut short)' if r['cut_short'] else ''}"
+        sps = "" if r["s_per_step"] is None else f"{r['s_per_step']:.2f}"
+        lines.append(f"| {os.path.basename(os.path.normpath(r['dir']))}: {r['run']} | {change} | {r['data_seed']}, "
+                     f"{r['seed']} | {steps} | {sps} | **{cell(r, TOTAL_ROW)}** | "
+                     + " | ".join(cell(r, f) for f in fams) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    ap = argparse.ArgumentParser(prog="python -m experiments.science.compare", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dirs", nargs="+", help="science --out dirs (the first is the baseline)")
+    ap.add_argument("--runs", nargs="+", help="only these runs of each dir (e.g. standard control)")
+    ap.add_argument("--out", help="also write the table to this markdown file")
+    a = ap.parse_args(argv)
+    with user_errors():
+        md = render(load_rows(a.dirs, a.runs))
+        if a.out:
+            atomic_write(a.out, lambda f: f.write(md))
+    print(md, end="")
+    return md
+
+
+if __name__ == "__main__":
+    main()
