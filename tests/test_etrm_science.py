@@ -298,3 +298,40 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
         compare.load_rows([str(tmp_path / "nowhere")])
     with pytest.raises(ScienceError, match="no scored run named lpn"):
         compare.load_rows([out], ["lpn"])
+
+
+@pytest.mark.slow
+def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_path):
+    """--halting-step: every run is evaluated a second time with evaluate.py halt_early=true, and the second
+    per-family table is those predictions. A copy of the trained runs whose Q head is made to halt at once
+    (q_halt bias +20, weights 0): the halting-step evaluation runs 1 ACT step (the every-step one 2), and its
+    table's numbers are a direct evaluate.py halt_early=true run's."""
+    from experiments.science.report import HALTING_TABLE
+
+    out, _ = science_out
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    ck_dir = os.path.join(copy, "runs", "standard", "checkpoint")
+    path = [os.path.join(ck_dir, f) for f in os.listdir(ck_dir) if f.startswith("step_")][0]
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    keys = [k for k in state["model"] if k.endswith("q_head.weight")]
+    assert len(keys) == 1
+    state["model"][keys[0]].zero_()
+    state["model"][keys[0].replace("weight", "bias")][0] = 20.0
+    torch.save(state, path)
+    res = main(["--out", copy, "--no-train", "--halting-step"] + ARGS)
+    halt = res[HALTING_TABLE]
+    assert sorted(halt) == sorted(res["families"]) and set(halt["all"]["runs"]) == {"standard", CONTROL}
+    ev = lambda sub: json.load(open(os.path.join(copy, "runs", "standard", sub, "metrics.json")))["metrics"]  # noqa
+    assert ev("eval-halt")["all.steps"] == 1.0 and ev("eval")["all.steps"] == 2.0
+    direct = str(tmp_path / "direct")
+    run(EvaluateConfig(checkpoint=ck_dir, data_path=os.path.join(copy, "data", "built"), output_dir=direct,
+                       device="cpu", progress=False, num_pictures=0, pass_ks=[1, 2], halt_early=True))
+    assert json.load(open(os.path.join(direct, "predictions.json"))) == json.load(
+        open(os.path.join(copy, "runs", "standard", "eval-halt", "predictions.json")))
+    m = json.load(open(os.path.join(direct, "metrics.json")))["metrics"]
+    assert halt["all"]["runs"]["standard"]["pass@1"] == pytest.approx(m["ARC/pass@1"])
+    assert res["runs"]["standard"]["halting_step"]["metrics"]["ARC/pass@1"] == pytest.approx(m["ARC/pass@1"])
+    assert "train_fit_metrics" in res["runs"]["standard"]["halting_step"] and "train_runs" in halt["all"]
+    md = open(os.path.join(copy, "science.md")).read()
+    assert md.count("| **all** | 6 |") == 2 and "## At the Q head's halting step" in md

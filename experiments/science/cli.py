@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rule-readout", type=float, default=0.0, metavar="W",
                     help="weight of an auxiliary loss that asks a head on the encoder's context to name each training "
                          "puzzle's rule (family and parameters; synthetic families only; docs/science.md)")
+    ap.add_argument("--halting-step", action="store_true",
+                    help="also score every run at its Q head's halting step (evaluate.py halt_early=true): a second "
+                         "per-family table; done anyway for a run whose training samples halt early")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="Hydra override for pretrain_encoder.py (repeatable), e.g. --override lr=3e-4")
@@ -138,7 +141,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                       seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
                                       config=args.config, command=command, input_file_prefix=args.input_file_prefix,
                                       groups_file=args.groups, train_fit_puzzles=args.train_fit_puzzles,
-                                      no_train=args.no_train, curve=args.curve, rule_readout=args.rule_readout)
+                                      no_train=args.no_train, curve=args.curve, rule_readout=args.rule_readout,
+                                      halting_step=args.halting_step)
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume (a cut-short run continues from its last "
              f"checkpoint; --no-train evaluates what exists in {args.out})", code=130)

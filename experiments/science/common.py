@@ -19,6 +19,7 @@ UNFIT_TRAIN_EXACT = 0.5  # below this train exact a run's held-out table is flag
 TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / group may have this name)
 # a run's evaluations by the report: (subdirectory of the run dir, what it scores)
 HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
+HALT_HELDOUT_EVAL, HALT_FIT_EVAL = "eval-halt", "eval-train-halt"  # the same at the Q head's halting step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 

@@ -90,6 +90,7 @@ def check_against_evaluator(table: dict, runs: dict[str, dict]) -> None:
 
 
 SCORED = ("ok", "cut_short")  # statuses whose runs have predictions (a cut-short run: of its last checkpoint)
+HALTING_TABLE = "families_at_halting_step"  # science.json: the per-family table at the Q head's halting step
 
 
 def _recipe_text(s: dict) -> str:
@@ -140,11 +141,12 @@ def _cell(scores: Optional[dict], n: int) -> str:
     return "—" if not n else ("" if scores is None else f"{scores['pass@1']:.2f} / {scores['pass@2']:.2f}")
 
 
-def _family_lines(result: dict) -> list[str]:
-    runs = [r for r in result["runs"] if result["runs"][r]["status"] in SCORED]
+def _family_lines(result: dict, key: str = "families") -> list[str]:
+    table = result.get(key)
+    runs = [r for r in result["runs"]
+            if result["runs"][r]["status"] in SCORED and table and r in table[TOTAL_ROW]["runs"]]
     if not runs:
         return []
-    table = result["families"]
     fit = "train_count" in table[TOTAL_ROW]
     what = "group" if "files" in result["settings"]["data"] else "family"
     head = [f"| {what} | n |" + (" n train |" if fit else ""), "|---|---:|" + ("---:|" if fit else "")]
@@ -207,16 +209,27 @@ def _run_lines(result: dict) -> list[str]:
     return lines
 
 
-def _halts_early(name: str, r: dict, result: dict) -> Optional[str]:
-    """A note for a run whose Q head halts its training samples well before ``halt_max_steps`` while the evaluation
-    scores the last ACT step (evaluate.py's default): training no longer supervises the steps after a sample halts,
-    so the score can be far below the one at the halting step (docs/science.md, "What the core needs from the
-    encoder's context": 0.29 against 0.98 for one checkpoint)."""
+def halts_early(r: dict, eval_overrides: Sequence[str]) -> bool:
+    """Whether a scored run's Q head halts its training samples half a step or more before ``halt_max_steps``
+    while its evaluation scores the last ACT step (evaluate.py's default, i.e. no ``halt_early=true`` among
+    ``eval_overrides``): training no longer supervises the steps after a sample halts, so that score can be far
+    below the one at the halting step (docs/science.md, "What the core needs from the encoder's context": 0.29
+    against 0.98 for one checkpoint)."""
     steps, top = r.get("train_steps"), r.get("halt_max_steps")
-    halting = any(o.replace(" ", "").lower() in ("halt_early=true", "halt_early=1")
-                  for o in result.get("settings", {}).get("eval_overrides") or [])
-    if steps is None or not top or steps > top - 0.5 or halting or r["status"] not in SCORED:
+    halting = any(o.replace(" ", "").lower() in ("halt_early=true", "halt_early=1") for o in eval_overrides or [])
+    return not (steps is None or not top or steps > top - 0.5 or halting or r.get("status") not in SCORED)
+
+
+def _halts_early(name: str, r: dict, result: dict) -> Optional[str]:
+    """The report's note for a run that :func:`halts_early`."""
+    if not halts_early(r, result.get("settings", {}).get("eval_overrides") or []):
         return None
+    steps, top = r["train_steps"], r["halt_max_steps"]
+    if "halting_step" in r:
+        return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average; "
+                "the tables above count the last step, which training no longer supervises for those samples, and "
+                "\"At the Q head's halting step\" scores the same checkpoint where each sample halts "
+                "(evaluate.py halt_early=true).")
     return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average, and "
             "its scores count the last step, which training no longer supervises for those samples. Score it at "
             f"the Q head's halting step too: `python evaluate.py checkpoint={r['run_dir']}/checkpoint "
@@ -241,7 +254,14 @@ def _readout_lines(result: dict) -> list[str]:
 def render_markdown(result: dict) -> str:
     """science.md: the settings, the per-family (per-group) table of the runs that were evaluated, held-out next to
     train fit, every run's status and training fit (and, for rule-readout runs, what the context names)."""
-    lines = _settings_lines(result) + _family_lines(result) + _readout_lines(result) + _run_lines(result)
+    lines = _settings_lines(result) + _family_lines(result)
+    halting = _family_lines(result, HALTING_TABLE)
+    if halting:
+        lines += ["## At the Q head's halting step", "",
+                  "The same checkpoints scored where each sample's Q head halts (evaluate.py `halt_early=true`) "
+                  "instead of after every ACT step: the score of a run whose samples halt early (training does not "
+                  "supervise the steps after that).", ""] + halting
+    lines += _readout_lines(result) + _run_lines(result)
     lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"
 

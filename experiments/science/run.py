@@ -35,6 +35,8 @@ from experiments.science.common import (
     CONTROL,
     ENCODERS,
     FIT_EVAL,
+    HALT_FIT_EVAL,
+    HALT_HELDOUT_EVAL,
     HELDOUT_EVAL,
     ScienceError,
     check_same,
@@ -55,7 +57,14 @@ from experiments.science.data import (
     synthetic_rules_path,
 )
 from experiments.science.readout import readout_accuracy
-from experiments.science.report import augmentation_note, check_against_evaluator, family_table, write_report
+from experiments.science.report import (
+    HALTING_TABLE,
+    augmentation_note,
+    check_against_evaluator,
+    family_table,
+    halts_early,
+    write_report,
+)
 from models import ArchConfigError
 from training.checkpoint import list_checkpoints
 from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
@@ -167,7 +176,7 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
                     message=f"{(summary or {}).get('stop_reason') or 'killed'}, last checkpoint step {before}; "
                             "not resumed (--no-train)")
     if before is None:  # trained from scratch: evaluations in the run dir are of other weights (same step numbers)
-        for sub in (HELDOUT_EVAL, FIT_EVAL):
+        for sub in (HELDOUT_EVAL, FIT_EVAL, HALT_HELDOUT_EVAL, HALT_FIT_EVAL):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
     cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{hydra_quote(built)}]",
            f"encoder={encoder}", f"checkpoint_path={hydra_quote(ck)}", f"hydra.run.dir={hydra_quote(os.path.join(run_dir, 'hydra'))}",
@@ -197,12 +206,38 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
 _METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac")
 
 
+def _evaluate(name: str, run_dir: str, data: ScienceData, heldout: list[str], fit: Optional[tuple[str, list[str]]],
+              step: int, eval_overrides: list[str], subs: tuple[str, str], what: str) -> tuple[dict, Optional[dict]]:
+    """Stage 3 for one run: evaluate.py on the held-out puzzles and on the train-fit set (into the run dir's
+    ``subs``). Returns (the record's scores: metrics and predictions paths, None) or ({}, the held-out failure);
+    a train-fit failure leaves the held-out numbers and is recorded as ``train_fit_failed``."""
+    m, failed = evaluate_checkpoint(name, run_dir, data.built, subs[0], heldout, step, eval_overrides,
+                                    f"the held-out puzzles{what}")
+    if failed is not None:
+        return {}, failed
+    metrics = m["metrics"]
+    rec = dict(eval_seconds=metrics.get("eval/wall_seconds"), evaluated_step=m.get("checkpoint_step"),
+               predictions=os.path.join(run_dir, subs[0], "predictions.json"),
+               metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics})
+    if fit is not None:
+        m, failed = evaluate_checkpoint(name, run_dir, fit[0], subs[1], fit[1], step, eval_overrides,
+                                        f"the train-fit set ({len(fit[1])} training puzzles){what}")
+        if failed is not None:  # the held-out numbers stand; the train-fit column stays empty
+            rec["train_fit_failed"] = failed["message"]
+        else:
+            rec.update(train_fit_predictions=os.path.join(run_dir, subs[1], "predictions.json"),
+                       train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
+    return rec, None
+
+
 def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tuple[str, list[str]]], *,
                        config: str, steps: Optional[int], overrides: list[str], eval_overrides: list[str],
-                       recipe: dict, no_train: bool = False) -> dict:
+                       recipe: dict, no_train: bool = False, halting_step: bool = False) -> dict:
     """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished; a
-    cut-short run resumes), then evaluate.py on the held-out puzzles and the train-fit set. Returns the run's
-    record (status ok | cut_short | not_trained | train_failed | eval_failed, steps, times, metrics, paths)."""
+    cut-short run resumes), then evaluate.py on the held-out puzzles and the train-fit set -- a second time at the
+    Q head's halting step (``halting_step``, or a run that :func:`~experiments.science.report.halts_early`).
+    Returns the run's record (status ok | cut_short | not_trained | train_failed | eval_failed, steps, times,
+    metrics, paths; ``halting_step``: the same scores at the halting step)."""
     encoder, extra = run_plan(name)
     run_dir = os.path.join(out, "runs", name)
     spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
@@ -232,22 +267,17 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
     heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
     enc = recipe.get("encoder") or {}
     eval_overrides = oracle_eval_overrides(recipe, overrides, eval_overrides)
-    m, failed = evaluate_checkpoint(name, run_dir, data.built, HELDOUT_EVAL, heldout, step, eval_overrides,
-                          "the held-out puzzles")
+    scores, failed = _evaluate(name, run_dir, data, heldout, fit, step, eval_overrides, (HELDOUT_EVAL, FIT_EVAL), "")
     if failed is not None:
         return dict(rec, **failed)
-    metrics = m["metrics"]
-    rec.update(status="ok" if t["outcome"] == "finished" else "cut_short", eval_seconds=metrics.get("eval/wall_seconds"),
-               evaluated_step=m.get("checkpoint_step"), predictions=os.path.join(run_dir, HELDOUT_EVAL, "predictions.json"),
-               metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics})
-    if fit is not None:
-        m, failed = evaluate_checkpoint(name, run_dir, fit[0], FIT_EVAL, fit[1], step, eval_overrides,
-                              f"the train-fit set ({len(fit[1])} training puzzles)")
-        if failed is not None:  # the held-out numbers stand; the train-fit column stays empty
-            rec["train_fit_failed"] = failed["message"]
+    rec.update(scores, status="ok" if t["outcome"] == "finished" else "cut_short")
+    if halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
+        scores, failed = _evaluate(name, run_dir, data, heldout, fit, step, eval_overrides + ["halt_early=true"],
+                                   (HALT_HELDOUT_EVAL, HALT_FIT_EVAL), " at the halting step")
+        if failed is not None:  # the every-step numbers stand
+            rec["halting_step_failed"] = failed["message"]
         else:
-            rec.update(train_fit_predictions=os.path.join(run_dir, FIT_EVAL, "predictions.json"),
-                       train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
+            rec["halting_step"] = scores
     if enc.get("rule_readout", 0) > 0 and not enc.get("oracle_context"):  # what the context names
         ck, rules = os.path.join(run_dir, "checkpoint"), synthetic_rules_path(out)
         try:
@@ -257,6 +287,21 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
             say(f"{name}: rule readout FAILED: {e}")
             rec["rule_readout_failed"] = str(e)
     return rec
+
+
+def _table(data: ScienceData, scored: dict[str, dict], fit: Optional[tuple[str, list[str]]],
+           holdout_families: Sequence[str]) -> dict:
+    """The per-family table of the runs' evaluations (records with ``predictions`` / ``train_fit_predictions``
+    paths, which are dropped from them here), checked against evaluate.py's own pass@K."""
+    fit_pred = {n: read_json(r["train_fit_predictions"], ScienceError) for n, r in scored.items()
+                if "train_fit_predictions" in r}
+    table = family_table(data.rules, {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
+                         holdout_families, train_fit=(fit[1], fit_pred) if fit else None)
+    check_against_evaluator(table, scored)
+    for r in scored.values():
+        r.pop("predictions", None)
+        r.pop("train_fit_predictions", None)
+    return table
 
 
 def _check_inputs(encoders: Sequence[str], families: Optional[Sequence[str]], holdout_families: Sequence[str],
@@ -303,7 +348,8 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
                         overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
                         config: str = DEFAULT_CONFIG, command: str = "", input_file_prefix: Optional[str] = None,
                         groups_file: Optional[str] = None, train_fit_puzzles: int = TRAIN_FIT_PUZZLES,
-                        no_train: bool = False, curve: bool = False, rule_readout: float = 0.0) -> dict:
+                        no_train: bool = False, curve: bool = False, rule_readout: float = 0.0,
+                        halting_step: bool = False) -> dict:
     """The whole experiment (see the module docstring); returns the result written to science.json.
 
     ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
@@ -311,7 +357,9 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
     files. ``no_train``: train nothing, evaluate what exists. ``curve``: also every kept checkpoint
     (:mod:`experiments.science.curve`). ``rule_readout``: weight of the auxiliary rule-readout loss (synthetic
-    families only: the builder's rules.json labels the training puzzles; docs/science.md "Rule readout")."""
+    families only: the builder's rules.json labels the training puzzles; docs/science.md "Rule readout").
+    ``halting_step``: also score every run at its Q head's halting step (always done for a run whose samples
+    halt early), a second per-family table."""
     t0 = time.time()
     out = os.path.abspath(out)  # the stages run in the repository root
     _check_files_mode(input_file_prefix, groups_file, {"families": families, "holdout_families": holdout_families,
@@ -348,16 +396,14 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
         data = prepare_synthetic(out, data_settings, no_train=no_train)
     fit = prepare_fit(out, data, train_fit_puzzles)
     runs = {n: train_and_evaluate(out, n, data, fit, config=config, steps=steps, overrides=list(overrides),
-                                  eval_overrides=list(eval_overrides), recipe=recipes[n], no_train=no_train)
+                                  eval_overrides=list(eval_overrides), recipe=recipes[n], no_train=no_train,
+                                  halting_step=halting_step)
             for n in names}
     scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
-    fit_pred = {n: read_json(r["train_fit_predictions"], ScienceError) for n, r in scored.items() if "train_fit_predictions" in r}
-    table = family_table(data.rules, {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
-                         holdout_families if user is None else (), train_fit=(fit[1], fit_pred) if fit else None)
-    check_against_evaluator(table, runs)
-    for r in runs.values():
-        r.pop("predictions", None)
-        r.pop("train_fit_predictions", None)
+    tables = {"families": _table(data, scored, fit, holdout_families if user is None else ())}
+    halting = {n: r["halting_step"] for n, r in scored.items() if "halting_step" in r}
+    if halting:
+        tables[HALTING_TABLE] = _table(data, halting, fit, holdout_families if user is None else ())
     settings: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": steps, "config": config,
                                 "overrides": list(overrides), "eval_overrides": list(eval_overrides),
                                 "grouping": data.grouping, "train_fit_puzzles": len(fit[1]) if fit else 0,
@@ -365,7 +411,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     if user is not None:
         settings["input_file_prefix"] = user.prefix
     result = {"command": command or "python -m experiments.science --out " + out, "settings": settings,
-              "runs": runs, "families": table, "wall_seconds": round(time.time() - t0, 1)}
+              "runs": runs, **tables, "wall_seconds": round(time.time() - t0, 1)}
     md = write_report(out, result)
     print(md, flush=True)
     say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
