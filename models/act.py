@@ -109,6 +109,12 @@ class IOStem(nn.Module):
                 raise ValueError(f"grid_coords=true needs a square canvas, but the data's seq_len {seq_len} is not a "
                                  f"square")
             self.embed_grid = GridCoordEmbedding(side, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
+        self.context_broadcast = bool(getattr(config, "context_broadcast", False))
+        if self.context_broadcast:  # zero-initialised, the RNG untouched: a fresh model is the one without it
+            with torch.random.fork_rng(devices=[]):
+                self.context_proj = CastedLinear(self.puzzle_emb_len * hidden_size, hidden_size, bias=False)
+            with torch.no_grad():
+                self.context_proj.weight.zero_()
         # Q head: zero weights, bias -5 (almost never halts early at the start of training).
         with torch.no_grad():
             self.q_head.weight.zero_()
@@ -128,6 +134,7 @@ class IOStem(nn.Module):
         Prefix (P = ``puzzle_emb_len`` positions): ``prefix_context`` [b, P, hidden] when given (ETRM), else the
         puzzle embedding in the first ``ceil(puzzle_emb_ndim/hidden)`` positions and zeros after it (TRM: one
         learned token + 15 zero tokens), else zeros. The prefix goes through the same sqrt(hidden) scaling.
+        ``context_broadcast``: every grid token also gets ``context_proj`` of the whole prefix (zero at init).
         """
         emb = self.embed_tokens(inputs.to(torch.int32))
         if self.grid_coords:
@@ -148,6 +155,8 @@ class IOStem(nn.Module):
                 prefix = pe.view(b, P, self.hidden_size).to(emb.dtype)
             else:
                 prefix = emb.new_zeros(b, P, self.hidden_size)
+            if self.context_broadcast:  # every token also gets the whole context, projected
+                emb = emb + self.context_proj(prefix.reshape(b, 1, P * self.hidden_size))
             emb = torch.cat((prefix, emb), dim=-2)
         elif prefix_context is not None:
             raise ValueError("prefix_context was given but the model has puzzle_emb_len = 0")

@@ -56,6 +56,9 @@ def check_heads(cfg):
                                            or getattr(cfg, "pointer_source", "token") != "token"):
         raise ValueError(f"pointer_init / pointer_source apply to pos_encodings=pointer only, but pos_encodings is "
                          f"{cfg.pos_encodings!r}")
+    if getattr(cfg, "context_broadcast", False) and cfg.puzzle_emb_len == 0 and cfg.puzzle_emb_ndim == 0:
+        raise ValueError("context_broadcast=true adds the context slots to every token, but the model has none "
+                         "(puzzle_emb_len = 0 and puzzle_emb_ndim = 0)")
     if cfg.pos_encodings == "pointer" and getattr(cfg, "mlp_t", False):
         raise ValueError("pos_encodings=pointer rotates attention queries, but mlp_t=true has no attention")
     return cfg
@@ -91,6 +94,11 @@ class ArchConfig(BaseModel):
     # pos_encodings=pointer: what sets a query's pointer (token: its own hidden state; context: the first context
     # slot's, shared by every query of the sample; needs puzzle_emb_len >= 1)
     pointer_source: Literal["token", "context"] = "token"
+    # add a learned projection of the context slots (the puzzle embedding / the encoder's context) to every grid
+    # token's input embedding, so that each cell reads the rule directly at every recursion instead of only through
+    # attention to the prefix; zero-initialised (a fresh model computes what it does without it); needs a prefix
+    # (docs/science.md, "Broadcasting the context to every cell")
+    context_broadcast: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"

@@ -62,3 +62,27 @@ def test_context_head_options_are_wired_from_config_to_checkpoint_to_evaluate(bu
     save_checkpoint_atomic(raw, str(tmp_path / "other.pt"))
     other = _evaluate(ev, tmp_path / "other.pt", built, tmp_path / "ev2")
     assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
+
+
+def test_context_broadcast_is_wired_from_config_to_checkpoint_to_evaluate(built, tmp_path):
+    """arch.context_broadcast=true through the real loop: the checkpoint stores the option and the trained
+    projection (moved from its zero start), evaluate.py rebuilds the model (the run's own eval numbers), and the
+    same checkpoint with the projection zeroed gives other numbers."""
+    import evaluate as ev  # noqa: PLC0415 - test-only imports
+    from training.checkpoint import read_checkpoint, save_checkpoint_atomic  # noqa: PLC0415
+    from training.loop import train  # noqa: PLC0415
+    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
+                                      f"checkpoint_path={tmp_path / 'ck'}", "arch.context_broadcast=true"])
+    assert cfg.arch.context_broadcast
+    summary = train(cfg)
+    raw = read_checkpoint(summary["last_checkpoint"])
+    assert raw["config"]["arch"]["context_broadcast"] is True
+    key = next(k for k in raw["model"] if k.endswith("context_proj.weight"))
+    assert raw["model"][key].shape == (32, cfg.arch.puzzle_emb_len * 32) and raw["model"][key].abs().max() > 0
+    m = _evaluate(ev, summary["last_checkpoint"], built, tmp_path / "ev")
+    for k in ("all.accuracy", "all.lm_loss"):
+        assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
+    raw["model"][key] = torch.zeros_like(raw["model"][key])
+    save_checkpoint_atomic(raw, str(tmp_path / "zeroed.pt"))
+    other = _evaluate(ev, tmp_path / "zeroed.pt", built, tmp_path / "ev2")
+    assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)

@@ -569,3 +569,35 @@ def test_pointer_source_context_gives_every_query_of_a_sample_the_pointer_of_its
     with pytest.raises(ArchConfigError, match="first context slot"):
         parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "context",
                            "puzzle_emb_len": 0, "puzzle_emb_ndim": 0})
+
+
+def test_context_broadcast_adds_the_projected_context_to_every_token_and_starts_as_the_model_without_it():
+    """context_broadcast=true in TRM, HRM and the transformer: a fresh model computes exactly what the same seed
+    without it computes (zero projection, the other weights drawn as before), the projection gets gradient from
+    that zero start, and every grid token's input embedding is the plain one plus sqrt(hidden) * W @ (the whole
+    context, flattened) while the prefix positions are unchanged. Refused without context slots."""
+    for name in ("trm", "hrm", "transformer"):
+        plain, bc = make(name).eval(), make(name, context_broadcast=True).eval()  # eval: the table read directly
+        extra = set(bc.state_dict()) - set(plain.state_dict())
+        assert extra == {"inner.context_proj.weight"}, (name, extra)
+        assert all(torch.equal(v, bc.state_dict()[k]) for k, v in plain.state_dict().items()), name
+        batch = batch_of()
+        with torch.no_grad():
+            bc.inner.puzzle_emb.weights.normal_()  # a non-zero context (the embedding table starts at zero)
+            plain.inner.puzzle_emb.weights.copy_(bc.inner.puzzle_emb.weights)
+        (_, a), (_, b) = plain(plain.initial_carry(batch), batch), bc(bc.initial_carry(batch), batch)
+        assert torch.equal(a["logits"], b["logits"]), name
+        b["logits"].square().sum().backward()
+        w = bc.inner.context_proj.weight
+        assert w.grad is not None and w.grad.abs().sum() > 0, name
+        P, H = bc.inner.puzzle_emb_len, bc.inner.hidden_size
+        with torch.no_grad():
+            w.normal_()
+            ctx = torch.randn(4, P, H)
+            ea = plain.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], ctx)
+            eb = bc.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], ctx)
+        assert torch.equal(ea[:, :P], eb[:, :P]), name
+        want = H ** 0.5 * (ctx.reshape(4, P * H) @ w.T)[:, None, :]
+        assert torch.allclose(eb[:, P:] - ea[:, P:], want.expand(-1, SEQ, -1), atol=1e-4), name
+    with pytest.raises(ArchConfigError, match="context_broadcast"):
+        parse_arch_config({**TINY["trm"], "puzzle_emb_ndim": 0, "puzzle_emb_len": 0, "context_broadcast": True})
