@@ -335,3 +335,25 @@ def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_pa
     assert "train_fit_metrics" in res["runs"]["standard"]["halting_step"] and "train_runs" in halt["all"]
     md = open(os.path.join(copy, "science.md")).read()
     assert md.count("| **all** | 6 |") == 2 and "## At the Q head's halting step" in md
+
+
+@pytest.mark.slow
+def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science_out, tmp_path, capsys):
+    """A run.json written before the arch config gained a field (here: its record without context_broadcast) is
+    the run with that field at its default: the same command reuses the run; a saved record with the field at
+    another value is still refused, naming it."""
+    out, _ = science_out
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    spath = os.path.join(copy, "runs", "standard", "run.json")
+    spec = json.load(open(spath))
+    del spec["recipe"]["arch"]["context_broadcast"]
+    json.dump(spec, open(spath, "w"))
+    capsys.readouterr()
+    main(["--out", copy] + ARGS)
+    assert capsys.readouterr().out.count("training finished earlier") == 2
+    spec["recipe"]["arch"]["context_broadcast"] = True
+    json.dump(spec, open(spath, "w"))
+    with pytest.raises(SystemExit) as e:
+        main(["--out", copy] + ARGS)
+    assert e.value.code == 2 and "recipe.arch.context_broadcast=True" in capsys.readouterr().err
