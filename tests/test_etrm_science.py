@@ -274,7 +274,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     saved = json.load(open(os.path.join(out, "science.json")))
     other = tmp_path / "f8-lr"
     other.mkdir()
-    saved["settings"]["overrides"] = saved["settings"]["overrides"] + ["lr=2e-3", "seed=1"]
+    saved["settings"]["overrides"] = saved["settings"]["overrides"] + ["lr=2e-3", "seed=1", "checkpoint_every=1000"]
     saved["families"]["flip_rotate"]["runs"]["standard"]["pass@1"] = 0.75
     saved["runs"]["standard"]["train_seconds"] = 8.0
     json.dump(saved, open(other / "science.json", "w"))
@@ -287,7 +287,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     want = {f: f"{fam[f]['runs']['standard']['pass@1']:.2f} / {fam[f]['train_runs']['standard']['pass@1']:.2f}"
             for f in ("all", "colour_map", "flip_rotate")}
     assert cells[5] == f"**{want['all']}**" and cells[6:] == [want["colour_map"], want["flip_rotate"]]
-    assert cells[1] == " ".join(f"`{o}`" for o in res["settings"]["overrides"]) and cells[2] == "0, 0"
+    assert cells[1] == "(baseline) " + " ".join(f"`{o}`" for o in res["settings"]["overrides"]) and cells[2] == "0, 0"
     r = res["runs"]["standard"]
     assert cells[3] == "4" and cells[4] == f"{r['train_seconds'] / 4:.2f}"
     edited = [c.strip() for c in rows[1].split("|")[1:-1]]

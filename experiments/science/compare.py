@@ -17,13 +17,11 @@ from core.errors import user_errors
 from core.io import atomic_write, read_json
 from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.report import SCORED
-
-# overrides that name a path of the run's own (the same option in every --out): not what a run changed
-_PATH_KEYS = ("rule_labels",)
-
+from experiments.science.run import recipe_override
 
 def _overrides(settings: dict) -> list[str]:
-    return [o for o in settings.get("overrides") or [] if o.split("=", 1)[0].lstrip("+~") not in _PATH_KEYS]
+    """The --override's that change what a run learns (not its paths or checkpoint interval)."""
+    return [o for o in settings.get("overrides") or [] if recipe_override(o)]
 
 
 def _training_seed(overrides: Sequence[str]) -> str:
@@ -64,7 +62,7 @@ def _changes(base: Sequence[str], over: Sequence[str]) -> str:
     added = [o for o in over if o not in base]
     keys = {o.split("=", 1)[0] for o in over}
     dropped = [f"-{o.split('=', 1)[0]}" for o in base if o.split("=", 1)[0] not in keys]
-    return " ".join(f"`{o}`" for o in added + dropped) or "(baseline)"
+    return " ".join(f"`{o}`" for o in added + dropped) or "(as the baseline)"
 
 
 def render(rows: list[dict]) -> str:
@@ -83,7 +81,7 @@ def render(rows: list[dict]) -> str:
     lines = [f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
              ""] + head
     for i, r in enumerate(rows):
-        change = (" ".join(f"`{o}`" for o in base) or "(the recipe)") if i == 0 else _changes(base, r["overrides"])
+        change = ("(baseline) " + " ".join(f"`{o}`" for o in base)).strip() if i == 0 else _changes(base, r["overrides"])
         steps = f"{r['steps']}{' (cut short)' if r['cut_short'] else ''}"
         sps = "" if r["s_per_step"] is None else f"{r['s_per_step']:.2f}"
         lines.append(f"| {os.path.basename(os.path.normpath(r['dir']))}: {r['run']} | {change} | {r['data_seed']}, "

@@ -98,7 +98,7 @@ def recipe_record(cfg: PretrainConfig) -> dict:
     return json.loads(json.dumps(rec))
 
 
-def _recipe_override(o: str) -> bool:
+def recipe_override(o: str) -> bool:
     """Whether a Hydra override can change what a run learns (not a checkpoint-interval key)."""
     return o.split("=", 1)[0].lstrip("+~") not in _PER_RUN_KEYS
 
@@ -108,7 +108,7 @@ def _comparable(spec: Optional[dict]) -> Optional[dict]:
     left out), for the refuse-other-settings check."""
     if spec is None:
         return None
-    spec = dict(spec, overrides=[o for o in spec.get("overrides", []) if _recipe_override(o)])
+    spec = dict(spec, overrides=[o for o in spec.get("overrides", []) if recipe_override(o)])
     if isinstance(spec.get("recipe"), dict):
         spec["recipe"] = {k: v for k, v in spec["recipe"].items() if k not in _PER_RUN_KEYS}
         arch = spec["recipe"].get("arch")
@@ -430,5 +430,5 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
     if curve:
         run_curve(out, data, fit, runs, oracle_eval_overrides(recipes[names[0]], overrides, eval_overrides),
-                  title=" ".join(o for o in overrides if _recipe_override(o)) or config)
+                  title=" ".join(o for o in overrides if recipe_override(o)) or config)
     return result
