@@ -101,7 +101,7 @@ def plot(curves: Sequence[dict], path: str) -> str:
     zero-demo control dashed)."""
     from matplotlib.figure import Figure  # optional dependency, only when drawing
 
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 5))
     axes = fig.subplots(1, 2, sharey=True)
     for c in curves:
         for name, points in c["runs"].items():
@@ -120,8 +120,10 @@ def plot(curves: Sequence[dict], path: str) -> str:
         ax.axhline(0.9, color="grey", lw=0.8, ls=":")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("pass@1 (all families)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    rows = -(-len(labels) // 2)  # below both panels, two columns: long --override labels overlap no curve
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, min(0.4, 0.05 + 0.055 * rows), 1, 1))
     fig.savefig(path, dpi=110)
     return path
 
