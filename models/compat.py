@@ -39,7 +39,7 @@ from models.registry import ARCH_REGISTRY, _to_dict
 # Fields that change what the weights mean: a mismatch is refused unless explicitly allowed.
 STRUCTURAL_FIELDS = ("name", "hidden_size", "num_heads", "expansion", "L_layers", "H_layers", "num_layers",
                      "H_cycles", "L_cycles", "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t",
-                     "rope_theta", "rms_norm_eps", "grid_coords")
+                     "rope_theta", "rms_norm_eps", "grid_coords", "context_broadcast")
 # Fields that change behaviour but not the meaning of weights: a mismatch only warns.
 # (forward_dtype, exploration and eval-halting are run-time choices and are not compared.)
 BEHAVIOURAL_FIELDS = ("halt_max_steps", "no_ACT_continue")

@@ -601,3 +601,7 @@ def test_context_broadcast_adds_the_projected_context_to_every_token_and_starts_
         assert torch.allclose(eb[:, P:] - ea[:, P:], want.expand(-1, SEQ, -1), atol=1e-4), name
     with pytest.raises(ArchConfigError, match="context_broadcast"):
         parse_arch_config({**TINY["trm"], "puzzle_emb_ndim": 0, "puzzle_emb_len": 0, "context_broadcast": True})
+    from models.compat import ArchMismatchError, check_arch_compat  # weights of one are not the other's
+    with pytest.raises(ArchMismatchError, match="context_broadcast: checkpoint has True, model has False"):
+        check_arch_compat({**TINY["trm"], "context_broadcast": True}, TINY["trm"])
+    check_arch_compat(TINY["trm"], {**TINY["trm"], "context_broadcast": False})  # missing = its default
