@@ -53,13 +53,14 @@ def _as_dict(cfg: Any) -> Dict[str, Any]:
     return _to_dict(cfg)
 
 
-def _normalise(cfg: Mapping[str, Any]) -> Dict[str, Any]:
-    """Fill defaults through the registered config class when possible (so a missing key = its default)."""
+def normalise_arch(cfg: Mapping[str, Any]) -> Dict[str, Any]:
+    """Fill defaults through the registered config class when possible (so a missing key = its default: a config
+    written before a field existed reads as that field at its default)."""
     d = dict(cfg)
     name = d.get("name")
     if name in ARCH_REGISTRY:
         try:
-            return ARCH_REGISTRY[name][0](**d).model_dump()
+            return ARCH_REGISTRY[name][0](**d).model_dump(mode="json")
         except Exception:  # noqa: BLE001 - unknown keys in an old config: compare what is there
             return d
     return d
@@ -72,7 +73,7 @@ def check_arch_compat(stored: Any, current: Any, *, allow: Iterable[str] = (), c
     ``L_cycles: checkpoint has 4, model has 6``) unless the field is in ``allow``; behavioural differences
     (halt_max_steps, ...) and allowed ones are reported with ``warnings.warn``.
     """
-    s, c = _normalise(_as_dict(stored)), _normalise(_as_dict(current))
+    s, c = normalise_arch(_as_dict(stored)), normalise_arch(_as_dict(current))
     allow = set(allow)
     refused, warned = [], []
     for key in STRUCTURAL_FIELDS + BEHAVIOURAL_FIELDS:

@@ -65,7 +65,8 @@ from experiments.science.report import (
     halts_early,
     write_report,
 )
-from models import ARCH_REGISTRY, ArchConfigError
+from models import ArchConfigError
+from models.compat import normalise_arch
 from training.checkpoint import list_checkpoints
 from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
 
@@ -111,20 +112,9 @@ def _comparable(spec: Optional[dict]) -> Optional[dict]:
     spec = dict(spec, overrides=[o for o in spec.get("overrides", []) if recipe_override(o)])
     if isinstance(spec.get("recipe"), dict):
         spec["recipe"] = {k: v for k, v in spec["recipe"].items() if k not in _PER_RUN_KEYS}
-        arch = spec["recipe"].get("arch")
-        if isinstance(arch, dict) and arch.get("name") in ARCH_REGISTRY:
-            spec["recipe"]["arch"] = _with_new_arch_defaults(arch)
+        if isinstance(spec["recipe"].get("arch"), dict):  # a field added since the record was written = its default
+            spec["recipe"]["arch"] = normalise_arch(spec["recipe"]["arch"])
     return spec
-
-
-def _with_new_arch_defaults(arch: dict) -> dict:
-    """An arch record with every field the arch config has gained since it was written (a key it lacks) at that
-    field's default: a run made before an option existed is the run with the option at its default, so an --out
-    stays usable when the platform gains an (off by default) option."""
-    fields = ARCH_REGISTRY[arch["name"]][0].model_fields
-    new = {k: f.default for k, f in fields.items()
-           if k not in arch and not f.is_required() and not f.exclude and isinstance(f.default, (bool, int, float, str))}
-    return {**arch, **new}
 
 
 def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequence[str]) -> dict:
