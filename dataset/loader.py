@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing as mp
+import json
 import os
+import re
 import signal
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -29,6 +31,7 @@ from dataset.common import (
     IGNORE_LABEL_ID,
     PAD_ID,
     DatasetError,
+    PUZZLE_ID_SEPARATOR,
     DatasetMetadata,
     canvas_side,
     load_metadata,
@@ -54,6 +57,10 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
     test_mode: bool = False
     # Seeded choice of this many groups (original puzzles); None = all.
     max_groups: Optional[int] = pydantic.Field(default=None, gt=0)
+    # Keep only the groups whose puzzle name (identifiers.json, without the augmentation suffix) matches this
+    # regular expression (re.search), applied before max_groups. None = all. E.g. "colour_map|gravity" trains a
+    # synthetic build on two of its families (a curriculum stage on the same data).
+    group_pattern: Optional[str] = None
     # Random translation inside the canvas (training stream only). None = take it from the metadata.
     translate_augment: Optional[bool] = None
     # ETRM: serve each query with its own puzzle's demonstration pairs.
@@ -66,6 +73,16 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
     num_workers: int = pydantic.Field(default=0, ge=0)
     # None = pin when CUDA is available.
     pin_memory: Optional[bool] = None
+
+    @pydantic.field_validator("group_pattern")
+    @classmethod
+    def _regex(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"group_pattern {v!r} is not a regular expression: {e}") from None
+        return v
 
     @pydantic.field_validator("data_paths")
     @classmethod
@@ -268,6 +285,36 @@ def translate_batch(inputs: np.ndarray, labels: np.ndarray, uniforms: np.ndarray
     return out_i.reshape(b, -1), out_l.reshape(b, -1), np.stack([dr, dc], axis=1)
 
 
+def _group_names(data_paths: list[str], metas: list[DatasetMetadata]) -> list[str]:
+    """Puzzle name of every (combined) identifier: each path's identifiers.json, offset like the identifiers
+    (:meth:`PuzzleDataset._load_sets`), the augmentation suffix cut off."""
+    names = ["<blank>"]
+    for path, m in zip(data_paths, metas):
+        f = os.path.join(path, "identifiers.json")
+        try:
+            with open(f) as fh:
+                table = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise DatasetError(f"{f}: group_pattern needs the puzzle names of identifiers.json ({e})") from None
+        if not isinstance(table, list) or len(table) != m.num_puzzle_identifiers:
+            raise DatasetError(f"{f}: expected a list of {m.num_puzzle_identifiers} names (num_puzzle_identifiers "
+                               f"of dataset.json)")
+        names += [str(n).split(PUZZLE_ID_SEPARATOR)[0] for n in table[1:]]
+    return names
+
+
+def _matching_groups(s: "_SetData", names: list[str], pattern: str, split: str) -> np.ndarray:
+    """Indices of the groups of ``s`` whose first puzzle's name matches ``pattern`` (re.search)."""
+    first = s.puzzle_identifiers[s.group_indices[:-1]]
+    rx = re.compile(pattern)
+    keep = np.array([bool(rx.search(names[i])) for i in first.tolist()], dtype=bool)
+    if not keep.any():
+        example = ", ".join(repr(names[i]) for i in first[:3].tolist())
+        raise DatasetError(f"group_pattern {pattern!r}: no group of the {split} split's set {s.name!r} matches "
+                           f"(its {s.num_groups} puzzle names are like {example})")
+    return np.flatnonzero(keep)
+
+
 # ----------------------------------------------------------------------------------------------
 class PuzzleDataset(IterableDataset):
     """Fixed-size global batches from built puzzle data, sharded over ranks (docs/architecture.md §1)."""
@@ -311,11 +358,14 @@ class PuzzleDataset(IterableDataset):
 
         # --- seeded choice of groups (same on every rank / worker) ---
         self.active_groups: list[np.ndarray] = []
+        names = _group_names(config.data_paths, metas) if config.group_pattern is not None else None
         for s in self.sets:
             g = np.arange(s.num_groups)
-            if config.max_groups is not None and config.max_groups < s.num_groups:
+            if names is not None:
+                g = _matching_groups(s, names, config.group_pattern, split)
+            if config.max_groups is not None and config.max_groups < len(g):
                 rng = np.random.default_rng([config.seed, 0x6A09])
-                g = np.sort(rng.choice(s.num_groups, size=config.max_groups, replace=False))
+                g = np.sort(rng.choice(g, size=config.max_groups, replace=False))
             self.active_groups.append(g)
 
         # --- demo truncation statistics (exact, computed once) ---

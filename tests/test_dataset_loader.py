@@ -425,3 +425,59 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
     np.save(ids_path, ids)
     with pytest.raises(DatasetError, match=r"all__puzzle_identifiers\.npy: ids must be in \[0, "):
         PuzzleDataset(cfg, "train")
+
+
+def _family_groups(path: str, families: tuple[str, ...]) -> set[int]:
+    """Group indices of the train split whose puzzle name ends in one of ``families`` (read independently)."""
+    names = json.load(open(os.path.join(path, "identifiers.json")))
+    ids = np.load(os.path.join(path, "train", "all__puzzle_identifiers.npy"))
+    gi = np.load(os.path.join(path, "train", "all__group_indices.npy"))
+    return {g for g in range(len(gi) - 1) if names[int(ids[gi[g]])].split("|||")[0].endswith(families)}
+
+
+def test_group_pattern_keeps_the_matching_groups_only(synth_dir):
+    want = _family_groups(synth_dir, ("gravity", "translate"))
+    assert 0 < len(want) < 24
+    ds = PuzzleDataset(cfg(synth_dir, group_pattern="gravity|translate", test_mode=True), "train")
+    assert set(ds.active_groups[0].tolist()) == want
+    s = ds.sets[0]
+    ex = torch.cat([bt["example_index"] for _, bt, _ in ds])
+    ex = ex[ex >= 0].numpy()
+    served = set((np.searchsorted(s.group_indices, s.example_puzzle[ex], side="right") - 1).tolist())
+    assert served == want
+    expected = sum(int(s.puzzle_indices[s.group_indices[k + 1]] - s.puzzle_indices[s.group_indices[k]]) for k in want)
+    assert len(ex) == expected  # every example of every matching group, once
+    # the training stream: fewer batches per epoch, only matching groups
+    full, part = PuzzleDataset(cfg(synth_dir), "train"), PuzzleDataset(cfg(synth_dir, group_pattern="gravity"), "train")
+    assert part.num_batches(0) < full.num_batches(0)
+    ex = torch.cat([bt["example_index"] for _, bt, _ in take(part, 4)]).numpy()
+    got = set((np.searchsorted(s.group_indices, s.example_puzzle[ex], side="right") - 1).tolist())
+    assert got <= _family_groups(synth_dir, ("gravity",))
+    # max_groups chooses among the matching groups
+    few = PuzzleDataset(cfg(synth_dir, group_pattern="gravity|translate", max_groups=2, test_mode=True), "train")
+    assert len(few.active_groups[0]) == 2 and set(few.active_groups[0].tolist()) <= want
+    # two data paths: names offset like the identifiers, both copies match
+    two = PuzzleDataset(PuzzleDatasetConfig(data_paths=[synth_dir, synth_dir], global_batch_size=8,
+                                            group_pattern="gravity|translate"), "train")
+    assert len(two.active_groups[0]) == 2 * len(want)
+
+
+def test_group_pattern_errors_name_the_pattern(synth_dir):
+    with pytest.raises(DatasetError, match=r"group_pattern 'no_such_family': no group .* like 'syn-train-00000"):
+        PuzzleDataset(cfg(synth_dir, group_pattern="no_such_family"), "train")
+    with pytest.raises(ValueError, match=r"group_pattern '\(' is not a regular expression"):
+        cfg(synth_dir, group_pattern="(")
+
+
+def test_train_group_pattern_reaches_the_training_loader(synth_dir, tmp_path):
+    from tests.toy_data import toy_train_config
+    from training.build import build_run_data
+    from training.config import config_from_dict
+    from training.distributed import DistInfo
+
+    base = toy_train_config(synth_dir, str(tmp_path / "run"), global_batch_size=8)
+    full = build_run_data(config_from_dict(base), DistInfo(), str(tmp_path / "e1"), say=lambda *_: None)
+    part = build_run_data(config_from_dict(dict(base, train_group_pattern="gravity")), DistInfo(),
+                          str(tmp_path / "e2"), say=lambda *_: None)
+    assert set(part.train_dataset.active_groups[0].tolist()) == _family_groups(synth_dir, ("gravity",))
+    assert part.total_steps < full.total_steps  # an epoch (and the step count) is of the matching groups only

@@ -109,7 +109,7 @@ def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: An
                   num_workers=cfg.num_workers)
     train_loader, metadata = create_dataloader(PuzzleDatasetConfig(
         data_paths=cfg.data_paths, test_mode=False, max_groups=cfg.max_train_groups,
-        translate_augment=cfg.translate_augment, **common), "train")
+        group_pattern=cfg.train_group_pattern, translate_augment=cfg.translate_augment, **common), "train")
     if encoder_mode and metadata.test_demos_in_train and not cfg.allow_test_demos_in_train:
         raise ConfigError(
             f"{cfg.data_paths}: metadata test_demos_in_train=true (a --mode trm build): the test puzzles' demo "

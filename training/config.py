@@ -65,6 +65,8 @@ class PretrainConfig(_Strict):
     data_paths: list[str] = Field(default_factory=lambda: ["data/arc1concept-aug-1000"])
     data_paths_test: list[str] = Field(default_factory=list)  # empty -> data_paths
     max_train_groups: Optional[int] = None
+    # train only on groups whose puzzle name matches this regex (loader group_pattern; e.g. a curriculum stage)
+    train_group_pattern: Optional[str] = None
     max_eval_groups: Optional[int] = None
     translate_augment: Optional[bool] = None  # None -> dataset metadata
     loss_type: Optional[str] = None  # overrides arch.loss.loss_type when set
