@@ -315,6 +315,27 @@ def test_weights_only_load_and_inference_loader(toy, straight_run, tmp_path):
     assert torch.equal(sd[emb_key], saved["model"][emb_key])  # live table (never EMA-averaged)
 
 
+def test_weights_only_init_applies_under_resume_until_the_run_has_its_own_checkpoint(toy, straight_run, tmp_path):
+    """resume=true (what the science command always passes) with load_checkpoint and no checkpoint of its own is a
+    fresh run: the init must apply (it was silently skipped); once the run has a checkpoint, resume wins."""
+    from training.distributed import DistInfo
+
+    path = os.path.join(straight_run, "step_12.pt")
+    saved = _state(path)["model"]
+    run = str(tmp_path / "ft")
+    cfg = toy_train_config(toy, run, load_checkpoint=path, resume=True, max_steps=2, checkpoint_every=1)
+    t = Trainer(config_from_dict(cfg), DistInfo())
+    _assert_same_weights(saved, t.model.state_dict(), tol=0)
+    assert t.step == 0
+    t.close()
+    train(cfg)  # trains 2 steps from the init, writes its own checkpoints
+    own = _state(os.path.join(run, "step_2.pt"))["model"]
+    assert any(not torch.equal(own[k], saved[k]) for k in saved if saved[k].is_floating_point())
+    t2 = Trainer(config_from_dict(dict(cfg, max_steps=3)), DistInfo())
+    assert t2.step == 2  # resumed its own step 2, not re-initialised from load_checkpoint
+    _assert_same_weights(own, t2.model.state_dict(), tol=0)
+
+
 def test_sigterm_checkpoints_and_resume_continues(toy, tmp_path, monkeypatch):
     """A stop request (SIGTERM) ends the step loop, saves a checkpoint (exit 130); resume finishes the run."""
     import signal as _signal
