@@ -91,8 +91,7 @@ class Trainer:
         monitored = cfg.encoder is not None or cfg.early_stop or cfg.health != HealthConfig()
         self.health = HealthMonitor(cfg.health) if monitored else None
         self.report = RunReport(cfg, info, self.summary, self.health)
-        # weights-only init, unless this run resumes its own checkpoint (resume=true with none yet: a fresh run, so
-        # the init applies -- the science command always passes resume=true)
+        # weights-only init unless the run resumes its own checkpoint (resume=true with none yet = a fresh run)
         if cfg.load_checkpoint and not (cfg.resume and ckpt.list_checkpoints(self.checkpoint_dir)):
             st = ckpt.load_weights(self.model, cfg.load_checkpoint, arch=self.arch)
             check_checkpoint_data(st, self.data.metadata, cfg.data_paths[0])
