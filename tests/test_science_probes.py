@@ -36,3 +36,33 @@ def test_probe_refuses_bad_maps_and_sizes(tmp_path):
         main(["--out", str(tmp_path), "--dihedral", "0"])
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--sizes", "2", "8"])  # no room for the end marker on an 8 canvas
+
+
+def test_shift_probe_moves_every_cell_by_its_shift(tmp_path):
+    from experiments.science.probes import shift_grid
+
+    g = np.arange(1, 13).reshape(3, 4)
+    assert shift_grid(g, 1, -1, False).tolist() == [[0, 0, 0, 0], [2, 3, 4, 0], [6, 7, 8, 0]]
+    assert shift_grid(g, 1, -1, True).tolist() == [[10, 11, 12, 9], [2, 3, 4, 1], [6, 7, 8, 5]]
+    assert not shift_grid(g, 0, -4, False).any() and not shift_grid(g, 3, 0, False).any()  # all shifted off
+    assert shift_grid(g, -2, 3, False).tolist() == [[0, 0, 0, 9], [0, 0, 0, 0], [0, 0, 0, 0]]
+    main(["--out", str(tmp_path), "--shift", "1", "2", "--shift", "-2", "0", "--shift", "0", "-4", "--num-train",
+          "24", "--num-eval", "4", "--sizes", "2", "5"])
+    rules = json.load(open(tmp_path / "probe_rules.json"))
+    assert set(rules.values()) == {1, 2, 3}
+    shifts = {1: (1, 2), 2: (-2, 0), 3: (0, -4)}
+    ch = json.load(open(tmp_path / "probe_training_challenges.json"))
+    for pid, p in ch.items():
+        dr, dc = shifts[rules[pid]]
+        for pair in p["train"]:
+            a, b = np.array(pair["input"]), np.array(pair["output"])
+            assert a.shape == b.shape and a.any()
+            assert np.count_nonzero(a) == np.count_nonzero(b)  # no content shifted off the grid
+            for (r, c), v in np.ndenumerate(b):  # each output cell is the input cell the shift brings there
+                src = (r - dr, c - dc)
+                inside = 0 <= src[0] < a.shape[0] and 0 <= src[1] < a.shape[1]
+                assert v == (a[src] if inside else 0)
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "w"), "--wrap"])  # --wrap without --shift
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "z"), "--shift", "0", "0"])

@@ -4,6 +4,8 @@ read it? (docs/science.md, "Spatial families: what stops the fit").
     python -m experiments.science.probes --out data/probe-hflip --dihedral 4            # one fixed map (flip)
     python -m experiments.science.probes --out data/probe-hflip6 --dihedral 4 --sizes 6 6
     python -m experiments.science.probes --out data/probe-dih --dihedral 1 2 3 4 5 6 7 --oracle
+    python -m experiments.science.probes --out data/probe-shift --shift 1 1            # one fixed shift
+    python -m experiments.science.probes --out data/probe-shifts --shift 1 1 --shift -2 0 --oracle [--wrap]
 
 Each puzzle: 3 demo pairs + 1 query of random grids (sides in ``--sizes``, 3 colours of 1..9 at density 0.5)
 under one of the ``--dihedral`` maps (dataset.common.dihedral_transform ids; one drawn per puzzle). Written as
@@ -12,6 +14,11 @@ puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode
 ``--canvas-size``). ``--oracle`` then replaces every example's puzzle identifier with its map id (1..7), so a TRM
 with a puzzle embedding is *told* the map: the core's fit without any rule reading. Train on it with
 ``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides).
+
+``--shift DR DC`` (repeatable) replaces the maps by shifts: output cell (r, c) = input cell (r - DR, c - DC), the
+background 0 where that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides. Inputs are drawn at
+density 0.25 (the translate family's) and, without ``--wrap``, with no colour on the cells the shift would push off
+the grid, so no content is lost (as in the family's pairs). Map ids are then 1 + the shift's position in the list.
 """
 from __future__ import annotations
 
@@ -28,16 +35,49 @@ from dataset.common import dihedral_transform
 PREFIX = "probe"
 
 
-def _grid(rng: np.random.Generator, sizes: tuple[int, int]) -> np.ndarray:
+def _grid(rng: np.random.Generator, sizes: tuple[int, int], density: float = 0.5) -> np.ndarray:
     h, w = rng.integers(sizes[0], sizes[1] + 1, size=2)
     colours = rng.choice(np.arange(1, 10), 3, replace=False)
-    return np.where(rng.random((h, w)) < 0.5, rng.choice(colours, (h, w)), 0)
+    return np.where(rng.random((h, w)) < density, rng.choice(colours, (h, w)), 0)
+
+
+def _shift_input(rng: np.random.Generator, sizes: tuple[int, int], dr: int, dc: int, wrap: bool) -> np.ndarray:
+    """A random grid (density 0.25) whose content the shift keeps: without ``wrap``, larger than the shift and
+    with no colour on the cells it would push off the grid (as the translate family's pairs), never all background."""
+    for _ in range(1000):
+        g = _grid(rng, sizes, 0.25)
+        h, w = g.shape
+        if not wrap:
+            if abs(dr) >= h or abs(dc) >= w:
+                continue
+            keep = np.zeros_like(g, dtype=bool)
+            keep[max(0, -dr): h - max(0, dr), max(0, -dc): w - max(0, dc)] = True
+            g = np.where(keep, g, 0)
+        if g.any():
+            return g
+    raise ValueError(f"--shift {dr} {dc}: no grid of sides {sizes} keeps its content; use larger --sizes")
+
+
+def shift_grid(g: np.ndarray, dr: int, dc: int, wrap: bool) -> np.ndarray:
+    """Cell (r, c) of the result = cell (r - dr, c - dc) of ``g``: modulo the sides with ``wrap``, else 0 outside."""
+    if wrap:
+        return np.roll(g, (dr, dc), axis=(0, 1))
+    h, w = g.shape
+    out = np.zeros_like(g)
+    if abs(dr) >= h or abs(dc) >= w:
+        return out  # everything shifted off the grid
+    out[max(0, dr): h + min(0, dr), max(0, dc): w + min(0, dc)] = g[max(0, -dr): h - max(0, dr),
+                                                                      max(0, -dc): w - max(0, dc)]
+    return out
 
 
 def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval: int, sizes: tuple[int, int],
-                      seed: int = 0) -> str:
-    """Write the kaggle-layout files; returns their prefix."""
+                      seed: int = 0, shifts: Sequence[tuple[int, int]] = (), wrap: bool = False) -> str:
+    """Write the kaggle-layout files; returns their prefix. With ``shifts`` the transforms are those shifts (map
+    id = 1 + index) instead of the dihedral ``maps``."""
     rng = np.random.default_rng(seed)
+    if shifts:
+        maps = list(range(1, len(shifts) + 1))
     prefix, rules = os.path.join(out, PREFIX), {}
     os.makedirs(out, exist_ok=True)
     for subset, n in (("training", num_train), ("evaluation", num_eval)):
@@ -46,7 +86,12 @@ def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval
             pid = f"{subset[:2]}{i:05d}"
             tid = int(maps[rng.integers(len(maps))]) if len(maps) > 1 else int(maps[0])
             rules[pid] = tid
-            pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]
+            if shifts:
+                dr, dc = shifts[tid - 1]
+                pairs = [(g, shift_grid(g, dr, dc, wrap)) for g in (_shift_input(rng, sizes, dr, dc, wrap)
+                                                                    for _ in range(4))]
+            else:
+                pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]
             challenges[pid] = {"train": [{"input": a.tolist(), "output": b.tolist()} for a, b in pairs[:3]],
                                "test": [{"input": pairs[3][0].tolist()}]}
             solutions[pid] = [pairs[3][1].tolist()]
@@ -74,6 +119,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--dihedral", type=int, nargs="+", default=[4], help="map ids (1..7), one drawn per puzzle")
+    ap.add_argument("--shift", type=int, nargs=2, action="append", default=[], metavar=("DR", "DC"),
+                    help="a shift instead of the maps (repeatable; one drawn per puzzle)")
+    ap.add_argument("--wrap", action="store_true", help="--shift wraps around the grid's sides")
     ap.add_argument("--sizes", type=int, nargs=2, default=(2, 6), metavar=("MIN", "MAX"), help="grid sides")
     ap.add_argument("--num-train", type=int, default=1000)
     ap.add_argument("--num-eval", type=int, default=100)
@@ -81,20 +129,25 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     ap.add_argument("--oracle", action="store_true", help="puzzle identifier := map id")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.wrap and not a.shift:
+        ap.error("--wrap needs --shift")
+    if any(s == [0, 0] for s in a.shift):
+        ap.error("--shift 0 0 is the identity")
     if any(not 1 <= t <= 7 for t in a.dihedral):
         ap.error(f"--dihedral ids must be in 1..7, got {a.dihedral}")
     if not 1 <= a.sizes[0] <= a.sizes[1] <= a.canvas_size - 1:
         ap.error(f"--sizes must satisfy 1 <= MIN <= MAX <= canvas-size - 1 (room for the end marker), got {a.sizes}")
     prefix = write_probe_files(a.out, a.dihedral, num_train=a.num_train, num_eval=a.num_eval,
-                               sizes=tuple(a.sizes), seed=a.seed)
+                               sizes=tuple(a.sizes), seed=a.seed, shifts=[tuple(x) for x in a.shift], wrap=a.wrap)
     puzzles = load_kaggle_subset(prefix, "training") + load_kaggle_subset(prefix, "evaluation")
     built = os.path.join(a.out, "built")
     build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=0, seed=a.seed, mode="trm",
-                      overwrite=True, source=f"probe dihedral {a.dihedral}", progress=False, canvas_size=a.canvas_size)
+                      overwrite=True, source=f"probe shift {a.shift}" if a.shift else f"probe dihedral {a.dihedral}", progress=False, canvas_size=a.canvas_size)
     if a.oracle:
         with open(f"{prefix}_rules.json") as f:
             give_map_ids(built, json.load(f))
-    print(f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, maps {a.dihedral}"
+    what = f"shifts {a.shift}{' (wrapped)' if a.wrap else ''}" if a.shift else f"maps {a.dihedral}"
+    print(f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, {what}"
           f"{' (puzzle identifier = map id)' if a.oracle else ''}")
     return built
 
