@@ -11,9 +11,9 @@ the same global batch, worker processes can take interleaved batches without coo
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import multiprocessing as mp
-import json
 import os
 import re
 import signal
@@ -30,8 +30,8 @@ from dataset.common import (
     COLOR_OFFSET,
     IGNORE_LABEL_ID,
     PAD_ID,
-    DatasetError,
     PUZZLE_ID_SEPARATOR,
+    DatasetError,
     DatasetMetadata,
     canvas_side,
     load_metadata,

@@ -66,3 +66,5 @@ def test_shift_probe_moves_every_cell_by_its_shift(tmp_path):
         main(["--out", str(tmp_path / "w"), "--wrap"])  # --wrap without --shift
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "z"), "--shift", "0", "0"])
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "d"), "--shift", "1", "0", "--dihedral", "4"])  # one or the other

@@ -118,7 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     ap = argparse.ArgumentParser(prog="python -m experiments.science.probes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dihedral", type=int, nargs="+", default=[4], help="map ids (1..7), one drawn per puzzle")
+    ap.add_argument("--dihedral", type=int, nargs="+", default=None,
+                    help="map ids (1..7), one drawn per puzzle (default: 4, a horizontal flip)")
     ap.add_argument("--shift", type=int, nargs=2, action="append", default=[], metavar=("DR", "DC"),
                     help="a shift instead of the maps (repeatable; one drawn per puzzle)")
     ap.add_argument("--wrap", action="store_true", help="--shift wraps around the grid's sides")
@@ -131,22 +132,26 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     a = ap.parse_args(argv)
     if a.wrap and not a.shift:
         ap.error("--wrap needs --shift")
+    if a.shift and a.dihedral:
+        ap.error("--shift and --dihedral are alternatives: a probe applies shifts or dihedral maps")
+    a.dihedral = a.dihedral or ([] if a.shift else [4])
     if any(s == [0, 0] for s in a.shift):
         ap.error("--shift 0 0 is the identity")
     if any(not 1 <= t <= 7 for t in a.dihedral):
         ap.error(f"--dihedral ids must be in 1..7, got {a.dihedral}")
     if not 1 <= a.sizes[0] <= a.sizes[1] <= a.canvas_size - 1:
         ap.error(f"--sizes must satisfy 1 <= MIN <= MAX <= canvas-size - 1 (room for the end marker), got {a.sizes}")
+    what = f"shifts {a.shift}{' (wrapped)' if a.wrap else ''}" if a.shift else f"maps {a.dihedral}"
+    source = f"probe shift {a.shift}{' wrap' if a.wrap else ''}" if a.shift else f"probe dihedral {a.dihedral}"
     prefix = write_probe_files(a.out, a.dihedral, num_train=a.num_train, num_eval=a.num_eval,
                                sizes=tuple(a.sizes), seed=a.seed, shifts=[tuple(x) for x in a.shift], wrap=a.wrap)
     puzzles = load_kaggle_subset(prefix, "training") + load_kaggle_subset(prefix, "evaluation")
     built = os.path.join(a.out, "built")
     build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=0, seed=a.seed, mode="trm",
-                      overwrite=True, source=f"probe shift {a.shift}" if a.shift else f"probe dihedral {a.dihedral}", progress=False, canvas_size=a.canvas_size)
+                      overwrite=True, source=source, progress=False, canvas_size=a.canvas_size)
     if a.oracle:
         with open(f"{prefix}_rules.json") as f:
             give_map_ids(built, json.load(f))
-    what = f"shifts {a.shift}{' (wrapped)' if a.wrap else ''}" if a.shift else f"maps {a.dihedral}"
     print(f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, {what}"
           f"{' (puzzle identifier = map id)' if a.oracle else ''}")
     return built
