@@ -30,7 +30,7 @@ from dataset.common import (
     COLOR_OFFSET,
     IGNORE_LABEL_ID,
     PAD_ID,
-    PUZZLE_ID_SEPARATOR,
+    Augmentation,
     DatasetError,
     DatasetMetadata,
     canvas_side,
@@ -299,7 +299,10 @@ def _group_names(data_paths: list[str], metas: list[DatasetMetadata]) -> list[st
         if not isinstance(table, list) or len(table) != m.num_puzzle_identifiers:
             raise DatasetError(f"{f}: expected a list of {m.num_puzzle_identifiers} names (num_puzzle_identifiers "
                                f"of dataset.json)")
-        names += [str(n).split(PUZZLE_ID_SEPARATOR)[0] for n in table[1:]]
+        try:
+            names += [Augmentation.parse_name(str(n))[0] for n in table[1:]]
+        except ValueError as e:
+            raise DatasetError(f"{f}: {e}") from None
     return names
 
 

@@ -39,13 +39,14 @@ def test_probe_refuses_bad_maps_and_sizes(tmp_path):
 
 
 def test_shift_probe_moves_every_cell_by_its_shift(tmp_path):
-    from experiments.science.probes import shift_grid
+    from dataset.synthetic_rules import rule_apply
 
+    shift = lambda dr, dc, wrap: rule_apply("translate", {"dr": dr, "dc": dc, "wrap": wrap})  # noqa: E731
     g = np.arange(1, 13).reshape(3, 4)
-    assert shift_grid(g, 1, -1, False).tolist() == [[0, 0, 0, 0], [2, 3, 4, 0], [6, 7, 8, 0]]
-    assert shift_grid(g, 1, -1, True).tolist() == [[10, 11, 12, 9], [2, 3, 4, 1], [6, 7, 8, 5]]
-    assert not shift_grid(g, 0, -4, False).any() and not shift_grid(g, 3, 0, False).any()  # all shifted off
-    assert shift_grid(g, -2, 3, False).tolist() == [[0, 0, 0, 9], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert shift(1, -1, True)(g).tolist() == [[10, 11, 12, 9], [2, 3, 4, 1], [6, 7, 8, 5]]
+    k = np.where(np.arange(12).reshape(3, 4) == 0, 9, 0)  # content at the top-left corner: nothing falls off
+    assert shift(2, 3, False)(k).tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 9]]
+    assert shift(1, -1, False)(g) is None and shift(3, 0, False)(k) is None  # content would leave the grid
     main(["--out", str(tmp_path), "--shift", "1", "2", "--shift", "-2", "0", "--shift", "0", "-4", "--num-train",
           "24", "--num-eval", "4", "--sizes", "2", "5"])
     rules = json.load(open(tmp_path / "probe_rules.json"))

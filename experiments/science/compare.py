@@ -19,6 +19,7 @@ from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.report import SCORED
 from experiments.science.run import recipe_override
 
+
 def _overrides(settings: dict) -> list[str]:
     """The --override's that change what a run learns (not its paths or checkpoint interval)."""
     return [o for o in settings.get("overrides") or [] if recipe_override(o)]

@@ -15,8 +15,9 @@ puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode
 with a puzzle embedding is *told* the map: the core's fit without any rule reading. Train on it with
 ``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides).
 
-``--shift DR DC`` (repeatable) replaces the maps by shifts: output cell (r, c) = input cell (r - DR, c - DC), the
-background 0 where that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides. Inputs are drawn at
+``--shift DR DC`` (repeatable) replaces the maps by shifts, the translate family's mapping
+(``dataset.synthetic_rules.rule_apply``): output cell (r, c) = input cell (r - DR, c - DC), the background 0 where
+that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides. Inputs are drawn at
 density 0.25 (the translate family's) and, without ``--wrap``, with no colour on the cells the shift would push off
 the grid, so no content is lost (as in the family's pairs). Map ids are then 1 + the shift's position in the list.
 """
@@ -31,6 +32,7 @@ import numpy as np
 
 from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
 from dataset.common import dihedral_transform
+from dataset.synthetic_rules import rule_apply
 
 PREFIX = "probe"
 
@@ -58,19 +60,6 @@ def _shift_input(rng: np.random.Generator, sizes: tuple[int, int], dr: int, dc: 
     raise ValueError(f"--shift {dr} {dc}: no grid of sides {sizes} keeps its content; use larger --sizes")
 
 
-def shift_grid(g: np.ndarray, dr: int, dc: int, wrap: bool) -> np.ndarray:
-    """Cell (r, c) of the result = cell (r - dr, c - dc) of ``g``: modulo the sides with ``wrap``, else 0 outside."""
-    if wrap:
-        return np.roll(g, (dr, dc), axis=(0, 1))
-    h, w = g.shape
-    out = np.zeros_like(g)
-    if abs(dr) >= h or abs(dc) >= w:
-        return out  # everything shifted off the grid
-    out[max(0, dr): h + min(0, dr), max(0, dc): w + min(0, dc)] = g[max(0, -dr): h - max(0, dr),
-                                                                      max(0, -dc): w - max(0, dc)]
-    return out
-
-
 def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval: int, sizes: tuple[int, int],
                       seed: int = 0, shifts: Sequence[tuple[int, int]] = (), wrap: bool = False) -> str:
     """Write the kaggle-layout files; returns their prefix. With ``shifts`` the transforms are those shifts (map
@@ -88,8 +77,8 @@ def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval
             rules[pid] = tid
             if shifts:
                 dr, dc = shifts[tid - 1]
-                pairs = [(g, shift_grid(g, dr, dc, wrap)) for g in (_shift_input(rng, sizes, dr, dc, wrap)
-                                                                    for _ in range(4))]
+                shift = rule_apply("translate", {"dr": dr, "dc": dc, "wrap": wrap})  # the family's own mapping
+                pairs = [(g, shift(g)) for g in (_shift_input(rng, sizes, dr, dc, wrap) for _ in range(4))]
             else:
                 pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]
             challenges[pid] = {"train": [{"input": a.tolist(), "output": b.tolist()} for a, b in pairs[:3]],
