@@ -69,7 +69,8 @@ class IOStem(nn.Module):
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.hidden_size = hidden_size
-        self.forward_dtype = resolve_dtype(forward_dtype)
+        self.forward_dtype_name = forward_dtype
+        self.forward_dtype = resolve_dtype(forward_dtype, torch.get_default_device())  # "auto": see _apply
         self.puzzle_emb_ndim = puzzle_emb_ndim
         self.puzzle_emb_len = prefix_length(puzzle_emb_ndim, puzzle_emb_len, hidden_size)
         if puzzle_emb_ndim > self.puzzle_emb_len * hidden_size:
@@ -119,6 +120,18 @@ class IOStem(nn.Module):
         with torch.no_grad():
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5.0)  # type: ignore[union-attr]
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.to(device)`` / ``.cuda()`` / ``.cpu()``: ``forward_dtype: auto`` follows the device the weights
+        move to (bf16 on CUDA, fp32 on CPU), here and in the embeddings that cast to it."""
+        out = super()._apply(fn, *args, **kwargs)
+        if self.forward_dtype_name == "auto":
+            weight = next(self.parameters(), None)
+            self.forward_dtype = resolve_dtype("auto", None if weight is None else weight.device)
+            for m in self.modules():
+                if hasattr(m, "cast_to"):
+                    m.cast_to = self.forward_dtype
+        return out
 
     def cos_sin(self, inputs: torch.Tensor):
         """What every attention layer of this forward gets: RoPE tables (rope, rope2d), the per-sample

@@ -43,7 +43,10 @@ def test_casted_embedding_casts():
 
 def test_resolve_dtype():
     assert resolve_dtype("float32") is torch.float32
-    assert resolve_dtype("auto") is (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    # "auto" follows the device the model runs on, not the machine: fp32 on CPU even where CUDA is available
+    assert resolve_dtype("auto", "cuda") is torch.bfloat16 and resolve_dtype("auto", torch.device("cuda", 1)) is torch.bfloat16
+    assert resolve_dtype("auto", "cpu") is torch.float32 and resolve_dtype("auto") is torch.float32
+    assert resolve_dtype("bfloat16", "cpu") is torch.bfloat16
     with pytest.raises(ValueError, match="forward_dtype"):
         resolve_dtype("fp8")
 

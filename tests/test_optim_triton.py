@@ -54,6 +54,12 @@ with _interpret_mode():
         tl.store(out_ptr + offs, OT._atan2(tl.load(y_ptr + offs, mask=mask), tl.load(x_ptr + offs, mask=mask)),
                  mask=mask)
 
+    @triton.jit
+    def _downcast_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out_ptr + offs, OT._downcast(tl.load(x_ptr + offs, mask=mask), tl.bfloat16), mask=mask)
+
 assert OT.INTERPRETED and O.triton_module() is OT
 SHAPES = [(64, 32), (7,), (3, 5, 2), (1025,), (2049, 3), (1,)]  # 1025 / 6147: one element past a block
 
@@ -103,6 +109,47 @@ def test_triton_kernel_matches_torch_path(weight_decay):
     _run(ps_t, ps_r, opt_t, opt_r)
     _assert_same(ps_t, ps_r, opt_t, opt_r)
     assert all(not torch.equal(a, b) for a, b in zip(ps_t, before))  # it did update
+
+
+def test_bf16_parameters_round_to_nearest_like_the_torch_path():
+    """bf16 parameters (computed in fp32, stored once per step): a weight-decay step smaller than half an ulp
+    leaves them where the torch path leaves them. A truncating store (Triton's interpreter, and the GPU run of
+    2026-11-26 on triton 3.6) moved every one of them an ulp towards 0 per step instead: 20 ulps after 20 steps."""
+    torch.manual_seed(0)
+    shapes = [(64, 32), (7,), (1025,)]
+    ps_t = [torch.nn.Parameter(torch.randn(s).bfloat16()) for s in shapes]
+    ps_r = [torch.nn.Parameter(p.detach().clone()) for p in ps_t]
+    before = [p.detach().clone() for p in ps_t]
+    kw = dict(lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    opt_t, opt_r = AdamATan2(ps_t, impl="triton", **kw), AdamATan2(ps_r, impl="torch", **kw)
+    assert opt_t.implementation == "triton"
+    for k in range(20):
+        for a, b in zip(ps_t, ps_r):
+            a.grad = (torch.randn(a.shape) * 1e-3).bfloat16()
+            b.grad = a.grad.clone()
+        for opt in (opt_t, opt_r):
+            opt.param_groups[0]["lr"] = 1e-3 * (k + 1) / 20
+            opt.step()
+    for a, b, a0 in zip(ps_t, ps_r, before):
+        assert a.dtype == torch.bfloat16 and opt_t.state[a]["exp_avg"].dtype == torch.bfloat16
+        ulp = 2.0 ** (torch.frexp(b.detach().float())[1] - 8).float()  # bf16 spacing at |b|
+        # the torch path rounds after every op (decay, then the step): at most 2 ulps apart measured, mostly equal
+        off = (a.float() - b.float()).abs() / ulp
+        assert off.max() <= 3 and off.mean() < 0.1, (off.max().item(), off.mean().item())
+        assert (a.float() - a0.float()).abs().max() < 0.05  # 20 steps of at most ~lr / (1 - beta1^t) each
+        assert not torch.equal(a, a0) or a.numel() < 10
+
+
+def test_kernel_downcast_is_torchs_round_to_nearest():
+    x = torch.cat([torch.randn(5000) * torch.exp(3 * torch.randn(5000)),
+                   torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.3895e38, -3.3895e38,
+                                 1e-40, 1.00390625, 1.01171875, 1.0 + 2 ** -8 + 2 ** -20])])  # ties, sticky bit
+    out = torch.empty(len(x), dtype=torch.bfloat16)
+    with _no_warnings():
+        _downcast_kernel[(triton.cdiv(len(x), 1024),)](x, out, len(x), BLOCK=1024)
+    ref = x.bfloat16()
+    assert torch.equal(out.isnan(), ref.isnan())
+    assert torch.equal(out[~ref.isnan()].view(torch.int16), ref[~ref.isnan()].view(torch.int16))
 
 
 def test_triton_kernel_custom_hyperparameters_and_lr_per_step():

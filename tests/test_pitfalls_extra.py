@@ -288,7 +288,9 @@ def test_only_halted_slots_take_new_data_and_examples_seen_counts_them(toy, tmp_
 
 
 # ------------------------------------------------------------------------------------------------ pitfall 24
-def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16():
+def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16(monkeypatch):
+    """Also on a machine with a GPU: a CPU run there once computed in bf16 (forward_dtype auto asked whether CUDA
+    was available, not where the model runs; found on the first GPU run, 2026-11-26)."""
     from training import distributed as D
     from training.config import load_config
     from training.build import build_act_model
@@ -303,9 +305,23 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16():
     model = build_act_model(cfg, meta, batch_size=2)
     batch = {"inputs": torch.randint(2, 12, (2, 16), dtype=torch.int32), "labels": torch.randint(2, 12, (2, 16)),
              "puzzle_identifiers": torch.ones(2, dtype=torch.int32)}
-    with D.autocast(cpu):
-        carry, out = model(model.initial_carry(batch), batch)
-    assert out["logits"].dtype == torch.float32 and carry.inner_carry.z_H.dtype == torch.float32
+    for gpu_machine in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu_machine)
+        model = build_act_model(cfg, meta, batch_size=2).to(cpu)
+        with D.autocast(cpu):
+            carry, out = model(model.initial_carry(batch), batch)
+        assert out["logits"].dtype == torch.float32 and carry.inner_carry.z_H.dtype == torch.float32
+        assert model.inner.embed_tokens.cast_to is torch.float32
+    # .to(device) re-resolves "auto" from the device the weights move to, for the stem and the embeddings that
+    # cast to it (the meta device stands in for CUDA here; tests/test_cuda.py runs the real one)
+    import models.act
+    monkeypatch.setattr(models.act, "resolve_dtype",
+                        lambda name, device=None: torch.bfloat16 if torch.device(device).type == "meta" else torch.float32)
+    model.to("meta")
+    assert model.inner.forward_dtype is torch.bfloat16
+    assert {m.cast_to for m in model.modules() if hasattr(m, "cast_to")} == {torch.bfloat16}
+    model.to_empty(device=cpu)  # (a meta tensor has no data to copy back)
+    assert model.inner.forward_dtype is torch.float32 and model.inner.embed_tokens.cast_to is torch.float32
 
 
 def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(arc_kaggle_dir, tmp_path):
