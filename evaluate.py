@@ -66,6 +66,9 @@ class EvaluateConfig(pydantic.BaseModel):
     # run's max_eval_groups
     max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
     halt_early: bool = False  # stop a batch when every sample halted by its Q head
+    # ARC voting (pass@K over the augmented copies): None = when the data is ARC-format (its kind); false =
+    # per-copy exact / token accuracy and halting steps only (e.g. probe data whose puzzle ids are rule ids)
+    arc_voting: Optional[bool] = None
     # ETRM with an LPN-style encoder: gradient steps on the latent per query at test time (0 = off,
     # None = the checkpoint's encoder.search_steps). See docs/models.md.
     latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
@@ -243,10 +246,16 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             created = _ensure_writable(out_dir)  # before the evaluation, not after it
             stack.callback(_remove_if_empty, created)  # a failed call leaves no empty output dirs behind
         arc = uses_arc_voting(cfg.data_path, meta)
+        if cfg.arc_voting is not None:
+            if cfg.arc_voting and not arc:
+                raise EvaluateError(f"arc_voting=true: {cfg.data_path} is not ARC-format data (kind "
+                                    f"{getattr(meta, 'kind', None)!r}; no test_puzzles.json / identifiers.json)")
+            arc = cfg.arc_voting
         if dist_info.is_main:
             log.info("data_path=%s (kind %s): %s", cfg.data_path, meta.kind or "unset",
                      "ARC voting pass@K + per-copy accuracy" if arc else "per-copy exact / token accuracy and "
-                     "halting steps (no ARC voting: not ARC-format data)")
+                     "halting steps (no ARC voting: " + ("arc_voting=false)" if cfg.arc_voting is False else
+                                                         "not ARC-format data)"))
         evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
                                    rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
                                    submission_k=cfg.submission_k, seed=cfg.seed)] if arc else []

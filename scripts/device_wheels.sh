@@ -6,7 +6,9 @@
 #   bash scripts/device_wheels.sh        # then: device run "bash scripts/device_check.sh 550", carry [".whl"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+EXCLUDE=$(git rev-parse --git-path info/exclude)  # also in a worktree, where .git is a file
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.whl/' "$EXCLUDE" 2>/dev/null || echo '/.whl/' >> "$EXCLUDE"
 mkdir -p .whl
 PY=${PYTHON:-python3}
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -212,6 +212,27 @@ def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(sud
     assert not (tmp_path / "fresh").exists()
 
 
+def test_arc_voting_can_be_turned_off_and_is_refused_on_non_arc_data(trained, sudoku_run, tmp_path):
+    """arc_voting=false scores ARC data per copy (the same per-copy numbers, no pass@K): the way to score probe
+    data whose puzzle ids were replaced by rule ids; arc_voting=true on Sudoku data is refused by name."""
+    import evaluate
+
+    data, ck, _, n_inputs, root = trained
+    voted = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_voted"), use_ema=False,
+                              num_pictures=0))
+    plain = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_plain"), use_ema=False,
+                              arc_voting=False))
+    assert any(k.startswith("ARC/") for k in voted) and not any(k.startswith("ARC/") for k in plain)
+    for k in ("all.accuracy", "all.exact_accuracy", "all.steps"):
+        assert plain[k] == pytest.approx(voted[k]), k
+    assert plain["eval/num_examples"] == 4 * n_inputs
+    s_data, run, _ = sudoku_run
+    with pytest.raises(evaluate.EvaluateError, match="arc_voting=true: .* is not ARC-format data"):
+        evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=s_data, device="cpu", progress=False,
+                                             arc_voting=True, output_dir=str(tmp_path / "none" / "out")))
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_failed_call_leaves_no_empty_evaluate_latest_in_the_run_dir(sudoku_run, tmp_path):
     """The default output dir <run>/evaluate/latest: ARC-kind data without its test_puzzles.json fails (one line
     naming the file) after the directory was made; the run dir is left as it was."""

@@ -267,6 +267,8 @@ def _against_torch_path_on_cuda(impl, shapes, dtype, atol, rtol):
     opt_i = AdamATan2(ps_i, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl=impl)
     opt_r = AdamATan2(ps_r, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), impl="torch")
     assert (opt_i.implementation, opt_r.implementation) == (impl, "torch")
+    if impl == "triton":  # the compiled kernel, not the interpreter (which also runs on CUDA tensors, via host copies)
+        assert not O.triton_module().INTERPRETED
     for step in range(20):
         for pi, pr in zip(ps_i, ps_r):
             g = torch.randn_like(pi) * 1e-3

@@ -41,11 +41,8 @@ with _interpret_mode():
     import triton
     import triton.language as tl
 
-    # training.optim_triton defines its kernels at import: import it again if this process already holds a
-    # compiled copy (another test imported it without the interpreter)
+    # training.optim_triton defines its kernels at import; the fixture below swaps in the interpreted ones
     OT = importlib.import_module("training.optim_triton")
-    if not OT.INTERPRETED:
-        OT = importlib.reload(OT)
 
     @triton.jit
     def _atan2_kernel(y_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -60,7 +57,19 @@ with _interpret_mode():
         mask = offs < n
         tl.store(out_ptr + offs, OT._downcast(tl.load(x_ptr + offs, mask=mask), tl.bfloat16), mask=mask)
 
-assert OT.INTERPRETED and O.triton_module() is OT
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreted_kernel():
+    """This file's tests run the interpreted kernel (re-imported with TRITON_INTERPRET=1); the compiled one is put
+    back afterwards. pytest imports every test file before running any, so switching at import would leave every
+    later test of the process on the interpreter, the CUDA ones included (which the interpreter also runs, on
+    host copies): the first GPU run's Triton CUDA test ran interpreted that way (2026-11-26)."""
+    with _interpret_mode():
+        importlib.reload(OT)
+    assert OT.INTERPRETED and O.triton_module() is OT
+    yield
+    importlib.reload(OT)  # as the process's own TRITON_INTERPRET says (unset: compiled)
 SHAPES = [(64, 32), (7,), (3, 5, 2), (1025,), (2049, 3), (1,)]  # 1025 / 6147: one element past a block
 
 
@@ -113,8 +122,9 @@ def test_triton_kernel_matches_torch_path(weight_decay):
 
 def test_bf16_parameters_round_to_nearest_like_the_torch_path():
     """bf16 parameters (computed in fp32, stored once per step): a weight-decay step smaller than half an ulp
-    leaves them where the torch path leaves them. A truncating store (Triton's interpreter, and the GPU run of
-    2026-11-26 on triton 3.6) moved every one of them an ulp towards 0 per step instead: 20 ulps after 20 steps."""
+    leaves them where the torch path leaves them. The interpreter's plain fp32 -> bf16 cast truncates (the GPU's
+    is cvt.rn, to nearest): before the kernel rounded on the bits, every parameter moved an ulp towards 0 per step
+    here (20 ulps after 20 steps), so the tested kernel did not behave as the GPU's."""
     torch.manual_seed(0)
     shapes = [(64, 32), (7,), (1025,)]
     ps_t = [torch.nn.Parameter(torch.randn(s).bfloat16()) for s in shapes]
