@@ -13,7 +13,9 @@ kaggle-layout files (``DIR/probe_{training,evaluation}_{challenges,solutions}.js
 puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode trm``, no augmentation, canvas
 ``--canvas-size``). ``--oracle`` then replaces every example's puzzle identifier with its map id (1..7), so a TRM
 with a puzzle embedding is *told* the map: the core's fit without any rule reading. Train on it with
-``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides).
+``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides), and score
+fresh puzzles with ``evaluate.py checkpoint=... data_path=DIR/built halt_early=true arc_voting=false`` (per copy:
+with rule ids as puzzle ids, ARC voting per puzzle does not apply).
 
 ``--shift DR DC`` (repeatable) replaces the maps by shifts, the translate family's mapping
 (``dataset.synthetic_rules.rule_apply``): output cell (r, c) = input cell (r - DR, c - DC), the background 0 where
