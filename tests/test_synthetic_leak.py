@@ -128,3 +128,40 @@ def test_no_heldout_instance_in_the_augmented_training_copies(tmp_path):
                       test_set_name="evaluation", num_aug=8, seed=3, mode="etrm", progress=False, canvas_size=10)
     leaks = _leaks(paths["prefix"], str(tmp_path / "built0"))
     assert leaks, "the leak check found nothing on data built without the exclusion"
+
+
+def test_parameter_shift_notes_flag_a_value_common_held_out_and_rare_in_training():
+    from experiments.science.data import parameter_shift_notes
+    from experiments.science.report import _data_note_lines
+
+    def rule(subset, family, **params):
+        return {"subset": subset, "family": family, "params": params}
+
+    rules = {f"t{i}": rule("training", "translate", dr=1, dc=0, wrap=i >= 4) for i in range(40)}  # 4 of 40 = 10%
+    rules.update({f"e{i}": rule("evaluation", "translate", dr=1, dc=0, wrap=i >= 6) for i in range(10)})  # 60%
+    rules.update({f"g{i}": rule("training" if i < 30 else "evaluation", "gravity", direction="up", wall=None)
+                  for i in range(36)})  # every value as common in both: nothing to say
+    rules.update({f"f{i}": rule("evaluation" if i < 3 else "training", "scale_up", ky=2 if i < 3 else 3)
+                  for i in range(10)})  # 3 held-out puzzles: too few to say anything
+    notes = parameter_shift_notes(rules)
+    assert notes == ["translate: `wrap=False` is 6 of its 10 held-out puzzles (60%) but 4 of its 40 training "
+                     "puzzles (10%): its held-out score also measures this shift"]
+    assert parameter_shift_notes(rules, train_share=0.09) == []  # 10% of training is over the bound
+    lines = _data_note_lines({"settings": {"data_notes": notes}})
+    assert lines[0].startswith("**Held-out puzzles unlike the training ones**") and lines[2] == "- " + notes[0]
+    assert _data_note_lines({"settings": {}}) == []
+
+
+def test_the_leak_free_split_leaves_translate_training_few_unwrapped_shifts(tmp_path):
+    """The real case (docs/science.md, "Translate: ..."): translate alone, 8 augmented copies excluded from
+    showing a held-out instance, trains on a few percent non-wrapped shifts while most held-out ones are."""
+    from experiments.science.data import parameter_shift_notes
+
+    kw = dict(num_train=160, num_test=40, seed=0, progress=False, canvas_size=8, families=["translate"],
+              min_grid=3, max_grid=6)
+    notes = {}
+    for aug in (8, 0):
+        paths = generate_synthetic_arc(str(tmp_path / f"aug{aug}"), "s", num_aug=aug, **kw)
+        notes[aug] = parameter_shift_notes(json.load(open(paths["prefix"] + "_rules.json")))
+    assert len(notes[8]) == 1 and notes[8][0].startswith("translate: `wrap=False` is ")
+    assert notes[0] == []  # without the copies to exclude, training keeps its unwrapped shifts

@@ -133,6 +133,16 @@ def _settings_lines(result: dict) -> list[str]:
             "augmented copies." + fit_text, ""]
 
 
+def _data_note_lines(result: dict) -> list[str]:
+    """The data's parameter shifts between training and held-out puzzles (data.parameter_shift_notes)."""
+    notes = result["settings"].get("data_notes") or []
+    if not notes:
+        return []
+    return ["**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
+            "puzzles, rare in training; the leak-free split can cause this, docs/science.md):", "",
+            *(f"- {n}" for n in notes), ""]
+
+
 def _label(name: str, r: dict) -> str:
     return f"{name} (cut short, step {r['steps']})" if r["status"] == "cut_short" else name
 
@@ -254,7 +264,7 @@ def _readout_lines(result: dict) -> list[str]:
 def render_markdown(result: dict) -> str:
     """science.md: the settings, the per-family (per-group) table of the runs that were evaluated, held-out next to
     train fit, every run's status and training fit (and, for rule-readout runs, what the context names)."""
-    lines = _settings_lines(result) + _family_lines(result)
+    lines = _settings_lines(result) + _data_note_lines(result) + _family_lines(result)
     halting = _family_lines(result, HALTING_TABLE)
     if halting:
         lines += ["## At the Q head's halting step", "",

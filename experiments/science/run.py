@@ -410,7 +410,7 @@ def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONT
     settings: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": steps, "config": config,
                                 "overrides": list(overrides), "eval_overrides": list(eval_overrides),
                                 "grouping": data.grouping, "train_fit_puzzles": len(fit[1]) if fit else 0,
-                                "no_train": no_train, "halting_step": halting_step}
+                                "no_train": no_train, "halting_step": halting_step, "data_notes": data.notes}
     if user is not None:
         settings["input_file_prefix"] = user.prefix
     result = {"command": command or "python -m experiments.science --out " + out, "settings": settings,
