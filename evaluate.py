@@ -252,10 +252,10 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                                     f"{getattr(meta, 'kind', None)!r}; no test_puzzles.json / identifiers.json)")
             arc = cfg.arc_voting
         if dist_info.is_main:
+            why = "arc_voting=false" if cfg.arc_voting is False else "not ARC-format data"
             log.info("data_path=%s (kind %s): %s", cfg.data_path, meta.kind or "unset",
                      "ARC voting pass@K + per-copy accuracy" if arc else "per-copy exact / token accuracy and "
-                     "halting steps (no ARC voting: " + ("arc_voting=false)" if cfg.arc_voting is False else
-                                                         "not ARC-format data)"))
+                     f"halting steps (no ARC voting: {why})")
         evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
                                    rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
                                    submission_k=cfg.submission_k, seed=cfg.seed)] if arc else []

@@ -58,7 +58,6 @@ with _interpret_mode():
         tl.store(out_ptr + offs, OT._downcast(tl.load(x_ptr + offs, mask=mask), tl.bfloat16), mask=mask)
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _interpreted_kernel():
     """This file's tests run the interpreted kernel (re-imported with TRITON_INTERPRET=1); the compiled one is put
@@ -70,6 +69,8 @@ def _interpreted_kernel():
     assert OT.INTERPRETED and O.triton_module() is OT
     yield
     importlib.reload(OT)  # as the process's own TRITON_INTERPRET says (unset: compiled)
+
+
 SHAPES = [(64, 32), (7,), (3, 5, 2), (1025,), (2049, 3), (1,)]  # 1025 / 6147: one element past a block
 
 

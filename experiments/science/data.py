@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -160,23 +161,26 @@ def parameter_shift_notes(rules: dict, *, heldout_share: float = 0.5, train_shar
     instances are mostly held out (with their dihedral / colour conjugates) all but leaves training; translate
     alone trains on 4% non-wrapped shifts while 70% of its held-out shifts are non-wrapped (docs/science.md). The
     held-out score of such a family measures that shift as well as reading the rule."""
-    by_fam: dict[str, dict[str, list[dict]]] = {}
+    counts: dict[tuple[str, str], Counter] = {}  # (family, subset) -> Counter of its puzzles' (key, value)
+    sizes: Counter = Counter()  # (family, subset) -> puzzles
     for meta in rules.values():
         if isinstance(meta, dict) and isinstance(meta.get("params"), dict):
-            by_fam.setdefault(meta["family"], {}).setdefault(meta.get("subset"), []).append(meta["params"])
+            fs = (meta["family"], meta.get("subset"))
+            sizes[fs] += 1
+            counts.setdefault(fs, Counter()).update(
+                (k, v) for k, v in meta["params"].items() if isinstance(v, (bool, int, str)))
     notes = []
-    for fam in sorted(by_fam):
-        train, held = by_fam[fam].get("training", []), by_fam[fam].get("evaluation", [])
-        if len(held) < min_heldout or not train:
+    for fam in sorted({f for f, _ in counts}):
+        n_train, n_held = sizes[(fam, "training")], sizes[(fam, "evaluation")]
+        if n_held < min_heldout or not n_train:
             continue
-        for key in sorted({k for p in held for k, v in p.items() if isinstance(v, (bool, int, str))}):
-            for value in sorted({p.get(key) for p in held if isinstance(p.get(key), (bool, int, str))}, key=repr):
-                n_held = sum(p.get(key) == value for p in held)
-                n_train = sum(p.get(key) == value for p in train)
-                if n_held / len(held) >= heldout_share and n_train / len(train) <= train_share:
-                    notes.append(f"{fam}: `{key}={value}` is {n_held} of its {len(held)} held-out puzzles "
-                                 f"({n_held / len(held):.0%}) but {n_train} of its {len(train)} training puzzles "
-                                 f"({n_train / len(train):.0%}): its held-out score also measures this shift")
+        train = counts.get((fam, "training"), Counter())
+        for (key, value), h in sorted(counts[(fam, "evaluation")].items(), key=repr):
+            t = train[(key, value)]
+            if h / n_held >= heldout_share and t / n_train <= train_share:
+                notes.append(f"{fam}: `{key}={value}` is {h} of its {n_held} held-out puzzles ({h / n_held:.0%}) "
+                             f"but {t} of its {n_train} training puzzles ({t / n_train:.0%}): its held-out score "
+                             f"also measures this shift")
     return notes
 
 
