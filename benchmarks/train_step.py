@@ -203,7 +203,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     ap.add_argument("--interleave", type=int, default=1,
                     help="science / trm-tiny: rounds alternating the --compile modes (median reported)")
     ap.add_argument("--trace", default=None, help="science / trm-tiny: write a torch profiler trace to this dir")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (default 256 on CUDA, 2 on CPU)")
+    ap.add_argument("--batch", type=int, default=None, help="batch size (arc: default 256 on CUDA, 2 on CPU; science / trm-tiny: "
+                                                           "the config's global_batch_size)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 on CUDA, 3 on CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 CUDA / 1 CPU)")
     ap.add_argument("--device", default="auto")
@@ -218,7 +219,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         out = trainer_step.run(a.config, steps=a.steps or 20, warmup=a.warmup if a.warmup is not None else 3,
                                compile="eager" if a.compile == "auto" else a.compile,
                                device="cpu" if a.device == "auto" and not torch.cuda.is_available() else a.device,
-                               trace=a.trace, interleave=a.interleave)
+                               trace=a.trace, interleave=a.interleave, batch=a.batch)
     else:
         out = run(a.batch, a.steps, a.device, a.compile, a.warmup, a.with_eval)
     if a.json:

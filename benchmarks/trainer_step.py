@@ -110,14 +110,14 @@ class PhaseTimer:
 
 
 def measure(config: str, *, steps: int, warmup: int, compiled: bool, device: str = "cpu",
-            root: Optional[str] = None, trace: Optional[str] = None) -> dict[str, Any]:
+            root: Optional[str] = None, trace: Optional[str] = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Time ``steps`` training steps after ``warmup`` untimed ones; see the module docstring."""
     with contextlib.ExitStack() as stack:
         root = root or stack.enter_context(tempfile.TemporaryDirectory())
         data = make_data(config, root)
         t0 = time.perf_counter()
         trainer = make_trainer(config, data, os.path.join(root, f"run-{config}-{compiled}-{time.time_ns()}"),
-                               compiled, device)
+                               compiled, device, overrides)
         stack.callback(trainer.close)
         it = iter(trainer.data.train_loader)
 
@@ -177,16 +177,19 @@ def fp32_matmul_flops(m: int = 4224, k: int = 64, n: int = 256, iters: int = 50)
 
 
 def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cpu", trace: Optional[str] = None,
-        interleave: int = 1) -> dict[str, Any]:
+        interleave: int = 1, batch: Optional[int] = None) -> dict[str, Any]:
     """Both modes (``compile``: eager / compiled / both), ``interleave`` rounds alternating them (a noisy machine
-    is measured side by side); per mode the median of the rounds' s/step is reported."""
+    is measured side by side); per mode the median of the rounds' s/step is reported. ``batch``: the global batch
+    size (default: the config's)."""
+    overrides = [] if batch is None else [f"global_batch_size={batch}"]
     modes = {"both": [False, True], "eager": [False], "compiled": [True]}[compile]
     out: dict[str, Any] = {"config": config, "device": str(resolve_device(device)), "torch": torch.__version__}
     with tempfile.TemporaryDirectory() as root:
         rounds: dict[str, list] = {}
         for _ in range(max(1, interleave)):
             for c in modes:
-                r = measure(config, steps=steps, warmup=warmup, compiled=c, device=device, root=root, trace=trace)
+                r = measure(config, steps=steps, warmup=warmup, compiled=c, device=device, root=root, trace=trace,
+                            overrides=overrides)
                 rounds.setdefault(r["mode"], []).append(r)
                 print(f"[train_step] {config} {r['mode']:8s} {r['seconds_per_step'] * 1e3:8.1f} ms/step "
                       f"{r['samples_per_s']:8.1f} samples/s  {r['flops_per_s'] / 1e9:6.2f} GFLOP/s (counted)  "

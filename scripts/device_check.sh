@@ -9,10 +9,11 @@
 #    numpy, triton, matplotlib but no hydra / omegaconf / pydantic, and no network); the adam-atan2 package's CUDA
 #    backend is built in the background from its sdist in .whl/ when there (scripts/setup_env.sh --cuda does
 #    the same on a machine of your own);
-# 2. the science step's speed on the otherwise idle GPU (benchmarks.train_step --config science; BENCH_MODES=both
-#    also times eager), which also sets the step count of 3;
-# 3. the 8-family science command on the GPU's budget (docs/science.md, "The 8 families on one H100"), runs side
-#    by side (RUNS below), each one cut to the deadline and its last checkpoint evaluated if it does not finish;
+# 2. with BENCH=1, the science step's speed on the otherwise idle GPU (benchmarks.train_step --config science;
+#    BENCH_MODES=both also times eager);
+# 3. the 8-family science command (batch 512: two seeds and the zero-demo control) on the GPU's budget
+#    (docs/science.md, "The 8 families on one H100"), runs side by side (RUNS below), each one cut to the
+#    deadline and its last checkpoint evaluated if it does not finish;
 # 4. meanwhile, the CUDA tests: tests/test_cuda.py (training step on CUDA vs CPU, fp32 and bf16, eager and
 #    compiled), the CUDA / Triton / fused optimizer tests and the pinned-memory loader test.
 #
@@ -45,35 +46,27 @@ if ls .whl/adam_atan2-*.tar.gz >/dev/null 2>&1; then
   AA_PID=$!
 fi
 
-# 2. the science step on the idle GPU, compiled (batch 64): checks compilation, sets the step count of 3
-# (H100, 2026-11-26: eager 0.226 s/step, compiled 0.044; docs/training.md)
-say "benchmark: science step"
-timeout 120 python3 -m benchmarks.train_step --config science --device cuda --compile ${BENCH_MODES:-compiled} \
-  --steps 20 --warmup 5 --json "$OUT/bench-science.json" | grep '^\[train_step\]'
+# 2. the science step on the idle GPU, compiled (batch 64), with BENCH=1 (H100, 2026-11-26: eager 0.226 s/step,
+# compiled 0.044; docs/training.md). Off by default: measured once, and its minute is worth more to the runs.
+if [ -n "${BENCH:-}" ]; then
+  say "benchmark: science step"
+  timeout 120 python3 -m benchmarks.train_step --config science --device cuda --compile ${BENCH_MODES:-compiled} \
+    --steps 20 --warmup 5 --json "$OUT/bench-science.json" | grep '^\[train_step\]'
+fi
 
-# 3. the science runs, side by side (each: NAME|its science-command options). The 2026-11-26 lease ran four
-# (batch 64; batch 512 on seeds 0 and 1; the batch-512 control): the batch-512 standard runs were cut at
-# 1337 / 1396 of 1500 steps before their evaluation; now two runs, their schedule sized to finish.
+# 3. the science runs, side by side (each: NAME|its science-command options). The first lease (2026-11-26) ran
+# four (batch 64; batch 512 on seeds 0 and 1; the batch-512 control) and cut the batch-512 standard runs at
+# 1337 / 1396 of 1500 steps before their evaluation (0.29-0.31 s/step beside three others). Now the same 1500-step
+# schedule for both seeds and the control, without the batch-64 run; a run still going at the deadline is cut
+# (SIGTERM: the loop writes a checkpoint) and that checkpoint evaluated, so the per-family table exists either way.
 RUNS=(
   "b512|--encoders standard --override global_batch_size=512 --override lr=2e-3"
+  "b512-s1|--encoders standard --seed 1 --override seed=1 --override global_batch_size=512 --override lr=2e-3"
   "b512-ctl|--encoders control --override global_batch_size=512 --override lr=2e-3"
 )
-EVAL_S=130  # after training: a cut-short run's final evaluation (2 x evaluate.py) and the packing
-STEPS=$(python3 - "$OUT/bench-science.json" "$(left)" "$EVAL_S" <<'EOF'
-import json, sys
-path, left, eval_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-try:
-    s_step = json.load(open(path))["compiled"]["seconds_per_step"]
-except (OSError, ValueError, KeyError):
-    s_step = 0.05
-# measured 2026-11-26 (summary.json wall times): a batch-512 standard run beside 2-3 others, 0.29-0.31 s/step, =
-# 6.8x the idle compiled batch-64 step (0.044); its zero-demo control 0.040 s/step. Sized on that measured ratio
-# (with the default two runs the GPU is less shared, so they should finish early: the rest of the lease is unused)
-per_step = s_step * 6.8
-print(max(200, int((left - eval_s - 60) / per_step) // 100 * 100))  # 60 s: data, start-up, compilation
-EOF
-)
-STEPS=${STEPS_OVERRIDE:-${STEPS:-1000}}  # a dry run elsewhere: STEPS_OVERRIDE=8
+EVAL_S=60  # after training: a cut-short run's final evaluation and the packing (41 s on the 2nd lease, 2026-11-26:
+           # evaluate.py 2-3 s per set on the GPU; 130 before, which left the runs 90 s short)
+STEPS=${STEPS_OVERRIDE:-1500}  # a dry run elsewhere: STEPS_OVERRIDE=8
 say "science: ${#RUNS[@]} runs side by side, compiled, $STEPS steps"
 mkdir -p runs
 for r in "${RUNS[@]}"; do

@@ -277,14 +277,19 @@ def _against_torch_path_on_cuda(impl, shapes, dtype, atol, rtol):
             opt.param_groups[0]["lr"] = 1e-3 * (1 + step) / 20
             opt.step()
     for pi, pr in zip(ps_i, ps_r):
-        assert torch.allclose(pi.float(), pr.float(), atol=atol, rtol=rtol), (pi.float() - pr.float()).abs().max().item()
+        diff = (pi.float() - pr.float()).abs()
+        worst = (diff / (atol + rtol * pr.float().abs())).max().item()
+        print(f"[optim] {impl} {dtype}: max |diff| {diff.max().item():.3g}, worst diff / tolerance {worst:.3f}")
+        assert worst <= 1.0, (diff.max().item(), worst)
 
 
 @pytest.mark.skipif(not fused_available(), reason="needs CUDA and the adam-atan2 package's backend")
 def test_fused_matches_torch_path_on_cuda():
     """The torch path computes the package's formula: fp32 rounding-level agreement with its kernel over 20
-    steps (the kernel's fma lerp / contraction vs separate torch ops: an ulp or so of |p| per step at most)."""
-    _against_torch_path_on_cuda("fused", [(64, 32), (7,), (3, 5, 2)], torch.float32, 1e-6, 0.0)
+    steps (the kernel's fma lerp / contraction vs separate torch ops: an ulp or so of |p| per step at most, so
+    20 ulps of |p| after 20 steps; an absolute 1e-6 failed on an H100 at 1.43e-6, |p| up to ~4)."""
+    _against_torch_path_on_cuda("fused", [(64, 32), (7,), (3, 5, 2)], torch.float32, 1e-8,
+                                20 * torch.finfo(torch.float32).eps)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and O.triton_module() is not None), reason="needs CUDA and triton")
