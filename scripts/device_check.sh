@@ -17,7 +17,7 @@
 # 4. meanwhile, the CUDA tests: tests/test_cuda.py (training step on CUDA vs CPU, fp32 and bf16, eager and
 #    compiled), the CUDA / Triton / fused optimizer tests and the pinned-memory loader test.
 #
-# Everything lands in $OUT (or ./device-out): device.log, bench-science.json, tests.log, science.tgz (run
+# Everything lands in $OUT (or ./device-out): device.log, tests.log, bench-science.json (BENCH=1), science.tgz (run
 # outputs without checkpoints: a checkpoint holds the batch-sized ACT carry, 21 MB at batch 512).
 set -uo pipefail
 BUDGET=${1:-560}

@@ -85,24 +85,25 @@ def test_science_benchmark_reports_the_fp32_matmul_ceiling_and_the_step_floor(mo
     assert out["eager"]["fraction_of_fp32_matmul"] == pytest.approx(0.5)
 
 
-def test_batch_flag_reaches_the_science_trainer(monkeypatch, tmp_path):
-    """--batch sets the science / trm-tiny config's global_batch_size (it was silently ignored there): the real
-    Trainer is built with it, and main() passes it through."""
+def test_batch_flag_reaches_the_science_trainer(monkeypatch):
+    """--batch sets the science / trm-tiny config's global_batch_size (it was silently ignored there): main() ->
+    run() -> measure() -> the Trainer's config overrides (make_trainer composes them with load_config)."""
     from benchmarks import train_step, trainer_step
 
-    data = trainer_step.make_data("science", str(tmp_path))
-    trainer = trainer_step.make_trainer("science", data, str(tmp_path / "run"), False, "cpu", ["global_batch_size=16"])
-    try:
-        assert trainer.cfg.global_batch_size == 16
-    finally:
-        trainer.close()
+    class Built(Exception):
+        pass
+
     seen = []
-    fake = {"config": "science", "mode": "eager", "seconds_per_step": 0.3, "flops_per_step_counted": 12e9,
-            "flops_per_s": 40e9, "phases_s": {}, "samples_per_s": 1.0}
-    monkeypatch.setattr(trainer_step, "measure", lambda *a, **k: seen.append(k.get("overrides")) or dict(fake))
-    monkeypatch.setattr(trainer_step, "fp32_matmul_flops", lambda: 80e9)
-    train_step.main(["--config", "science", "--batch", "128", "--device", "cpu", "--json", str(tmp_path / "o.json")])
-    train_step.main(["--config", "science", "--device", "cpu", "--json", str(tmp_path / "o.json")])
+
+    def fake_make_trainer(config, data, run_dir, compiled, device, overrides=()):
+        seen.append(list(overrides))
+        raise Built  # stop before any training
+
+    monkeypatch.setattr(trainer_step, "make_data", lambda config, root: root)
+    monkeypatch.setattr(trainer_step, "make_trainer", fake_make_trainer)
+    for argv in (["--batch", "128"], []):
+        with pytest.raises(Built):
+            train_step.main(["--config", "science", "--device", "cpu", "--compile", "eager", *argv])
     assert seen == [["global_batch_size=128"], []]
 
 
