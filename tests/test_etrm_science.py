@@ -266,8 +266,8 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
 @pytest.mark.slow
 def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     """experiments.science.compare on the command's real science.json and an edited copy of it (another
-    override, other scores): every cell is the family table's pass@1 (held-out / train fit), a row names only
-    what it changes from the baseline, s/step is the run's own, and --runs picks runs."""
+    override, an evaluation override, other scores): every cell is the family table's pass@1 (held-out / train
+    fit), a row names only what it changes from the baseline (evaluate.py's overrides as eval:key=value), s/step is the run's own, and --runs picks runs."""
     from experiments.science import compare
 
     out, res = science_out
@@ -275,6 +275,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     other = tmp_path / "f8-lr"
     other.mkdir()
     saved["settings"]["overrides"] = saved["settings"]["overrides"] + ["lr=2e-3", "seed=1", "checkpoint_every=1000"]
+    saved["settings"]["eval_overrides"] = ["use_ema=false"]
     saved["families"]["flip_rotate"]["runs"]["standard"]["pass@1"] = 0.75
     saved["runs"]["standard"]["train_seconds"] = 8.0
     json.dump(saved, open(other / "science.json", "w"))
@@ -291,7 +292,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     r = res["runs"]["standard"]
     assert cells[3] == "4" and cells[4] == f"{r['train_seconds'] / 4:.2f}"
     edited = [c.strip() for c in rows[1].split("|")[1:-1]]
-    assert edited[1] == "`lr=2e-3` `seed=1`" and edited[2] == "0, 1" and edited[4] == "2.00"
+    assert edited[1] == "`lr=2e-3` `seed=1` `eval:use_ema=false`" and edited[2] == "0, 1" and edited[4] == "2.00"
     assert edited[7].startswith("0.75 / ") and edited[6] == cells[6]
     assert len(compare.load_rows([out])) == 2  # both runs without --runs
     with pytest.raises(ScienceError, match="nowhere/science.json"):
@@ -357,3 +358,27 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
     with pytest.raises(SystemExit) as e:
         main(["--out", copy] + ARGS)
     assert e.value.code == 2 and "recipe.arch.context_broadcast=True" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_evaluation_is_reused_only_with_the_same_eval_overrides(science_out, tmp_path, capsys):
+    """An existing evaluation is the answer only to the evaluate.py overrides it was made with: --no-train with
+    --eval-override num_augmentations=1 evaluates again (and its metrics say so: one copy per puzzle), the same
+    command then reuses that, and dropping the override evaluates with the defaults again."""
+    out, _ = science_out
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    metrics = lambda: json.load(open(os.path.join(copy, "runs", "standard", "eval", "metrics.json")))  # noqa
+    every = metrics()["metrics"]["ARC/num_examples"]
+    capsys.readouterr()
+    main(["--out", copy, "--no-train", "--eval-override", "num_augmentations=1"] + ARGS)
+    text = capsys.readouterr().out
+    assert "exists, reused" not in text and text.count("evaluating the held-out puzzles") == 2
+    m = metrics()
+    assert m["config"]["num_augmentations"] == 1
+    assert m["metrics"]["ARC/num_examples"] == m["metrics"]["ARC/num_test_inputs"] < every
+    main(["--out", copy, "--no-train", "--eval-override", "num_augmentations=1"] + ARGS)
+    assert capsys.readouterr().out.count("exists, reused") == 4
+    main(["--out", copy, "--no-train"] + ARGS)
+    assert "exists, reused" not in capsys.readouterr().out
+    assert metrics()["config"]["num_augmentations"] is None and metrics()["metrics"]["ARC/num_examples"] == every

@@ -20,6 +20,7 @@ TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / gro
 # a run's evaluations by the report: (subdirectory of the run dir, what it scores)
 HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
 HALT_HELDOUT_EVAL, HALT_FIT_EVAL = "eval-halt", "eval-train-halt"  # the same at the Q head's halting step
+EVAL_ARGS = "science_eval.json"  # beside an evaluation's metrics.json: the evaluate.py overrides it was made with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
@@ -108,12 +109,16 @@ def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expec
                         eval_overrides: list[str], what: str, checkpoint: Optional[str] = None
                         ) -> tuple[Optional[dict], Optional[dict]]:
     """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
-    checkpoint ``step`` on exactly the puzzles ``expect``. ``checkpoint``: that file (default: the run's newest).
+    checkpoint ``step`` on exactly the puzzles ``expect`` with exactly these ``eval_overrides`` (an evaluation made
+    with other ones, e.g. before ``--eval-override use_ema=false``, or by a version that did not record them, is
+    made again). ``checkpoint``: that file (default: the run's newest).
     Returns (metrics.json record, None) or (None, the failure's fields)."""
     ck, ev = checkpoint or os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, sub)
     mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
     rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
-    if rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect):
+    made_with = {"eval_overrides": list(eval_overrides)}
+    if (rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect)
+            and read_json_or_none(os.path.join(ev, EVAL_ARGS)) == made_with):
         say(f"{name}: evaluation of {what} exists, reused")
         return rec, None
     shutil.rmtree(ev, ignore_errors=True)
@@ -128,5 +133,7 @@ def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expec
     if rc != 0 or rec is None or not os.path.exists(ppath):
         say(f"{name}: evaluation of {what} FAILED (exit {rc}): {last}")
         return None, dict(status="eval_failed", exit_status=rc, message=f"{what}: {last} (log: {log})")
+    with open(os.path.join(ev, EVAL_ARGS), "w") as f:
+        json.dump(made_with, f)
     say(f"{name}: evaluated {what} in {secs:.0f} s")
     return rec, None

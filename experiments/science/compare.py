@@ -21,8 +21,10 @@ from experiments.science.run import recipe_override
 
 
 def _overrides(settings: dict) -> list[str]:
-    """The --override's that change what a run learns (not its paths or checkpoint interval)."""
-    return [o for o in settings.get("overrides") or [] if recipe_override(o)]
+    """The --override's that change what a run learns (not its paths or checkpoint interval), then the
+    --eval-override's that change how it is scored, as ``eval:key=value`` (e.g. ``eval:use_ema=false``)."""
+    return ([o for o in settings.get("overrides") or [] if recipe_override(o)]
+            + [f"eval:{o}" for o in settings.get("eval_overrides") or []])
 
 
 def _training_seed(overrides: Sequence[str]) -> str:
