@@ -267,7 +267,8 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
 def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     """experiments.science.compare on the command's real science.json and an edited copy of it (another
     override, an evaluation override, other scores): every cell is the family table's pass@1 (held-out / train
-    fit), a row names only what it changes from the baseline (evaluate.py's overrides as eval:key=value), s/step is the run's own, and --runs picks runs."""
+    fit), a row names only what it changes from the baseline (evaluate.py's overrides as eval:key=value), s/step
+    is the run's own, and --runs picks runs."""
     from experiments.science import compare
 
     out, res = science_out
