@@ -37,7 +37,7 @@ from core.io import atomic_write
 from dataset.common import load_metadata
 from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
-from evaluators.inference import evaluate
+from evaluators.inference import as_logged, evaluate
 from models.compat import load_original_trm_checkpoint
 from dataset.rule_labels import rule_label_table
 from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
@@ -273,8 +273,8 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
                   "checkpoint_file": info.get("file"), "checkpoint_step": info.get("step"),
                   "world_size": dist_info.world_size, "device": str(device)}
         atomic_write(os.path.join(out_dir, "metrics.json"), lambda f: json.dump(record, f, indent=1))
-        if run_wandb is not None:
-            run_wandb.log(metrics)
+        if run_wandb is not None:  # the training loop's eval keys, at the checkpoint's step
+            run_wandb.log(as_logged(metrics), step=int(info.get("step") or 0))
             run_wandb.finish()
         return metrics
 
@@ -311,16 +311,22 @@ class _LabelledLoader:
 
 
 def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any:
-    """A W&B run (job_type eval) in the training run's group with its tags, so train and eval sit together;
-    offline without a login (like training: ``wandb_mode`` auto)."""
+    """A W&B run (job_type eval) in the training run's group with its tags, named ``<run>-eval-<checkpoint>``,
+    whose config is the checkpoint's own (the evaluation's settings under ``evaluate``), so that it sits beside
+    the training run on the same charts; offline without a login (like training: ``wandb_mode`` auto)."""
     import wandb  # optional at run time: only when logging to W&B
 
     trained = info.get("config") or {}
-    ident = wandb_identity(trained, str(trained.get("run_name") or os.path.basename(os.path.dirname(info.get("file")
-                                                                                                    or out_dir))))
-    return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name, job_type="eval", group=ident["group"],
+    ck_file = info.get("file") or out_dir
+    run_name = str(trained.get("run_name") or os.path.basename(os.path.dirname(ck_file)))
+    ident = wandb_identity(trained, run_name)
+    settings = cfg.model_dump()
+    if not cfg.original_trm_checkpoint:  # the evaluation config's arch group is unused: the checkpoint has its own
+        settings.pop("arch", None)
+    name = cfg.wandb_run_name or f"{run_name}-eval-{os.path.splitext(os.path.basename(ck_file))[0]}"
+    return wandb.init(project=cfg.wandb_project, name=name, job_type="eval", group=ident["group"],
                       tags=ident["tags"], mode=resolve_wandb_mode(cfg.wandb_mode), dir=out_dir,
-                      config={"evaluate": cfg.model_dump(), "trained": ident["config"]})
+                      config={**ident["config"], "evaluate": settings})
 
 
 def uses_arc_voting(data_path: str, metadata: Any) -> bool:
@@ -380,7 +386,9 @@ def config_from_hydra(hcfg: Any) -> EvaluateConfig:
     try:
         return EvaluateConfig(**raw)
     except pydantic.ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(".".join(str(p) for p in err["loc"]) + (
+            f": {err['msg']}" if err["type"] in ("extra_forbidden", "missing") else f"={err['input']!r}: {err['msg']}")
+            for err in e.errors())
         raise EvaluateError(f"config/cfg_evaluate.yaml: {problems}") from None
 
 

@@ -6,12 +6,12 @@
     python pretrain.py --multirun lr=1e-4,3e-4 ...        # Hydra sweep (one run per value)
 
 Checkpoints, summary.json and the W&B run live in ``checkpoint_path`` (default
-``checkpoints/<project_name>/<run_name>``); Hydra's own output dir (``outputs/…``) only holds Hydra's logs.
+``checkpoints/<project_name>/<run_name>``), with the resolved config (``config.yaml``). A single run leaves no
+Hydra output dir (``outputs/…``): a refused config leaves nothing behind.
 Exit status: 0 completed / max_steps, 1 error, 2 non-finite loss, 3 early stop, 130 interrupted.
 """
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
@@ -26,13 +26,7 @@ from training.loop import train
 
 def run(cfg: DictConfig) -> dict:
     """Validate the composed config and train; returns the summary dict."""
-    pcfg = config_from_hydra(cfg)
-    config_path = None
-    try:
-        config_path = os.path.join(HydraConfig.get().runtime.output_dir, ".hydra", "config.yaml")
-    except Exception:
-        pass
-    return train(pcfg, config_path=config_path)
+    return train(config_from_hydra(cfg))
 
 
 FAILED_POINTS: list[str] = []  # sweep points (--multirun) that failed; the process exits 1 after the sweep

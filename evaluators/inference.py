@@ -103,6 +103,13 @@ def _loss_type(model: Any) -> str:
     return "softmax_cross_entropy"
 
 
+def as_logged(metrics: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's metrics under the names they are logged with (the training loop's eval hook and
+    evaluate.py's W&B run, so that both land on the same charts): a name without ``/`` gets ``eval/``
+    (``all.accuracy`` -> ``eval/all.accuracy``); ``ARC/pass@K`` and ``eval/…`` keep theirs."""
+    return {(k if "/" in k else f"eval/{k}"): float(v) for k, v in metrics.items()}
+
+
 def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any], *,
              device: Union[str, torch.device], autocast_dtype: Union[None, str, torch.dtype] = None,
              halt_early: bool = False, progress: bool = True, return_keys: Sequence[str] = (),

@@ -415,7 +415,9 @@ def test_metrics_jsonl_and_training_curves(toy, tmp_path):
     train(toy_train_config(toy, cut, epochs=3, log_interval=2, checkpoint_every=4, resume=True))
     with open(os.path.join(straight, "metrics.jsonl")) as f:
         rows = [json.loads(x) for x in f]
-    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6, 8, 10, 12]  # + the end-of-run eval's line at 12
+    assert sorted({r["step"] for r in rows if set(r) != {"step", "train/lr"}}) == [0, 2, 4, 6, 8, 10, 12]  # + the
+    # end-of-run eval's line at 12; the lr alone at every other step (at least training.loop.LR_POINTS per run)
+    assert [r["step"] for r in rows if set(r) == {"step", "train/lr"}] == [1, 3, 5, 7, 9, 11]
     with open(os.path.join(cut, "metrics.jsonl")) as f:
         resumed = [json.loads(x) for x in f]
     train_lines = lambda rs: [(r["step"], r["train/lm_loss"]) for r in rs if "train/lm_loss" in r]  # noqa: E731
@@ -424,7 +426,7 @@ def test_metrics_jsonl_and_training_curves(toy, tmp_path):
     assert [s for s, _ in train_lines(resumed)] == [2, 4, 6, 8, 10, 12]
     assert [v for _, v in train_lines(resumed)] == pytest.approx([v for _, v in train_lines(rows)], rel=1e-5)
     m = read_metrics(straight)
-    assert m["train/lm_loss"][0] == [2, 4, 6, 8, 10, 12] and len(m["train/lr"][1]) == 6
+    assert m["train/lm_loss"][0] == [2, 4, 6, 8, 10, 12] and m["train/lr"][0] == list(range(1, 13))  # every step
     png = plot_main([straight])
     assert png == os.path.join(straight, "curves.png") and os.path.getsize(png) > 10_000
     with open(png, "rb") as f:
@@ -438,7 +440,7 @@ class _FakeWandbRun:
         self.kw, self.summary, self.logged, self.id, self.dir = kw, {}, [], "fake", None
 
     def log(self, metrics, step=None, commit=None):
-        self.logged.append(dict(metrics))
+        self.logged.append((step, dict(metrics)))
 
     def log_code(self, *a, **k):
         pass
@@ -482,6 +484,17 @@ def test_wandb_runs_carry_group_tags_job_type_and_best(toy, tmp_path, monkeypatc
         ev = runs[-1].kw
         assert (ev["group"], ev["job_type"], ev["mode"]) == (group, "eval", "offline")
         assert ev["tags"][:2] == ["arch:trm", "encoder:none"]
+    # the evaluation lands on the training run's eval charts: its keys, the checkpoint's step, the run's name and
+    # the checkpoint's real config (not the evaluation config's unused arch group)
+    (step, logged), = runs[-1].logged
+    q = read_summary(queued)
+    assert step == q["steps"] and set(q["final"]) >= set(logged) - {"eval/wall_seconds"}
+    assert "eval/all.exact_accuracy" in logged and not any(k.startswith("all.") for k in logged)
+    ev = runs[-1].kw
+    assert ev["name"] == f"toy-eval-step_{q['steps']}"
+    trained = ckpt.read_checkpoint(ckpt.find_latest_checkpoint(queued))["config"]
+    assert ev["config"]["arch"] == trained["arch"] and ev["config"]["run_name"] == trained["run_name"]
+    assert "arch" not in ev["config"]["evaluate"] and ev["config"]["evaluate"]["wandb_project"] == "p"
     etrm = wandb_identity({"arch": {"name": "trm"}, "encoder": {"name": "lpn"}, "data_paths": ["data/arc1/"]}, "r")
     assert etrm["tags"] == ["arch:trm", "encoder:lpn", "data:arc1"] and etrm["config"]["encoder"] == {"name": "lpn"}
 
@@ -505,7 +518,7 @@ def test_metrics_jsonl_of_a_run_resumed_after_a_crash_equals_the_uninterrupted_o
     def rows(run):
         with open(os.path.join(run, "metrics.jsonl")) as f:
             return [{k: v for k, v in json.loads(x).items() if "second" not in k} for x in f]
-    assert rows(crashed) == rows(straight) and [r["step"] for r in rows(straight)][:3] == [0, 2, 4]
+    assert rows(crashed) == rows(straight) and [r["step"] for r in rows(straight)][:3] == [0, 1, 2]
     for name in os.listdir(crashed):  # no checkpoint left: resume=true starts fresh, and so does the file
         if name.startswith("step_"):
             os.remove(os.path.join(crashed, name))

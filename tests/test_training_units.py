@@ -13,7 +13,7 @@ from training.config import ConfigError, config_from_dict, load_config
 from training.distributed import local_batch_size
 from training.ema import EMA
 from training.schedule import lr_at_step
-from training.summary import RunSummary, read_summary
+from training.summary import metric_direction, RunSummary, read_summary
 
 BASE = {"arch": {"name": "trm"}, "data_paths": ["data/x"]}
 
@@ -144,6 +144,24 @@ def test_summary_final_best_and_atomic_write(tmp_path):
     assert d["best"]["ARC/pass@1"] == 0.25 and "train/lr" not in d["best"]
     assert d["stop_reason"] == "completed" and d["exit_status"] == 0 and d["status"] == "finished"
     assert [f for f in os.listdir(tmp_path) if f.startswith(".tmp")] == []
+
+
+def test_best_only_for_metrics_with_a_direction(tmp_path):
+    """best/* holds accuracies (max) and losses (min) only: not the slowest eval, example counts or encoder
+    statistics, whose "best" means nothing."""
+    s = RunSummary(str(tmp_path), run_name="r", project_name="p", config_path=None, total_steps=10)
+    s.update_metrics(1, {"eval/seconds": 5.0, "eval/num_examples": 100.0, "train/encoder_output_mean": 0.3,
+                         "eval/all.exact_accuracy": 0.1, "eval/all.lm_loss": 2.0, "train/kl": 0.5,
+                         "train/q_halt_accuracy": 0.7, "eval/ARC/pass@2": 0.2, "grad/total_norm": 1.0})
+    s.update_metrics(2, {"eval/seconds": 9.0, "eval/all.exact_accuracy": 0.3, "eval/all.lm_loss": 1.0,
+                         "train/kl": 0.9, "eval/ARC/pass@2": 0.1})
+    d = s.finish("completed", 0)
+    assert d["best"] == {"eval/all.exact_accuracy": 0.3, "eval/all.lm_loss": 1.0, "train/kl": 0.5,
+                         "train/q_halt_accuracy": 0.7, "eval/ARC/pass@2": 0.2}
+    assert d["best_step"]["train/kl"] == 1 and d["best_step"]["eval/all.lm_loss"] == 2
+    assert d["final"]["eval/seconds"] == 9.0  # still reported as the final value
+    assert [metric_direction(k) for k in ("train/rule_exact", "train/steps", "train/lr", "eval/all.steps")] == \
+        ["max", None, None, None]
 
 
 # ------------------------------------------------------------------------------------------ checkpoint files

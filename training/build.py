@@ -93,10 +93,25 @@ class RunData:
     test_loader: Any = None
     test_metadata: Optional[DatasetMetadata] = None
     evaluators: list = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # schedule warnings (summary.json's warnings)
 
     @property
     def train_dataset(self) -> Any:
         return self.train_loader.dataset
+
+
+def schedule_warnings(cfg: PretrainConfig, epoch_steps: int, total_steps: int) -> list[str]:
+    """What in the step schedule is likely not what was meant: ``max_steps`` that another limit (``epochs``)
+    ends first, and a run that ends inside its lr warmup (the lr never reaches ``lr``)."""
+    out = []
+    if cfg.max_steps is not None and cfg.max_steps > epoch_steps:
+        out.append(f"max_steps={cfg.max_steps} is not reached: epochs={cfg.epochs} ends the run first, at step "
+                   f"{epoch_steps} (raise epochs= to train longer)")
+    if total_steps <= cfg.lr_warmup_steps:
+        out.append(f"the run ends inside its lr warmup ({total_steps} steps <= lr_warmup_steps="
+                   f"{cfg.lr_warmup_steps}): the lr never reaches lr={cfg.lr:g}; lower lr_warmup_steps= or train "
+                   "longer")
+    return out
 
 
 def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: Any = print) -> RunData:
@@ -127,6 +142,9 @@ def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: An
             f"batch(es)); {cfg.epochs} epochs = {total} steps")
     capped = cfg.max_steps is not None and cfg.max_steps < total
     data = RunData(train_loader, metadata, batches, passes, int(cfg.max_steps) if capped else total, capped)
+    for w in schedule_warnings(cfg, total, data.total_steps):
+        say(f"[train] WARNING: {w}")
+        data.warnings.append(w)
     if eval_needed(cfg):
         data.test_loader, data.test_metadata = create_dataloader(PuzzleDatasetConfig(
             data_paths=cfg.test_paths, test_mode=True, max_groups=cfg.max_eval_groups, **common), "test")

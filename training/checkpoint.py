@@ -34,6 +34,7 @@ import pickle
 import random
 import re
 import sys
+import zipfile
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -171,10 +172,45 @@ def find_latest_checkpoint(checkpoint_dir: str) -> Optional[str]:
     return ckpts[-1][1] if ckpts else None
 
 
+class _WriteErrors:
+    """A binary file that remembers the OSError of a failed ``write``: torch.save's zip writer turns it into a
+    ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos`` that no longer says why."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint_atomic(state: dict[str, Any], path: str) -> None:
-    """Write ``state`` (encoded with :func:`to_plain`, so that it loads with ``weights_only=True``) atomically."""
+    """Write ``state`` (encoded with :func:`to_plain`, so that it loads with ``weights_only=True``) atomically.
+    A failed write (disk full, a file-size limit) raises its own ``OSError`` naming ``path``, and leaves the old
+    file (or none) in place."""
     plain = to_plain(state)
-    atomic_write(path, lambda f: torch.save(plain, f), binary=True)
+
+    def write(f: Any) -> None:
+        out = _WriteErrors(f)
+        try:
+            torch.save(plain, out)
+        except RuntimeError:
+            if out.error is None:
+                raise
+            raise out.error from None
+
+    try:
+        atomic_write(path, write, binary=True)
+    except OSError as e:
+        if e.filename is None and e.errno is not None:  # a bare write / fsync error: name the file
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), path) from None
+        raise
 
 
 def prune_checkpoints(checkpoint_dir: str, keep: Optional[int], protect: Iterable[Optional[str]] = ()) -> list[str]:
@@ -341,7 +377,14 @@ def convert_legacy(path: str) -> str:
     plain data. The file is unpickled with ``weights_only=True`` and an allow-list of the globals such files hold
     (numpy arrays / scalars / dtypes, this project's dataclasses): a file naming anything else is refused before
     anything in it runs."""
-    names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a torch checkpoint (no zip archive: a raw pickle or torch's pre-1.6 "
+                              f"format); refused, nothing in it was executed")
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (RuntimeError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"{path}: not a torch checkpoint ({_first_line(e)}); refused, nothing in it was "
+                              "executed") from None
     allowed = {n: _legacy_global(n) for n in names}
     refused = sorted(n for n, obj in allowed.items() if obj is None)
     if refused:

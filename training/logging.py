@@ -3,7 +3,10 @@
 On a terminal the progress bar (stderr) shows the latest train metrics. When stdout is not a terminal (a queue,
 SLURM, ``> log``) or the bar is off, every log window prints one line to stdout instead::
 
-    [train] step 50/500 loss 1.234 exact 0.12 acc 0.87 q_halt_acc 0.9 steps 2.1 lr 0.001 grad 0.53 epoch 2.5
+    [train] step 50/500 loss 1.234 exact 0.12 acc 0.87 q_halt_acc 0.9 steps 2.1 lr 0.001 grad 0.53 epoch 2.5 \
+        | 0.21 s/step, elapsed 0:00:11, ETA 0:01:35
+
+(s/step over the log window; ETA from the mean step time of this process so far.)
 
 Every evaluation prints one line with its metrics (``[eval] step 50: ...``), terminal or not.
 
@@ -17,7 +20,8 @@ import json
 import math
 import os
 import sys
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional
 
 from tqdm import tqdm
 
@@ -34,12 +38,38 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
-def train_line(step: int, total_steps: int, metrics: dict[str, Any]) -> Optional[str]:
-    """``[train] step N/T loss … exact … lr …`` for a log window's metrics (None when it has no train loss)."""
+def train_line(step: int, total_steps: int, metrics: dict[str, Any], pace: str = "") -> Optional[str]:
+    """``[train] step N/T loss … exact … lr … | <pace>`` for a log window's metrics (None when it has no train
+    loss); ``pace``: :meth:`Pace.tick`'s ``s/step, elapsed, ETA``."""
     if "train/loss" not in metrics:
         return None
     parts = [f"{short} {_fmt(metrics[k])}" for k, short in TRAIN_LINE_KEYS if k in metrics]
-    return f"[train] step {step}/{total_steps} " + " ".join(parts)
+    return f"[train] step {step}/{total_steps} " + " ".join(parts) + (f" | {pace}" if pace else "")
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(max(0.0, seconds)))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Pace:
+    """Seconds per step over the last window, time elapsed and the ETA of a run (this process's steps only: a
+    resumed run counts from its restart)."""
+
+    def __init__(self, total_steps: int, initial_step: int = 0, clock: Callable[[], float] = time.monotonic):
+        self.total, self.clock = int(total_steps), clock
+        self.t0, self.step0 = clock(), int(initial_step)
+        self.last_t, self.last_step = self.t0, int(initial_step)
+
+    def tick(self, step: int) -> str:
+        """``"0.21 s/step, elapsed 0:00:11, ETA 0:01:35"`` at ``step`` (the window: since the previous tick)."""
+        now = self.clock()
+        window = (now - self.last_t) / (step - self.last_step) if step > self.last_step else None
+        mean = (now - self.t0) / (step - self.step0) if step > self.step0 else None
+        self.last_t, self.last_step = now, step
+        per = f"{window:.3g} s/step" if window is not None else "- s/step"
+        eta = _hms(mean * max(0, self.total - step)) if mean is not None else "-"
+        return f"{per}, elapsed {_hms(now - self.t0)}, ETA {eta}"
 
 
 def eval_line(step: int, metrics: dict[str, Any]) -> Optional[str]:
@@ -127,6 +157,7 @@ class RunLogger:
         self.bar = None
         self.run_dir: Optional[str] = None
         self.total_steps = int(total_steps)
+        self.pace = Pace(total_steps, initial_step)
         self.lines = False  # plain metric lines on stdout (set below: stdout not a TTY, or no visible bar)
         if not enabled:
             return
@@ -168,10 +199,8 @@ class RunLogger:
         if self.metrics_path:  # the run's own record of every logged value (python -m training.plot_run)
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in metrics.items()}}) + "\n")
-        if self.lines:
-            line = train_line(step, self.total_steps, metrics)
-            if line:
-                self._stdout(line)
+        if self.lines and "train/loss" in metrics:
+            self._stdout(train_line(step, self.total_steps, metrics, self.pace.tick(step)))
         if self.bar is not None:
             short = {k.split("/")[-1]: v for k, v in metrics.items()
                      if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")}

@@ -7,15 +7,13 @@ ACT-carry data consumption and the resume guarantees.
 """
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import secrets
 from typing import Any, Optional, Union
 
 import torch
 
-from evaluators.inference import evaluate
+from evaluators.inference import as_logged, evaluate
 from training import checkpoint as ckpt
 from training import distributed as D
 from training.build import (build_act_model, build_loss_head, build_optimizers, build_rule_table, build_run_data,
@@ -25,8 +23,8 @@ from training.ema import EMA
 from training.health import HealthConfig, HealthMonitor
 from training.metrics import reduce_window
 from training.optim import apply_update, describe_optimizers, global_grad_norm
-from training.report import RunReport
-from training.rundir import RunDir
+from training.report import CONFIG_FILE, RunReport
+from training.rundir import RunDir, run_names
 from training.schedule import eval_due, lr_at_step, make_schedulers
 from training.signals import StopSignals
 from training.state import CheckpointManager, Progress, check_checkpoint_data
@@ -34,23 +32,20 @@ from training.summary import (EXIT_EARLY_STOP, EXIT_INTERRUPTED, EXIT_NONFINITE,
                               STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE, RunSummary)
 
 
+LR_POINTS = 100  # train/lr is logged at least this often over a run (besides every log window)
+
+
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def default_names(cfg: PretrainConfig) -> tuple[str, str]:
-    project = cfg.project_name or f"{os.path.basename(os.path.normpath(cfg.data_paths[0]))}-ACT-torch"
-    run = cfg.run_name or f"{cfg.arch.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    return project, run
 
 
 class Trainer:
     """Holds the state of one run. ``run()`` returns the summary dict."""
 
-    def __init__(self, cfg: PretrainConfig, info: D.DistInfo, config_path: Optional[str] = None):
+    def __init__(self, cfg: PretrainConfig, info: D.DistInfo):
         self.cfg, self.info, self.device = cfg, info, info.device
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
-        self.project_name, self.run_name = D.broadcast_object(default_names(cfg))
+        self.project_name, self.run_name = D.broadcast_object(run_names(cfg))
         self.cfg = cfg = with_wandb_group(cfg, self.run_name)  # stored with the config: evaluate.py joins the group
         self.checkpoint_dir = os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", self.project_name,
                                                                                    self.run_name))
@@ -59,13 +54,13 @@ class Trainer:
         self.rundir = RunDir(self.checkpoint_dir, info, resume=cfg.resume, warn=self._print)
         self.rundir.claim()
         try:
-            self._build(config_path)
+            self._build()
         except BaseException:
             self.close()
             self.rundir.discard_if_empty()
             raise
 
-    def _build(self, config_path: Optional[str]) -> None:
+    def _build(self) -> None:
         """Data, model, optimizers, EMA, resume (the body of ``__init__`` once the run directory is ours)."""
         cfg, info = self.cfg, self.info
         D.seed_everything(cfg.seed, 0)  # identical on every rank for construction (same initial weights)
@@ -87,7 +82,8 @@ class Trainer:
 
         self.progress = Progress()
         self.summary = RunSummary(self.checkpoint_dir, run_name=self.run_name, project_name=self.project_name,
-                                  config_path=config_path, total_steps=self.total_steps, num_params=self.num_params)
+                                  config_path=os.path.join(self.checkpoint_dir, CONFIG_FILE),
+                                  total_steps=self.total_steps, num_params=self.num_params, warnings=self.data.warnings)
         monitored = cfg.encoder is not None or cfg.early_stop or cfg.health != HealthConfig()
         self.health = HealthMonitor(cfg.health) if monitored else None
         self.report = RunReport(cfg, info, self.summary, self.health)
@@ -219,7 +215,7 @@ class Trainer:
                            save_path=os.path.join(self.checkpoint_dir, "eval", f"step_{self.step}"))
         finally:
             model.train(was_training)
-        return {(k if "/" in k else f"eval/{k}"): float(v) for k, v in (raw or {}).items()}
+        return as_logged(raw or {})
 
     def _eval_due(self) -> bool:
         cfg = self.cfg
@@ -307,6 +303,8 @@ class Trainer:
         if self.step % cfg.log_interval == 0 or self.step == self.total_steps:
             logs.update(self.reduce_window(p.window, p.window_steps))
             p.window, p.window_steps = {}, 0
+        elif self.step % max(1, self.total_steps // LR_POINTS) == 0:  # the schedule's shape, between windows
+            logs["train/lr"] = self._lr(self.step, cfg.lr)
         if self._diag_fn is not None and self.step % cfg.diag_interval == 0:
             with torch.no_grad():
                 d = self._diag_fn(self._last_outputs) or {}
@@ -335,7 +333,7 @@ class Trainer:
             self.report.close(exit_status)
 
 
-def train(cfg: Union[PretrainConfig, dict, Any], config_path: Optional[str] = None) -> dict[str, Any]:
+def train(cfg: Union[PretrainConfig, dict, Any]) -> dict[str, Any]:
     """Validate ``cfg`` (PretrainConfig, dict or Hydra DictConfig), train, and return the summary dict.
 
     The summary's ``exit_status`` is 0 (completed / max_steps), 2 (non-finite loss), 3 (early stop) or 130
@@ -345,6 +343,6 @@ def train(cfg: Union[PretrainConfig, dict, Any], config_path: Optional[str] = No
         cfg = config_from_dict(cfg) if isinstance(cfg, dict) else config_from_hydra(cfg)
     info = D.init_distributed(cfg.device)
     try:
-        return Trainer(cfg, info, config_path=config_path).run()
+        return Trainer(cfg, info).run()
     finally:
         D.shutdown_distributed(info)

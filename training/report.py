@@ -9,6 +9,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from omegaconf import OmegaConf
+
+from core.io import atomic_write
 from training import distributed as D
 from training.config import PretrainConfig
 from training.health import HealthMonitor
@@ -16,6 +19,16 @@ from training.logging import RunLogger
 from training.summary import EXIT_FAILED, STOP_ERROR, RunSummary
 
 METRICS_FILE = "metrics.jsonl"  # every logged value, one JSON object per log call (python -m training.plot_run)
+CONFIG_FILE = "config.yaml"  # the run's resolved config (every key, defaults included), rewritten at each start
+
+
+def write_config(cfg: PretrainConfig, checkpoint_dir: str) -> str:
+    """``<checkpoint_dir>/config.yaml``: the validated config the run trains with (every key, defaults included;
+    ``python pretrain.py --config-path DIR --config-name config`` composes it again). Returns its path."""
+    path = os.path.join(checkpoint_dir, CONFIG_FILE)
+    text = OmegaConf.to_yaml(OmegaConf.create(cfg.model_dump(mode="json")))
+    atomic_write(path, lambda f: f.write(text))
+    return path
 
 
 @dataclass
@@ -38,10 +51,13 @@ class RunReport:
                                 metrics_path=os.path.join(checkpoint_dir, METRICS_FILE))
         if self.info.is_main:
             os.makedirs(checkpoint_dir, exist_ok=True)
+            config_file = write_config(cfg, checkpoint_dir)
+            self.summary.set(config_path=config_file)
             self.summary.write()
             if step == 0:  # once per run, not again at a resume
                 self.logger.log({"num_params": float(num_params)}, step=step)
             self.logger.print(start_line)
+            self.logger.print(f"[train] config: {config_file}")
         return self.logger.run_id
 
     def publish(self, step: int, logs: dict[str, float], **progress: Any) -> Optional[str]:

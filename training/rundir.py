@@ -9,8 +9,11 @@ raises the same ConfigError. ``release()`` removes the lock file and drops the l
 """
 from __future__ import annotations
 
+import datetime
 import inspect
+import json
 import os
+import secrets
 from typing import Callable, Optional
 
 import filelock
@@ -18,7 +21,7 @@ import filelock
 from dataset.common import looks_like_dataset
 from training import checkpoint as ckpt
 from training import distributed as D
-from training.config import ConfigError
+from training.config import ConfigError, PretrainConfig
 from training.summary import SUMMARY_FILE
 
 RUN_LOCK_FILE = ".run.lock"  # in the checkpoint dir: held (OS lock) by the run writing there
@@ -102,3 +105,25 @@ class RunDir:
                 os.rmdir(self.path)
         except OSError:
             pass
+
+
+def run_names(cfg: PretrainConfig) -> tuple[str, str]:
+    """``(project_name, run_name)`` of a run: the configured ones; else, when resuming ``checkpoint_path=DIR``, the
+    names that run already has (its summary.json), so that a resume keeps its name and W&B group; else the
+    defaults (``<dataset dir>-ACT-torch``, ``<arch>-<date>-<time>-<hex>``)."""
+    before = _names_on_disk(cfg.checkpoint_path) if cfg.resume and cfg.checkpoint_path else {}
+    project = cfg.project_name or before.get("project_name") or \
+        f"{os.path.basename(os.path.normpath(cfg.data_paths[0]))}-ACT-torch"
+    run = cfg.run_name or before.get("run_name") or \
+        f"{cfg.arch.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    return project, run
+
+
+def _names_on_disk(checkpoint_dir: str) -> dict[str, str]:
+    """The run_name / project_name recorded in ``<checkpoint_dir>/summary.json`` ({} without a readable one)."""
+    try:
+        with open(os.path.join(checkpoint_dir, SUMMARY_FILE)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: str(data[k]) for k in ("run_name", "project_name") if isinstance(data, dict) and data.get(k)}

@@ -7,7 +7,8 @@ Written atomically (temp file + ``os.replace``) at every checkpoint and at the e
     "error" | null while running),
     exit_status (int or null while running), steps, total_steps, epochs_completed, examples_seen,
     wall_time_s, num_params, final {metric: value} (the last logged value of every train/ and eval/ metric),
-    best {metric: value} (max for accuracies / pass@K, min for losses), best_step {metric: step},
+    best {metric: value} (only metrics with a direction, :func:`metric_direction`: max for accuracies / pass@K,
+    min for losses), best_step {metric: step},
     last_checkpoint, warnings (health warnings), message (error text when failed)
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Any, Optional
 
@@ -35,20 +37,28 @@ EXIT_EARLY_STOP = 3
 EXIT_INTERRUPTED = 130
 
 
-# bookkeeping values: reported in "final" only
-_NO_BEST = {"train/lr", "train/examples_seen", "train/epoch", "train/count", "train/decoder_frozen", "num_params"}
+def metric_direction(name: str) -> Optional[str]:
+    """Whether a higher (``"max"``) or lower (``"min"``) value of metric ``name`` is better, or None where "best"
+    means nothing (lr, counts, seconds, norms, encoder statistics, halting steps). The one declaration of metric
+    direction: summary.json's ``best``, W&B's ``best/*`` and run comparison tables use it. The leaf is the part
+    after the last ``/`` and ``.`` (``eval/all.exact_accuracy`` -> ``exact_accuracy``, ``eval/ARC/pass@2`` ->
+    ``pass@2``)."""
+    leaf = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+    if leaf.endswith("accuracy") or leaf.endswith("_exact") or _PASS_AT.match(leaf):
+        return "max"
+    if leaf == "loss" or leaf.endswith("_loss") or leaf == "kl":
+        return "min"
+    return None
 
 
-def _lower_is_better(name: str) -> bool:
-    leaf = name.rsplit("/", 1)[-1]
-    return "loss" in leaf or leaf in ("steps", "kl") or leaf.endswith("_norm")
+_PASS_AT = re.compile(r"^pass@\d+$")
 
 
 class RunSummary:
     """Tracks final/best metrics and writes summary.json."""
 
     def __init__(self, checkpoint_dir: str, *, run_name: str, project_name: str, config_path: Optional[str],
-                 total_steps: int, num_params: int = 0):
+                 total_steps: int, num_params: int = 0, warnings: tuple[str, ...] = ()):
         self.path = os.path.join(checkpoint_dir, SUMMARY_FILE)
         self.start = time.time()
         self.wall_offset = 0.0  # wall time of earlier segments (resume)
@@ -57,7 +67,7 @@ class RunSummary:
             "config_path": config_path, "status": "running", "stop_reason": None, "exit_status": None,
             "steps": 0, "total_steps": int(total_steps), "epochs_completed": 0.0, "examples_seen": 0,
             "wall_time_s": 0.0, "num_params": int(num_params), "final": {}, "best": {}, "best_step": {},
-            "last_checkpoint": None, "warnings": [], "message": None,
+            "last_checkpoint": None, "warnings": list(warnings), "message": None,
         }
 
     def update_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -71,10 +81,11 @@ class RunSummary:
             if not math.isfinite(v):
                 continue
             self.data["final"][k] = v
-            if k in _NO_BEST:
+            direction = metric_direction(k)
+            if direction is None:
                 continue
             best = self.data["best"].get(k)
-            better = best is None or (v < best if _lower_is_better(k) else v > best)
+            better = best is None or (v < best if direction == "min" else v > best)
             if better:
                 self.data["best"][k] = v
                 self.data["best_step"][k] = int(step)
