@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import hydra
 import pydantic
@@ -392,6 +392,17 @@ def config_from_hydra(hcfg: Any) -> EvaluateConfig:
         raise EvaluateError(f"config/cfg_evaluate.yaml: {problems}") from None
 
 
+def check_config(hcfg: Any, overrides: Sequence[str] = ()) -> EvaluateConfig:
+    """Everything evaluate.py checks in a composed config before any work (``run_jobs.py --check`` calls it for a
+    queued line): the strict EvaluateConfig, and ``arch.*`` task overrides only with original_trm_checkpoint=true."""
+    cfg = config_from_hydra(hcfg)
+    arch_over = [o for o in overrides if o.lstrip("+~").startswith("arch")]
+    if arch_over and not cfg.original_trm_checkpoint:
+        raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
+                            "(our checkpoints carry their own architecture)")
+    return cfg
+
+
 def _main() -> None:
     config_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 
@@ -399,12 +410,7 @@ def _main() -> None:
     def main(hcfg: DictConfig) -> None:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         with user_errors():  # bad input (a PlatformError): one line, exit 1; anything else keeps its traceback
-            cfg = config_from_hydra(hcfg)
-            arch_over = [o for o in HydraConfig.get().overrides.task if o.lstrip("+~").startswith("arch")]
-            if arch_over and not cfg.original_trm_checkpoint:
-                raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
-                                    "(our checkpoints carry their own architecture)")
-            metrics = run(cfg)
+            metrics = run(check_config(hcfg, list(HydraConfig.get().overrides.task)))
         if metrics:
             print(json.dumps(printed_metrics(metrics), indent=1))
 

@@ -14,19 +14,31 @@ from __future__ import annotations
 
 import sys
 import traceback
+from typing import Sequence
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from core.errors import fail, run_hydra_main, user_errors
-from training.config import CONFIG_DIR, config_from_hydra, known_keys  # (also registers the defaults with Hydra)
+from training.config import (  # (also registers the defaults with Hydra)
+    CONFIG_DIR, ConfigError, PretrainConfig, config_from_hydra, known_keys,
+)
 from training.loop import train
 
 
-def run(cfg: DictConfig) -> dict:
+def check_config(cfg: DictConfig, overrides: Sequence[str] = (), *, require_encoder: bool = False) -> PretrainConfig:
+    """Everything this entry point checks in a composed config before training (``run_jobs.py --check`` calls it
+    for a queued line, with its task overrides): the strict PretrainConfig, and an encoder when ``require_encoder``
+    (pretrain_encoder.py). Bad input raises ConfigError."""
+    if require_encoder and not cfg.get("encoder"):
+        raise ConfigError("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
+    return config_from_hydra(cfg)
+
+
+def run(cfg: DictConfig, *, require_encoder: bool = False) -> dict:
     """Validate the composed config and train; returns the summary dict."""
-    return train(config_from_hydra(cfg))
+    return train(check_config(cfg, require_encoder=require_encoder))
 
 
 FAILED_POINTS: list[str] = []  # sweep points (--multirun) that failed; the process exits 1 after the sweep
@@ -43,12 +55,10 @@ def execute(cfg: DictConfig, *, require_encoder: bool = False) -> None:
     """Shared body of the entry points: train, turn bad input into a one-line error (exit 1, core.errors), and
     map the run's outcome to the exit status. Inside a --multirun sweep a failing point (bad input: its one line;
     a crash: its traceback) is recorded and the remaining points run; the process then exits 1."""
-    if require_encoder and not cfg.get("encoder"):
-        fail("pretrain_encoder.py needs an encoder (encoder=<name>); use pretrain.py for TRM")
     multirun = _is_multirun()
     try:
         with user_errors(known_keys=known_keys):
-            summary = run(cfg)
+            summary = run(cfg, require_encoder=require_encoder)
     except (SystemExit, Exception) as e:
         if not multirun or isinstance(e, SystemExit) and e.code in (0, None):
             raise

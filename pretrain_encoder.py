@@ -9,10 +9,18 @@ Exit status as pretrain.py: 0 completed, 1 error, 2 non-finite loss, 3 early sto
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import hydra
 from omegaconf import DictConfig
 
+import pretrain
 from pretrain import CONFIG_DIR, execute, main_with_sweep_status
+
+
+def check_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> pretrain.PretrainConfig:
+    """What :func:`main` checks before training (``run_jobs.py --check`` calls it): an encoder, the strict config."""
+    return pretrain.check_config(cfg, overrides, require_encoder=True)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="cfg_pretrain_encoder_arc_agi_1", version_base=None)

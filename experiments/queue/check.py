@@ -1,9 +1,13 @@
-"""Check queued commands without running them: each Hydra entry-point command of a jobs file is composed
-in-process with its overrides (as Hydra would: the entry script is imported first, so the config defaults it
-registers with Hydra exist) and validated by the script's own ``config_from_hydra`` (pretrain.py /
-pretrain_encoder.py: ``training.config.PretrainConfig`` with its typed ``arch`` / ``encoder`` sections;
-evaluate.py: ``EvaluateConfig``) -- strict: an unknown or mistyped key fails with its name.
-Sweeps (``--multirun a=1,2 b=x,y``) are checked value by value. ``python run_jobs.py --check`` is the CLI.
+"""Check queued commands without running them: each Hydra entry-point command of a jobs file is read the way
+Hydra reads it (:mod:`experiments.queue.hydra_command`: ``--config-name`` / ``-cn``, ``--config-path``,
+``--config-dir``, ``--multirun``, ``--cfg``, overrides), composed in-process from the same search path and in the
+same run mode (the entry script is imported first, so the config defaults it registers with Hydra exist) and
+validated by the script's own ``check_config(cfg, task_overrides)`` -- what its main does with the composed config
+before any work (pretrain.py / pretrain_encoder.py: ``training.config.PretrainConfig`` with its typed ``arch`` /
+``encoder`` sections, pretrain_encoder.py also requires an encoder; evaluate.py: ``EvaluateConfig`` and its
+arch-override rule) -- strict: an unknown or mistyped key fails with its name. A script without ``check_config``
+is validated by its ``config_from_hydra(cfg)`` if it has one, else only composed. Sweeps (``--multirun a=1,2
+b=x,y``) are checked value by value. ``python run_jobs.py --check`` is the CLI.
 
 Not covered: paths (data dirs, checkpoints) are not opened; that happens at the start of the real run.
 """
@@ -12,63 +16,24 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shlex
 import sys
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from hydra import compose, initialize_config_dir
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_automatic_config_search_path
+from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import MissingConfigException
+from hydra.types import RunMode
+from omegaconf import DictConfig, open_dict
 
+from core.errors import one_line, user_error_message
+
+from .hydra_command import COMPOSING_ACTIONS, RUNNING_ACTIONS, CommandError, HydraCommand, parse_hydra_command
 from .jobfile import PENDING, JobFile
 
-_HYDRA_MAIN_RE = re.compile(r"@hydra\.main\((?P<args>[^)]*)\)", re.S)
-_KWARG_RE = re.compile(r"(?P<k>config_path|config_name)\s*=\s*(?P<q>['\"])(?P<v>[^'\"]*)(?P=q)")
-_LAUNCHERS = {"python", "python3", "torchrun", "srun", "env", "uv", "run", "-u", "-m"}
-
-
-@dataclass
-class HydraCommand:
-    script: str  # absolute path of the entry-point script
-    config_dir: str
-    config_name: str
-    overrides: list[str]
-    multirun: bool
-
-
-def parse_hydra_command(command: str, workdir: str = ".") -> Optional[HydraCommand]:
-    """Recognise ``[ENV=..] [python|torchrun ...] script.py [--multirun] overrides...``; None if it is not a
-    command of a script decorated with ``@hydra.main``."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return None
-    idx = next((i for i, w in enumerate(words) if w.endswith(".py") and not w.startswith("-")), None)
-    if idx is None:
-        return None
-    script = words[idx] if os.path.isabs(words[idx]) else os.path.join(workdir, words[idx])
-    try:
-        with open(script, "r", encoding="utf-8") as f:
-            src = f.read()
-    except OSError:
-        return None
-    m = _HYDRA_MAIN_RE.search(src)
-    if m is None:
-        return None
-    kw = {mm.group("k"): mm.group("v") for mm in _KWARG_RE.finditer(m.group("args"))}
-    if "config_name" not in kw:
-        return None
-    # config_path may be an expression (e.g. an absolute path computed from __file__): then look for
-    # <config_name>.yaml beside the script and in its config/ directory
-    base = os.path.dirname(os.path.abspath(script))
-    cands = ([os.path.join(base, kw["config_path"])] if "config_path" in kw else []) + \
-        [os.path.join(base, "config"), base]
-    config_dir = next((c for c in cands if os.path.isfile(os.path.join(c, kw["config_name"] + ".yaml"))), cands[0])
-    rest = words[idx + 1:]
-    multirun = any(w in ("--multirun", "-m") for w in rest)
-    overrides = [w for w in rest if not w.startswith("-")]
-    return HydraCommand(os.path.abspath(script), os.path.abspath(config_dir), kw["config_name"], overrides, multirun)
+Validator = Callable[[DictConfig, list[str]], Any]
 
 
 def expand_sweeps(overrides: list[str], limit: int = 64) -> list[list[str]]:
@@ -102,45 +67,113 @@ def _entry_module(script: str) -> Any:
         spec = importlib.util.spec_from_file_location(name, script)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
     return sys.modules[name]
 
 
+def _validator(module: Any) -> Optional[Validator]:
+    """The script's ``check_config(cfg, task_overrides)``, else its ``config_from_hydra(cfg)``, else None."""
+    hook = getattr(module, "check_config", None)
+    if callable(hook):
+        return hook
+    legacy = getattr(module, "config_from_hydra", None)
+    return (lambda cfg, _overrides: legacy(cfg)) if callable(legacy) else None
+
+
+def compose_command(hc: HydraCommand, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """(the config ``hc``'s task function would receive with ``overrides``, the task overrides its HydraConfig
+    would hold): Hydra's search path for the script (primary config dir, ``--config-dir`` in front of it as Hydra
+    puts it, plugins), composed in the command's run mode; the ``hydra`` node removed as before the task runs."""
+    search_path = create_automatic_config_search_path(hc.script, None, hc.config_dir)
+    if hc.extra_config_dir is not None:
+        search_path.prepend(provider="command-line", path=f"file://{hc.extra_config_dir}",
+                            anchor=SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()
+    try:
+        app = Hydra.create_main_hydra2(task_name=os.path.splitext(hc.script_name)[0], config_search_path=search_path)
+        cfg = app.compose_config(hc.config_name, list(overrides),
+                                 run_mode=RunMode.MULTIRUN if hc.multirun else RunMode.RUN)
+    finally:
+        GlobalHydra.instance().clear()
+    task = list(cfg.hydra.overrides.task)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, task
+
+
+def _missing_config(hc: HydraCommand) -> str:
+    """One line for a config name that is not there, naming it, where it was looked for and what is there."""
+    how = hc.name_flag or f"the default of {hc.script_name}'s @hydra.main"
+    dirs = [d for d in (hc.extra_config_dir, hc.config_dir) if d]
+    there = sorted({f[:-5] for d in dirs if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".yaml")})
+    return (f"config '{hc.config_name}' not found ({how}) in {' or '.join(dirs)}"
+            + (f"; configs there: {', '.join(there)}" if there else ""))
+
+
+def _failure(hc: HydraCommand, e: BaseException, overrides: list[str]) -> str:
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file == hc.config_name \
+            and "primary config" in str(e):
+        return _missing_config(hc)
+    msg = f"{hc.config_name} ({hc.script_name}): " + (user_error_message(e) or one_line(f"{type(e).__name__}: {e}"))
+    return f"{msg} (overrides: {' '.join(overrides)})" if overrides else msg
+
+
+def _resume_warning(configs: list[DictConfig]) -> str:
+    """A training config (it has ``resume``) without a fixed run name / directory cannot be resumed after a crash."""
+    if not all("resume" in c for c in configs):
+        return ""
+    if all(c.get("run_name") or c.get("checkpoint_path") for c in configs):
+        return ""
+    return "; WARNING: no +run_name= / checkpoint_path=: a crashed run cannot be resumed (resume=true)"
+
+
 def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
-    """("ok" | "error" | "not-hydra", message) for one command."""
-    hc = parse_hydra_command(command, workdir)
+    """("ok" | "error" | "not-hydra" | "unchecked", message) for one command: "error" when the run would fail
+    composing or validating its config, "unchecked" for a Hydra command that only prints help / the version."""
+    try:
+        hc = parse_hydra_command(command, workdir)
+    except CommandError as e:
+        return "error", str(e)
     if hc is None:
         return "not-hydra", "not a Hydra entry-point command; not checked"
+    if hc.action not in COMPOSING_ACTIONS:
+        return "unchecked", f"{hc.script_name} --{hc.action}: composes no config to run; not checked"
     try:
         variants = expand_sweeps(hc.overrides)
     except Exception as e:  # noqa: BLE001 - hydra's parser raises several types
-        return "error", f"bad override syntax: {e}"
+        return "error", f"bad override syntax: {one_line(str(e))}"
     if len(variants) > 1 and not hc.multirun:
         return "error", "sweep values (a=1,2) need --multirun"
     root = os.path.dirname(hc.script)
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
-        validate = getattr(_entry_module(hc.script), "config_from_hydra", None)
+        validate = _validator(_entry_module(hc.script))
     except Exception as e:  # noqa: BLE001 - the script itself does not import
         return "error", f"{hc.script}: cannot be imported ({type(e).__name__}: {e})"
+    configs, validated = [], None
     for ov in variants:
         try:
-            GlobalHydra.instance().clear()
-            with initialize_config_dir(config_dir=hc.config_dir, version_base=None):
-                cfg = compose(config_name=hc.config_name, overrides=ov)
-            if validate is not None:
-                validate(cfg)
+            cfg, task = compose_command(hc, ov)
+            validated = validate(cfg, task) if validate is not None else None
         except Exception as e:  # noqa: BLE001 - report any composition / validation error
-            msg = " ".join(str(e).split())
-            return "error", f"{msg} (overrides: {' '.join(ov)})"
-        finally:
-            GlobalHydra.instance().clear()
+            return "error", _failure(hc, e, ov)
+        configs.append(cfg)
     n = len(variants)
-    msg = f"{hc.config_name}: composes and validates" + (f" ({n} sweep variants)" if n > 1 else "")
-    keys = {o.split("=", 1)[0].lstrip("+") for o in hc.overrides if "=" in o}
-    if not keys & {"run_name", "checkpoint_path"}:
-        msg += "; WARNING: no +run_name= / checkpoint_path=: a crashed run cannot be resumed (resume=true)"
+    if validate is None:
+        what = "composes (no check_config / config_from_hydra to validate it)"
+    else:
+        what = "composes and validates" + (f" as {type(validated).__name__}" if validated is not None else "")
+    msg = f"{hc.config_name} ({hc.script_name}): {what}"
+    msg += f" ({n} sweep variants)" if n > 1 else ""
+    if hc.action in RUNNING_ACTIONS:
+        msg += _resume_warning(configs)
+    else:
+        msg += f"; --{hc.action} prints, runs nothing"
     return "ok", msg
 
 
@@ -160,4 +193,4 @@ def check_jobs(path: str, workdir: Optional[str] = None, include_finished: bool 
     return 1 if bad else 0
 
 
-__all__ = ["HydraCommand", "parse_hydra_command", "expand_sweeps", "check_command", "check_jobs"]
+__all__ = ["HydraCommand", "parse_hydra_command", "expand_sweeps", "compose_command", "check_command", "check_jobs"]
