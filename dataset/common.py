@@ -420,7 +420,7 @@ def write_blank_identifiers(data_dir: str) -> None:
 
 def generate_pairs(make, n: int, desc: str, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Call ``make() -> (question, answer)`` n times (with a progress bar) and stack the results."""
-    pairs = [make() for _ in tqdm(range(n), desc=desc, disable=not progress)]
+    pairs = [make() for _ in tqdm(range(n), desc=desc, disable=None if progress else True)]  # None: only on a tty
     return np.stack([q for q, _ in pairs]), np.stack([a for _, a in pairs])
 
 
@@ -438,7 +438,9 @@ def add_source_arguments(ap: argparse.ArgumentParser, layout: str) -> None:
     ap.add_argument("--generate-train", type=int, default=None, help="generate this many training puzzles")
     ap.add_argument("--generate-test", type=int, default=100)
     ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
+    ap.add_argument("--max-puzzles", type=int, default=None, metavar="N", help="smoke set: at most N puzzles from "
+                    "each source split (the first N rows of train.csv / test.csv, or N generated; N >= 1)")
 
 
 def source_pairs(args: argparse.Namespace, ap: argparse.ArgumentParser, read: Callable[[str], tuple],
@@ -449,8 +451,9 @@ def source_pairs(args: argparse.Namespace, ap: argparse.ArgumentParser, read: Ca
         return (read(os.path.join(args.source_dir, "train.csv")), read(os.path.join(args.source_dir, "test.csv")),
                 f"csv:{args.source_dir}")
     if args.generate_train is not None:
-        return (generate_pairs(make, args.generate_train, "generating train", not args.no_progress),
-                generate_pairs(make, args.generate_test, "generating test", not args.no_progress), generated)
+        n = lambda k: k if args.max_puzzles is None else min(k, args.max_puzzles)  # noqa: E731 (--max-puzzles)
+        return (generate_pairs(make, n(args.generate_train), "generating train", not args.no_progress),
+                generate_pairs(make, n(args.generate_test), "generating test", not args.no_progress), generated)
     ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
 
 
@@ -461,7 +464,7 @@ def write_source_csv(path: str, make_row: Callable[[], list], num: int, *, desc:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(SOURCE_CSV_FIELDS)
-        for _ in tqdm(range(num), desc=desc, disable=not progress):
+        for _ in tqdm(range(num), desc=desc, disable=None if progress else True):
             w.writerow(make_row())
     return path
 

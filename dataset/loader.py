@@ -36,6 +36,7 @@ from dataset.common import (
     canvas_side,
     load_metadata,
 )
+from dataset.split_checks import check_split_part
 
 log = logging.getLogger(__name__)
 
@@ -170,23 +171,6 @@ def _load_npy(path: str, mmap: bool) -> np.ndarray:
         raise DatasetError(f"{path}: cannot read numpy array ({e})") from None
 
 
-def _check_token_range(path: str, arr: np.ndarray, vocab_size: int, ignore: Optional[int] = None) -> None:
-    """Every token id of ``arr`` must be in [0, vocab_size) (labels may also hold ``ignore``): a bad id would crash
-    the embedding lookup mid-run, after checkpoints were written. One vectorised min / max (a pass over a memory
-    map)."""
-    if arr.size == 0:
-        return
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 and lo == ignore:
-        stray = (arr < 0) & (arr != ignore)
-        lo = int(arr[stray].min()) if stray.any() else 0
-    if lo < 0 or hi >= vocab_size:
-        bad = hi if hi >= vocab_size else lo
-        where = np.argwhere(arr == bad)[0].tolist()
-        raise DatasetError(f"{path}: token id {bad} at index {where} is outside the vocabulary [0, {vocab_size}) "
-                           f"of dataset.json (vocab_size={vocab_size}); rebuild the data")
-
-
 def _load_split_part(split_dir: str, set_name: str, need_demos: bool, meta: DatasetMetadata) -> dict:
     p = lambda k: os.path.join(split_dir, f"{set_name}__{k}.npy")  # noqa: E731
     d = {
@@ -196,29 +180,12 @@ def _load_split_part(split_dir: str, set_name: str, need_demos: bool, meta: Data
         "puzzle_indices": np.asarray(_load_npy(p("puzzle_indices"), False), dtype=np.int64),
         "group_indices": np.asarray(_load_npy(p("group_indices"), False), dtype=np.int64),
     }
-    n, P = len(d["inputs"]), len(d["puzzle_identifiers"])
-    if d["inputs"].shape != d["labels"].shape:
-        raise DatasetError(f"{p('labels')}: shape {d['labels'].shape} differs from inputs {d['inputs'].shape}")
-    if len(d["puzzle_indices"]) != P + 1 or d["puzzle_indices"][0] != 0 or d["puzzle_indices"][-1] != n:
-        raise DatasetError(f"{p('puzzle_indices')}: must have {P + 1} entries from 0 to {n}")
-    if len(d["group_indices"]) < 1 or d["group_indices"][0] != 0 or d["group_indices"][-1] != P:
-        raise DatasetError(f"{p('group_indices')}: must run from 0 to the number of puzzles {P}")
     if need_demos:
         d["demo_inputs"] = _load_npy(p("demo_inputs"), True)
         d["demo_labels"] = _load_npy(p("demo_labels"), True)
         d["demo_indices"] = np.asarray(_load_npy(p("demo_indices"), False), dtype=np.int64)
         d["example_demo_slot"] = np.asarray(_load_npy(p("example_demo_slot"), False), dtype=np.int64)
-        if len(d["demo_indices"]) != P + 1 or d["demo_indices"][-1] != len(d["demo_inputs"]):
-            raise DatasetError(f"{p('demo_indices')}: must have {P + 1} entries ending at {len(d['demo_inputs'])}")
-        if len(d["example_demo_slot"]) != n:
-            raise DatasetError(f"{p('example_demo_slot')}: must have one entry per example ({n})")
-    for k in ("inputs", "labels", "demo_inputs", "demo_labels"):
-        if k in d:
-            _check_token_range(p(k), d[k], meta.vocab_size, meta.ignore_label_id if "labels" in k else None)
-    ids = d["puzzle_identifiers"]
-    if len(ids) and (ids.min() < 0 or ids.max() >= meta.num_puzzle_identifiers):
-        raise DatasetError(f"{p('puzzle_identifiers')}: ids must be in [0, {meta.num_puzzle_identifiers}) "
-                           f"(num_puzzle_identifiers of dataset.json), found {int(ids.min())}..{int(ids.max())}")
+    check_split_part(split_dir, set_name, d, meta)  # shapes / lengths vs dataset.json, token range
     return d
 
 

@@ -250,13 +250,13 @@ class Trainer:
         # Starting a DataLoader iteration draws its base seed from the global torch RNG: start it (fetch the
         # first batch) BEFORE restoring the checkpoint's RNG state, so a resumed run sees the same RNG stream.
         it = iter(self.data.train_loader)
-        first = next(it) if self.step < self.total_steps else None
-        if self._pending_rng is not None:
-            ckpt.set_rng_state(self._pending_rng)  # the very last thing before the first step (exact resume)
-            self._pending_rng = None
         aborted = False  # a hard abort (second Ctrl-C): the in-memory state may be mid-step, never checkpoint it
         with self.stop:
-            try:
+            try:  # the first batch inside: its failure must not leave summary.json "running"
+                first = next(it) if self.step < self.total_steps else None
+                if self._pending_rng is not None:
+                    ckpt.set_rng_state(self._pending_rng)  # the very last thing before the first step (exact resume)
+                    self._pending_rng = None
                 stop_reason, exit_status, message = self._loop(it, first)
             except NonFiniteLossError as e:
                 stop_reason, exit_status, message = STOP_NONFINITE, EXIT_NONFINITE, str(e)
