@@ -31,7 +31,7 @@ from core.errors import PlatformError
 from core.io import read_json, write_json_atomic
 from dataset.common import Augmentation, canvas_side, canvas_to_grid, grid_hash, load_metadata
 from evaluators import dist as edist
-from evaluators.pictures import save_prediction_pictures
+from evaluators.pictures import Copies, save_prediction_pictures
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,7 @@ class ARCEvaluator:
         self._malformed = 0
         self._duplicates = 0
         self.last_ranked: dict[str, list[list[Candidate]]] = {}
+        self.last_copies: dict[str, list[Copies]] = {}
 
     # ------------------------------------------------------------------ protocol
     def begin_eval(self) -> None:
@@ -312,6 +313,7 @@ class ARCEvaluator:
             return None
         metrics, ranked = self.compute(*state)
         self.last_ranked = ranked
+        self.last_copies = copy_counts(state[0], ranked)
         out_dir = save_path if save_path is not None else self.output_dir
         if out_dir:
             os.makedirs(out_dir, exist_ok=True)
@@ -319,9 +321,24 @@ class ARCEvaluator:
             write_predictions(os.path.join(out_dir, "predictions.json"), ranked, self._truth, self.submission_k)
             if self.num_pictures > 0:
                 save_prediction_pictures(os.path.join(out_dir, "pictures"), ranked, self.test_puzzles,
-                                         num_puzzles=self.num_pictures, seed=self.seed)
+                                         num_puzzles=self.num_pictures, seed=self.seed, copies=self.last_copies)
         log_wandb_table(ranked, self._truth)
         return metrics
+
+
+def copy_counts(votes: dict[tuple[str, int], dict[str, Candidate]], ranked: dict[str, list[list[Candidate]]]
+                ) -> dict[str, list[Copies]]:
+    """Per puzzle, per test input: how many augmented copies voted (one vote each, malformed ones included) and
+    how many of them were malformed (the pictures' "no valid prediction (all N copies malformed)")."""
+    out = {}
+    for name, per_input in ranked.items():
+        counts = []
+        for i in range(len(per_input)):
+            cands = votes.get((name, i), {})
+            bad = cands.get(MALFORMED)
+            counts.append(Copies(sum(c.votes for c in cands.values()), bad.votes if bad is not None else 0))
+        out[name] = counts
+    return out
 
 
 def load_ground_truth(data_path: str) -> tuple[dict[str, dict], dict[str, list[tuple[str, list, str]]]]:

@@ -404,8 +404,8 @@ def test_prediction_pictures_show_the_demonstrations(tmp_path):
 
 def test_prediction_picture_panels_show_demos_input_truth_and_candidates():
     """What each panel of a puzzle's picture shows: every demo pair (input, output), then per test input its input,
-    the ground truth and the top-k candidates (votes out of that input's votes; green title = correct, red = wrong,
-    'none' when fewer candidates were voted)."""
+    the ground truth and the top-k candidates (votes out of that input's votes; green title = correct, red = wrong;
+    a slot without a candidate says why), each title with its grid's size (height x width)."""
     from evaluators.arc import Candidate
     from evaluators.pictures import CORRECT_COLOR, DEMO_COLOR, WRONG_COLOR, puzzle_figure
 
@@ -420,17 +420,66 @@ def test_prediction_picture_panels_show_demos_input_truth_and_candidates():
         return shown[title].images[0].get_array().tolist()
 
     for d, ex in enumerate(demos):
-        assert grid(f"demo {d}: input") == ex["input"] and grid(f"demo {d}: output") == ex["output"]
-        assert shown[f"demo {d}: input"].title.get_color() == DEMO_COLOR
-    assert grid("test 0: input") == tests[0]["input"] and grid("test 1: input") == tests[1]["input"]
-    truths = [ax.images[0].get_array().tolist() for ax in fig.axes if ax.get_title() == "ground truth"]
+        assert grid(f"demo {d}: input 2x2") == ex["input"] and grid(f"demo {d}: output 2x2") == ex["output"]
+        assert shown[f"demo {d}: input 2x2"].title.get_color() == DEMO_COLOR
+    assert grid("test 0: input 1x2") == tests[0]["input"] and grid("test 1: input 1x1") == tests[1]["input"]
+    truths = [ax.images[0].get_array().tolist() for ax in fig.axes if ax.get_title().startswith("ground truth")]
     assert truths == [tests[0]["output"], tests[1]["output"]]
-    top1 = shown["top-1: 4/5 votes, q=0.90"]
+    top1 = shown["top-1 1x2: 4/5 votes, q=0.90"]
     assert top1.images[0].get_array().tolist() == [[6, 5]] and top1.title.get_color() == CORRECT_COLOR
-    assert shown["top-2: 1/5 votes, q=0.10"].title.get_color() == WRONG_COLOR
-    assert shown["top-1: 2/2 votes, q=0.10"].title.get_color() == WRONG_COLOR
-    none = [ax for ax in fig.axes if ax.get_title() == "top-2" and not ax.images]
-    assert len(none) == 1 and none[0].texts[0].get_text() == "none"
+    assert shown["top-2 1x2: 1/5 votes, q=0.10"].title.get_color() == WRONG_COLOR
+    assert shown["top-1 1x1: 2/2 votes, q=0.10"].title.get_color() == WRONG_COLOR
+    empty = [ax for ax in fig.axes if ax.get_title() == "top-2" and not ax.images]
+    assert len(empty) == 1 and empty[0].texts[0].get_text() == "no other candidate\n(the copies agree)"
     from matplotlib.text import Text
 
-    assert "p: 4 demos, 2 test input(s)" in {t.get_text() for t in fig.findobj(Text)}  # the figure's title
+    assert any(t.get_text().startswith("p: 4 demos, 2 test input(s)") for t in fig.findobj(Text))  # figure title
+
+
+def test_prediction_picture_cells_have_one_size_and_empty_slots_say_why():
+    """A 2x2 input used to be stretched to its whole panel like the 6x6 output beside it: every panel of a puzzle
+    now spans the puzzle's largest grid (same limits, equal aspect), so a cell is the same size in all panels and the
+    2x2 input covers a third of its panel's width. A test input without a valid prediction says so, with the number
+    of augmented copies that were malformed (the evaluator's counts)."""
+    from evaluators.arc import Candidate
+    from evaluators.pictures import Copies, puzzle_figure
+
+    small, big = [[1, 2], [3, 4]], [[(r + c) % 10 for c in range(6)] for r in range(6)]
+    tests = [{"input": small, "output": big}, {"input": [[5]], "output": [[5, 5], [5, 5]]}]
+    ranked = [[Candidate("a", _g(big), votes=5, q_sum=4.0)], []]
+    fig = puzzle_figure("p", {"train": [{"input": small, "output": big}], "test": tests}, ranked, top_k=2,
+                        copies=[Copies(8, 3), Copies(8, 8)])
+    fig.canvas.draw()
+    shown = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    drawn = [ax for ax in shown.values() if ax.images]
+    assert {(ax.get_xlim(), ax.get_ylim()) for ax in drawn} == {((0.0, 6.0), (6.0, 0.0))}
+    widths = {t: shown[t].get_window_extent().width for t in ("demo 0: input 2x2", "demo 0: output 6x6",
+                                                              "test 0: input 2x2", "ground truth 6x6")}
+    assert len({round(w) for w in widths.values()}) == 1  # same panel size, same limits: same cell size
+    left, right, _, _ = shown["test 0: input 2x2"].images[0].get_extent()
+    assert right - left == 2  # two cells of the six the panel spans
+    assert shown["top-1 6x6: 5/8 votes, q=0.80"].images  # votes out of all 8 copies, malformed ones included
+    texts = {ax.texts[0].get_text().replace("\n", " ") for ax in fig.axes if ax.get_title() == "top-2" and ax.texts}
+    assert texts == {"no other candidate (3 of 8 copies malformed)", "no valid prediction (all 8 copies malformed)"}
+
+
+def test_evaluator_pictures_count_the_malformed_copies(tiny_data, tmp_path, monkeypatch):
+    """Every copy malformed: the evaluator hands the pictures its per-test-input counts (8 augmented copies, 8
+    malformed), so the top-1 slot reads "no valid prediction (all 8 copies malformed)" instead of "none"."""
+    from evaluators import pictures
+    from evaluators.pictures import Copies, puzzle_figure
+
+    drawn = {}
+
+    def spy(path, name, puzzle, ranked, top_k=2, copies=None):  # draw_puzzle without the PNG
+        fig = puzzle_figure(name, puzzle, ranked, top_k, copies)
+        drawn[name] = [ax.texts[0].get_text().replace("\n", " ") for ax in fig.axes
+                       if ax.get_title().startswith("top-") and ax.texts]
+        return path
+
+    monkeypatch.setattr(pictures, "draw_puzzle", spy)
+    ev = ARCEvaluator(tiny_data, None, None, num_pictures=3)
+    _run(ev, tiny_data, malformed_tokens, save=str(tmp_path / "o"))
+    assert ev.last_copies["p_two"] == [Copies(8, 8), Copies(8, 8)]
+    assert drawn["p_one"] == ["no valid prediction (all 8 copies malformed)"] * 2
+    assert drawn["p_two"] == ["no valid prediction (all 8 copies malformed)"] * 4

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from training.plot_run import PlotError, curves_figure, main, read_metrics
+from training.plot_run import PlotError, curves_figure, main, read_metrics, runs_figure
 
 
 def _write_run(run_dir, extra_lines=()) -> str:
@@ -48,11 +48,10 @@ def test_curves_have_labelled_panels_for_loss_accuracy_lr_gradients_and_encoder_
     legend = {t: [x.get_text() for x in ax.get_legend().get_texts()] for t, ax in panels.items()}
     assert legend["loss"] == ["eval/all.lm_loss", "train/kl", "train/lm_loss", "train/loss", "train/q_halt_loss"]
     assert panels["loss"].get_yscale() == "log" and panels["loss"].get_ylabel() == "loss (log scale)"
-    # pass@1 / pass@2 only (not pass@10), evaluation curves dashed
+    # pass@1 / pass@2 only (not pass@10)
     assert legend["accuracy"] == ["ARC/pass@1", "ARC/pass@2", "eval/all.accuracy", "eval/all.exact_accuracy",
                                   "train/accuracy", "train/exact_accuracy"]
     lines = {ln.get_label(): ln for ln in panels["accuracy"].get_lines()}
-    assert lines["eval/all.exact_accuracy"].get_linestyle() == "--" and lines["train/accuracy"].get_linestyle() == "-"
     # the window without a halted sample (step 10) has no accuracy: not drawn as a dive to 0
     assert list(lines["train/accuracy"].get_xdata()) == [20, 30, 40]
     assert list(panels["learning rate"].get_lines()[0].get_ydata()) == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
@@ -94,3 +93,69 @@ def test_errors_name_the_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # the CLI: one line, exit 1
         main([str(tmp_path / "missing")])
     assert e.value.code == 1 and "metrics.jsonl: not found" in capsys.readouterr().err
+
+
+def _panels(fig) -> dict:
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+
+def _summary(run_dir, run_name) -> None:
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump({"run_name": run_name, "status": "finished"}, f)
+
+
+def test_curves_on_the_same_values_stay_visible_and_the_title_is_the_run_name(tmp_path):
+    """train/lm_loss equal to train/loss and an evaluation's exact accuracy equal to the train one used to be drawn
+    exactly on top of each other (same solid / dashed style): every line of a panel now has its own dash pattern and
+    marker, and the lines drawn first are wider. The figure is titled with summary.json's run_name, not the
+    folder's name."""
+    run = str(tmp_path / "folder-name")
+    rows = [{"step": s, "train/loss": 2.0 / s, "train/lm_loss": 2.0 / s, "train/exact_accuracy": s / 100,
+             "train/count": 8.0, "eval/all.exact_accuracy": s / 100} for s in range(10, 210, 10)]
+    os.makedirs(run)
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    _summary(run, "trm-seed3")
+    fig, default = runs_figure([run])
+    assert fig._suptitle.get_text() == "trm-seed3" and default == os.path.join(run, "curves.png")
+    for title in ("loss", "accuracy"):
+        lines = _panels(fig)[title].get_lines()
+        assert len(lines) == 2
+        looks = {(str(ln.get_linestyle()), ln.get_marker()) for ln in lines}
+        assert len(looks) == 2, looks  # distinct dash pattern and marker
+        assert lines[0].get_linewidth() > lines[1].get_linewidth()  # the one underneath shows around the other
+        assert lines[0].get_markevery() != lines[1].get_markevery()  # markers staggered, not on top of each other
+    # without summary.json: the folder's name
+    os.remove(os.path.join(run, "summary.json"))
+    assert runs_figure([run])[0]._suptitle.get_text() == "folder-name"
+
+
+def test_several_runs_are_overlaid_with_the_run_names_in_the_legend(tmp_path, capsys):
+    """python -m training.plot_run A B: one figure, the same panels, every run's curves in each panel (a colour per
+    run, a dash pattern per metric), the run names in the legends; written beside the runs by default."""
+    a, b = str(tmp_path / "p" / "a"), str(tmp_path / "p" / "b")
+    _write_run(a)
+    _write_run(b)
+    _summary(a, "lr1e-4")
+    _summary(b, "lr3e-4")
+    fig, _ = runs_figure([a, b])
+    panels = _panels(fig)
+    assert list(panels) == ["loss", "accuracy", "learning rate", "gradient norms", "encoder health"]
+    assert fig._suptitle.get_text() == "lr1e-4 vs lr3e-4"
+    for title, ax in panels.items():
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend[:2] == ["lr1e-4", "lr3e-4"], title
+    acc = panels["accuracy"]
+    assert len(acc.get_lines()) == 2 * 6  # 6 accuracy metrics, both runs
+    assert {ln.get_color() for ln in acc.get_lines()} == {"C0", "C1"}
+    assert "train/exact_accuracy" in [t.get_text() for t in acc.get_legend().get_texts()]
+    # lr: the two runs' identical curves stay visible (different width / marker)
+    lr = panels["learning rate"].get_lines()
+    assert lr[0].get_linewidth() > lr[1].get_linewidth() and lr[0].get_marker() != lr[1].get_marker()
+    out = main([a, b])
+    assert out == str(tmp_path / "p" / "curves_lr1e-4_vs_lr3e-4.png") and os.path.getsize(out) > 10_000
+    assert capsys.readouterr().out.strip() == out
+    # two runs of the same name: the labels add the folders
+    _summary(b, "lr1e-4")
+    legend = [t.get_text() for t in _panels(runs_figure([a, b])[0])["loss"].get_legend().get_texts()]
+    assert legend[:2] == [f"lr1e-4 ({a})", f"lr1e-4 ({b})"]

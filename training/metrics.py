@@ -1,7 +1,7 @@
 """Training metrics of a log window (docs/metrics.md): the TRM semantics of every ``train/*`` number."""
 from __future__ import annotations
 
-from typing import Collection
+from typing import Collection, Optional
 
 
 def reduce_window(acc: dict[str, float], n_steps: int, *, global_batch_size: int,
@@ -24,3 +24,21 @@ def reduce_window(acc: dict[str, float], n_steps: int, *, global_batch_size: int
             out[f"train/{k}"] = v / max(count, 1.0)
     out["train/loss"] = acc.get("loss", 0.0) / (global_batch_size * n)
     return out
+
+
+_LOSS_TERMS = ("kl", "rule_readout")  # per-sample loss terms the head adds (docs/metrics.md)
+_HIGHER_IS_BETTER = ("rule_exact",)
+
+
+def metric_direction(name: str) -> Optional[str]:
+    """Which way a logged metric improves, the one declaration of it (``python -m training.compare_runs``; meant for
+    summary.json's ``best`` too): ``"max"`` for accuracies (``accuracy``, ``exact_accuracy``, ``q_halt_accuracy``,
+    ``ARC/pass@K``, ``train/rule_exact``), ``"min"`` for losses (``loss``, ``*_loss``, ``eval/<set>.lm_loss``, the
+    per-sample loss terms ``train/kl`` and ``train/rule_readout``), ``None`` for the rest (lr, counts, epochs, ACT
+    steps, gradient norms, encoder statistics, ``ARC/malformed_frac``: bookkeeping or diagnostics)."""
+    leaf = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1]  # train/lm_loss -> lm_loss, eval/all.accuracy -> accuracy
+    if leaf.endswith("accuracy") or leaf.startswith("pass@") or leaf in _HIGHER_IS_BETTER:
+        return "max"
+    if leaf == "loss" or leaf.endswith("_loss") or leaf in _LOSS_TERMS:
+        return "min"
+    return None

@@ -1,45 +1,47 @@
-"""Training curves of a run, from its own files (no W&B needed).
+"""Training curves of one run, or of several runs overlaid, from their own files (no W&B needed).
 
     python -m training.plot_run checkpoints/<project>/<run> [--out curves.png]
+    python -m training.plot_run checkpoints/<project>/<run A> checkpoints/<project>/<run B> ... [--out PNG]
 
 Reads ``<run dir>/metrics.jsonl`` (one JSON object per log call, ``{"step": N, "<metric>": value, ...}``, written
 by the training loop; the path of such a file works too) and draws one panel per group against the optimizer step,
-each with labelled axes; a panel whose metrics the run never logged is left out:
+each with labelled axes; a panel whose metrics no run logged is left out:
 
 * loss: ``train/loss``, ``train/lm_loss``, ``train/q_halt_loss``, ``train/kl``, ... and the evaluations'
   ``eval/<set>.lm_loss`` (log scale when every value is positive);
 * accuracy: train exact / token accuracy, every evaluation's ``eval/<set>.exact_accuracy`` / ``.accuracy`` and ARC
-  ``pass@1`` / ``pass@2`` (evaluation curves dashed; train accuracies are over the samples that halted, so log
-  windows where none did, ``train/count`` 0, are not drawn);
+  ``pass@1`` / ``pass@2`` (train accuracies are over the samples that halted, so log windows where none did,
+  ``train/count`` 0, are not drawn);
 * learning rate: ``train/lr``;
 * gradient norms: ``grad/total_norm``, ``grad/inner_norm``, ``grad/encoder_norm`` (ETRM: the 0.05
   gradient-starvation line of docs/metrics.md);
 * encoder health (ETRM): ``train/encoder_cross_sample_var`` (the 0.05 collapse line), ``train/encoder_output_std``,
   ``train/encoder_token_std``, ``train/encoder_context_scale``.
 
-Writes ``<run dir>/curves.png`` by default and prints its path.
+Every line of a panel has its own dash pattern and marker (hollow, staggered along the line), and the lines drawn
+first are wider: curves on the same values (``train/lm_loss`` on ``train/loss`` when no other term adds to the loss,
+an evaluation's exact accuracy on the train one) all stay visible. One run: a colour per metric, titled with the
+run's name (summary.json's ``run_name``, else the folder's name). Several runs: a colour and a marker per run, a
+dash pattern per metric, the legend naming both.
+
+Writes ``<run dir>/curves.png`` by default (several runs: ``curves_<run A>_vs_<run B>....png`` in the folder that
+holds them all) and prints its path.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import math
 import os
 import re
 import sys
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
-from core.errors import PlatformError, user_errors
-from training.report import METRICS_FILE
+from core.errors import user_errors
+from training.runs import RunFilesError, Series, read_metrics, run_folder, run_labels
 
-log = logging.getLogger(__name__)
+__all__ = ["PlotError", "curves_figure", "main", "plot_run", "plot_runs", "read_metrics", "runs_figure"]
 
-Series = dict[str, tuple[list[int], list[float]]]
-
-
-class PlotError(PlatformError, ValueError):
-    """No metrics to plot (the message names the file)."""
+PlotError = RunFilesError  # no metrics to plot (the message names the file)
 
 
 class Panel(NamedTuple):
@@ -76,41 +78,6 @@ PANELS = (
 )
 
 
-def _metrics_path(run_dir: str) -> str:
-    return run_dir if os.path.isfile(run_dir) else os.path.join(run_dir, METRICS_FILE)
-
-
-def read_metrics(run_dir: str) -> Series:
-    """``{metric: (steps, values)}`` from ``<run_dir>/metrics.jsonl`` (or that file's own path). Lines that are
-    not a JSON object with a ``step`` (e.g. a half-written last line of a running run) are skipped with a
-    warning."""
-    path = _metrics_path(run_dir)
-    if not os.path.isfile(path):
-        raise PlotError(f"{path}: not found (is {run_dir} a run directory of this platform's training loop?)")
-    series: Series = {}
-    skipped = 0
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                step = int(rec["step"])
-            except (ValueError, TypeError, KeyError):
-                skipped += 1
-                continue
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    steps, values = series.setdefault(k, ([], []))
-                    steps.append(step)
-                    values.append(float(v))
-    if skipped:
-        log.warning("%s: skipped %d line(s) that are not a JSON object with a step", path, skipped)
-    if not series:
-        raise PlotError(f"{path}: no metrics logged yet")
-    return series
-
-
 HALTED_ONLY = ("train/accuracy", "train/exact_accuracy", "train/q_halt_accuracy", "train/steps")
 
 
@@ -128,16 +95,43 @@ def drop_windows_without_halts(series: Series) -> Series:
     return out
 
 
-def _draw_panel(ax, panel: Panel, keys: list[str], series: Series) -> None:
-    for k in keys:
-        steps, values = series[k]
-        evaluation = not k.startswith(("train/", "grad/"))
-        ax.plot(steps, values, linestyle="--" if evaluation else "-",
-                marker="o" if evaluation or len(steps) < 12 else None, markersize=3, label=k)
+# Line looks: the k-th line of a panel gets LINESTYLES[k] / MARKERS[k] (cycling); several runs: MARKERS per run.
+LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)),
+                               (0, (3, 1, 1, 1, 1, 1, 1, 1)))
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+
+
+def _look(j: int, n: int, npoints: int) -> dict[str, Any]:
+    """Width and marker spacing of the ``j``-th of ``n`` lines of a panel: the first drawn is widest (underneath),
+    markers hollow and staggered, so lines on the same values stay visible."""
+    under = (n - 1 - j) / max(n - 1, 1)
+    every = max(1, npoints // 10)
+    return {"linewidth": 1.0 + 2.0 * under, "markersize": 3.5 + 3.0 * under, "markerfacecolor": "none",
+            "markevery": (j % every, every)}
+
+
+def _draw_panel(ax, panel: Panel, keys: list[str], runs: Sequence[tuple[str, Series]]) -> None:
+    from matplotlib.lines import Line2D  # optional dependency, only when drawing
+
+    multi = len(runs) > 1
+    lines = [(m, r) for m, k in enumerate(keys) for r, (_, series) in enumerate(runs) if k in series]
+    for j, (m, r) in enumerate(lines):
+        steps, values = runs[r][1][keys[m]]
+        who = r if multi else m  # what the colour (and, for several runs, the marker) tells apart
+        ax.plot(steps, values, color=f"C{who % 10}", linestyle=LINESTYLES[m % len(LINESTYLES)],
+                marker=MARKERS[who % len(MARKERS)] if multi else MARKERS[m % len(MARKERS)],
+                label=None if multi else keys[m], **_look(j, len(lines), len(steps)))
+    handles = []
+    if multi:  # one legend entry per run (colour, marker) and per metric (dash pattern)
+        shown = sorted({r for _, r in lines})
+        handles = [Line2D([], [], color=f"C{r % 10}", marker=MARKERS[r % len(MARKERS)], markerfacecolor="none",
+                          label=runs[r][0]) for r in shown]
+        handles += [Line2D([], [], color="dimgrey", linestyle=LINESTYLES[m % len(LINESTYLES)], label=k)
+                    for m, k in enumerate(keys)]
     for value, label in panel.thresholds:
         if label.split()[0] in keys:
-            ax.axhline(value, color="grey", linestyle=":", linewidth=1, label=label)
-    finite = [v for k in keys for v in series[k][1] if math.isfinite(v)]
+            handles.append(ax.axhline(value, color="grey", linestyle=":", linewidth=1, label=label))
+    finite = [v for _, series in runs for k in keys if k in series for v in series[k][1] if math.isfinite(v)]
     if panel.log_scale and finite and min(finite) > 0:
         ax.set_yscale("log")
         ax.set_ylabel(f"{panel.ylabel} (log scale)")
@@ -146,40 +140,63 @@ def _draw_panel(ax, panel: Panel, keys: list[str], series: Series) -> None:
     ax.set_title(panel.title)
     ax.set_xlabel("optimizer step")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if multi:
+        ax.legend(handles=handles, fontsize=7, loc="best")
+    else:
+        ax.legend(fontsize=7, loc="best")
 
 
-def curves_figure(series: Series, title: str) -> Any:
-    """The matplotlib ``Figure`` of :data:`PANELS` over ``series`` (panels without metrics left out); a plain
-    Figure, outside pyplot's state (nothing to close; any backend)."""
+def curves_figure(runs: Union[Series, Sequence[tuple[str, Series]]], title: Optional[str] = None) -> Any:
+    """The matplotlib ``Figure`` of :data:`PANELS` over one run's ``series`` or several ``(label, series)`` runs
+    overlaid (panels without metrics left out); titled ``title`` (default: the runs' labels). A plain Figure,
+    outside pyplot's state (nothing to close; any backend)."""
     from matplotlib.figure import Figure  # optional dependency, only when drawing
 
-    series = drop_windows_without_halts(series)
-    panels = [(p, [k for k in sorted(series) if p.select(k)]) for p in PANELS]
+    if isinstance(runs, dict):
+        runs = [(title or "run", runs)]
+    runs = [(label, drop_windows_without_halts(series)) for label, series in runs]
+    title = title or " vs ".join(label for label, _ in runs)
+    names = sorted({k for _, series in runs for k in series})
+    panels = [(p, [k for k in names if p.select(k)]) for p in PANELS]
     panels = [(p, keys) for p, keys in panels if keys]
     if not panels:
-        raise PlotError(f"{title}: none of its metrics ({', '.join(sorted(series)[:5])}, ...) is a loss, accuracy, "
+        raise PlotError(f"{title}: none of its metrics ({', '.join(names[:5])}, ...) is a loss, accuracy, "
                         "learning rate, gradient norm or encoder statistic")
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig = Figure(figsize=(5.4 * ncols, 4.0 * nrows))
+    fig = Figure(figsize=(5.4 * ncols, 4.0 * nrows + 0.4))
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, (panel, keys) in zip(axes.flat, panels):
-        _draw_panel(ax, panel, keys, series)
-    fig.suptitle(f"{title}: training curves (metrics.jsonl)", fontsize=11)
+        _draw_panel(ax, panel, keys, runs)
+    fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return fig
 
 
-def plot_run(run_dir: str, out: Optional[str] = None) -> str:
-    """Draw the run's curves (see the module docstring) to ``out`` (default ``<run_dir>/curves.png``); returns
-    the PNG path."""
-    series = read_metrics(run_dir)
-    run_path = os.path.dirname(os.path.abspath(run_dir)) if os.path.isfile(run_dir) else run_dir
-    fig = curves_figure(series, os.path.basename(os.path.normpath(run_path)))
-    out = out or os.path.join(run_path, "curves.png")
+def _default_out(folders: list[str], labels: list[str]) -> str:
+    if len(folders) == 1:
+        return os.path.join(folders[0], "curves.png")
+    parent = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in folders])
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "_vs_".join(labels))[:120]
+    return os.path.join(parent, f"curves_{name}.png")
+
+
+def runs_figure(run_dirs: Sequence[str]) -> tuple[Any, str]:
+    """The figure of one run or of several overlaid (labels: :func:`training.runs.run_labels`) and its default
+    PNG path."""
+    folders = [run_folder(d) for d in run_dirs]
+    labels = run_labels(folders)
+    return curves_figure([(label, read_metrics(d)) for label, d in zip(labels, run_dirs)]), \
+        _default_out(folders, labels)
+
+
+def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None) -> str:
+    """Draw the curves of one run or of several overlaid (see the module docstring) to ``out``; returns the PNG
+    path."""
+    fig, default = runs_figure(run_dirs)
+    out = out or default
     try:
         fig.savefig(out, dpi=90)
     except OSError as e:
@@ -187,14 +204,21 @@ def plot_run(run_dir: str, out: Optional[str] = None) -> str:
     return out
 
 
+def plot_run(run_dir: str, out: Optional[str] = None) -> str:
+    """One run's curves to ``out`` (default ``<run_dir>/curves.png``); returns the PNG path."""
+    return plot_runs([run_dir], out)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> str:
     ap = argparse.ArgumentParser(prog="python -m training.plot_run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dir", help="the run's checkpoint directory (holds metrics.jsonl), or a metrics.jsonl")
-    ap.add_argument("--out", default=None, help="PNG path (default: <run_dir>/curves.png)")
+    ap.add_argument("run_dirs", nargs="+", metavar="run_dir",
+                    help="a run's checkpoint directory (holds metrics.jsonl), or a metrics.jsonl; several: overlaid")
+    ap.add_argument("--out", default=None, help="PNG path (default: <run_dir>/curves.png; several runs: "
+                                                "curves_<A>_vs_<B>.png beside the run folders)")
     a = ap.parse_args(argv)
     with user_errors():
-        path = plot_run(a.run_dir, a.out)
+        path = plot_runs(a.run_dirs, a.out)
     print(path)
     return path
 

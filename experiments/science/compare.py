@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from core.errors import user_errors
 from core.io import atomic_write, read_json
+from core.table import markdown_table
 from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.report import SCORED
 from experiments.science.run import recipe_override
@@ -72,8 +73,6 @@ def render(rows: list[dict]) -> str:
     """The markdown table: one row per run, the baseline (first row) with its own overrides."""
     fams = sorted({f for r in rows for f in r["heldout"] if f != TOTAL_ROW})
     base = rows[0]["overrides"]
-    head = ["| run | change | seeds (data, training) | steps | s/step | **all** | " + " | ".join(fams) + " |",
-            "|---|---|---|---:|---:|---|" + "---|" * len(fams)]
 
     def cell(r: dict, f: str) -> str:
         h, t = r["heldout"].get(f), r["fit"].get(f)
@@ -81,15 +80,17 @@ def render(rows: list[dict]) -> str:
             return "—"
         return f"{h:.2f}" + (f" / {t:.2f}" if t is not None else "")
 
-    lines = [f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
-             ""] + head
+    body = []
     for i, r in enumerate(rows):
         change = ("(baseline) " + " ".join(f"`{o}`" for o in base)).strip() if i == 0 else _changes(base, r["overrides"])
         steps = f"{r['steps']}{' (cut short)' if r['cut_short'] else ''}"
         sps = "" if r["s_per_step"] is None else f"{r['s_per_step']:.2f}"
-        lines.append(f"| {os.path.basename(os.path.normpath(r['dir']))}: {r['run']} | {change} | {r['data_seed']}, "
-                     f"{r['seed']} | {steps} | {sps} | **{cell(r, TOTAL_ROW)}** | "
-                     + " | ".join(cell(r, f) for f in fams) + " |")
+        body.append([f"{os.path.basename(os.path.normpath(r['dir']))}: {r['run']}", change,
+                     f"{r['data_seed']}, {r['seed']}", steps, sps, f"**{cell(r, TOTAL_ROW)}**"]
+                    + [cell(r, f) for f in fams])
+    header = ["run", "change", "seeds (data, training)", "steps", "s/step", "**all**"] + fams
+    lines = [f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
+             ""] + markdown_table(header, body, right=[False, False, False, True, True])
     return "\n".join(lines) + "\n"
 
 
