@@ -13,7 +13,8 @@ from training.config import ConfigError, config_from_dict, load_config
 from training.distributed import local_batch_size
 from training.ema import EMA
 from training.schedule import lr_at_step
-from training.summary import metric_direction, RunSummary, read_summary
+from training.metrics import metric_direction
+from training.summary import RunSummary, read_summary
 
 BASE = {"arch": {"name": "trm"}, "data_paths": ["data/x"]}
 

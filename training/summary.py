@@ -7,8 +7,8 @@ Written atomically (temp file + ``os.replace``) at every checkpoint and at the e
     "error" | null while running),
     exit_status (int or null while running), steps, total_steps, epochs_completed, examples_seen,
     wall_time_s, num_params, final {metric: value} (the last logged value of every train/ and eval/ metric),
-    best {metric: value} (only metrics with a direction, :func:`metric_direction`: max for accuracies / pass@K,
-    min for losses), best_step {metric: step},
+    best {metric: value} (only metrics with a direction, ``training.metrics.metric_direction``: max for
+    accuracies / pass@K, min for losses), best_step {metric: step},
     last_checkpoint, warnings (health warnings), message (error text when failed)
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from typing import Any, Optional
 
 from core.io import write_json_atomic
+from training.metrics import metric_direction
 
 SUMMARY_FILE = "summary.json"
 
@@ -35,23 +35,6 @@ EXIT_FAILED = 1
 EXIT_NONFINITE = 2
 EXIT_EARLY_STOP = 3
 EXIT_INTERRUPTED = 130
-
-
-def metric_direction(name: str) -> Optional[str]:
-    """Whether a higher (``"max"``) or lower (``"min"``) value of metric ``name`` is better, or None where "best"
-    means nothing (lr, counts, seconds, norms, encoder statistics, halting steps). The one declaration of metric
-    direction: summary.json's ``best``, W&B's ``best/*`` and run comparison tables use it. The leaf is the part
-    after the last ``/`` and ``.`` (``eval/all.exact_accuracy`` -> ``exact_accuracy``, ``eval/ARC/pass@2`` ->
-    ``pass@2``)."""
-    leaf = name.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
-    if leaf.endswith("accuracy") or leaf.endswith("_exact") or _PASS_AT.match(leaf):
-        return "max"
-    if leaf == "loss" or leaf.endswith("_loss") or leaf == "kl":
-        return "min"
-    return None
-
-
-_PASS_AT = re.compile(r"^pass@\d+$")
 
 
 class RunSummary:
