@@ -32,7 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import models
-from core.errors import PlatformError, run_hydra_main, user_errors
+from core.errors import PlatformError, run_hydra_main, user_errors, validation_problems
 from core.io import atomic_write
 from dataset.common import load_metadata
 from evaluators import ARCEvaluator
@@ -386,9 +386,7 @@ def config_from_hydra(hcfg: Any) -> EvaluateConfig:
     try:
         return EvaluateConfig(**raw)
     except pydantic.ValidationError as e:
-        problems = "; ".join(".".join(str(p) for p in err["loc"]) + (
-            f": {err['msg']}" if err["type"] in ("extra_forbidden", "missing") else f"={err['input']!r}: {err['msg']}")
-            for err in e.errors())
+        problems = "; ".join(validation_problems(e))
         raise EvaluateError(f"config/cfg_evaluate.yaml: {problems}") from None
 
 

@@ -28,7 +28,7 @@ import errno
 import os
 import re
 import sys
-from typing import Callable, Iterable, Iterator, NoReturn, Optional
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 
 from hydra.errors import CompactHydraException
 
@@ -72,6 +72,25 @@ def one_line(text: str) -> str:
         msg += part if not msg else ((" " if msg.endswith((".", ":", "!", "?")) else "; ") + part)
     msg = msg or "(no message)"
     return msg if len(msg) <= _MAX_LEN else msg[: _MAX_LEN - 3] + "..."
+
+
+def validation_problems(err: Any, prefix: str = "") -> list[str]:
+    """The one formatter of a pydantic ``ValidationError``: one phrase per problem, naming the dotted key (with
+    ``prefix``, e.g. ``"arch."``) and the value: ``unknown key 'arch.hiden' (value 64)``, ``missing required key
+    'checkpoint'``, ``lr='abc': Input should be a valid number, ...``; a whole-model check gives its message."""
+    out = []
+    for e in err.errors():
+        key = prefix + ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            out.append(f"unknown key '{key}' (value {e.get('input')!r})")
+        elif e["type"] == "missing":
+            out.append(f"missing required key '{key}'")
+        elif not e["loc"]:
+            out.append(msg)
+        else:
+            out.append(f"{key}={e.get('input')!r}: {msg}")
+    return out
 
 
 def _os_error_message(e: OSError) -> Optional[str]:
@@ -155,5 +174,5 @@ def run_hydra_main(main, code: int = EXIT_USER_ERROR,
         main()
 
 
-__all__ = ["PlatformError", "closest_key", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
+__all__ = ["PlatformError", "closest_key", "validation_problems", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
            "user_errors", "run_hydra_main"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Literal, Optional
 
 import pydantic
 import torch
@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from core.errors import PlatformError
+from core.registry import Registry
 from core.ops import (apply_pointer_rope, dihedral_agreement, grid_coordinates, linear_chunks, pointer_bias,
                       pointer_coefficients, pointer_features, pointer_freqs, pointer_tables)
 from dataset.common import PAD_ID
@@ -122,19 +123,9 @@ class BaseEncoderConfig(pydantic.BaseModel):
         return self
 
 
-# name -> (config class, module class); filled by @register_encoder in the variant modules
-ENCODER_REGISTRY: dict[str, tuple[type[BaseEncoderConfig], type["DemoEncoder"]]] = {}
-
-
-def register_encoder(name: str, config_cls: type[BaseEncoderConfig]) -> Callable:
-    def deco(cls):
-        if name in ENCODER_REGISTRY:
-            raise KeyError(f"encoder {name!r} registered twice")
-        ENCODER_REGISTRY[name] = (config_cls, cls)
-        cls.registry_name = name
-        return cls
-
-    return deco
+# name -> Entry(config class, module class); filled by @ENCODER_REGISTRY.register(name, config=...) in the variant
+# modules (each encoder is one module and one registry line)
+ENCODER_REGISTRY = Registry("encoder", EncoderConfigError)
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -145,24 +136,11 @@ def parse_encoder_config(cfg: "dict | BaseEncoderConfig") -> "BaseEncoderConfig"
     """The validated config of ``cfg["name"]``'s encoder (strict: an unknown or unused key raises
     :class:`EncoderConfigError` naming it and listing the valid keys): the discriminated union over the registry,
     keyed by ``name``. An already validated config of a registered class is returned as it is."""
-    if isinstance(cfg, BaseEncoderConfig) and type(cfg) in {c for c, _ in ENCODER_REGISTRY.values()}:
+    if isinstance(cfg, BaseEncoderConfig) and type(cfg) in ENCODER_REGISTRY.configs():
         return cfg
     if isinstance(cfg, DictConfig):
         cfg = OmegaConf.to_container(cfg, resolve=True)
-    cfg = dict(cfg)
-    name = cfg.get("name")
-    if name not in ENCODER_REGISTRY:
-        raise EncoderConfigError(f"encoder.name={name!r} is not a registered encoder; "
-                                 f"choose one of {sorted(ENCODER_REGISTRY)}")
-    config_cls = ENCODER_REGISTRY[name][0]
-    try:
-        return config_cls(**cfg)
-    except pydantic.ValidationError as e:
-        bad = "; ".join(f"encoder.{'.'.join(map(str, x['loc']))}"
-                        + (f"={x.get('input')!r}: unknown key" if x["type"] == "extra_forbidden" else f": {x['msg']}")
-                        for x in e.errors())
-        raise EncoderConfigError(f"invalid config for encoder {name!r}: {bad} (keys of {config_cls.__name__}: "
-                                 f"{', '.join(config_cls.model_fields)})") from None
+    return ENCODER_REGISTRY.parse(dict(cfg), prefix="encoder")
 
 
 def build_encoder(cfg: "dict | BaseEncoderConfig", *, hidden_size: int, vocab_size: int, seq_len: int,
@@ -170,7 +148,7 @@ def build_encoder(cfg: "dict | BaseEncoderConfig", *, hidden_size: int, vocab_si
     """Build an encoder from its config (``cfg["name"]`` = registry key; a dict is validated). Unknown keys raise."""
     config = parse_encoder_config(cfg)
     name = config.name
-    module_cls = ENCODER_REGISTRY[name][1]
+    module_cls = ENCODER_REGISTRY.entry(name).cls
     if puzzle_emb_len <= 0:
         raise EncoderConfigError(f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
                                  f"puzzle-embedding prefix), got {puzzle_emb_len}")

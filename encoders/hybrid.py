@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .base import (BaseEncoderConfig, Block, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput,
-                   Gaussian, register_encoder)
+                   Gaussian, ENCODER_REGISTRY)
 
 
 class HybridEncoderConfig(BaseEncoderConfig):
@@ -19,7 +19,7 @@ class HybridEncoderConfig(BaseEncoderConfig):
     kl_weight: float = pydantic.Field(1e-3, ge=0)
 
 
-@register_encoder("hybrid", HybridEncoderConfig)
+@ENCODER_REGISTRY.register("hybrid", config=HybridEncoderConfig)
 class HybridEncoder(DemoEncoder):
     def __init__(self, cfg: HybridEncoderConfig, **kw):
         super().__init__(cfg, **kw)

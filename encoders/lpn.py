@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .base import (BaseEncoderConfig, ContextHead, DemoEncoder, DemoTrunk, EncoderOutput, Gaussian, masked_mean,
-                   register_encoder)
+                   ENCODER_REGISTRY)
 
 
 class LPNEncoderConfig(BaseEncoderConfig):
@@ -38,7 +38,7 @@ class LPNEncoderConfig(BaseEncoderConfig):
         return self
 
 
-@register_encoder("lpn", LPNEncoderConfig)
+@ENCODER_REGISTRY.register("lpn", config=LPNEncoderConfig)
 class LPNEncoder(DemoEncoder):
     def __init__(self, cfg: LPNEncoderConfig, **kw):
         super().__init__(cfg, **kw)

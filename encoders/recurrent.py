@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from .base import (BaseEncoderConfig, Block, ContextHead, DemoEncoder, DemoTrunk, EncoderOutput, _trunc_normal_,
-                   register_encoder)
+                   ENCODER_REGISTRY)
 
 
 class RecurrentEncoderConfig(BaseEncoderConfig):
@@ -29,7 +29,7 @@ class RecurrentEncoderConfig(BaseEncoderConfig):
         return self
 
 
-@register_encoder("recurrent", RecurrentEncoderConfig)
+@ENCODER_REGISTRY.register("recurrent", config=RecurrentEncoderConfig)
 class RecurrentEncoder(DemoEncoder):
     is_recurrent = True
 

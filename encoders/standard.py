@@ -7,7 +7,7 @@ from typing import Literal, Optional
 import torch
 
 from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput,
-                   register_encoder)
+                   ENCODER_REGISTRY)
 
 
 class StandardEncoderConfig(BaseEncoderConfig):
@@ -15,7 +15,7 @@ class StandardEncoderConfig(BaseEncoderConfig):
     aggregation: Literal["cross_attention", "mean", "tokens"] = "tokens"
 
 
-@register_encoder("standard", StandardEncoderConfig)
+@ENCODER_REGISTRY.register("standard", config=StandardEncoderConfig)
 class StandardEncoder(DemoEncoder):
     def __init__(self, cfg: StandardEncoderConfig, **kw):
         super().__init__(cfg, **kw)

@@ -8,7 +8,7 @@ import pydantic
 import torch
 
 from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput, Gaussian,
-                   register_encoder)
+                   ENCODER_REGISTRY)
 
 
 class VariationalEncoderConfig(BaseEncoderConfig):
@@ -18,7 +18,7 @@ class VariationalEncoderConfig(BaseEncoderConfig):
     kl_weight: float = pydantic.Field(1e-3, ge=0)
 
 
-@register_encoder("variational", VariationalEncoderConfig)
+@ENCODER_REGISTRY.register("variational", config=VariationalEncoderConfig)
 class VariationalEncoder(DemoEncoder):
     def __init__(self, cfg: VariationalEncoderConfig, **kw):
         super().__init__(cfg, **kw)

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional, Union
 
 from core.errors import PlatformError
+from core.registry import Registry
 from evaluators.arc import ARCEvaluator, EvaluatorError
 
-EVALUATOR_REGISTRY: dict[str, type] = {"arc": ARCEvaluator}
-# the published TRM code's spelling (``evaluators: [{name: arc@ARC}]``) names the same evaluator
-EVALUATOR_ALIASES: dict[str, str] = {"arc@ARC": "arc"}
+# name -> Entry(None, evaluator class) (configured by keyword arguments); the published TRM code's spelling
+# (``evaluators: [{name: arc@ARC}]``) is an alias of the same evaluator
+EVALUATOR_REGISTRY = Registry("evaluator", EvaluatorError, aliases={"arc@ARC": "arc"})
+EVALUATOR_REGISTRY.register("arc")(ARCEvaluator)
 
 
 def _spec_name_kwargs(spec: Any) -> tuple[str, dict]:
@@ -33,9 +35,7 @@ def build_evaluators(specs: Iterable[Union[str, Mapping[str, Any]]], *, data_pat
     out = []
     for spec in specs or []:
         name, kwargs = _spec_name_kwargs(spec)
-        cls = EVALUATOR_REGISTRY.get(EVALUATOR_ALIASES.get(name, name))
-        if cls is None:
-            raise EvaluatorError(f"unknown evaluator {name!r}; registered: {sorted(EVALUATOR_REGISTRY)}")
+        cls = EVALUATOR_REGISTRY.entry(name).cls
         try:
             out.append(cls(data_path, metadata, output_dir, **kwargs))
         except (PlatformError, TypeError) as e:  # bad data / kwargs: one line; a bug keeps its traceback
@@ -43,4 +43,4 @@ def build_evaluators(specs: Iterable[Union[str, Mapping[str, Any]]], *, data_pat
     return out
 
 
-__all__ = ["EVALUATOR_REGISTRY", "EVALUATOR_ALIASES", "ARCEvaluator", "EvaluatorError", "build_evaluators"]
+__all__ = ["EVALUATOR_REGISTRY", "ARCEvaluator", "EvaluatorError", "build_evaluators"]

@@ -10,11 +10,10 @@ key raises :class:`ArchConfigError` naming the key (pitfall 8). The registry liv
 from models.act import ACTCarry, ACTModel
 from models.hrm import HRM, HRMConfig
 from models.losses import ACTLossHead
-from models.registry import (ARCH_REGISTRY, ArchConfigError, build_loss_head, build_model, parse_arch_config,
-                             register_arch)
+from models.registry import ARCH_REGISTRY, ArchConfigError, build_loss_head, build_model, parse_arch_config
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, ArchConfig, LossConfig, TRMConfig
 
 __all__ = ["ARCH_REGISTRY", "ArchConfig", "ArchConfigError", "ACTCarry", "ACTModel", "ACTLossHead", "build_model",
-           "build_loss_head", "parse_arch_config", "register_arch", "TRM", "TRMConfig", "HRM", "HRMConfig",
+           "build_loss_head", "parse_arch_config", "TRM", "TRMConfig", "HRM", "HRMConfig",
            "TransformerBaseline", "TransformerConfig", "LossConfig"]

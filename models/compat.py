@@ -60,7 +60,7 @@ def normalise_arch(cfg: Mapping[str, Any]) -> Dict[str, Any]:
     name = d.get("name")
     if name in ARCH_REGISTRY:
         try:
-            return ARCH_REGISTRY[name][0](**d).model_dump(mode="json")
+            return ARCH_REGISTRY[name].config(**d).model_dump(mode="json")
         except Exception:  # noqa: BLE001 - unknown keys in an old config: compare what is there
             return d
     return d

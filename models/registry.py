@@ -6,34 +6,31 @@ the training config is composed (``training.config.PretrainConfig.arch`` holds t
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Tuple, Type
+from typing import Any, Dict, Mapping
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from torch import nn
 
 from core.errors import PlatformError
+from core.registry import Registry
 from models.act import ACTModel
 from models.hrm import HRM, HRMConfig
 from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, ArchConfig, LossConfig, TRMConfig
 
-ARCH_REGISTRY: Dict[str, Tuple[Type[BaseModel], Type[nn.Module]]] = {
-    "trm": (TRMConfig, TRM),
-    "hrm": (HRMConfig, HRM),
-    "transformer": (TransformerConfig, TransformerBaseline),
-}
-
 
 class ArchConfigError(PlatformError, ValueError):
     """Invalid ``arch`` config (unknown name, unknown key, bad value). The message names the field."""
 
 
-def register_arch(name: str, config_cls: Type[BaseModel], model_cls: Type[nn.Module]) -> None:
-    """Add an architecture (e.g. from models.etrm). Its model class takes
-    ``(config, *, vocab_size, seq_len, num_puzzle_identifiers, batch_size)``."""
-    ARCH_REGISTRY[name] = (config_cls, model_cls)
+# arch.name -> Entry(config class, ACT model class); a model class takes
+# ``(config, *, vocab_size, seq_len, num_puzzle_identifiers, batch_size)``. One line per architecture:
+ARCH_REGISTRY = Registry("arch", ArchConfigError)
+ARCH_REGISTRY.register("trm", config=TRMConfig)(TRM)
+ARCH_REGISTRY.register("hrm", config=HRMConfig)(HRM)
+ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBaseline)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:
@@ -49,33 +46,17 @@ def _to_dict(cfg: Any) -> Dict[str, Any]:
 def parse_arch_config(arch_cfg: Any) -> ArchConfig:
     """Validate ``arch_cfg`` with the config class of ``arch_cfg['name']``; raise :class:`ArchConfigError`.
     An already validated config of a registered class is returned as it is."""
-    if isinstance(arch_cfg, ArchConfig) and type(arch_cfg) in {c for c, _ in ARCH_REGISTRY.values()}:
+    if isinstance(arch_cfg, ArchConfig) and type(arch_cfg) in ARCH_REGISTRY.configs():
         return arch_cfg
     cfg = _to_dict(arch_cfg)
-    name = cfg.get("name")
-    if name not in ARCH_REGISTRY:
-        raise ArchConfigError(f"arch.name must be one of {sorted(ARCH_REGISTRY)}, got {name!r}")
-    config_cls = ARCH_REGISTRY[name][0]
-    try:
-        return config_cls(**cfg)
-    except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                problems.append(f"unknown key 'arch.{loc}' (value {err.get('input')!r})")
-            elif not loc:  # a whole-config check
-                problems.append(str(err["msg"]).removeprefix("Value error, "))
-            else:
-                problems.append(f"arch.{loc}: {err['msg']} (got {err.get('input')!r})")
-        raise ArchConfigError(f"invalid arch config for {name!r}: " + "; ".join(problems)) from None
+    return ARCH_REGISTRY.parse(cfg, prefix="arch")
 
 
 def build_model(arch_cfg: Any, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> ACTModel:
     """Build the ACT model named by ``arch_cfg['name']`` (validated strictly). ``batch_size`` is the local
     (per-rank) batch size (the sparse puzzle embedding keeps a local buffer of that many rows)."""
     config = parse_arch_config(arch_cfg)
-    model_cls = ARCH_REGISTRY[config.name][1]  # type: ignore[attr-defined]
+    model_cls = ARCH_REGISTRY.entry(config.name).cls  # type: ignore[attr-defined]
     return model_cls(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
                      batch_size=batch_size)
 

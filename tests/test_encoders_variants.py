@@ -172,7 +172,7 @@ def test_yaml_configs_match_registry():
         assert cfg["name"] == name
         cfg.update(hidden_size=32, num_heads=4)
         enc = build_encoder(cfg, hidden_size=H, vocab_size=V, seq_len=S, puzzle_emb_len=L, verbose=False)
-        assert type(enc) is ENCODER_REGISTRY[name][1]
+        assert type(enc) is ENCODER_REGISTRY[name].cls
 
 
 def test_parameter_count_printed(capsys):

@@ -137,7 +137,7 @@ def test_old_module_name_runs_the_same_command():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--override", "+encoder.nope=1"], "encoder.nope=1: unknown key"),
+    (["--override", "+encoder.nope=1"], "unknown key 'encoder.nope' (value 1)"),
     (["--override", "+arch.nope=1"], "unknown key 'arch.nope'"),
     (["--override", "nope=1"], "Could not override 'nope'"),
     (["--encoders", "standard", "lpm"], "unknown run 'lpm'"),

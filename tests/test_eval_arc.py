@@ -320,7 +320,7 @@ def test_submission_fallbacks():
 
 
 def test_registry_and_loud_construction_errors(tiny_data, tmp_path):
-    assert EVALUATOR_REGISTRY["arc"] is ARCEvaluator
+    assert EVALUATOR_REGISTRY["arc"].cls is ARCEvaluator and EVALUATOR_REGISTRY["arc@ARC"].cls is ARCEvaluator
     evs = build_evaluators([{"name": "arc", "pass_ks": [1, 2]}], data_path=tiny_data)
     assert isinstance(evs[0], ARCEvaluator) and evs[0].pass_ks == (1, 2)
     with pytest.raises(EvaluatorError, match="unknown evaluator 'nope'"):

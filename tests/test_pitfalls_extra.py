@@ -184,7 +184,7 @@ def test_the_model_built_is_the_arch_the_config_names(arch):
                            num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"])
     model = build_act_model(cfg, meta, batch_size=2)
     name = cfg.arch.name
-    assert type(model) is models.ARCH_REGISTRY[name][1]
+    assert type(model) is models.ARCH_REGISTRY[name].cls
     resolved = resolve_arch(cfg)  # what checkpoints store (and loads are compared against)
     assert resolved["name"] == name == model.config.model_dump()["name"]
     # every override reached the module config that was built (not just the run's label)
@@ -211,7 +211,7 @@ def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
                            has_demos=True, max_demos=3)
     model = build_act_model(cfg, meta, batch_size=2)
     assert isinstance(model, ETRM) and model.puzzle_emb_len == 2 and model.config.L_cycles == 3
-    assert type(model.encoder) is ENCODER_REGISTRY[encoder][1]
+    assert type(model.encoder) is ENCODER_REGISTRY[encoder].cls
     assert (model.encoder.cfg.name, model.encoder.cfg.hidden_size, model.encoder.cfg.num_layers) == (encoder, 16, 1)
 
 

@@ -72,7 +72,7 @@ def test_a_failing_sweep_point_does_not_stop_the_sweep(toy, tmp_path):
         f"data_paths=[{toy}]", "epochs=1", "eval_at_end=false", "hydra.sweep.dir=" + str(tmp_path / "sweep")]
     p = _run([sys.executable, os.path.join(ROOT, "pretrain.py"), "--multirun", "lr=-1,1e-3", *args], cwd=str(tmp_path))
     assert p.returncode == 1, p.stderr[-3000:]
-    assert "'lr' = -1" in p.stderr and "[sweep] point failed, continuing: lr=-1" in p.stderr, p.stderr[-3000:]
+    assert "lr=-1: " in p.stderr and "[sweep] point failed, continuing: lr=-1" in p.stderr, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1].startswith("error: 1 sweep point(s) failed (the others ran): lr=-1")
     summaries = glob.glob(str(tmp_path / "checkpoints" / "t" / "*" / "summary.json"))
     assert len(summaries) == 1 and json.load(open(summaries[0]))["final"]["train/lr"] == 1e-3

@@ -152,7 +152,7 @@ def test_refused_override_names_the_closest_known_key():
     assert closest_key("Could not override 'arch.L_cycle'", keys) == "arch.L_cycles"
     assert closest_key("unknown config key 'zzzzzz'", keys) is None and closest_key("other error", keys) is None
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"OMP_NUM_THREADS": "1"}
-    for override, said in (("lrr=1", "Could not override 'lrr'"), ("+lrr=1", "unknown config key 'lrr'")):
+    for override, said in (("lrr=1", "Could not override 'lrr'"), ("+lrr=1", "unknown key 'lrr'")):
         r = subprocess.run([sys.executable, "pretrain.py", override], cwd=ROOT, capture_output=True, text=True,
                            timeout=120, env=env)
         err = r.stderr.strip()

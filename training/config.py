@@ -25,7 +25,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
-from core.errors import PlatformError
+from core.errors import PlatformError, validation_problems
 from encoders import ENCODER_REGISTRY, BaseEncoderConfig, parse_encoder_config
 from models import ARCH_REGISTRY, ArchConfig, parse_arch_config
 from training.health import HealthConfig
@@ -203,19 +203,6 @@ class PretrainConfig(_Strict):
 
 
 
-def _format_validation_error(err: pydantic.ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"unknown config key '{key}' (value {e.get('input')!r}); check its spelling")
-        elif e["type"] == "missing":
-            lines.append(f"missing required config key '{key}'")
-        else:
-            lines.append(f"config key '{key}' = {e.get('input')!r}: {e['msg']}")
-    return f"invalid training config ({source}):\n  " + "\n  ".join(lines)
-
-
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainConfig:
     """Validate a plain dict (e.g. from YAML) into a PretrainConfig; ConfigError names every bad key. The arch and
     encoder sections are validated first, so their errors (ArchConfigError / EncoderConfigError) name the dotted
@@ -228,7 +215,7 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainCon
     try:
         return PretrainConfig.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise ConfigError(_format_validation_error(e, source)) from None
+        raise ConfigError(f"invalid training config ({source}): " + "; ".join(validation_problems(e))) from None
 
 
 def config_from_hydra(cfg: Any) -> PretrainConfig:
@@ -271,8 +258,8 @@ def known_keys() -> list[str]:
             out += walk(f"{prefix}{name}.", sub) if sub is not None else [f"{prefix}{name}"]
         return out
     keys = [k for k in walk("", PretrainConfig) if k.split(".")[0] not in ("arch", "encoder")]
-    keys += sorted({k for c, _ in ARCH_REGISTRY.values() for k in walk("arch.", c)})
-    keys += sorted({k for c, _ in ENCODER_REGISTRY.values() for k in walk("encoder.", c)})
+    keys += sorted({k for c in ARCH_REGISTRY.configs() for k in walk("arch.", c)})
+    keys += sorted({k for c in ENCODER_REGISTRY.configs() for k in walk("encoder.", c)})
     return keys
 
 
