@@ -62,7 +62,7 @@ def test_missing_config_name_fails_naming_it_and_the_job_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ values / keys
-@pytest.mark.parametrize("override, named", [("lr=abc", "'lr' = 'abc'"), ("lr_typo=1", "lr_typo"),
+@pytest.mark.parametrize("override, named", [("lr=abc", "lr='abc'"), ("lr_typo=1", "lr_typo"),
                                              ("arch.L_cyclez=2", "arch.L_cyclez")])
 def test_bad_value_or_unknown_key_fails_with_a_config_name(override, named):
     st, msg = check_command(f"python pretrain.py --config-name=cfg_demo {override} +run_name=x", ROOT)
