@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 import models
 from core.errors import PlatformError, run_hydra_main, user_errors, validation_problems
 from core.io import atomic_write
-from dataset.common import load_metadata
+from dataset.metadata import load_metadata
 from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
 from evaluators.inference import as_logged, evaluate

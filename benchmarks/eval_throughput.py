@@ -31,7 +31,8 @@ ARC_CONFIG = dict(name="trm", hidden_size=512, num_heads=8, expansion=4, L_layer
 import numpy as np
 
 import models
-from dataset.common import IGNORE_LABEL_ID, Augmentation
+from dataset.augment import Augmentation
+from dataset.tokens import IGNORE_LABEL_ID
 from evaluators import ARCEvaluator
 from evaluators.inference import evaluate
 from tests.doubles import oracle_tokens, write_tiny_arc_test_split

@@ -29,7 +29,8 @@ from typing import Any, Optional, Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_sudoku_dataset import main as build_sudoku
 from dataset.build_synthetic_dataset import generate_synthetic_arc
 from training.config import load_config

@@ -1,10 +1,15 @@
-"""Augmentation of ARC puzzles: which (dihedral x colour permutation) copies a puzzle gets, and their canvases.
+"""Augmentation of ARC puzzles: a dihedral transform plus a colour permutation (0 fixed), its exact inverse and its
+string form in the identifiers, which copies a puzzle gets, and their canvases.
+
+``Augmentation`` is the single-copy form: ``apply`` / ``invert`` a grid, ``name_for`` / ``parse_name`` the
+identifier ``"<name>|||t<dihedral>|||<10-digit colour map>"`` of the published TRM identifiers.json. Translation
+is applied at load time (training only, :func:`dataset.canvas.translate_batch`), re-drawn every epoch; it needs no
+inverse because test examples are never translated.
 
 ``select_augmentations(puzzle, num_aug, seed)`` is the one rule the ARC builder (and the synthetic builder's
 held-out-leak check, which replays it) uses: the identity plus up to ``num_aug`` distinct random copies, seeded by
 ``seed`` and the puzzle's name. ``encode_puzzle`` writes a puzzle's canvases under given augmentations
-(vectorised per dihedral transform); ``Augmentation`` (dataset.common) is the single-copy form with its exact
-inverse.
+(vectorised per dihedral transform).
 """
 from __future__ import annotations
 
@@ -14,15 +19,64 @@ from typing import Sequence
 
 import numpy as np
 
-from dataset.common import (
-    ARC_MAX_GRID,
-    COLOR_OFFSET,
-    EOS_ID,
-    NUM_COLORS,
-    PUZZLE_ID_SEPARATOR,
-    Augmentation,
-    dihedral_transform,
-)
+from dataset.dihedral import dihedral_transform, inverse_dihedral_transform
+from dataset.tokens import ARC_MAX_GRID, COLOR_OFFSET, EOS_ID, NUM_COLORS
+
+# Separator of augmented puzzle names, as in the published TRM identifiers.json:
+#   "<name>|||t<dihedral>|||<10-digit colour mapping>"
+PUZZLE_ID_SEPARATOR = "|||"
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    dihedral: int = 0
+    # colour_map[c] = colour that original colour c becomes. colour_map[0] == 0 always.
+    colour_map: tuple = tuple(range(NUM_COLORS))
+
+    def __post_init__(self):
+        if not 0 <= self.dihedral <= 7:
+            raise ValueError(f"dihedral must be in 0..7, got {self.dihedral}")
+        cm = tuple(int(c) for c in self.colour_map)
+        if sorted(cm) != list(range(NUM_COLORS)) or cm[0] != 0:
+            raise ValueError(f"colour_map must be a permutation of 0..9 fixing 0, got {cm}")
+        object.__setattr__(self, "colour_map", cm)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.dihedral == 0 and self.colour_map == tuple(range(NUM_COLORS))
+
+    @staticmethod
+    def random(rng: np.random.Generator) -> "Augmentation":
+        perm = np.concatenate([[0], rng.permutation(np.arange(1, NUM_COLORS))])
+        return Augmentation(int(rng.integers(0, 8)), tuple(int(x) for x in perm))
+
+    def apply(self, grid: np.ndarray) -> np.ndarray:
+        """Augment a colour grid (values 0..9)."""
+        lut = np.asarray(self.colour_map, dtype=np.uint8)
+        return dihedral_transform(lut[np.asarray(grid, dtype=np.uint8)], self.dihedral)
+
+    def invert(self, grid: np.ndarray) -> np.ndarray:
+        """Exact inverse of :meth:`apply`."""
+        inv = np.argsort(np.asarray(self.colour_map)).astype(np.uint8)
+        return inv[inverse_dihedral_transform(np.asarray(grid, dtype=np.uint8), self.dihedral)]
+
+    # --- string form compatible with the published identifiers.json ---
+    def tag(self) -> str:
+        return f"t{self.dihedral}{PUZZLE_ID_SEPARATOR}{''.join(str(c) for c in self.colour_map)}"
+
+    def name_for(self, base_name: str) -> str:
+        return base_name if self.is_identity else f"{base_name}{PUZZLE_ID_SEPARATOR}{self.tag()}"
+
+    @staticmethod
+    def parse_name(name: str) -> tuple[str, "Augmentation"]:
+        """Split an augmented puzzle name into (original name, augmentation)."""
+        if PUZZLE_ID_SEPARATOR not in name:
+            return name, Augmentation()
+        parts = name.split(PUZZLE_ID_SEPARATOR)
+        if len(parts) < 3 or not parts[-2].startswith("t"):
+            raise ValueError(f"malformed augmented puzzle name {name!r}")
+        base = PUZZLE_ID_SEPARATOR.join(parts[:-2])
+        return base, Augmentation(int(parts[-2][1:]), tuple(int(c) for c in parts[-1]))
 
 
 @dataclass

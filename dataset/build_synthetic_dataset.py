@@ -32,26 +32,21 @@ from tqdm import tqdm
 
 from core.errors import user_errors
 from core.io import write_json_atomic
+from dataset.arc_sources import load_puzzles
 from dataset.augment import ArcPuzzle, select_augmentations
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
-from dataset.common import ARC_MAX_GRID, DatasetError
-from dataset.synthetic_rules import (
-    FAMILIES,
-    GridSpec,
-    RuleInstance,
-    conjugate_params,
-    demos_determine_rule,
-    make_pairs,
-    rule_key,
-)
+from dataset.errors import DatasetError
+from dataset.rule_identity import conjugate_params, demos_determine_rule
+from dataset.synthetic_rules import FAMILIES, GridSpec, RuleInstance, make_pairs, rule_key
+from dataset.tokens import ARC_MAX_GRID
 
 log = logging.getLogger(__name__)
 
 
 def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int) -> Optional[tuple[list, list]]:
     """(demo pairs, test pairs) of one puzzle of ``rule``, or None (no pairs fit, or the demos do not determine
-    the rule: :func:`dataset.synthetic_rules.demos_determine_rule`)."""
+    the rule: :func:`dataset.rule_identity.demos_determine_rule`)."""
     n_demo, n_test = int(rng.integers(2, 6)), int(rng.integers(1, 3))
     pairs = make_pairs(rule, rng, n_demo + n_test, max_side=canvas_size)
     if pairs is None or not demos_determine_rule(rule.family, rule.params, pairs[:n_demo]):
@@ -62,9 +57,9 @@ def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int)
 def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int
                    ) -> set[str]:
     """Rule keys that the ARC builder's copies of training puzzle ``name`` show (the identity included): the
-    builder gives it the copies :func:`dataset.build_arc_dataset.select_augmentations` (``num_aug``, ``seed``)
+    builder gives it the copies :func:`dataset.augment.select_augmentations` (``num_aug``, ``seed``)
     draws, and a copy under augmentation g of an instance R is a puzzle of g . R . g^-1
-    (:func:`dataset.synthetic_rules.conjugate_params`) -- e.g. colour_map {1: 2} under a colour permutation is
+    (:func:`dataset.rule_identity.conjugate_params`) -- e.g. colour_map {1: 2} under a colour permutation is
     colour_map {pi(1): pi(2)}."""
     dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), num_aug, seed)
     keys = set()
@@ -193,7 +188,7 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     ``num_aug`` > 0, any of the ``num_aug`` augmented copies the ARC builder draws for it with ``seed``
     (:func:`augmented_keys`; build with the same ``--num-aug`` and ``--seed`` to keep that guarantee). The
     evaluation puzzles are then drawn from the held-out instances. Every puzzle's demos determine its rule
-    (:func:`dataset.synthetic_rules.demos_determine_rule`). Every grid (input and output) has sides <=
+    (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set)."""
     families = list(families) if families else list(FAMILIES)

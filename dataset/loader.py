@@ -2,6 +2,7 @@
 
 ``PuzzleDataset(config, split)`` is an ``IterableDataset`` yielding ``(set_name, batch, global_effective_batch_size)``
 where ``batch`` holds this rank's slice of a fixed-size global batch (see docs/architecture.md §1 and docs/data.md).
+The split's data, read and concatenated over the data paths, comes from :mod:`dataset.split_data`.
 
 Determinism: every random choice is derived from explicit seeds -- the epoch plan from ``(seed, epoch, set)``,
 per-batch randomness (translation, demo subsets) from ``(seed, epoch, set, batch)`` -- so every rank computes
@@ -11,13 +12,11 @@ the same global batch, worker processes can take interleaved batches without coo
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import multiprocessing as mp
 import os
 import re
 import signal
-from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import numpy as np
@@ -25,18 +24,11 @@ import pydantic
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataset.common import (
-    ARC_MAX_GRID,
-    COLOR_OFFSET,
-    IGNORE_LABEL_ID,
-    PAD_ID,
-    Augmentation,
-    DatasetError,
-    DatasetMetadata,
-    canvas_side,
-    load_metadata,
-)
-from dataset.split_checks import check_split_part
+from dataset.canvas import translate_batch
+from dataset.errors import DatasetError
+from dataset.metadata import DatasetMetadata, canvas_side, load_metadata
+from dataset.split_data import SetData, combine_metadata, group_names, load_sets, matching_groups
+from dataset.tokens import IGNORE_LABEL_ID
 
 log = logging.getLogger(__name__)
 
@@ -103,189 +95,6 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
 
 
 # ----------------------------------------------------------------------------------------------
-# One set ("all", ...) of one split, possibly concatenated over several data paths.
-# ----------------------------------------------------------------------------------------------
-class _Rows:
-    """Row access over several (memory-mapped) 2-D arrays concatenated along axis 0."""
-
-    def __init__(self, parts: list[np.ndarray]):
-        self.parts = parts
-        self.offsets = np.cumsum([0] + [len(p) for p in parts])
-
-    def __len__(self) -> int:
-        return int(self.offsets[-1])
-
-    @property
-    def seq_len(self) -> int:
-        return int(self.parts[0].shape[1])
-
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        idx = np.asarray(idx, dtype=np.int64)
-        if len(self.parts) == 1:
-            if len(idx) == 0:
-                return np.zeros((0, self.seq_len), dtype=self.parts[0].dtype)
-            # Sorted access is much faster on a memmap; restore the requested order afterwards.
-            order = np.argsort(idx, kind="stable")
-            out = np.empty((len(idx), self.seq_len), dtype=self.parts[0].dtype)
-            out[order] = self.parts[0][idx[order]]
-            return out
-        out = np.empty((len(idx), self.seq_len), dtype=self.parts[0].dtype)
-        which = np.searchsorted(self.offsets, idx, side="right") - 1
-        for k in np.unique(which):
-            sel = np.nonzero(which == k)[0]
-            out[sel] = _Rows([self.parts[k]]).take(idx[sel] - self.offsets[k])
-        return out
-
-
-@dataclass
-class _SetData:
-    name: str
-    inputs: _Rows
-    labels: _Rows
-    puzzle_identifiers: np.ndarray  # int32 [P]
-    puzzle_indices: np.ndarray  # int64 [P + 1]
-    group_indices: np.ndarray  # int64 [G + 1]
-    ignore_label_ids: np.ndarray  # on-disk ignore label id of each data path (-1 = none)
-    label_part_offsets: np.ndarray  # first example index of each data path
-    demo_inputs: Optional[_Rows] = None
-    demo_labels: Optional[_Rows] = None
-    demo_indices: Optional[np.ndarray] = None  # int64 [P + 1]
-    example_demo_slot: Optional[np.ndarray] = None  # int64 [N]
-    example_puzzle: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # int64 [N]
-
-    @property
-    def num_examples(self) -> int:
-        return int(self.puzzle_indices[-1])
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.group_indices) - 1
-
-
-def _load_npy(path: str, mmap: bool) -> np.ndarray:
-    if not os.path.exists(path):
-        raise DatasetError(f"{path}: missing array file")
-    try:
-        return np.load(path, mmap_mode="r" if mmap else None)
-    except Exception as e:  # noqa: BLE001 - re-raised with the file name
-        raise DatasetError(f"{path}: cannot read numpy array ({e})") from None
-
-
-def _load_split_part(split_dir: str, set_name: str, need_demos: bool, meta: DatasetMetadata) -> dict:
-    p = lambda k: os.path.join(split_dir, f"{set_name}__{k}.npy")  # noqa: E731
-    d = {
-        "inputs": _load_npy(p("inputs"), True),
-        "labels": _load_npy(p("labels"), True),
-        "puzzle_identifiers": np.asarray(_load_npy(p("puzzle_identifiers"), False), dtype=np.int64),
-        "puzzle_indices": np.asarray(_load_npy(p("puzzle_indices"), False), dtype=np.int64),
-        "group_indices": np.asarray(_load_npy(p("group_indices"), False), dtype=np.int64),
-    }
-    if need_demos:
-        d["demo_inputs"] = _load_npy(p("demo_inputs"), True)
-        d["demo_labels"] = _load_npy(p("demo_labels"), True)
-        d["demo_indices"] = np.asarray(_load_npy(p("demo_indices"), False), dtype=np.int64)
-        d["example_demo_slot"] = np.asarray(_load_npy(p("example_demo_slot"), False), dtype=np.int64)
-    check_split_part(split_dir, set_name, d, meta)  # shapes / lengths vs dataset.json, token range
-    return d
-
-
-def _combine_metadata(metas: list[DatasetMetadata], paths: list[str]) -> DatasetMetadata:
-    first = metas[0]
-    for m, path in zip(metas[1:], paths[1:]):
-        for fld in ("vocab_size", "seq_len", "pad_id"):
-            if getattr(m, fld) != getattr(first, fld):
-                raise DatasetError(
-                    f"{path}: metadata field {fld}={getattr(m, fld)} differs from {paths[0]} ({getattr(first, fld)}); "
-                    "data_paths can only be combined when vocab_size, seq_len and pad_id agree")
-    if len(metas) == 1:
-        return first.model_copy()
-    sets: list[str] = []
-    for m in metas:
-        sets += [s for s in m.sets if s not in sets]
-    total_puzzles = sum(m.total_puzzles or 0 for m in metas)
-    return first.model_copy(update=dict(
-        num_puzzle_identifiers=1 + sum(m.num_puzzle_identifiers - 1 for m in metas),
-        total_groups=sum(m.total_groups for m in metas),
-        total_puzzles=total_puzzles,
-        sets=sets,
-        has_demos=all(m.has_demos for m in metas),
-        translate_augment=all(m.translate_augment for m in metas),
-        max_demos=max((m.max_demos or 0) for m in metas) or None,
-        max_demos_p99=max((m.max_demos_p99 or 0) for m in metas) or None,
-        test_demos_in_train=(None if any(m.test_demos_in_train is None for m in metas)
-                             else any(m.test_demos_in_train for m in metas)),
-        source=",".join(str(m.source) for m in metas),
-        identifiers_sha256=(None if any(m.identifiers_sha256 is None for m in metas) else hashlib.sha256(
-            ",".join(m.identifiers_sha256 for m in metas).encode()).hexdigest()),
-    ))
-
-
-def content_extents(canvases: np.ndarray, size: int = ARC_MAX_GRID) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised :func:`dataset.common.find_content_extent` for a batch [b, size*size] -> (rows [b], cols [b])."""
-    arr = np.asarray(canvases).reshape(-1, size, size) >= COLOR_OFFSET
-    any_r = arr.any(axis=2)
-    any_c = arr.any(axis=1)
-    idx = np.arange(1, size + 1)
-    return (any_r * idx).max(axis=1), (any_c * idx).max(axis=1)
-
-
-def translate_batch(inputs: np.ndarray, labels: np.ndarray, uniforms: np.ndarray,
-                    size: int = ARC_MAX_GRID) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Shift each example's input and label canvas by the same random legal offset.
-
-    ``uniforms`` [2, b] in [0, 1) pick the offset (dr, dc) uniformly among the positions where both grids
-    still fit the canvas. Returns the translated copies and the offsets [b, 2]."""
-    b = len(inputs)
-    ri, ci = content_extents(inputs, size)
-    rl, cl = content_extents(labels, size)
-    h, w = np.maximum(ri, rl), np.maximum(ci, cl)
-    dr = np.floor(uniforms[0] * (size - h + 1)).astype(np.int64)
-    dc = np.floor(uniforms[1] * (size - w + 1)).astype(np.int64)
-    out_i = np.full((b, size, size), PAD_ID, dtype=inputs.dtype)
-    out_l = np.full((b, size, size), PAD_ID, dtype=labels.dtype)
-    src_i = inputs.reshape(b, size, size)
-    src_l = labels.reshape(b, size, size)
-    for k in range(b):
-        r, c = int(dr[k]), int(dc[k])
-        out_i[k, r:, c:] = src_i[k, : size - r, : size - c]
-        out_l[k, r:, c:] = src_l[k, : size - r, : size - c]
-    return out_i.reshape(b, -1), out_l.reshape(b, -1), np.stack([dr, dc], axis=1)
-
-
-def _group_names(data_paths: list[str], metas: list[DatasetMetadata]) -> list[str]:
-    """Puzzle name of every (combined) identifier: each path's identifiers.json, offset like the identifiers
-    (:meth:`PuzzleDataset._load_sets`), the augmentation suffix cut off."""
-    names = ["<blank>"]
-    for path, m in zip(data_paths, metas):
-        f = os.path.join(path, "identifiers.json")
-        try:
-            with open(f) as fh:
-                table = json.load(fh)
-        except (OSError, ValueError) as e:
-            raise DatasetError(f"{f}: group_pattern needs the puzzle names of identifiers.json ({e})") from None
-        if not isinstance(table, list) or len(table) != m.num_puzzle_identifiers:
-            raise DatasetError(f"{f}: expected a list of {m.num_puzzle_identifiers} names (num_puzzle_identifiers "
-                               f"of dataset.json)")
-        try:
-            names += [Augmentation.parse_name(str(n))[0] for n in table[1:]]
-        except ValueError as e:
-            raise DatasetError(f"{f}: {e}") from None
-    return names
-
-
-def _matching_groups(s: "_SetData", names: list[str], pattern: str, split: str) -> np.ndarray:
-    """Indices of the groups of ``s`` whose first puzzle's name matches ``pattern`` (re.search)."""
-    first = s.puzzle_identifiers[s.group_indices[:-1]]
-    rx = re.compile(pattern)
-    keep = np.array([bool(rx.search(names[i])) for i in first.tolist()], dtype=bool)
-    if not keep.any():
-        example = ", ".join(repr(names[i]) for i in first[:3].tolist())
-        raise DatasetError(f"group_pattern {pattern!r}: no group of the {split} split's set {s.name!r} matches "
-                           f"(its {s.num_groups} puzzle names are like {example})")
-    return np.flatnonzero(keep)
-
-
-# ----------------------------------------------------------------------------------------------
 class PuzzleDataset(IterableDataset):
     """Fixed-size global batches from built puzzle data, sharded over ranks (docs/architecture.md §1)."""
 
@@ -301,7 +110,7 @@ class PuzzleDataset(IterableDataset):
 
         split_dirs = [os.path.join(p, split) for p in config.data_paths]
         metas = [load_metadata(d) for d in split_dirs]
-        self.metadata: DatasetMetadata = _combine_metadata(metas, config.data_paths)
+        self.metadata: DatasetMetadata = combine_metadata(metas, config.data_paths)
         self.translate = (not config.test_mode) and bool(
             self.metadata.translate_augment if config.translate_augment is None else config.translate_augment)
         # canvas side of canvas datasets: metadata.grid_size (ours), else 30 for a published 900-token ARC
@@ -324,15 +133,15 @@ class PuzzleDataset(IterableDataset):
         else:
             self.max_demos = None
 
-        self.sets: list[_SetData] = self._load_sets(metas, split_dirs)
+        self.sets: list[SetData] = load_sets(metas, split_dirs, self.metadata, config.encoder_mode)
 
         # --- seeded choice of groups (same on every rank / worker) ---
         self.active_groups: list[np.ndarray] = []
-        names = _group_names(config.data_paths, metas) if config.group_pattern is not None else None
+        names = group_names(config.data_paths, metas) if config.group_pattern is not None else None
         for s in self.sets:
             g = np.arange(s.num_groups)
             if names is not None:
-                g = _matching_groups(s, names, config.group_pattern, split)
+                g = matching_groups(s, names, config.group_pattern, split)
             if config.max_groups is not None and config.max_groups < len(g):
                 rng = np.random.default_rng([config.seed, 0x6A09])
                 g = np.sort(rng.choice(g, size=config.max_groups, replace=False))
@@ -372,63 +181,6 @@ class PuzzleDataset(IterableDataset):
                 h.update(f"{s.name}:{a.shape}:{a.dtype}".encode())
                 h.update(a.tobytes())
         return h.hexdigest()
-
-    def _load_sets(self, metas: list[DatasetMetadata], split_dirs: list[str]) -> list[_SetData]:
-        """Each set concatenated over the data paths (puzzle identifiers offset per path, the blank id shared)."""
-        sets, id_offset, id_offsets = [], 0, []
-        for m in metas:
-            id_offsets.append(id_offset)
-            id_offset += m.num_puzzle_identifiers - 1
-        for set_name in self.metadata.sets:
-            parts = []
-            for m, d, off in zip(metas, split_dirs, id_offsets):
-                if set_name in m.sets:
-                    part = _load_split_part(d, set_name, self.config.encoder_mode, m)
-                    ids = part["puzzle_identifiers"]
-                    part["puzzle_identifiers"] = np.where(ids == m.blank_identifier_id, self.metadata.blank_identifier_id,
-                                                          ids + off)
-                    part["ignore"] = m.ignore_label_id
-                    parts.append(part)
-            sets.append(self._concat_parts(set_name, parts))
-        return sets
-
-    # ------------------------------------------------------------------------------------------
-    def _concat_parts(self, set_name: str, parts: list[dict]) -> _SetData:
-        ex_off, pz_off, demo_off = 0, 0, 0
-        pi, gi, ids, di, slots = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)], [], [np.zeros(1, np.int64)], []
-        label_offsets, ignores = [], []
-        for part in parts:
-            n, P = len(part["inputs"]), len(part["puzzle_identifiers"])
-            pi.append(part["puzzle_indices"][1:] + ex_off)
-            gi.append(part["group_indices"][1:] + pz_off)
-            ids.append(part["puzzle_identifiers"])
-            label_offsets.append(ex_off)
-            ignores.append(-1 if part["ignore"] is None else part["ignore"])
-            if "demo_indices" in part:
-                di.append(part["demo_indices"][1:] + demo_off)
-                slots.append(part["example_demo_slot"])
-                demo_off += len(part["demo_inputs"])
-            ex_off += n
-            pz_off += P
-        puzzle_indices = np.concatenate(pi)
-        example_puzzle = np.repeat(np.arange(len(puzzle_indices) - 1), np.diff(puzzle_indices))
-        s = _SetData(
-            name=set_name,
-            inputs=_Rows([p["inputs"] for p in parts]),
-            labels=_Rows([p["labels"] for p in parts]),
-            puzzle_identifiers=np.concatenate(ids).astype(np.int32),
-            puzzle_indices=puzzle_indices,
-            group_indices=np.concatenate(gi),
-            ignore_label_ids=np.asarray(ignores, dtype=np.int64),
-            label_part_offsets=np.asarray(label_offsets, dtype=np.int64),
-            example_puzzle=example_puzzle.astype(np.int64),
-        )
-        if self.config.encoder_mode:
-            s.demo_inputs = _Rows([p["demo_inputs"] for p in parts])
-            s.demo_labels = _Rows([p["demo_labels"] for p in parts])
-            s.demo_indices = np.concatenate(di)
-            s.example_demo_slot = np.concatenate(slots)
-        return s
 
     # ------------------------------------------------------------------------------------------
     # Plans (index-only; never touch example data)
@@ -597,40 +349,12 @@ class PuzzleDataset(IterableDataset):
             batch.update(self._demos(s, ex, real, (cfg.seed, epoch, set_idx, b), cfg.rank * self.local_batch_size))
         return s.name, batch, effective
 
-    def _demos(self, s: _SetData, ex: np.ndarray, real: np.ndarray, key: tuple, row0: int) -> dict:
-        """Each real row's own puzzle's demonstration pairs, packed left into ``max_demos`` slots (the query itself
-        excluded). Vectorised over rows; only rows with more demos than slots (training: a seeded random subset
-        per global row) take a per-row path."""
-        m, seq, nloc = self.max_demos, self.metadata.seq_len, len(real)
-        demo_in = np.zeros((nloc, m, seq), dtype=np.int32)
-        demo_lab = np.zeros((nloc, m, seq), dtype=np.int32)
-        mask = np.zeros((nloc, m), dtype=bool)
-        if len(ex):
-            local = np.nonzero(real)[0]
-            p = s.example_puzzle[ex]
-            d0 = s.demo_indices[p]
-            slot = s.example_demo_slot[ex]
-            avail = (s.demo_indices[p + 1] - d0) - (slot >= 0)
-            j = np.arange(m)
-            # candidate j of a row = demo j of its puzzle, skipping the query's own slot (a query never sees itself)
-            src = d0[:, None] + j[None, :] + ((slot[:, None] >= 0) & (j[None, :] >= slot[:, None]))
-            ok = j[None, :] < np.minimum(avail, m)[:, None]
-            trunc = np.nonzero(avail > m)[0]
-            self.truncated_rows_served += len(trunc)
-            if not self.config.test_mode:  # test mode keeps the first m candidates (already in ``src``)
-                for t in trunc:  # seeded per global row: independent of rank count and of other rows
-                    cand = np.arange(d0[t], d0[t] + avail[t] + (slot[t] >= 0))
-                    if slot[t] >= 0:
-                        cand = np.delete(cand, slot[t])
-                    r = np.random.default_rng(list(key) + [row0 + int(local[t]), 0xDE40])
-                    src[t] = np.sort(r.choice(cand, size=m, replace=False))
-            where = np.zeros((nloc, m), dtype=bool)
-            where[local] = ok
-            rows = src[ok]
-            if len(rows):
-                demo_in[where] = s.demo_inputs.take(rows)
-                demo_lab[where] = s.demo_labels.take(rows)
-                mask = where
+    def _demos(self, s: SetData, ex: np.ndarray, real: np.ndarray, key: tuple, row0: int) -> dict:
+        """Each real row's own puzzle's demonstration pairs in ``max_demos`` slots (:meth:`SetData.pack_demos`;
+        training: a seeded random subset for a row with more demos than slots, test mode: the first ones)."""
+        demo_in, demo_lab, mask, truncated = s.pack_demos(ex, real, self.max_demos, self.metadata.seq_len, key, row0,
+                                                          sample=not self.config.test_mode)
+        self.truncated_rows_served += truncated
         return {"demo_inputs": torch.from_numpy(demo_in), "demo_labels": torch.from_numpy(demo_lab),
                 "demo_mask": torch.from_numpy(mask)}
 

@@ -1,10 +1,11 @@
-"""Rule labels of a built synthetic dataset: one row of :data:`dataset.synthetic_rules.RULE_SLOTS` classes per
-puzzle identifier, for the auxiliary rule-readout loss (``encoder.rule_readout``, docs/science.md).
+"""Rule labels: what a rule-readout head is asked to name (``encoder.rule_readout``, encoders.base.RuleReadout,
+docs/science.md): the slots (:data:`RULE_SLOTS`), one rule instance's classes in them (:func:`rule_targets`), and
+the table of a built synthetic dataset, one row of classes per puzzle identifier (:func:`rule_label_table`).
 
 The synthetic builder knows each puzzle's rule (``<prefix>_rules.json``: name -> family, params); the ARC builder
 turns every puzzle into augmented copies (``identifiers_map.json``: identifier -> puzzle name, dihedral, colour
 map). A copy under augmentation g of a puzzle of rule R is a puzzle of g . R . g^-1, so its labels are those of
-:func:`dataset.synthetic_rules.conjugate_params` -- a flip shown through a quarter turn is another flip, colour_map
+:func:`dataset.rule_identity.conjugate_params` -- a flip shown through a quarter turn is another flip, colour_map
 {1: 2} through a colour permutation pi is {pi(1): pi(2)}. Where the conjugate is not an instance of the family
 (copy_pattern, see there) only the family is labelled.
 
@@ -16,14 +17,69 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import numpy as np
 
 from dataset.build_arc_dataset import read_identifiers_map
-from dataset.common import DatasetError
-from dataset.synthetic_rules import FAMILIES, RULE_SLOTS, conjugate_params, rule_targets
+from dataset.errors import DatasetError
+from dataset.rule_identity import conjugate_params
+from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS
 
 UNLABELLED = -100  # the cross-entropy ignore index
+
+NO_COLOUR = 10  # the colour slots' class for "no such colour" (no recolour, no wall)
+# slot -> number of classes; a rule instance fills the slots of its family and leaves the rest unlabelled
+RULE_SLOTS: dict[str, int] = {
+    "family": len(FAMILIES),
+    "dihedral": 8,                    # flip_rotate
+    "dr": 7, "dc": 7, "wrap": 2,      # translate (shift + 3)
+    "direction": len(GRAVITY_DIRECTIONS),  # gravity
+    "repeat_y": 3, "repeat_x": 3,     # scale_up ky, kx / copy_pattern ry, rx (minus 1)
+    "mirror": 2,                      # copy_pattern
+    "threshold": 3,                   # recolour_by_size (minus 2)
+    "colour_a": NO_COLOUR + 1, "colour_b": NO_COLOUR + 1, "colour_c": NO_COLOUR + 1,  # the family's colours
+    **{f"lut_{c}": 10 for c in range(10)},  # colour_map: the colour each colour becomes
+}
+
+
+def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
+    """The :data:`RULE_SLOTS` labels of a rule instance (slot -> class); ``params=None`` labels the family only.
+    Only what defines the mapping is labelled (not fill_enclosed's input-only noise colour). Colour slots:
+    the recolour (from, to) of flip_rotate / scale_up / copy_pattern, gravity's wall, fill_enclosed's
+    (border, fill), recolour_by_size's (src, big, small); :data:`NO_COLOUR` where the optional part is off."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
+    out = {"family": list(FAMILIES).index(family)}
+    if params is None:
+        return out
+    col = lambda c: NO_COLOUR if c is None else int(c)  # noqa: E731
+
+    def recolour(rc):
+        return {"colour_a": col(rc[0] if rc else None), "colour_b": col(rc[1] if rc else None)}
+    p = params
+    if family == "colour_map":
+        out.update({f"lut_{c}": int(p["map"].get(str(c), c)) for c in range(10)})
+    elif family == "flip_rotate":
+        out.update(dihedral=int(p["dihedral"]), **recolour(p["recolour"]))
+    elif family == "translate":
+        out.update(dr=int(p["dr"]) + 3, dc=int(p["dc"]) + 3, wrap=int(bool(p["wrap"])))
+    elif family == "scale_up":
+        out.update(repeat_y=int(p["ky"]) - 1, repeat_x=int(p["kx"]) - 1, **recolour(p["recolour"]))
+    elif family == "gravity":
+        out.update(direction=GRAVITY_DIRECTIONS[p["direction"]], colour_a=col(p["wall"]))
+    elif family == "fill_enclosed":
+        out.update(colour_a=col(p["border"]), colour_b=col(p["fill"]))
+    elif family == "recolour_by_size":
+        out.update(colour_a=col(p["src"]), colour_b=col(p["big"]), colour_c=col(p["small"]),
+                   threshold=int(p["threshold"]) - 2)
+    elif family == "copy_pattern":
+        out.update(repeat_y=int(p["ry"]) - 1, repeat_x=int(p["rx"]) - 1, mirror=int(bool(p["mirror"])),
+                   **recolour(p["recolour"]))
+    for slot, v in out.items():
+        if not 0 <= v < RULE_SLOTS[slot]:
+            raise ValueError(f"rule {family} {params}: slot {slot!r} = {v} is outside 0..{RULE_SLOTS[slot] - 1}")
+    return out
 
 
 def _read_rules(path: str) -> dict:

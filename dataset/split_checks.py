@@ -1,8 +1,8 @@
 """Consistency of one loaded split part (``<split_dir>/<set>__*.npy``) with its ``dataset.json``, checked by
-:mod:`dataset.loader` when the data is loaded, before a model is built or a run directory written.
+:mod:`dataset.split_data` when the loader loads the data, before a model is built or a run directory written.
 
 Only what is cheap: array shapes and lengths against the metadata and against each other, and one min / max pass
-for the token range. A disagreement is a :class:`dataset.common.DatasetError` naming the file, the field and both
+for the token range. A disagreement is a :class:`dataset.errors.DatasetError` naming the file, the field and both
 values (``data/x/train/dataset.json: seq_len 82 but all__inputs.npy has rows of 81``) instead of a numpy
 broadcast traceback at the first batch. ``total_groups`` / ``total_puzzles`` / ``mean_puzzle_examples`` are
 informational (nothing reads them): not checked, so a directory that counts them another way still loads.
@@ -14,7 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from dataset.common import DatasetError, DatasetMetadata
+from dataset.errors import DatasetError
+from dataset.metadata import DatasetMetadata
 
 TOKEN_ARRAYS = ("inputs", "labels", "demo_inputs", "demo_labels")
 

@@ -2,7 +2,9 @@
 
 Each family samples a *rule instance* (family + parameters, e.g. ``gravity(direction=down, wall=5)``) from a
 random generator; an instance produces (input, output) pairs from random inputs. Every instance has a
-canonical ``key`` so that train and test puzzles can be kept to different instances.
+canonical ``key`` so that train and test puzzles can be kept to different instances. What an instance looks like
+through an augmentation, and whether a puzzle's demos pin it down: :mod:`dataset.rule_identity`; the labels a
+rule-readout head is asked to name: :mod:`dataset.rule_labels`.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from dataset.common import ARC_MAX_GRID, DIHEDRAL_INVERSE, dihedral_transform
+from dataset.dihedral import dihedral_transform
+from dataset.tokens import ARC_MAX_GRID
 
 Grid = np.ndarray
 
@@ -176,12 +179,13 @@ def _scale_up_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
     return lambda g: _recolour(np.kron(g, block), p["recolour"])
 
 
-_DIRS = {"down": 0, "left": 1, "up": 2, "right": 3}  # number of rot90 turns that make the direction "down"
+# gravity's directions -> the number of rot90 turns that make the direction "down"
+GRAVITY_DIRECTIONS = {"down": 0, "left": 1, "up": 2, "right": 3}
 
 
 def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     """Cells fall in one direction until they hit the edge, another cell, or a fixed wall colour."""
-    direction = str(rng.choice(list(_DIRS)))
+    direction = str(rng.choice(list(GRAVITY_DIRECTIONS)))
     wall = None if rng.random() < 0.4 else int(rng.integers(1, 10))
     cols = _colours(rng, 2, exclude=(0,) if wall is None else (0, wall))
 
@@ -196,7 +200,7 @@ def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
 
 
 def _gravity_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
-    k, wall = _DIRS[p["direction"]], p["wall"]
+    k, wall = GRAVITY_DIRECTIONS[p["direction"]], p["wall"]
 
     def fall_down(g):
         out = g.copy()
@@ -362,7 +366,7 @@ def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: 
 
 
 # ----------------------------------------------------------------------------------------------
-# Rule identity under augmentation
+# An instance's mapping and identity, from (family, params) alone
 # ----------------------------------------------------------------------------------------------
 _APPLY: dict[str, Callable[[dict], Callable[[Grid], Optional[Grid]]]] = {
     "colour_map": _colour_map_apply,
@@ -392,159 +396,3 @@ def rule_key(family: str, params: dict) -> str:
     if family == "colour_map":
         p["map"] = {a: b for a, b in p["map"].items() if int(a) != int(b)}
     return f"{family}:{json.dumps(p, sort_keys=True)}"
-
-
-def _dihedral_tables() -> tuple[list[list[int]], list[np.ndarray]]:
-    """Composition table of D4 in :func:`dihedral_transform`'s numbering (``comp[a][b]`` = a after b) and, per
-    transform, the 2x2 integer matrix it applies to a displacement (row, column) on the grid."""
-    probe = np.arange(9).reshape(3, 3)
-    images = [dihedral_transform(probe, t) for t in range(8)]
-    comp = [[next(c for c in range(8) if np.array_equal(dihedral_transform(dihedral_transform(probe, b), a),
-                                                          images[c])) for b in range(8)] for a in range(8)]
-    mats = []
-    for t in range(8):
-        cols = []
-        for unit in ((1, 0), (0, 1)):
-            g = np.zeros((5, 5), np.uint8)
-            g[2 + unit[0], 2 + unit[1]] = 1
-            r, c = np.argwhere(dihedral_transform(g, t))[0]
-            cols.append((int(r) - 2, int(c) - 2))
-        mats.append(np.array(cols).T)
-    return comp, mats
-
-
-_D4_COMPOSE, _D4_MATRIX = _dihedral_tables()
-_DIR_VECTORS = {"down": (1, 0), "up": (-1, 0), "left": (0, -1), "right": (0, 1)}
-
-
-def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Optional[dict]:
-    """Parameters of the rule g . R . g^-1 that an augmented copy of a puzzle of instance R shows, where g is the
-    ARC builder's augmentation (colour permutation ``colour_map`` with 0 fixed, then dihedral transform
-    ``dihedral``, as :class:`dataset.common.Augmentation`): the copy's pairs are (g(x), g(R(x))). None when that
-    mapping is not an instance of the family (copy_pattern with mirrored tiles and an even repeat count along a
-    reversed axis). ``tests/test_synthetic_leak.py`` checks every family against the mappings themselves."""
-    pi = [int(c) for c in colour_map]
-    col = lambda c: None if c is None else pi[int(c)]  # noqa: E731
-    rc = lambda r: None if r is None else [pi[int(r[0])], pi[int(r[1])]]  # noqa: E731
-    m = _D4_MATRIX[dihedral]
-    swaps = m[0, 0] == 0  # the transform exchanges rows and columns
-    if family == "colour_map":
-        return {"map": {str(pi[int(a)]): pi[int(b)] for a, b in sorted(params["map"].items(),
-                                                                         key=lambda kv: pi[int(kv[0])])}}
-    if family == "flip_rotate":
-        inv = DIHEDRAL_INVERSE[dihedral]
-        return {"dihedral": _D4_COMPOSE[dihedral][_D4_COMPOSE[params["dihedral"]][inv]],
-                "recolour": rc(params["recolour"])}
-    if family == "translate":
-        dr, dc = (int(v) for v in m @ np.array([params["dr"], params["dc"]]))
-        return {"dr": dr, "dc": dc, "wrap": params["wrap"]}
-    if family == "gravity":
-        v = tuple(int(x) for x in m @ np.array(_DIR_VECTORS[params["direction"]]))
-        return {"direction": next(d for d, u in _DIR_VECTORS.items() if u == v), "wall": col(params["wall"])}
-    if family == "scale_up":
-        ky, kx = (params["kx"], params["ky"]) if swaps else (params["ky"], params["kx"])
-        return {"ky": ky, "kx": kx, "recolour": rc(params["recolour"])}
-    if family == "fill_enclosed":
-        return {"border": col(params["border"]), "fill": col(params["fill"]), "noise": col(params["noise"])}
-    if family == "recolour_by_size":
-        return {"src": col(params["src"]), "big": col(params["big"]), "small": col(params["small"]),
-                "threshold": params["threshold"]}
-    if family == "copy_pattern":
-        ry, rx = (params["rx"], params["ry"]) if swaps else (params["ry"], params["rx"])
-        out = {"ry": ry, "rx": rx, "mirror": params["mirror"], "recolour": rc(params["recolour"])}
-        if params["mirror"]:  # mirrored tiling survives the transform only if the tile grid's ends match
-            spatial = dict(params, recolour=None)
-            probe = np.arange(1, 7, dtype=np.uint8).reshape(2, 3)  # no symmetry
-            want = dihedral_transform(_copy_pattern_apply(spatial)(probe), dihedral)
-            got = _copy_pattern_apply(dict(out, recolour=None))(dihedral_transform(probe, dihedral))
-            if want.shape != got.shape or not np.array_equal(want, got):
-                return None
-        return out
-    raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
-
-
-def simpler_variants(family: str, params: dict) -> list[dict]:
-    """Instances of the family that drop or change one optional part of ``params`` (its recolour, wall, wrap, a
-    colour_map entry, the mirroring, the size threshold). Demos that one of them also explains do not determine
-    the rule: :func:`demos_determine_rule` rejects such puzzles (e.g. a recolour 5 -> 6 whose demos hold no 5)."""
-    out = []
-    if params.get("recolour") is not None:
-        out.append(dict(params, recolour=None))
-    if family == "gravity" and params["wall"] is not None:
-        out.append(dict(params, wall=None))
-    if family == "translate" and params["wrap"]:
-        out.append(dict(params, wrap=False))
-    if family == "copy_pattern" and params["mirror"]:
-        out.append(dict(params, mirror=False))
-    if family == "recolour_by_size":
-        out += [dict(params, threshold=t) for t in (2, 3, 4) if t != params["threshold"]]
-    if family == "colour_map":
-        changed = {a: b for a, b in params["map"].items() if int(a) != int(b)}
-        out += [{"map": {k: v for k, v in changed.items() if k != a}} for a in changed]
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Rule labels: what a rule-readout head is asked to name (encoders.base.RuleReadout)
-# ----------------------------------------------------------------------------------------------
-NO_COLOUR = 10  # the colour slots' class for "no such colour" (no recolour, no wall)
-# slot -> number of classes; a rule instance fills the slots of its family and leaves the rest unlabelled
-RULE_SLOTS: dict[str, int] = {
-    "family": len(FAMILIES),
-    "dihedral": 8,                    # flip_rotate
-    "dr": 7, "dc": 7, "wrap": 2,      # translate (shift + 3)
-    "direction": len(_DIRS),          # gravity
-    "repeat_y": 3, "repeat_x": 3,     # scale_up ky, kx / copy_pattern ry, rx (minus 1)
-    "mirror": 2,                      # copy_pattern
-    "threshold": 3,                   # recolour_by_size (minus 2)
-    "colour_a": NO_COLOUR + 1, "colour_b": NO_COLOUR + 1, "colour_c": NO_COLOUR + 1,  # the family's colours
-    **{f"lut_{c}": 10 for c in range(10)},  # colour_map: the colour each colour becomes
-}
-
-
-def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
-    """The :data:`RULE_SLOTS` labels of a rule instance (slot -> class); ``params=None`` labels the family only.
-    Only what defines the mapping is labelled (not fill_enclosed's input-only noise colour). Colour slots:
-    the recolour (from, to) of flip_rotate / scale_up / copy_pattern, gravity's wall, fill_enclosed's
-    (border, fill), recolour_by_size's (src, big, small); :data:`NO_COLOUR` where the optional part is off."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
-    out = {"family": list(FAMILIES).index(family)}
-    if params is None:
-        return out
-    col = lambda c: NO_COLOUR if c is None else int(c)  # noqa: E731
-
-    def recolour(rc):
-        return {"colour_a": col(rc[0] if rc else None), "colour_b": col(rc[1] if rc else None)}
-    p = params
-    if family == "colour_map":
-        out.update({f"lut_{c}": int(p["map"].get(str(c), c)) for c in range(10)})
-    elif family == "flip_rotate":
-        out.update(dihedral=int(p["dihedral"]), **recolour(p["recolour"]))
-    elif family == "translate":
-        out.update(dr=int(p["dr"]) + 3, dc=int(p["dc"]) + 3, wrap=int(bool(p["wrap"])))
-    elif family == "scale_up":
-        out.update(repeat_y=int(p["ky"]) - 1, repeat_x=int(p["kx"]) - 1, **recolour(p["recolour"]))
-    elif family == "gravity":
-        out.update(direction=_DIRS[p["direction"]], colour_a=col(p["wall"]))
-    elif family == "fill_enclosed":
-        out.update(colour_a=col(p["border"]), colour_b=col(p["fill"]))
-    elif family == "recolour_by_size":
-        out.update(colour_a=col(p["src"]), colour_b=col(p["big"]), colour_c=col(p["small"]),
-                   threshold=int(p["threshold"]) - 2)
-    elif family == "copy_pattern":
-        out.update(repeat_y=int(p["ry"]) - 1, repeat_x=int(p["rx"]) - 1, mirror=int(bool(p["mirror"])),
-                   **recolour(p["recolour"]))
-    for slot, v in out.items():
-        if not 0 <= v < RULE_SLOTS[slot]:
-            raise ValueError(f"rule {family} {params}: slot {slot!r} = {v} is outside 0..{RULE_SLOTS[slot] - 1}")
-    return out
-
-
-def demos_determine_rule(family: str, params: dict, demos: list) -> bool:
-    """False when a :func:`simpler_variants` instance maps every demo input to its output as well."""
-    for p in simpler_variants(family, params):
-        f = rule_apply(family, p)
-        if all((y := f(x)) is not None and y.shape == o.shape and np.array_equal(y, o) for x, o in demos):
-            return False
-    return True

@@ -27,8 +27,8 @@ from core.errors import PlatformError
 from core.registry import Registry
 from core.ops import (apply_pointer_rope, dihedral_agreement, grid_coordinates, linear_chunks, pointer_bias,
                       pointer_coefficients, pointer_features, pointer_freqs, pointer_tables)
-from dataset.common import PAD_ID
-from dataset.synthetic_rules import RULE_SLOTS
+from dataset.tokens import PAD_ID
+from dataset.rule_labels import RULE_SLOTS
 
 
 class EncoderConfigError(PlatformError, ValueError):

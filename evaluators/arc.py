@@ -29,7 +29,9 @@ import torch
 
 from core.errors import PlatformError
 from core.io import read_json, write_json_atomic
-from dataset.common import Augmentation, canvas_side, canvas_to_grid, grid_hash, load_metadata
+from dataset.augment import Augmentation
+from dataset.canvas import canvas_to_grid, grid_hash
+from dataset.metadata import canvas_side, load_metadata
 from evaluators import dist as edist
 from evaluators.pictures import Copies, save_prediction_pictures
 

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dataset.common import PAD_ID
+from dataset.tokens import PAD_ID
 from models.act import ACTModel
 from models.rollout import halt_max_steps, rollout
 

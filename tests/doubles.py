@@ -12,8 +12,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from dataset.common import (ARC_VOCAB_SIZE, EOS_ID, IGNORE_LABEL_ID, PAD_ID, Augmentation, DatasetMetadata,
-                            grid_to_canvas, save_split)
+from dataset.augment import Augmentation
+from dataset.canvas import grid_to_canvas
+from dataset.metadata import DatasetMetadata
+from dataset.tokens import ARC_VOCAB_SIZE, EOS_ID, IGNORE_LABEL_ID, PAD_ID
+from dataset.writer import save_split
 
 
 def write_tiny_arc_test_split(out_dir: str, puzzles: dict[str, dict], augmentations: Sequence[Augmentation],

@@ -10,12 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_arc_dataset import main as arc_main
 from dataset.build_synthetic_dataset import default_max_grid, generate_synthetic_arc
 from dataset.build_synthetic_dataset import main as synth_main
-from dataset.common import COLOR_OFFSET, IGNORE_LABEL_ID, PAD_ID, DatasetError, translate_canvas
+from dataset.canvas import translate_canvas
+from dataset.errors import DatasetError
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
+from dataset.tokens import COLOR_OFFSET, IGNORE_LABEL_ID, PAD_ID
 from evaluators import ARCEvaluator
 from tests.doubles import oracle_tokens, wrong_tokens
 

@@ -4,11 +4,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dataset.common import (
-    ARC_MAX_GRID, COLOR_OFFSET, EOS_ID, PAD_ID, Augmentation, DatasetError, canvas_to_grid,
-    dihedral_transform, find_content_extent, grid_hash, grid_to_canvas, inverse_dihedral_transform,
-    translate_canvas, validate_grid,
-)
+from dataset.arc_sources import validate_grid
+from dataset.augment import Augmentation
+from dataset.canvas import canvas_to_grid, find_content_extent, grid_hash, grid_to_canvas, translate_canvas
+from dataset.dihedral import dihedral_transform, inverse_dihedral_transform
+from dataset.errors import DatasetError
+from dataset.tokens import ARC_MAX_GRID, COLOR_OFFSET, EOS_ID, PAD_ID
 
 
 @st.composite

@@ -4,7 +4,8 @@ weights read as another head give other numbers). Unit behaviour: tests/test_enc
 import pytest
 import torch
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_synthetic_dataset import generate_synthetic_arc
 from training.config import load_config
 

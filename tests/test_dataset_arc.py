@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 
 import dataset.build_arc_dataset as arc_builder
-from dataset.augment import ArcPuzzle, choose_augmentations
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles, main, read_identifiers_map
-from dataset.common import Augmentation, DatasetError, canvas_to_grid, grid_to_canvas, load_metadata
+from dataset.arc_sources import load_puzzles
+from dataset.augment import ArcPuzzle, Augmentation, choose_augmentations
+from dataset.build_arc_dataset import build_arc_dataset, main, read_identifiers_map
+from dataset.canvas import canvas_to_grid, grid_to_canvas
+from dataset.errors import DatasetError
+from dataset.metadata import load_metadata
 
 SUBSETS = ("training", "evaluation", "concept")
 

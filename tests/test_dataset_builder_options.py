@@ -13,8 +13,10 @@ from dataset import build_arc_dataset as ARC
 from dataset import build_maze_dataset as MZ
 from dataset import build_sudoku_dataset as SD
 from dataset import build_synthetic_dataset as SYN
+from dataset.arc_sources import load_puzzles
 from dataset.build_options import read_json_unique_ids
-from dataset.common import DatasetError, load_metadata
+from dataset.errors import DatasetError
+from dataset.metadata import load_metadata
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +111,7 @@ def test_arc_max_puzzles_keeps_the_first_n_of_each_subset(tmp_path):
     full_ids, smoke_ids = (json.load(open(os.path.join(d, "identifiers.json"))) for d in (full, smoke))
     assert set(smoke_ids) <= set(full_ids) and len(smoke_ids) < len(full_ids)
     assert load_metadata(os.path.join(smoke, "train")).total_groups == 4  # 2 training + 2 evaluation (trm mode)
-    assert ARC.load_puzzles(["training"], None, prefix, max_puzzles=10)[-1].name == "tr03"  # N > size: all
+    assert load_puzzles(["training"], None, prefix, max_puzzles=10)[-1].name == "tr03"  # N > size: all
 
 
 @pytest.mark.parametrize("name", ["arc", "synthetic", "sudoku", "maze"])
@@ -193,7 +195,7 @@ def test_a_puzzle_id_given_twice_is_refused_naming_file_and_id(kind, tmp_path, c
     assert path in lines[0] and "'tr01'" in lines[0] and "appears 2 times" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
     with pytest.raises(DatasetError, match="puzzle id 'tr01' appears 2 times"):
-        ARC.load_puzzles(["training"], None, prefix)
+        load_puzzles(["training"], None, prefix)
 
 
 def test_unique_reader_names_every_duplicate_and_ignores_nested_objects(tmp_path):

@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_synthetic_dataset import generate_synthetic_arc
-from dataset.common import IGNORE_LABEL_ID, DatasetError, find_content_extent, translate_canvas
-from dataset.loader import PuzzleDataset, PuzzleDatasetConfig, content_extents, create_dataloader
+from dataset.canvas import content_extents, find_content_extent, translate_canvas
+from dataset.errors import DatasetError
+from dataset.loader import PuzzleDataset, PuzzleDatasetConfig, create_dataloader
+from dataset.tokens import IGNORE_LABEL_ID
 from tests.toy_data import write_toy_dataset
 
 

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from dataset.common import DatasetError
+from dataset.errors import DatasetError
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
 from tests.test_user_errors import TINY_TRM, _hydra_cli, _one_error_line
 from tests.toy_data import toy_train_config

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dataset.build_synthetic_dataset import generate_synthetic_arc, main
-from dataset.common import DatasetError, dihedral_transform
+from dataset.dihedral import dihedral_transform
+from dataset.errors import DatasetError
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
 from dataset.synthetic_rules import FAMILIES, _components
 

@@ -446,7 +446,7 @@ def grid_demos(b=3, d=3, side=7, seed=4):
     """Demos as real canvases: random grids (sides 1..5) written at random offsets of a side x side canvas."""
     import numpy as np
 
-    from dataset.common import grid_to_canvas
+    from dataset.canvas import grid_to_canvas
 
     rng = np.random.default_rng(seed)
 
@@ -596,7 +596,8 @@ def mapped_demos(maps, side=7, seed=3):
     top-left corner (as the builder writes a demo pair, translated together)."""
     import numpy as np
 
-    from dataset.common import dihedral_transform, grid_to_canvas
+    from dataset.canvas import grid_to_canvas
+    from dataset.dihedral import dihedral_transform
 
     rng = np.random.default_rng(seed)
     ins, outs = [], []

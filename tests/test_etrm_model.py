@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from dataset.common import DatasetMetadata
+from dataset.metadata import DatasetMetadata
 from encoders import ENCODER_REGISTRY
 from models.etrm import ETRMCarry
 from training.build import build_etrm_model, load_pretrained_decoder

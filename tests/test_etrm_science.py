@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.common import DatasetMetadata, canvas_to_grid
+from dataset.canvas import canvas_to_grid
 from dataset.loader import create_dataloader
+from dataset.metadata import DatasetMetadata
 from evaluate import EvaluateConfig, run
 from evaluators.data import build_eval_loader
 from experiments.science.cli import main

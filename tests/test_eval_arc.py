@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.common import (EOS_ID, IGNORE_LABEL_ID, Augmentation, canvas_to_grid, grid_hash, grid_to_canvas)
+from dataset.augment import Augmentation
+from dataset.canvas import canvas_to_grid, grid_hash, grid_to_canvas
+from dataset.tokens import EOS_ID, IGNORE_LABEL_ID
 from evaluators import EVALUATOR_REGISTRY, ARCEvaluator, EvaluatorError, build_evaluators
 from evaluators.arc import MALFORMED, Candidate, build_submission, pass_at_k, rank_candidates
 from tests.doubles import (malformed_tokens, oracle_tokens, wrong_tokens,

@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def trained(tmp_path_factory, arc_kaggle_dir):
     """6 real ARC evaluation puzzles x 4 copies, and a tiny TRM trained for 2 steps on them (with the
     training loop's own eval hook running at the end)."""
-    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from dataset.arc_sources import load_kaggle_subset
+    from dataset.build_arc_dataset import build_arc_dataset
     from training.loop import train
     from tests.toy_data import toy_train_config
 
@@ -137,7 +138,7 @@ def test_max_groups_picks_the_groups_of_the_runs_eval_hook(trained):
     """evaluate.py max_groups=N must evaluate the puzzles the run's own max_eval_groups=N hook evaluated: the
     seeded group choice uses the checkpoint's training seed (it used 0 whatever the run's seed was)."""
     import evaluate
-    from dataset.common import Augmentation
+    from dataset.augment import Augmentation
     from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
 
     data, ck, _, _, root = trained
@@ -317,7 +318,8 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
     embedding, the checkpoint records both, evaluate.py rebuilds the same model (same numbers as the training
     hook), and both matter (1D RoPE on the same weights differs; so does a zeroed grid-offset table)."""
     import evaluate
-    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from dataset.arc_sources import load_kaggle_subset
+    from dataset.build_arc_dataset import build_arc_dataset
     from models.layers import RotaryEmbedding2D
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
@@ -365,7 +367,8 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     evaluate.py rebuilds the same model (same numbers as the training hook), and the learned pointers matter (the
     same weights with every head's pointer reset to the identity give another loss)."""
     import evaluate
-    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from dataset.arc_sources import load_kaggle_subset
+    from dataset.build_arc_dataset import build_arc_dataset
     from core.ops import DIHEDRAL_POINTERS
     from models.layers import PointerRoPE
     from training.build import load_model_for_inference

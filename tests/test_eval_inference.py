@@ -20,7 +20,8 @@ NUM_COPIES = 8  # identity + 7 augmentations
 @pytest.fixture(scope="module")
 def arc_data(tmp_path_factory, arc_kaggle_dir):
     """A few real ARC evaluation puzzles (with solutions) x 8 copies, built by dataset.build_arc_dataset."""
-    from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
+    from dataset.arc_sources import load_kaggle_subset
+    from dataset.build_arc_dataset import build_arc_dataset
 
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")
     chosen = puzzles[:4] + [p for p in puzzles[4:] if len(p.test) > 1][:1]  # one with two test inputs

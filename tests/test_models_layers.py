@@ -179,7 +179,7 @@ def test_grid_coordinates_are_offsets_from_the_grid_edges_wherever_the_grid_sits
     import numpy as np
 
     from core.ops import grid_coordinates
-    from dataset.common import grid_to_canvas
+    from dataset.canvas import grid_to_canvas
 
     rng, side = np.random.default_rng(0), 7
     canvases = []
@@ -206,7 +206,7 @@ def test_grid_coordinates_are_offsets_from_the_grid_edges_wherever_the_grid_sits
 def test_grid_coord_embedding_follows_the_grid_and_tells_widths_apart():
     import numpy as np
 
-    from dataset.common import grid_to_canvas
+    from dataset.canvas import grid_to_canvas
     from models.layers import GridCoordEmbedding
 
     torch.manual_seed(0)

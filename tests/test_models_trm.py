@@ -483,7 +483,7 @@ def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
     """With the pointer bias set to a map's coefficients, every output cell's best key is exactly the input cell
     the map copies into it (dataset.common.dihedral_transform), for grids of several shapes anywhere on the canvas:
     one linear pointer per map serves every grid size. A wrong coefficient fails it."""
-    from dataset.common import dihedral_transform
+    from dataset.dihedral import dihedral_transform
     from core.ops import DIHEDRAL_POINTERS
     from models.layers import PointerRoPE
     side, P = 8, 2

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.common import COLOR_OFFSET, EOS_ID, PAD_ID, DatasetMetadata, atomic_output_dir, save_split
+from dataset.metadata import DatasetMetadata
+from dataset.tokens import COLOR_OFFSET, EOS_ID, PAD_ID
+from dataset.writer import atomic_output_dir, save_split
 from tests.toy_data import toy_train_config
 
 
@@ -29,7 +31,7 @@ def _no_explore(**kw):
 
 # ------------------------------------------------------------------------------------------------ pitfall 3
 def test_freezing_the_decoder_keeps_training_the_encoder_with_a_single_optimizer(tmp_path):
-    from dataset.common import load_metadata
+    from dataset.metadata import load_metadata
     from experiments.science.recolour import science_config, write_recolour_dataset
     from training import checkpoint as ckpt
     from training import distributed as D
@@ -218,7 +220,8 @@ def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
 # ------------------------------------------------------------------------------------------------ pitfall 19
 @pytest.fixture(scope="module")
 def arc_like(tmp_path_factory):
-    from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+    from dataset.arc_sources import load_puzzles
+    from dataset.build_arc_dataset import build_arc_dataset
     from dataset.build_synthetic_dataset import generate_synthetic_arc
 
     root = tmp_path_factory.mktemp("arcish")
@@ -327,7 +330,8 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16(monkeypatch):
 def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(arc_kaggle_dir, tmp_path):
     """An encoder model trained on a --mode trm build (the test puzzles' demos are in train/) would not be
     evaluated few-shot: the loop refuses it by name unless allow_test_demos_in_train=true."""
-    from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+    from dataset.arc_sources import load_puzzles
+    from dataset.build_arc_dataset import build_arc_dataset
     from training.config import ConfigError
     from training.loop import train
 

@@ -1,6 +1,6 @@
 """The auxiliary rule readout (encoder.rule_readout, rule_labels; docs/science.md "Rule readout").
 
-Labels (dataset.synthetic_rules.rule_targets, dataset.rule_labels.rule_label_table): every family fills its slots in
+Labels (dataset.rule_labels.rule_targets, dataset.rule_labels.rule_label_table): every family fills its slots in
 range; an augmented copy is labelled with the rule it *shows* (the conjugate under its augmentation), checked against
 the copy's own demo pairs; held-out puzzles are never labelled. The head (encoders.base.RuleReadout): mean
 cross-entropy over the labelled slots only. The loop: the labels reach the loss through the ACT carry, the readout
@@ -13,10 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles, read_identifiers_map
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset, read_identifiers_map
 from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.rule_labels import UNLABELLED, rule_label_table
-from dataset.synthetic_rules import (_DIRS, FAMILIES, NO_COLOUR, RULE_SLOTS, GridSpec, rule_apply, rule_targets)
+from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, rule_targets
+from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule_apply
 from encoders.base import RuleReadout
 from experiments.science.common import ScienceError
 from experiments.science.run import _rule_readout_overrides, oracle_eval_overrides
@@ -54,7 +56,8 @@ def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
     if fam == "translate":
         return fam, {"dr": t["dr"] - 3, "dc": t["dc"] - 3, "wrap": bool(t["wrap"])}
     if fam == "gravity":
-        return fam, {"direction": next(d for d, k in _DIRS.items() if k == t["direction"]), "wall": col("colour_a")}
+        return fam, {"direction": next(d for d, k in GRAVITY_DIRECTIONS.items() if k == t["direction"]),
+                     "wall": col("colour_a")}
     assert fam == "colour_map"
     return fam, {"map": {str(c): t[f"lut_{c}"] for c in range(10)}}
 

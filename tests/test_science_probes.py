@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from dataset.common import dihedral_transform
+from dataset.dihedral import dihedral_transform
 from experiments.science.probes import main
 
 

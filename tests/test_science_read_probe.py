@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.common import canvas_to_grid, dihedral_transform
+from dataset.canvas import canvas_to_grid
+from dataset.dihedral import dihedral_transform
 from experiments.science import read_probe
 
 

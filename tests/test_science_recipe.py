@@ -4,7 +4,7 @@ training without ever showing a held-out one (docs/science.md)."""
 import numpy as np
 import pytest
 
-from dataset.common import canvas_to_grid
+from dataset.canvas import canvas_to_grid
 from dataset.loader import create_dataloader
 from experiments.science.recolour import write_recolour_dataset
 

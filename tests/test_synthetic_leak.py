@@ -13,10 +13,12 @@ import os
 import numpy as np
 import pytest
 
-from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+from dataset.arc_sources import load_puzzles
+from dataset.augment import PUZZLE_ID_SEPARATOR, Augmentation
+from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_synthetic_dataset import generate_synthetic_arc, main
-from dataset.common import PUZZLE_ID_SEPARATOR, Augmentation
-from dataset.synthetic_rules import FAMILIES, GridSpec, conjugate_params, rule_apply, rule_key
+from dataset.rule_identity import conjugate_params
+from dataset.synthetic_rules import FAMILIES, GridSpec, rule_apply, rule_key
 
 
 def _same(a, b) -> bool:

@@ -273,7 +273,7 @@ def test_grad_norm_logged_before_clipping_and_max_steps(toy, tmp_path):
 def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
     from training import distributed as D
     from training.build import build_act_model
-    from dataset.common import load_metadata
+    from dataset.metadata import load_metadata
 
     cfg = toy_train_config(toy, str(tmp_path / "frz"), epochs=50, max_steps=3, freeze_decoder_steps=3,
                            log_interval=1, eval_at_end=False)

@@ -73,7 +73,7 @@ def test_unknown_arch_or_encoder_key_fails_when_the_config_is_composed(tmp_path)
 
 
 def test_vocab_and_seq_len_mismatch_names_both_values(tmp_path):
-    from dataset.common import load_metadata
+    from dataset.metadata import load_metadata
     from training.build import check_data_matches_arch
 
     data = write_toy_dataset(str(tmp_path / "toy"), seq_len=8)
@@ -205,7 +205,7 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     """AdamATan2 gets every trainable parameter (lr / betas / wd from the config); the puzzle-embedding
     buffer goes to SignSGDSparse with puzzle_emb_lr / puzzle_emb_weight_decay; one step moves only the
     touched rows by exactly lr * sign(grad)."""
-    from dataset.common import load_metadata
+    from dataset.metadata import load_metadata
     from training.build import build_act_model, build_loss_head, build_optimizers
     from training.optim import AdamATan2
 

@@ -23,7 +23,8 @@ TINY_TRM = ["arch=trm_tiny", "arch.hidden_size=32", "arch.num_heads=2", "arch.pu
 
 
 def _synthetic_arc(root, name: str, seed: int) -> str:
-    from dataset.build_arc_dataset import build_arc_dataset, load_puzzles
+    from dataset.arc_sources import load_puzzles
+    from dataset.build_arc_dataset import build_arc_dataset
     from dataset.build_synthetic_dataset import generate_synthetic_arc
 
     paths = generate_synthetic_arc(str(root / f"{name}_raw"), "s", num_train=4, num_test=3, max_grid=5, seed=seed,

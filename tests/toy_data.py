@@ -12,7 +12,9 @@ import os
 
 import numpy as np
 
-from dataset.common import COLOR_OFFSET, EOS_ID, NUM_COLORS, PAD_ID, DatasetMetadata, atomic_output_dir, save_split
+from dataset.metadata import DatasetMetadata
+from dataset.tokens import COLOR_OFFSET, EOS_ID, NUM_COLORS, PAD_ID
+from dataset.writer import atomic_output_dir, save_split
 
 
 def _split_arrays(rng: np.random.Generator, perms: np.ndarray, examples_per_puzzle: int, seq_len: int,

@@ -20,8 +20,8 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from dataset.common import DatasetMetadata
 from dataset.loader import PuzzleDatasetConfig, create_dataloader
+from dataset.metadata import DatasetMetadata
 from dataset.rule_labels import rule_label_table
 from encoders import build_encoder
 from evaluators import build_evaluators

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import filelock
 
-from dataset.common import looks_like_dataset
+from dataset.metadata import looks_like_dataset
 from training import checkpoint as ckpt
 from training import distributed as D
 from training.config import ConfigError, PretrainConfig

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from dataset.common import DatasetMetadata
+from dataset.metadata import DatasetMetadata
 from training import checkpoint as ckpt
 from training import distributed as D
 from training.build import check_split_matches

@@ -35,9 +35,10 @@ from typing import Any, Optional
 import numpy as np
 
 from core.io import read_json, write_json_atomic
+from dataset.arc_sources import check_canvas_size, load_kaggle_subset
 from dataset.augment import ArcPuzzle
-from dataset.build_arc_dataset import check_canvas_size, load_kaggle_subset
-from dataset.common import ARC_MAX_GRID, DatasetError
+from dataset.errors import DatasetError
+from dataset.tokens import ARC_MAX_GRID
 from experiments.science.common import TOTAL_ROW, ScienceError, check_same, read_json_or_none, run_logged, say
 
 DATA_PREFIX = "synth"

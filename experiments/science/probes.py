@@ -32,8 +32,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from dataset.build_arc_dataset import build_arc_dataset, load_kaggle_subset
-from dataset.common import dihedral_transform
+from dataset.arc_sources import load_kaggle_subset
+from dataset.build_arc_dataset import build_arc_dataset
+from dataset.dihedral import dihedral_transform
 from dataset.synthetic_rules import rule_apply
 
 PREFIX = "probe"

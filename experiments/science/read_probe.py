@@ -30,7 +30,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from core.io import write_json_atomic
-from dataset.common import ARC_VOCAB_SIZE, dihedral_transform, grid_to_canvas
+from dataset.canvas import grid_to_canvas
+from dataset.dihedral import dihedral_transform
+from dataset.tokens import ARC_VOCAB_SIZE
 from encoders.base import build_encoder
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "config")

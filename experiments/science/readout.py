@@ -26,8 +26,8 @@ import torch
 from core.errors import user_errors
 from core.io import write_json_atomic
 from dataset.loader import create_dataloader
-from dataset.rule_labels import rule_label_table
-from dataset.synthetic_rules import FAMILIES, RULE_SLOTS
+from dataset.rule_labels import RULE_SLOTS, rule_label_table
+from dataset.synthetic_rules import FAMILIES
 from training.build import load_model_for_inference
 
 SLOTS = list(RULE_SLOTS)

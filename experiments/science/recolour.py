@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dataset.common import (COLOR_OFFSET, IGNORE_LABEL_ID, NUM_COLORS, PAD_ID, DatasetMetadata, atomic_output_dir,
-                            grid_to_canvas, save_split)
+from dataset.canvas import grid_to_canvas
+from dataset.metadata import DatasetMetadata
+from dataset.tokens import COLOR_OFFSET, IGNORE_LABEL_ID, NUM_COLORS, PAD_ID
+from dataset.writer import atomic_output_dir, save_split
 from dataset.loader import create_dataloader
 from models.rollout import halt_max_steps, rollout
 from training.build import load_model_for_inference
