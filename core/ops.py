@@ -56,7 +56,7 @@ def grid_coordinates(tokens: torch.Tensor, side: int, first_colour: int = 2) -> 
 
 
 # ---------------------------------------------------------------------------------------------- pointer RoPE
-# The pointer of each dihedral map (dataset.common.dihedral_transform ids) as (row, column) coefficients over a
+# The pointer of each dihedral map (dataset.dihedral.dihedral_transform ids) as (row, column) coefficients over a
 # cell's features (top, bottom, left, right, 1) relative to the *input* grid: the output cell (u, v) of the map reads
 # the input cell it points at (tests/test_models_trm.py checks every map on grids of several shapes).
 DIHEDRAL_POINTERS = {
@@ -114,7 +114,7 @@ def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
     (:data:`DIHEDRAL_POINTERS`), the canvas index of the cell of the canvas's grid that map d sends there, or -1
     where it sends none: [n, 8, L] long. So if an output grid placed at the input grid's top-left corner is the
     input grid transformed by d, ``tokens[src[:, d, p]]`` is the output's colour at every output cell p
-    (``dataset.common.dihedral_transform``; tests/test_encoders_variants.py checks every map and grid shape)."""
+    (``dataset.dihedral.dihedral_transform``; tests/test_encoders_variants.py checks every map and grid shape)."""
     n, L = tokens.shape
     feats, _ = pointer_features(tokens, side)  # [n, L, 5]: offsets from the grid's top, bottom, left, right; 1
     coef = torch.tensor([DIHEDRAL_POINTERS[d] for d in range(8)], dtype=feats.dtype, device=feats.device)

@@ -2,10 +2,10 @@
 
 For every evaluated test example (one augmented copy of one test input of one puzzle):
 
-1. decode the predicted tokens to a grid with :func:`dataset.common.canvas_to_grid` (strict EOS-framed
+1. decode the predicted tokens to a grid with :func:`dataset.canvas.canvas_to_grid` (strict EOS-framed
    decode by default; ``strict_decode=False`` uses the published max-area crop);
-2. invert the copy's augmentation exactly (identifier name -> :class:`dataset.common.Augmentation`);
-3. hash shape + content (:func:`dataset.common.grid_hash`) and add one vote for that candidate of the
+2. invert the copy's augmentation exactly (identifier name -> :class:`dataset.augment.Augmentation`);
+3. hash shape + content (:func:`dataset.canvas.grid_hash`) and add one vote for that candidate of the
    key ``(original puzzle, test input index)``, together with sigmoid(q_halt) of the copy (in float64, as
    the published evaluator: in fp32 it saturates to exactly 1.0 above a logit of ~17).
 

@@ -481,7 +481,7 @@ def test_pointer_rope_starts_as_translation_invariant_grid_relative_2d_rope():
 @pytest.mark.parametrize("d", range(8))
 def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
     """With the pointer bias set to a map's coefficients, every output cell's best key is exactly the input cell
-    the map copies into it (dataset.common.dihedral_transform), for grids of several shapes anywhere on the canvas:
+    the map copies into it (dataset.dihedral.dihedral_transform), for grids of several shapes anywhere on the canvas:
     one linear pointer per map serves every grid size. A wrong coefficient fails it."""
     from dataset.dihedral import dihedral_transform
     from core.ops import DIHEDRAL_POINTERS

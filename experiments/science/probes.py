@@ -8,7 +8,7 @@ read it? (docs/science.md, "Spatial families: what stops the fit").
     python -m experiments.science.probes --out data/probe-shifts --shift 1 1 --shift -2 0 --oracle [--wrap]
 
 Each puzzle: 3 demo pairs + 1 query of random grids (sides in ``--sizes``, 3 colours of 1..9 at density 0.5)
-under one of the ``--dihedral`` maps (dataset.common.dihedral_transform ids; one drawn per puzzle). Written as
+under one of the ``--dihedral`` maps (dataset.dihedral.dihedral_transform ids; one drawn per puzzle). Written as
 kaggle-layout files (``DIR/probe_{training,evaluation}_{challenges,solutions}.json``, ``DIR/probe_rules.json``:
 puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode trm``, no augmentation, canvas
 ``--canvas-size``). ``--oracle`` then replaces every example's puzzle identifier with its map id (1..7), so a TRM

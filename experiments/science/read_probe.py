@@ -14,7 +14,7 @@ rule through the science command's much weaker training signal.
 
 Each puzzle: ``--demos`` demo pairs of random grids (sides in ``--sizes``, 3 colours at density 0.5, top-left of
 a ``--canvas-size`` canvas, as ETRM demos are) and their image under the puzzle's map
-(``dataset.common.dihedral_transform``). docs/science.md, "Pointer RoPE".
+(``dataset.dihedral.dihedral_transform``). docs/science.md, "Pointer RoPE".
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What a rule-readout run's encoder reads: per family, how often the readout head names the rule of a puzzle.
 
 A run trained with ``encoder.rule_readout > 0`` (``python -m experiments.science --rule-readout W``) has a linear
-head on its context that names each sample's rule in the slots of :data:`dataset.synthetic_rules.RULE_SLOTS`. This
+head on its context that names each sample's rule in the slots of :data:`dataset.rule_labels.RULE_SLOTS`. This
 asks that head, on every augmented copy of the held-out puzzles (``--split test``: rule instances the run never
 saw) or the training puzzles (``--split train``), how often it names the family, each of the family's parameters,
 and the whole rule. It separates the two halves of a miss in the science table: a family whose rule the context
