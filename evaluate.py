@@ -13,85 +13,30 @@ Which scoring applies comes from the test split's dataset.json ``kind`` (:func:`
 ``predictions.json`` and ``pictures/`` (demonstration pairs, test input, truth, top candidates); prints the headline
 metrics (:func:`printed_metrics`). A failed call removes the output directories it created. Same inference path
 and evaluator as the training loop's eval hook (docs/evaluation.md).
+
+This file composes the Hydra config (``config/cfg_evaluate.yaml`` over the ConfigStore node ``evaluate_defaults``),
+checks it (:func:`check_config`, also used by ``run_jobs.py --check``) and maps errors to one line; the body --
+:class:`EvaluateConfig`, :func:`run` -- is ``training.evaluation`` (re-exported here).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
-import time
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import hydra
 import pydantic
-import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-import models
-from core.errors import PlatformError, run_hydra_main, user_errors, validation_problems
-from core.io import atomic_write
-from dataset.metadata import load_metadata
-from evaluators import ARCEvaluator
-from evaluators.data import build_eval_loader
-from evaluators.inference import as_logged, evaluate
-from models.compat import load_original_trm_checkpoint
-from dataset.rule_labels import rule_label_table
-from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
-from training.checkpoint import CheckpointError, load_checkpoint_file
-from training.distributed import init_distributed, shutdown_distributed
-from training.logging import resolve_wandb_mode, wandb_identity
+from core.errors import run_hydra_main, user_errors, validation_problems
+from models import parse_arch_config
+from training.evaluation import EvaluateConfig, EvaluateError, run, uses_arc_voting
 
-log = logging.getLogger("evaluate")
-
-
-class EvaluateConfig(pydantic.BaseModel):
-    """Validated evaluation config (unknown keys raise, pitfall 8). These field defaults are the only defaults:
-    config/cfg_evaluate.yaml composes them (Hydra ConfigStore node ``evaluate_defaults``) with an arch group."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    checkpoint: str  # our checkpoint file / run dir, or an original TRM state-dict file
-    data_path: str  # built dataset directory (test/; ARC-format data also identifiers.json, test_puzzles.json)
-    arch: Optional[dict[str, Any]] = None  # only used with original_trm_checkpoint=true (that format has no config)
-    use_ema: bool = True  # EMA weights when the checkpoint has them
-    original_trm_checkpoint: bool = False
-    original_arch_config: Optional[str] = None  # original run's all_config.yaml: its arch is checked against arch
-    allow_arch_mismatch: list[str] = []  # structural arch fields whose mismatch is accepted (e.g. [L_cycles])
-    num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)  # first N augmented copies (None = all)
-    # seeded subset of original puzzles (None = all), seeded by the checkpoint's training seed: the groups of that
-    # run's max_eval_groups
-    max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
-    halt_early: bool = False  # stop a batch when every sample halted by its Q head
-    # ARC voting (pass@K over the augmented copies): None = when the data is ARC-format (its kind); false =
-    # per-copy exact / token accuracy and halting steps only (e.g. probe data whose puzzle ids are rule ids)
-    arc_voting: Optional[bool] = None
-    # ETRM with an LPN-style encoder: gradient steps on the latent per query at test time (0 = off,
-    # None = the checkpoint's encoder.search_steps). See docs/models.md.
-    latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
-    latent_search_lr: Optional[float] = pydantic.Field(default=None, gt=0)
-    batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    autocast: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | none | bf16 | fp16
-    compile: bool = False  # torch.compile the model (CUDA)
-    num_workers: int = pydantic.Field(default=0, ge=0)
-    output_dir: Optional[str] = None  # None = <checkpoint dir>/evaluate/<checkpoint name>
-    pass_ks: list[int] = [1, 2, 5, 10, 100, 1000]
-    strict_decode: bool = True  # False = the published max-area crop decoder
-    rank_malformed: bool = False
-    num_pictures: int = pydantic.Field(default=8, ge=0)
-    submission_k: int = pydantic.Field(default=10, ge=1)
-    progress: bool = True
-    seed: int = 0
-    wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
-    wandb_run_name: Optional[str] = None
-    wandb_mode: str = "auto"  # auto: online with an API key / login, else offline (as training)
-    # an encoder.oracle_context run (the science control whose context is the true rule): the synthetic builder's
-    # rules.json, whose labels of the evaluated puzzles (each augmented copy's conjugate) become the context
-    rule_labels: Optional[str] = None
+__all__ = ["EvaluateConfig", "EvaluateError", "check_config", "config_from_hydra", "evaluate_defaults",
+           "printed_metrics", "run", "uses_arc_voting"]
 
 
 def evaluate_defaults() -> dict[str, Any]:
@@ -104,243 +49,6 @@ def evaluate_defaults() -> dict[str, Any]:
 ConfigStore.instance().store(name="evaluate_defaults", node=evaluate_defaults())
 
 
-class EvaluateError(PlatformError, ValueError):
-    """Bad evaluate.py input; the message names the field and value."""
-
-
-def _configure_latent_search(head: Any, cfg: "EvaluateConfig") -> None:
-    """Apply ``latent_search_steps`` / ``latent_search_lr`` to an ETRM model (error for any other model)."""
-    if cfg.latent_search_steps is None and cfg.latent_search_lr is None:
-        return
-    model = getattr(head, "model", head)
-    if not hasattr(model, "latent_search_steps"):
-        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: the checkpoint's model "
-                            f"({type(model).__name__}) has no demonstration encoder to search")
-    encoder = getattr(model, "encoder", None)
-    if cfg.latent_search_steps and not hasattr(encoder, "encode_latent"):
-        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: test-time latent search needs an "
-                            f"LPN-style encoder (encoder=lpn); this checkpoint's encoder is "
-                            f"{type(encoder).__name__}")
-    if cfg.latent_search_steps is not None:
-        model.latent_search_steps = int(cfg.latent_search_steps)
-    if cfg.latent_search_lr is not None:
-        model.latent_search_lr = float(cfg.latent_search_lr)
-
-
-def default_output_dir(checkpoint: str) -> str:
-    ck = os.path.abspath(checkpoint)
-    if os.path.isdir(ck):
-        return os.path.join(ck, "evaluate", "latest")
-    return os.path.join(os.path.dirname(ck), "evaluate", os.path.splitext(os.path.basename(ck))[0])
-
-
-def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
-               state: Optional[dict[str, Any]] = None):
-    """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict). ``state``: our checkpoint,
-    already loaded by :func:`_load_checkpoint_state` (loaded here when None)."""
-    if not os.path.exists(cfg.checkpoint):
-        raise EvaluateError(f"checkpoint={cfg.checkpoint!r}: no such file or directory")
-    if cfg.original_trm_checkpoint:
-        if cfg.arch is None:
-            raise EvaluateError("original_trm_checkpoint=true needs an arch (the format stores no config): arch=trm")
-        original_arch = None
-        if cfg.original_arch_config:
-            raw = OmegaConf.to_container(OmegaConf.load(cfg.original_arch_config), resolve=True)
-            original_arch = raw.get("arch", raw) if isinstance(raw, dict) else None
-            if not isinstance(original_arch, dict):
-                raise EvaluateError(f"original_arch_config={cfg.original_arch_config!r}: no arch section")
-        model = models.build_model(cfg.arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
-                                   num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=batch_size)
-        info = load_original_trm_checkpoint(model, cfg.checkpoint, original_arch=original_arch,
-                                            allow=cfg.allow_arch_mismatch)
-        head = models.build_loss_head(model)
-        return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"]),
-                                                     "file": os.path.abspath(cfg.checkpoint), "step": None}
-
-    state = state if state is not None else _load_checkpoint_state(cfg.checkpoint)
-    model, pcfg, train_meta = load_model_for_inference(state, use_ema=cfg.use_ema, device=device,
-                                                       batch_size=batch_size)
-    check_split_matches(train_meta, metadata, f"data_path={cfg.data_path!r}: test split", "the checkpoint's training data")
-    if getattr(train_meta, "num_puzzle_identifiers", None) not in (None, metadata.num_puzzle_identifiers) \
-            and getattr(pcfg, "encoder", None) is None:
-        raise EvaluateError(f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
-                            f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
-                            "would address the wrong puzzles")
-    encoder_mode = getattr(pcfg, "encoder", None) is not None
-    ck_file, step = os.path.abspath(state["_path"]), state.get("step")
-    step = int(step) if step is not None else None
-    _check_identifiers(cfg.data_path, metadata, train_meta, ck_file, refuse=not encoder_mode)
-    head = build_loss_head(model, pcfg.loss_type).to(device).eval()
-    return head, encoder_mode, getattr(pcfg, "max_demos", None), {
-        "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
-        "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
-        "config": pcfg.model_dump(mode="json"),
-        # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
-        "arch": pcfg.arch.model_dump(mode="json"),
-        "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json")}
-
-
-def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
-    """Refuse (``refuse``: a puzzle-embedding model) or warn about evaluation data whose identifiers.json is not
-    the training data's: puzzle ids would name other puzzles. Checkpoints without the hash only warn."""
-    want = getattr(train_meta, "identifiers_sha256", None)
-    have = getattr(metadata, "identifiers_sha256", None)
-    if want is None:
-        log.warning("%s: the checkpoint records no identifiers.json hash (written by an older version); cannot check "
-                    "that data_path=%s is the data it was trained on", ck_file, data_path)
-        return
-    if have == want:
-        return
-    msg = (f"data_path={data_path!r}: identifiers.json (sha256 {str(have)[:12]}) differs from the training data's "
-           f"(sha256 {want[:12]}, recorded in {ck_file})")
-    if refuse:
-        raise EvaluateError(msg + "; the puzzle embeddings would address other puzzles. Evaluate on the dataset "
-                                  "the run was trained on")
-    log.warning("%s; the encoder model does not use puzzle ids, evaluating anyway", msg)
-
-
-def _load_checkpoint_state(path: str) -> dict[str, Any]:
-    """Our checkpoint's state, loaded once (``weights_only=True``; a run directory gives its newest loadable
-    ``step_*.pt``, skipping corrupt newer files loudly). Errors are one line naming the file."""
-    if not os.path.exists(path):
-        raise EvaluateError(f"checkpoint={path!r}: no such file or directory")
-    try:
-        return load_checkpoint_file(path)
-    except CheckpointError as e:
-        raise EvaluateError(f"checkpoint={path!r}: {e} (original TRM files need original_trm_checkpoint=true)") \
-            from None
-
-
-def run(cfg: EvaluateConfig) -> dict[str, float]:
-    """Evaluate ``cfg.checkpoint`` on ``cfg.data_path``; returns the metrics (rank 0; {} elsewhere)."""
-    dist_info = init_distributed(cfg.device)
-    device = dist_info.device
-    with contextlib.ExitStack() as stack:
-        stack.callback(shutdown_distributed, dist_info)
-        meta = load_metadata(os.path.join(cfg.data_path, "test"))
-        state = None if cfg.original_trm_checkpoint else _load_checkpoint_state(cfg.checkpoint)
-        if cfg.batch_size is not None:
-            gbs = cfg.batch_size
-        elif state is None:
-            gbs = 256
-        else:
-            gbs = int(state["config"]["global_batch_size"])
-        if gbs % dist_info.world_size:
-            raise EvaluateError(f"batch_size={gbs} must be divisible by the world size {dist_info.world_size}")
-        local_bs = gbs // dist_info.world_size
-        head, encoder_mode, max_demos, info = load_model(cfg, meta, local_bs, device, state)
-        del state  # the model holds the weights now
-        rule_table = _oracle_labels(cfg, info)
-        _configure_latent_search(head, cfg)
-        model = torch.compile(head) if cfg.compile else head
-        loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
-                                         rank=dist_info.rank, world_size=dist_info.world_size,
-                                         max_groups=cfg.max_groups, encoder_mode=encoder_mode,
-                                         max_demos=max_demos, num_workers=cfg.num_workers,
-                                         # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
-                                         seed=int(info.get("seed", 0)))
-        if rule_table is not None:
-            loader = _LabelledLoader(loader, rule_table)
-        out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
-        if dist_info.is_main:
-            created = _ensure_writable(out_dir)  # before the evaluation, not after it
-            stack.callback(_remove_if_empty, created)  # a failed call leaves no empty output dirs behind
-        arc = uses_arc_voting(cfg.data_path, meta)
-        if cfg.arc_voting is not None:
-            if cfg.arc_voting and not arc:
-                raise EvaluateError(f"arc_voting=true: {cfg.data_path} is not ARC-format data (kind "
-                                    f"{getattr(meta, 'kind', None)!r}; no test_puzzles.json / identifiers.json)")
-            arc = cfg.arc_voting
-        if dist_info.is_main:
-            why = "arc_voting=false" if cfg.arc_voting is False else "not ARC-format data"
-            log.info("data_path=%s (kind %s): %s", cfg.data_path, meta.kind or "unset",
-                     "ARC voting pass@K + per-copy accuracy" if arc else "per-copy exact / token accuracy and "
-                     f"halting steps (no ARC voting: {why})")
-        evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
-                                   rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
-                                   submission_k=cfg.submission_k, seed=cfg.seed)] if arc else []
-        run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
-        t0 = time.time()
-        metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
-                           halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir)
-        if not dist_info.is_main:
-            return {}
-        metrics["eval/wall_seconds"] = time.time() - t0
-        config = cfg.model_dump()
-        if not cfg.original_trm_checkpoint:  # unused: the checkpoint's arch is in checkpoint_info
-            config["arch"] = None
-        record = {"metrics": metrics, "config": config, "checkpoint_info": info,
-                  "checkpoint_file": info.get("file"), "checkpoint_step": info.get("step"),
-                  "world_size": dist_info.world_size, "device": str(device)}
-        atomic_write(os.path.join(out_dir, "metrics.json"), lambda f: json.dump(record, f, indent=1))
-        if run_wandb is not None:  # the training loop's eval keys, at the checkpoint's step
-            run_wandb.log(as_logged(metrics), step=int(info.get("step") or 0))
-            run_wandb.finish()
-        return metrics
-
-
-def _oracle_labels(cfg: EvaluateConfig, info: dict[str, Any]) -> Optional[torch.Tensor]:
-    """The rule labels of the evaluated puzzles, per identifier, for an ``encoder.oracle_context`` checkpoint
-    (``rule_labels``); None for any other run. Either half without the other is refused: an oracle run's context
-    without labels would be zeros, and no other run reads labels in evaluation."""
-    oracle = bool((info.get("encoder") or {}).get("oracle_context"))
-    if cfg.rule_labels and not oracle:
-        raise EvaluateError(f"rule_labels={cfg.rule_labels!r}: only an encoder.oracle_context run reads rule labels "
-                            f"in evaluation; checkpoint={cfg.checkpoint!r} is not one")
-    if oracle and not cfg.rule_labels:
-        raise EvaluateError(f"checkpoint={cfg.checkpoint!r} is an encoder.oracle_context run (its context is the true "
-                            "rule): evaluating it needs rule_labels=<the synthetic builder's rules.json>")
-    if not oracle:
-        return None
-    table = torch.as_tensor(rule_label_table(cfg.data_path, cfg.rule_labels, split="test"))
-    log.info("oracle context: rule labels of %d evaluated identifiers from %s", int((table[:, 0] >= 0).sum()),
-             cfg.rule_labels)
-    return table
-
-
-class _LabelledLoader:
-    """The evaluation loader with each batch's ``rule_targets`` (an oracle run's context) added."""
-
-    def __init__(self, loader: Any, table: torch.Tensor) -> None:
-        self.loader, self.table = loader, table
-        self.dataset = getattr(loader, "dataset", None)  # the progress bar's total (evaluators.inference)
-
-    def __iter__(self):
-        for set_name, batch, n in self.loader:
-            yield set_name, with_rule_targets(batch, self.table.to(batch["puzzle_identifiers"].device)), n
-
-
-def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any:
-    """A W&B run (job_type eval) in the training run's group with its tags, named ``<run>-eval-<checkpoint>``,
-    whose config is the checkpoint's own (the evaluation's settings under ``evaluate``), so that it sits beside
-    the training run on the same charts; offline without a login (like training: ``wandb_mode`` auto)."""
-    import wandb  # optional at run time: only when logging to W&B
-
-    trained = info.get("config") or {}
-    ck_file = info.get("file") or out_dir
-    run_name = str(trained.get("run_name") or os.path.basename(os.path.dirname(ck_file)))
-    ident = wandb_identity(trained, run_name)
-    settings = cfg.model_dump()
-    if not cfg.original_trm_checkpoint:  # the evaluation config's arch group is unused: the checkpoint has its own
-        settings.pop("arch", None)
-    name = cfg.wandb_run_name or f"{run_name}-eval-{os.path.splitext(os.path.basename(ck_file))[0]}"
-    return wandb.init(project=cfg.wandb_project, name=name, job_type="eval", group=ident["group"],
-                      tags=ident["tags"], mode=resolve_wandb_mode(cfg.wandb_mode), dir=out_dir,
-                      config={**ident["config"], "evaluate": settings})
-
-
-def uses_arc_voting(data_path: str, metadata: Any) -> bool:
-    """Whether ARC voting pass@K applies, from the split's dataset.json ``kind``: ``arc`` (ARC-AGI, ConceptARC,
-    synthetic rules: augmented copies named in identifiers.json, the original puzzles in test_puzzles.json) yes;
-    ``sudoku`` / ``maze`` no (scored by the per-copy exact / token accuracy and halting steps alone:
-    ``all.exact_accuracy``, ``all.accuracy``, ``all.steps``). A directory without a kind (the published TRM
-    layout) is ARC-format when it has both test_puzzles.json and identifiers.json."""
-    kind = getattr(metadata, "kind", None)
-    if kind is not None:
-        return kind == "arc"
-    return all(os.path.isfile(os.path.join(data_path, f)) for f in ("test_puzzles.json", "identifiers.json"))
-
-
 def printed_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The metrics evaluate.py prints (metrics.json has them all): ARC pass@K and counts when ARC voting ran, every
     set's exact / token accuracy and mean halting steps, the example count and the time."""
@@ -351,38 +59,16 @@ def printed_metrics(metrics: dict[str, float]) -> dict[str, float]:
     return {k: metrics[k] for k in keys if k in metrics}
 
 
-def _ensure_writable(out_dir: str) -> Optional[str]:
-    """Create ``out_dir`` (checking it is writable); returns the top-most directory this call created, or None."""
-    top, d = None, os.path.abspath(out_dir)
-    while not os.path.exists(d):
-        top, d = d, os.path.dirname(d)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        raise EvaluateError(f"output_dir={out_dir!r}: not writable ({e.strerror or e}); choose another "
-                            "output_dir=") from None
-    return top
-
-
-def _remove_if_empty(top: Optional[str]) -> None:
-    """Remove the directories :func:`_ensure_writable` created when nothing was written into them."""
-    if top is None or not os.path.isdir(top):
-        return
-    for d, _dirs, files in sorted(os.walk(top), key=lambda x: -len(x[0])):
-        if files or os.listdir(d):
-            return
-        os.rmdir(d)
-
-
 def config_from_hydra(hcfg: Any) -> EvaluateConfig:
+    """The composed Hydra config as a validated :class:`EvaluateConfig` (bad input: one-line EvaluateError)."""
     missing = [k for k in ("checkpoint", "data_path") if OmegaConf.is_missing(hcfg, k)]
     if missing:
         raise EvaluateError(" and ".join(f"{k}=" for k in missing) + " required (e.g. python evaluate.py "
                             "checkpoint=checkpoints/<project>/<run> data_path=data/<built dataset>)")
     raw = OmegaConf.to_container(hcfg, resolve=True)
     raw.pop("hydra", None)
+    if isinstance(raw.get("arch"), dict):  # validated first: an error names the dotted arch.<key> (ArchConfigError)
+        raw["arch"] = parse_arch_config(raw["arch"])
     try:
         return EvaluateConfig(**raw)
     except pydantic.ValidationError as e:

@@ -52,7 +52,7 @@ def test_evaluate_cli_switch_sets_search_and_refuses_models_without_encoder():
     """evaluate.py latent_search_steps/lr reach the ETRM model; a TRM checkpoint is refused by name."""
     import pytest
 
-    from evaluate import EvaluateConfig, EvaluateError, _configure_latent_search
+    from training.evaluation import EvaluateConfig, EvaluateError, _configure_latent_search
     from models import build_model
 
     m = build("lpn").eval()
@@ -116,7 +116,7 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
 def test_evaluate_cli_refuses_latent_search_for_encoders_without_a_latent():
     import pytest
 
-    from evaluate import EvaluateConfig, EvaluateError, _configure_latent_search
+    from training.evaluation import EvaluateConfig, EvaluateError, _configure_latent_search
 
     m = build("standard").eval()
     with pytest.raises(EvaluateError, match="encoder=lpn"):

@@ -153,6 +153,30 @@ def test_bad_input_fails_at_once_and_writes_nothing(tmp_path, capsys, args, mess
     assert not (tmp_path / "out").exists()
 
 
+def test_the_command_line_becomes_one_settings_object():
+    """argparse -> ScienceSettings in one place (cli.settings_from_args): the options' defaults are the settings'
+    defaults, every option reaches its field, a Python caller's lists become tuples, and the checks name the
+    option."""
+    from experiments.science.cli import build_parser, settings_from_args
+    from experiments.science.settings import ScienceSettings
+
+    assert settings_from_args(build_parser().parse_args(["--out", "o"])) == ScienceSettings(out="o")
+    argv = ["--out", "o", "--encoders", "lpn", CONTROL, "--input-file-prefix", "p", "--groups", "g.json", "--steps",
+            "3", "--canvas-size", "9", "--num-aug", "2", "--train-fit-puzzles", "4", "--no-train", "--curve",
+            "--rule-readout", "0.5", "--halting-step", "--seed", "3", "--override", "lr=1", "--override", "ema=true",
+            "--eval-override", "batch_size=8", "--config", "cfg_pretrain"]
+    s = settings_from_args(build_parser().parse_args(argv), "the command")
+    assert s == ScienceSettings(out="o", encoders=["lpn", CONTROL], input_file_prefix="p", groups_file="g.json",
+                                steps=3, canvas_size=9, num_aug=2, train_fit_puzzles=4, no_train=True, curve=True,
+                                rule_readout=0.5, halting_step=True, seed=3, overrides=["lr=1", "ema=true"],
+                                eval_overrides=["batch_size=8"], config="cfg_pretrain", command="the command")
+    assert s.encoders == ("lpn", CONTROL) and s.files_num_aug == 2 and s.check()[1] == ["lpn", CONTROL]
+    with pytest.raises(ScienceError, match="--input-file-prefix and --holdout-families are mutually exclusive"):
+        ScienceSettings(out="o", input_file_prefix="p", holdout_families=["gravity"]).check()
+    fams, names = ScienceSettings(out="o", families=["gravity"], holdout_families=["colour_map"]).check()
+    assert fams == ["gravity", "colour_map"] and names == ["standard", CONTROL]
+
+
 FAMS = ["colour_map", "flip_rotate"]
 TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
         "encoder.num_layers=1", "global_batch_size=16"]

@@ -114,6 +114,28 @@ def test_strict_config_and_clear_errors(trained):
         evaluate.run(_cfg(checkpoint=ck, data_path=data, original_trm_checkpoint=True))
 
 
+def test_arch_is_the_validated_arch_config():
+    """EvaluateConfig.arch is the config class of the arch registry (models.parse_arch_config): the defaults filled
+    in, dumped with every field; an unknown key is refused naming arch.<key>, in the composed Hydra config too."""
+    from omegaconf import OmegaConf
+
+    import evaluate
+    from models import ArchConfigError
+    from models.trm import TRMConfig
+
+    cfg = evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d", original_trm_checkpoint=True,
+                                  arch={"name": "trm", "L_cycles": 4})
+    assert isinstance(cfg.arch, TRMConfig) and cfg.arch.L_cycles == 4 and cfg.arch.H_cycles == TRMConfig().H_cycles
+    assert cfg.model_dump()["arch"] == cfg.arch.model_dump()
+    assert evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d").arch is None
+    with pytest.raises(pydantic.ValidationError, match="arch.bogus"):
+        evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d", arch={"name": "trm", "bogus": 1})
+    composed = OmegaConf.create({**evaluate.evaluate_defaults(), "checkpoint": "c.pt", "data_path": "d",
+                                 "original_trm_checkpoint": True, "arch": {"name": "trm", "bogus": 1}})
+    with pytest.raises(ArchConfigError, match="unknown key 'arch.bogus'"):
+        evaluate.check_config(composed, ["+arch.bogus=1"])
+
+
 @pytest.mark.slow
 def test_cli_end_to_end_and_unknown_key(trained):
     data, ck, _, n_inputs, root = trained

@@ -334,7 +334,7 @@ def test_an_oracle_run_is_evaluated_on_the_labels_of_the_evaluated_puzzles(tiny_
     """evaluate.py rule_labels=...: an oracle_context checkpoint's evaluation batches carry the rule labels of the
     held-out puzzles (each augmented copy's own), so its context is the oracle's embedding of their rule; evaluating
     an oracle run without labels, or giving labels to another run, is refused by name."""
-    import evaluate as ev  # noqa: PLC0415 - test-only imports
+    from training import evaluation as ev  # noqa: PLC0415 - test-only imports (evaluate.py's body)
     from evaluators.data import build_eval_loader  # noqa: PLC0415
     from training.loop import train  # noqa: PLC0415
     d, built, rules = tiny_synthetic

@@ -178,12 +178,12 @@ def test_crafted_pickle_is_refused_without_executing_it(toy, tmp_path, capsys):
     assert s["steps"] == 3 and not os.path.exists(marker)
     assert "step_3.pt: refused" in capsys.readouterr().err
     # evaluate.py's checkpoint load and models/compat.py's original-TRM loader are weights-only too
-    import evaluate
     from models.compat import load_original_trm_checkpoint
+    from training import evaluation
 
     torch.save({"format": ckpt.FORMAT, "config": {"global_batch_size": 8}, "x": _Payload(marker)}, evil)
-    with pytest.raises(evaluate.EvaluateError):
-        evaluate._load_checkpoint_state(evil)
+    with pytest.raises(evaluation.EvaluateError):
+        evaluation._load_checkpoint_state(evil)
     torch.save({"inner.w": _Payload(marker)}, evil)
     model, _, _ = load_model_for_inference(os.path.join(run, "step_2.pt"))
     with pytest.raises(Exception, match="Weights only load failed"):

@@ -1,16 +1,19 @@
 """Checkpoints: the full training state in one ``torch.save`` dict, written atomically.
 
-Layout of ``<checkpoint_dir>/step_<N>.pt`` (``format = "trm-platform/1"``)::
+Layout of ``<checkpoint_dir>/step_<N>.pt`` (``format = "trm-platform/1"``), as ``training.state.CheckpointManager``
+writes it -- each component of the run under its own key, then the run's progress and record::
 
     model       state_dict of the (uncompiled) ACT model, incl. the puzzle-embedding buffer
     ema         EMA shadow of the trainable parameters (or None)
     optimizers  {name: optimizer.state_dict()} -- "adam" (AdamATan2) and "puzzle_emb" (SignSGDSparse)
-    step        optimizer updates done;  examples_seen
+    schedulers  {name: LambdaLR state_dict()} (absent in older files);  health  HealthMonitor state (or None)
+    step        optimizer updates done;  examples_seen;  log_window {"acc", "n"} (the open log window);  wandb_id
     per_rank    [per rank] {"rng": python / numpy / torch / cuda RNG states, "data_state": the train dataset's
                 state_dict() (exact stream position), "carry": the ACT carry (CPU tensors)}, gathered to rank 0;
                 ``rng`` and ``data_state`` are also stored top-level as lists indexed by rank
     config      the validated PretrainConfig (dict);  arch  the resolved architecture config
-    metadata    the train split's DatasetMetadata (dict);  summary  RunSummary state
+    metadata    the train split's DatasetMetadata (dict);  identifiers_sha256;  data_fingerprint
+    local_batch_size;  run_name;  project_name;  summary  RunSummary state
 
 Files are written to a temp file in the same directory and ``os.replace``-d, so a crash never leaves a
 truncated ``step_*.pt``; the previous checkpoint stays intact.

@@ -27,7 +27,7 @@ from training.report import CONFIG_FILE, RunReport
 from training.rundir import RunDir, run_names
 from training.schedule import eval_due, lr_at_step, make_schedulers
 from training.signals import StopSignals
-from training.state import CheckpointManager, Progress, check_checkpoint_data
+from training.state import CheckpointManager, Progress, RunRecord, check_checkpoint_data, training_components
 from training.summary import (EXIT_EARLY_STOP, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, STOP_COMPLETED,
                               STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE, RunSummary)
 
@@ -93,10 +93,11 @@ class Trainer:
             check_checkpoint_data(st, self.data.metadata, cfg.data_paths[0])
             self._print(f"[train] initialised weights from {st['_path']}")
         self.ema = EMA(self.model, cfg.ema_rate) if cfg.ema else None
-        self.checkpoints = CheckpointManager(
-            self.checkpoint_dir, info, cfg, self.model, self.optimizers, self.ema, self.data.train_dataset,
-            self.health, self.summary, self.data.metadata, self.arch, self.local_bs, self.run_name,
-            self.project_name, self._epochs_completed, self.schedulers)
+        record = RunRecord(cfg, self.arch, self.data.metadata, self.data.train_dataset.fingerprint(), self.local_bs,
+                           self.run_name, self.project_name)
+        self.checkpoints = CheckpointManager(self.checkpoint_dir, info, record, training_components(
+            self.model, self.ema, self.optimizers, self.schedulers, self.health, self.progress, say=self._print),
+            per_rank={"data_state": self.data.train_dataset}, summary=self.summary, epochs_done=self._epochs_completed)
         self._pending_rng: Optional[dict] = None
         if cfg.resume:
             state = self.checkpoints.load_latest()

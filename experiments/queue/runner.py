@@ -20,14 +20,15 @@ Semantics (see docs/experiments.md for the user view):
   run starts them with the resume argument. A second Ctrl-C kills at once.
 * **Stale lines**: at start, ``[~]`` lines of a dead runner on this host (and whose command is no longer
   running) go back to ``[ ]`` with ``crashed: ...`` (resumed when taken again).
+
+This module is the scheduling (which line runs when, on which GPUs; what its line says; Ctrl-C; the dry run);
+one attempt's process -- its environment, log, process group and what its exit means -- is
+:mod:`experiments.queue.attempts`.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -35,133 +36,28 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, TextIO
 
-from core.errors import ERROR_FILE_ENV  # where an entry point records its one-line bad-input message
-
-from .gates import command_overrides, evaluate_gates, read_summary, summary_path
+from .attempts import (
+    Attempt,
+    deliberate_stop,
+    describe_exit,
+    deterministic_error,
+    fmt_duration,
+    job_slug,
+    last_output_line,
+    now,
+    pid_alive,
+    resume_command,
+)
+from .gates import evaluate_gates, summary_path
 from .jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, Job, JobFileError, JobStore
+
+__all__ = ["Runner", "RunnerConfig", "deliberate_stop", "resume_command"]
 
 _RUN_NOTE_RE = re.compile(r"pid (?P<pid>\d+) on (?P<host>[^,\s]+)")
 _CHILD_RE = re.compile(r"child (?P<child>\d+)")
-_SAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
-# torch.distributed variables of the runner's own environment are not passed on (a job starts its own group)
-_DIST_VARS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                        "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"})
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _fmt_duration(s: float) -> str:
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie counts as dead
-    try:
-        with open(f"/proc/{pid}/stat", "r") as f:
-            return f.read().split(") ", 1)[1][:1] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _describe_exit(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _last_output_line(path: str, limit: int = 160) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            tail = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    for line in reversed(tail.splitlines()):
-        line = line.strip()
-        if line and not line.startswith("=== "):
-            line = " ".join(line.replace("#", "").split())
-            return line if len(line) <= limit else line[: limit - 3] + "..."
-    return ""
-
-
-def job_slug(job: Job) -> str:
-    """File-name-safe, stable name of a job for its log file."""
-    digest = hashlib.sha1(f"{job.norm_command}\0{job.occurrence}".encode()).hexdigest()[:8]
-    if job.id:
-        return _SAFE_RE.sub("_", job.id)
-    base = command_overrides(job.command).get("run_name") or "job"
-    return f"{_SAFE_RE.sub('_', base)[:60]}-{digest}"
-
-
-def resume_command(command: str, resume_arg: str) -> str:
-    """``command`` with ``resume_arg`` appended, unless it already sets that key (``resume=...``)."""
-    if not resume_arg:
-        return command
-    key = resume_arg.split("=", 1)[0].lstrip("+") if "=" in resume_arg else resume_arg
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    for w in words:
-        if w == resume_arg or ("=" in w and w.split("=", 1)[0].lstrip("+") == key):
-            return command
-    return f"{command} {resume_arg}"
-
-
-def deliberate_stop(summary: Optional[dict]) -> bool:
-    """True when a summary.json written by the failed attempt says the run stopped on purpose (early stop,
-    ``status: finished``) or diverged (``non-finite loss``: resuming would replay the same divergence).
-    A crash (no summary, ``status: running``, an exception, ``interrupted``) is retried with resume."""
-    if not summary:
-        return False
-    reason = str(summary.get("stop_reason") or "")
-    return summary.get("status") == "finished" or reason.startswith("early_stop") or reason == "non-finite loss"
-
-
-#: exit statuses that fail the same way on every attempt: usage error, command not executable, not found
-DETERMINISTIC_EXITS = {2: "usage error", 126: "command not executable", 127: "command not found"}
-
-
-def deterministic_error(rc: int, error_file: Optional[str], since: float) -> Optional[str]:
-    """Why a failed attempt would fail again if retried (None: a crash, worth a retry with resume): the one-line
-    message an entry point wrote to ``error_file`` during this attempt (bad input: a config key, a path, data
-    that does not fit), or an exit status of :data:`DETERMINISTIC_EXITS`."""
-    if rc > 0 and error_file:
-        try:
-            if os.path.getmtime(error_file) + 1.0 >= since:
-                with open(error_file, "r", encoding="utf-8", errors="replace") as f:
-                    msg = " ".join(f.read().split())
-                return f"bad input: {msg}" if msg else "bad input"
-        except OSError:
-            pass
-    if rc in DETERMINISTIC_EXITS:
-        return f"{DETERMINISTIC_EXITS[rc]} (exit code {rc})"
-    return None
 
 
 @dataclass
@@ -190,33 +86,6 @@ class RunnerConfig:
                 raise ValueError(f"--gpus lists a GPU twice: {','.join(self.gpus)}")
 
 
-@dataclass
-class _Active:
-    key: tuple[str, int]
-    token: str
-    label: str
-    command: str
-    resume_arg: str
-    attempt: int
-    max_attempts: int
-    resume: bool
-    gpus: list[str]
-    log_path: str
-    summary: Optional[str]
-    job_id: Optional[str] = None  # the line's id=, exported as TRM_JOB_ID (the run's default W&B group)
-    started: float = field(default_factory=time.time)
-    attempt_started: float = field(default_factory=time.time)
-    proc: Optional[subprocess.Popen] = None
-
-    @property
-    def error_file(self) -> str:
-        return os.path.splitext(self.log_path)[0] + ".error"
-
-    @property
-    def effective_command(self) -> str:
-        return resume_command(self.command, self.resume_arg) if self.resume else self.command
-
-
 class Runner:
     """Runs a jobs file. ``Runner(RunnerConfig(...)).run()`` returns the process exit status:
     0 all taken jobs succeeded, 1 some failed, 130 interrupted."""
@@ -228,7 +97,7 @@ class Runner:
         self.workdir = os.path.abspath(config.workdir or os.getcwd())
         self.logs_dir = config.logs_dir if os.path.isabs(config.logs_dir) else os.path.join(self.workdir, config.logs_dir)
         self.host = socket.gethostname()
-        self.active: dict[str, _Active] = {}
+        self.active: dict[str, Attempt] = {}
         self.free_gpus: list[str] = list(config.gpus or [])
         self.n_taken = 0
         self.n_failed = 0
@@ -250,18 +119,18 @@ class Runner:
     def _max_attempts(self, job: Job) -> int:
         return 1 + int(job.meta.get("retries", self.cfg.max_retries))
 
-    def _running_note(self, a: _Active, child: Optional[int] = None) -> str:
+    def _running_note(self, a: Attempt, child: Optional[int] = None) -> str:
         parts = [f"running: pid {os.getpid()} on {self.host}"]
         if child is not None:
             parts.append(f"child {child}")
-        parts.append(f"since {_now()}")
+        parts.append(f"since {now()}")
         parts.append(f"attempt {a.attempt}/{a.max_attempts}" + (" (resume)" if a.resume else ""))
         if a.gpus:
             parts.append(f"gpus {'+'.join(a.gpus)}")
         parts.append(f"log {os.path.relpath(a.log_path, self.workdir)} [t={a.token}]")
         return ", ".join(parts)
 
-    def _set(self, a: _Active, mark: str, note: str, patience: float = 60.0) -> None:
+    def _set(self, a: Attempt, mark: str, note: str, patience: float = 60.0) -> None:
         """Record a status on the job's line. If someone left the file invalid, wait (up to ``patience``
         seconds) for the fix instead of losing the status."""
         deadline = time.time() + patience
@@ -298,20 +167,20 @@ class Runner:
                 if not m or m.group("host") != self.host:
                     continue
                 pid = int(m.group("pid"))
-                if pid == os.getpid() or _pid_alive(pid):
+                if pid == os.getpid() or pid_alive(pid):
                     continue
                 c = _CHILD_RE.search(job.note)
-                if c and _pid_alive(int(c.group("child"))):
+                if c and pid_alive(int(c.group("child"))):
                     self.log(f"WARNING: {job.label}: its runner (pid {pid}) died but its command (pid "
                              f"{c.group('child')}) still runs; leaving the line as running")
                     continue
-                job.set_status(PENDING, f"crashed: runner pid {pid} died, found {_now()}; resumes when taken")
+                job.set_status(PENDING, f"crashed: runner pid {pid} died, found {now()}; resumes when taken")
                 self.log(f"{job.label}: runner pid {pid} is gone; line set back to pending (will resume)")
                 n += 1
         return n
 
     # ------------------------------------------------------------------ taking jobs
-    def _claim(self) -> tuple[Optional[_Active], int]:
+    def _claim(self) -> tuple[Optional[Attempt], int]:
         """Take the next runnable job. Returns (job or None, number of pending jobs still waiting)."""
         try:
             return self._claim_locked()
@@ -319,7 +188,7 @@ class Runner:
             self.log(f"WARNING: {e}; no new job is taken until the jobs file is fixed")
             return None, 0
 
-    def _claim_locked(self) -> tuple[Optional[_Active], int]:
+    def _claim_locked(self) -> tuple[Optional[Attempt], int]:
         waiting = 0
         with self.store.edit() as jf:
             by_id = jf.by_id()
@@ -345,7 +214,7 @@ class Runner:
                     waiting += 1
                     continue
                 gpus = self.free_gpus[:need]
-                a = _Active(
+                a = Attempt(
                     key=job.key, token=uuid.uuid4().hex[:10], label=job.label, command=job.command,
                     resume_arg=self._resume_arg(job), attempt=1, max_attempts=self._max_attempts(job),
                     resume=job.wants_resume, gpus=gpus,
@@ -359,56 +228,17 @@ class Runner:
                 return a, waiting
         return None, waiting
 
-    def _start(self, a: _Active) -> None:
+    def _start(self, a: Attempt) -> None:
         os.makedirs(self.logs_dir, exist_ok=True)
-        a.attempt_started = time.time()
-        cmd = a.effective_command
-        env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}  # a job is its own process group
-        env.update(
-            PYTHONUNBUFFERED="1", TRM_JOB_NAME=a.label, TRM_JOB_ATTEMPT=str(a.attempt),
-            TRM_JOB_RESUME="1" if a.resume else "0", TRM_JOB_LOG=a.log_path,
-        )
-        env.pop("TRM_JOB_ID", None)
-        if a.job_id:
-            env["TRM_JOB_ID"] = a.job_id
-        env[ERROR_FILE_ENV] = a.error_file  # bad input is recorded here: failed, not retried
-        try:
-            os.unlink(a.error_file)
-        except FileNotFoundError:
-            pass
-        if self.cfg.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(a.gpus)
-        port = str(_free_port())
-        env["MASTER_PORT"] = port  # single-process DDP inits
-        env["PET_MASTER_PORT"] = port  # torchrun's --master-port default: parallel torchruns do not clash
-        with open(a.log_path, "a", encoding="utf-8") as fh:
-            fh.write(f"=== {_now()} {a.label} attempt {a.attempt}/{a.max_attempts}"
-                     f"{' (resume)' if a.resume else ''}"
-                     f"{' CUDA_VISIBLE_DEVICES=' + ','.join(a.gpus) if self.cfg.gpus is not None else ''}\n"
-                     f"=== $ {cmd}\n")
-            fh.flush()
-            a.proc = subprocess.Popen(
-                [self.cfg.shell, "-c", cmd], cwd=self.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        cmd = a.spawn(workdir=self.workdir, shell=self.cfg.shell, set_gpus=self.cfg.gpus is not None)
         self.active[a.token] = a
         self._set(a, RUNNING, self._running_note(a, a.proc.pid))
         self.log(f"start {a.label} (attempt {a.attempt}/{a.max_attempts}{', resume' if a.resume else ''}"
                  f"{', gpus ' + ','.join(a.gpus) if a.gpus else ''}) -> {os.path.relpath(a.log_path, self.workdir)}: {cmd}")
 
     # ------------------------------------------------------------------ finishing
-    def _summary_written(self, a: _Active) -> Optional[dict]:
-        if not a.summary:
-            return None
-        try:
-            if os.path.getmtime(a.summary) + 1.0 < a.attempt_started:
-                return None
-            return read_summary(a.summary)
-        except (OSError, ValueError):
-            return None
-
-    def _finish(self, a: _Active, rc: int) -> None:
-        dur = _fmt_duration(time.time() - a.started)
+    def _finish(self, a: Attempt, rc: int) -> None:
+        dur = fmt_duration(time.time() - a.started)
         logrel = os.path.relpath(a.log_path, self.workdir)
         if rc == 0:
             self.active.pop(a.token)
@@ -416,8 +246,8 @@ class Runner:
             self._set(a, DONE, f"done: {dur}, attempt {a.attempt}, log {logrel}")
             self.log(f"done {a.label} in {dur}")
             return
-        summary = self._summary_written(a)
-        why = _describe_exit(rc)
+        summary = a.summary_written()
+        why = describe_exit(rc)
         bad_input = None if deliberate_stop(summary) else deterministic_error(rc, a.error_file, a.attempt_started)
         if not deliberate_stop(summary) and bad_input is None and a.attempt < a.max_attempts and not self._interrupts:
             self.log(f"{a.label} crashed ({why}); rerunning with resume (attempt {a.attempt + 1}/{a.max_attempts})")
@@ -433,7 +263,7 @@ class Runner:
             parts[0] += f" after {a.attempt} attempts"
         if summary is not None and summary.get("stop_reason"):
             parts.append(f"stop_reason {' '.join(str(summary['stop_reason']).split())}")
-        last = _last_output_line(a.log_path)
+        last = last_output_line(a.log_path)
         if bad_input is not None:
             parts[0] += ", not retried"
             parts.append(bad_input if len(bad_input) <= 300 else bad_input[:297] + "...")
@@ -451,32 +281,23 @@ class Runner:
                   f"(SIGINT, SIGKILL after {self.cfg.kill_grace:g}s; again to kill now)", file=self.out, flush=True)
         else:
             for a in list(self.active.values()):
-                self._killpg(a, signal.SIGKILL)
-
-    @staticmethod
-    def _killpg(a: _Active, sig: int) -> None:
-        if a.proc is None or a.proc.poll() is not None:
-            return
-        try:
-            os.killpg(a.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+                a.kill(signal.SIGKILL)
 
     def _stop_all(self) -> None:
         for a in self.active.values():
-            self._killpg(a, signal.SIGINT)
+            a.kill(signal.SIGINT)
         deadline = time.time() + self.cfg.kill_grace
         while time.time() < deadline and any(a.proc and a.proc.poll() is None for a in self.active.values()):
             time.sleep(0.05)
         for a in self.active.values():
-            self._killpg(a, signal.SIGKILL)  # the leader and anything left in its group
+            a.kill(signal.SIGKILL)  # the leader and anything left in its group
             if a.proc is not None:
                 try:
                     a.proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
         for a in list(self.active.values()):
-            self._set(a, PENDING, f"interrupted: {_now()} during attempt {a.attempt}; resumes when taken again")
+            self._set(a, PENDING, f"interrupted: {now()} during attempt {a.attempt}; resumes when taken again")
             self.log(f"{a.label}: interrupted, line set back to pending (will resume)")
             self.active.pop(a.token)
             self.free_gpus.extend(a.gpus)

@@ -47,6 +47,7 @@ in-process with ``training.loop.train``, stays available for quick encoder exper
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -58,64 +59,73 @@ import torch
 from core.errors import fail, user_errors
 from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from experiments.science.recolour import RECOLOUR_STEPS, run_science
-from experiments.science.run import (
-    DEFAULT_CONFIG,
-    FILES_NUM_AUG,
-    SYNTHETIC_DEFAULTS,
-    TRAIN_FIT_PUZZLES,
-    run_science_command,
-)
+from experiments.science.run import run_science_command
+from experiments.science.settings import FILES_NUM_AUG, SYNTHETIC_DEFAULTS, ScienceSettings
 
 PROG = "python -m experiments.science"
+# options whose argparse name is not the settings field's; --recolour / --encoder belong to the recolour check
+_DEST = {"overrides": "override", "eval_overrides": "eval_override", "groups_file": "groups"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = SYNTHETIC_DEFAULTS
+    d, default = SYNTHETIC_DEFAULTS, ScienceSettings.default
     ap.add_argument("--out", required=True, help="output directory (data, runs, science.json, science.md)")
-    ap.add_argument("--encoders", nargs="+", default=["standard", CONTROL],
+    ap.add_argument("--encoders", nargs="+", default=list(default("encoders")),
                     help=f"runs: any of {', '.join(ENCODERS)}, {CONTROL} (zero-demo standard), or all")
-    ap.add_argument("--input-file-prefix", default=None, metavar="P",
+    ap.add_argument("--input-file-prefix", default=default("input_file_prefix"), metavar="P",
                     help="your own puzzles: P_{training,evaluation}_{challenges,solutions}.json (kaggle layout); "
                          "evaluation = held out")
-    ap.add_argument("--groups", default=None, metavar="FILE",
+    ap.add_argument("--groups", default=default("groups_file"), metavar="FILE",
                     help="with --input-file-prefix: JSON puzzle id -> group (rows of the table; default: the id "
                          "prefix before the first '_' or '-')")
-    ap.add_argument("--families", nargs="+", default=None, help="rule families (default: all 8)")
-    ap.add_argument("--holdout-families", nargs="+", default=[], help="families never seen in training")
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default: max_steps of the config)")
-    ap.add_argument("--canvas-size", type=int, default=None,
+    ap.add_argument("--families", nargs="+", default=default("families"), help="rule families (default: all 8)")
+    ap.add_argument("--holdout-families", nargs="+", default=list(default("holdout_families")),
+                    help="families never seen in training")
+    ap.add_argument("--steps", type=int, default=default("steps"),
+                    help="training steps (default: max_steps of the config)")
+    ap.add_argument("--canvas-size", type=int, default=default("canvas_size"),
                     help=f"canvas side (default {d['canvas_size']}; your own puzzles: the largest grid side)")
-    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: canvas - 2, at most 10)")
-    ap.add_argument("--min-grid", type=int, default=None, help=f"smallest input side (default {d['min_grid']})")
-    ap.add_argument("--num-train", type=int, default=None, help=f"training puzzles (default {d['num_train']})")
-    ap.add_argument("--num-test", type=int, default=None, help=f"held-out puzzles (default {d['num_test']})")
-    ap.add_argument("--num-aug", type=int, default=None,
+    ap.add_argument("--max-grid", type=int, default=default("max_grid"),
+                    help="largest input side (default: canvas - 2, at most 10)")
+    ap.add_argument("--min-grid", type=int, default=default("min_grid"),
+                    help=f"smallest input side (default {d['min_grid']})")
+    ap.add_argument("--num-train", type=int, default=default("num_train"),
+                    help=f"training puzzles (default {d['num_train']})")
+    ap.add_argument("--num-test", type=int, default=default("num_test"),
+                    help=f"held-out puzzles (default {d['num_test']})")
+    ap.add_argument("--num-aug", type=int, default=default("num_aug"),
                     help=f"augmented (colour / dihedral) copies per puzzle, evaluation votes over them (default "
                          f"{d['num_aug']}; your own puzzles: {FILES_NUM_AUG}, since a copy can show a held-out rule "
                          "instance)")
-    ap.add_argument("--train-fit-puzzles", type=int, default=TRAIN_FIT_PUZZLES,
+    ap.add_argument("--train-fit-puzzles", type=int, default=default("train_fit_puzzles"),
                     help="training puzzles evaluated for the train-fit columns (0: none)")
     ap.add_argument("--no-train", action="store_true",
                     help="train nothing: evaluate the runs that exist (a cut-short run: its last checkpoint)")
     ap.add_argument("--curve", action="store_true",
                     help="also evaluate every kept checkpoint (held-out and train fit) -> curve.json / curve.md / "
                          "curve.png; keep them with --override checkpoint_keep=null (experiments.science.curve)")
-    ap.add_argument("--rule-readout", type=float, default=0.0, metavar="W",
+    ap.add_argument("--rule-readout", type=float, default=default("rule_readout"), metavar="W",
                     help="weight of an auxiliary loss that asks a head on the encoder's context to name each training "
                          "puzzle's rule (family and parameters; synthetic families only; docs/science.md)")
     ap.add_argument("--halting-step", action="store_true",
                     help="also score every run at its Q head's halting step (evaluate.py halt_early=true): a second "
                          "per-family table; done anyway for a run whose training samples halt early")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--seed", type=int, default=default("seed"))
+    ap.add_argument("--override", action="append", default=list(default("overrides")), metavar="KEY=VALUE",
                     help="Hydra override for pretrain_encoder.py (repeatable), e.g. --override lr=3e-4")
-    ap.add_argument("--eval-override", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--eval-override", action="append", default=list(default("eval_overrides")), metavar="KEY=VALUE",
                     help="override for evaluate.py (repeatable), e.g. --eval-override batch_size=256")
-    ap.add_argument("--config", default=DEFAULT_CONFIG, help="training config name under config/")
+    ap.add_argument("--config", default=default("config"), help="training config name under config/")
     ap.add_argument("--recolour", action="store_true", help="run the older in-process recolour check instead")
     ap.add_argument("--encoder", default="standard", help="--recolour only: the encoder")
     return ap
+
+
+def settings_from_args(args: argparse.Namespace, command: str = "") -> ScienceSettings:
+    """The one place the command line becomes the command's settings (every field from its option)."""
+    return ScienceSettings(command=command, **{f.name: getattr(args, _DEST.get(f.name, f.name))
+                                               for f in dataclasses.fields(ScienceSettings) if f.name != "command"})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
@@ -134,15 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     command = f"{PROG} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
         with user_errors(code=2):  # bad input (a ScienceError, Hydra's override errors): one line, exit 2
-            res = run_science_command(args.out, encoders=args.encoders, families=args.families,
-                                      holdout_families=args.holdout_families, steps=args.steps,
-                                      canvas_size=args.canvas_size, max_grid=args.max_grid, min_grid=args.min_grid,
-                                      num_train=args.num_train, num_test=args.num_test, num_aug=args.num_aug,
-                                      seed=args.seed, overrides=args.override, eval_overrides=args.eval_override,
-                                      config=args.config, command=command, input_file_prefix=args.input_file_prefix,
-                                      groups_file=args.groups, train_fit_puzzles=args.train_fit_puzzles,
-                                      no_train=args.no_train, curve=args.curve, rule_readout=args.rule_readout,
-                                      halting_step=args.halting_step)
+            res = run_science_command(settings_from_args(args, command))
     except KeyboardInterrupt:
         fail(f"interrupted; run the same command again to resume (a cut-short run continues from its last "
              f"checkpoint; --no-train evaluates what exists in {args.out})", code=130)

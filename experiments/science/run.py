@@ -20,6 +20,7 @@ steps, overrides, the resolved training recipe, recorded in data/settings.json a
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -28,8 +29,6 @@ import time
 from typing import Any, Optional, Sequence
 
 from core.io import read_json, write_json_atomic
-from dataset.build_synthetic_dataset import default_max_grid
-from dataset.synthetic_rules import FAMILIES
 from encoders import EncoderConfigError
 from experiments.science.common import (
     CONTROL,
@@ -65,16 +64,12 @@ from experiments.science.report import (
     halts_early,
     write_report,
 )
+from experiments.science.settings import ScienceSettings
 from models import ArchConfigError
 from models.compat import normalise_arch
 from training.checkpoint import list_checkpoints
 from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
 
-DEFAULT_CONFIG = "cfg_science"
-# synthetic-data defaults (the function's None = these; with your own files they do not apply)
-SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 800, "num_test": 160, "num_aug": 8}
-FILES_NUM_AUG = 0  # your own files: no colour / dihedral copies unless asked for (docs/science.md)
-TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
 # a run's own paths and names, and how often it checkpoints: not part of its recipe (they do not change what it
 # learns), so an --out keeps its runs when only these change
 _PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume",
@@ -233,14 +228,15 @@ def _evaluate(name: str, run_dir: str, data: ScienceData, heldout: list[str], fi
     return rec, None
 
 
-def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tuple[str, list[str]]], *,
-                       config: str, steps: Optional[int], overrides: list[str], eval_overrides: list[str],
-                       recipe: dict, no_train: bool = False, halting_step: bool = False) -> dict:
+def train_and_evaluate(settings: ScienceSettings, name: str, data: ScienceData, fit: Optional[tuple[str, list[str]]],
+                       *, overrides: list[str], recipe: dict) -> dict:
     """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished; a
     cut-short run resumes), then evaluate.py on the held-out puzzles and the train-fit set -- a second time at the
-    Q head's halting step (``halting_step``, or a run that :func:`~experiments.science.report.halts_early`).
-    Returns the run's record (status ok | cut_short | not_trained | train_failed | eval_failed, steps, times,
-    metrics, paths; ``halting_step``: the same scores at the halting step)."""
+    Q head's halting step (``settings.halting_step``, or a run that :func:`~experiments.science.report.halts_early`).
+    ``overrides``: the training overrides in effect (the settings' and the rule readout's). Returns the run's
+    record (status ok | cut_short | not_trained | train_failed | eval_failed, steps, times, metrics, paths;
+    ``halting_step``: the same scores at the halting step)."""
+    out, config, steps, no_train = settings.out, settings.config, settings.steps, settings.no_train
     encoder, extra = run_plan(name)
     run_dir = os.path.join(out, "runs", name)
     spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
@@ -269,12 +265,12 @@ def train_and_evaluate(out: str, name: str, data: ScienceData, fit: Optional[tup
         rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
     heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
     enc = recipe.get("encoder") or {}
-    eval_overrides = oracle_eval_overrides(recipe, overrides, eval_overrides)
+    eval_overrides = oracle_eval_overrides(recipe, overrides, settings.eval_overrides)
     scores, failed = _evaluate(name, run_dir, data, heldout, fit, step, eval_overrides, (HELDOUT_EVAL, FIT_EVAL), "")
     if failed is not None:
         return dict(rec, **failed)
     rec.update(scores, status="ok" if t["outcome"] == "finished" else "cut_short")
-    if halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
+    if settings.halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
         scores, failed = _evaluate(name, run_dir, data, heldout, fit, step, eval_overrides + ["halt_early=true"],
                                    (HALT_HELDOUT_EVAL, HALT_FIT_EVAL), " at the halting step")
         if failed is not None:  # the every-step numbers stand
@@ -307,118 +303,49 @@ def _table(data: ScienceData, scored: dict[str, dict], fit: Optional[tuple[str, 
     return table
 
 
-def _check_inputs(encoders: Sequence[str], families: Optional[Sequence[str]], holdout_families: Sequence[str],
-                  steps: Optional[int], config: str, num_aug: Optional[int] = None, train_fit_puzzles: int = 0
-                  ) -> tuple[list[str], list[str]]:
-    """Validate the command's options before any work -> (families incl. the held-out ones, run names)."""
-    if num_aug is not None and num_aug < 0:
-        raise ScienceError(f"--num-aug must be >= 0, got {num_aug}")
-    if train_fit_puzzles < 0:
-        raise ScienceError(f"--train-fit-puzzles must be >= 0, got {train_fit_puzzles}")
-    fams = list(families) if families else list(FAMILIES)
-    for f in list(fams) + list(holdout_families):
-        if f not in FAMILIES:
-            raise ScienceError(f"--families/--holdout-families: unknown family {f!r} (known: {', '.join(FAMILIES)})")
-    for f in holdout_families:
-        if f not in fams:
-            fams.append(f)
-    names = list(ENCODERS) + [CONTROL] if "all" in encoders else list(dict.fromkeys(encoders))
-    if steps is not None and steps <= 0:
-        raise ScienceError(f"--steps must be > 0, got {steps}")
-    if not os.path.exists(os.path.join(CONFIG_DIR, f"{config}.yaml")):
-        raise ScienceError(f"--config {config}: no such file config/{config}.yaml")
-    return fams, names
-
-
-def _check_files_mode(input_file_prefix: Optional[str], groups_file: Optional[str], synthetic: dict) -> None:
-    """Options of the synthetic data do not apply to your own files (and --groups only to them)."""
-    if input_file_prefix is None:
-        if groups_file is not None:
-            raise ScienceError("--groups needs --input-file-prefix (the synthetic families are grouped by rule family)")
-        return
-    given = [k for k, v in synthetic.items() if v not in (None, [], ())]
-    if given:
-        flag = "--" + given[0].replace("_", "-")
-        raise ScienceError(f"--input-file-prefix and {flag} are mutually exclusive ({flag} shapes the synthetic "
-                           "rule families; your files define the puzzles)")
-
-
-def run_science_command(out: str, *, encoders: Sequence[str] = ("standard", CONTROL),
-                        families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
-                        steps: Optional[int] = None, canvas_size: Optional[int] = None, max_grid: Optional[int] = None,
-                        min_grid: Optional[int] = None, num_train: Optional[int] = None,
-                        num_test: Optional[int] = None, num_aug: Optional[int] = None, seed: int = 0,
-                        overrides: Sequence[str] = (), eval_overrides: Sequence[str] = (),
-                        config: str = DEFAULT_CONFIG, command: str = "", input_file_prefix: Optional[str] = None,
-                        groups_file: Optional[str] = None, train_fit_puzzles: int = TRAIN_FIT_PUZZLES,
-                        no_train: bool = False, curve: bool = False, rule_readout: float = 0.0,
-                        halting_step: bool = False) -> dict:
-    """The whole experiment (see the module docstring); returns the result written to science.json.
-
-    ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
-    ``holdout_families``, ``max_grid``, ``min_grid``, ``num_train``, ``num_test`` must then be left unset), grouped
-    by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
-    files. ``no_train``: train nothing, evaluate what exists. ``curve``: also every kept checkpoint
-    (:mod:`experiments.science.curve`). ``rule_readout``: weight of the auxiliary rule-readout loss (synthetic
-    families only: the builder's rules.json labels the training puzzles; docs/science.md "Rule readout").
-    ``halting_step``: also score every run at its Q head's halting step (always done for a run whose samples
-    halt early), a second per-family table."""
+def run_science_command(settings: ScienceSettings) -> dict:
+    """The whole experiment (see the module docstring and :class:`ScienceSettings`); returns the result written to
+    science.json."""
     t0 = time.time()
-    out = os.path.abspath(out)  # the stages run in the repository root
-    _check_files_mode(input_file_prefix, groups_file, {"families": families, "holdout_families": holdout_families,
-                                                       "max_grid": max_grid, "min_grid": min_grid,
-                                                       "num_train": num_train, "num_test": num_test})
-    fams, names = _check_inputs(encoders, families, holdout_families, steps, config, num_aug, train_fit_puzzles)
-    overrides = list(overrides) + _rule_readout_overrides(out, rule_readout, input_file_prefix)
-    if no_train and not os.path.exists(os.path.join(out, "data", "settings.json")):
-        raise ScienceError(f"--no-train: {out} holds no science data (nothing was trained there; run the command "
+    s = dataclasses.replace(settings, out=os.path.abspath(settings.out))  # the stages run in the repository root
+    fams, names = s.check()
+    overrides = list(s.overrides) + _rule_readout_overrides(s.out, s.rule_readout, s.input_file_prefix)
+    if s.no_train and not os.path.exists(os.path.join(s.out, "data", "settings.json")):
+        raise ScienceError(f"--no-train: {s.out} holds no science data (nothing was trained there; run the command "
                            "without --no-train first)")
-    recipes = {n: resolve_recipe(config, n, steps, overrides) for n in names}
+    recipes = {n: resolve_recipe(s.config, n, s.steps, overrides) for n in names}
     user = None
-    if input_file_prefix is not None:
-        user = load_user_puzzles(input_file_prefix, groups_file)  # every file validated before any work
-        data_settings = files_settings(user, canvas_size=canvas_size, seed=seed,
-                                       num_aug=FILES_NUM_AUG if num_aug is None else num_aug)
+    if s.input_file_prefix is not None:
+        user = load_user_puzzles(s.input_file_prefix, s.groups_file)  # every file validated before any work
+        data_settings = files_settings(user, canvas_size=s.canvas_size, seed=s.seed, num_aug=s.files_num_aug)
         say(augmentation_note(data_settings["num_aug"]).replace("**", ""))
     else:
-        d = SYNTHETIC_DEFAULTS
-        canvas_size = d["canvas_size"] if canvas_size is None else canvas_size
-        data_settings = {"families": fams, "holdout_families": list(holdout_families), "canvas_size": canvas_size,
-                         "min_grid": d["min_grid"] if min_grid is None else min_grid,
-                         "max_grid": default_max_grid(canvas_size) if max_grid is None else max_grid,
-                         "num_train": d["num_train"] if num_train is None else num_train,
-                         "num_test": d["num_test"] if num_test is None else num_test,
-                         "num_aug": d["num_aug"] if num_aug is None else num_aug, "seed": seed,
-                         # the reserved held-out instances (never shown by a training puzzle or its augmented
-                         # copies); data built before them lack this key, so an old --out is refused, not mixed
-                         "heldout_puzzles_per_instance": 2}
-    os.makedirs(out, exist_ok=True)
+        data_settings = s.synthetic_data(fams)
+    os.makedirs(s.out, exist_ok=True)
     if user is not None:
-        data = prepare_files(out, user, data_settings, no_train=no_train)
+        data = prepare_files(s.out, user, data_settings, no_train=s.no_train)
     else:
-        data = prepare_synthetic(out, data_settings, no_train=no_train)
-    fit = prepare_fit(out, data, train_fit_puzzles)
-    runs = {n: train_and_evaluate(out, n, data, fit, config=config, steps=steps, overrides=list(overrides),
-                                  eval_overrides=list(eval_overrides), recipe=recipes[n], no_train=no_train,
-                                  halting_step=halting_step)
-            for n in names}
+        data = prepare_synthetic(s.out, data_settings, no_train=s.no_train)
+    fit = prepare_fit(s.out, data, s.train_fit_puzzles)
+    runs = {n: train_and_evaluate(s, n, data, fit, overrides=overrides, recipe=recipes[n]) for n in names}
     scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
-    tables = {"families": _table(data, scored, fit, holdout_families if user is None else ())}
+    holdout = s.holdout_families if user is None else ()
+    tables = {"families": _table(data, scored, fit, holdout)}
     halting = {n: r["halting_step"] for n, r in scored.items() if "halting_step" in r}
     if halting:
-        tables[HALTING_TABLE] = _table(data, halting, fit, holdout_families if user is None else ())
-    settings: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": steps, "config": config,
-                                "overrides": list(overrides), "eval_overrides": list(eval_overrides),
+        tables[HALTING_TABLE] = _table(data, halting, fit, holdout)
+    recorded: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": s.steps, "config": s.config,
+                                "overrides": overrides, "eval_overrides": list(s.eval_overrides),
                                 "grouping": data.grouping, "train_fit_puzzles": len(fit[1]) if fit else 0,
-                                "no_train": no_train, "halting_step": halting_step, "data_notes": data.notes}
+                                "no_train": s.no_train, "halting_step": s.halting_step, "data_notes": data.notes}
     if user is not None:
-        settings["input_file_prefix"] = user.prefix
-    result = {"command": command or "python -m experiments.science --out " + out, "settings": settings,
+        recorded["input_file_prefix"] = user.prefix
+    result = {"command": s.command or "python -m experiments.science --out " + s.out, "settings": recorded,
               "runs": runs, **tables, "wall_seconds": round(time.time() - t0, 1)}
-    md = write_report(out, result)
+    md = write_report(s.out, result)
     print(md, flush=True)
-    say(f"wrote {os.path.join(out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
-    if curve:
-        run_curve(out, data, fit, runs, oracle_eval_overrides(recipes[names[0]], overrides, eval_overrides),
-                  title=" ".join(o for o in overrides if recipe_override(o)) or config)
+    say(f"wrote {os.path.join(s.out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
+    if s.curve:
+        run_curve(s.out, data, fit, runs, oracle_eval_overrides(recipes[names[0]], overrides, s.eval_overrides),
+                  title=" ".join(o for o in overrides if recipe_override(o)) or s.config)
     return result
