@@ -5,15 +5,20 @@ wrapper that conditions a TRM core on a demo encoder, and the one inference roll
     head  = build_loss_head(model, arch_cfg)          # ACTLossHead configured from arch_cfg["loss"]
 
 ``arch_cfg`` is a validated :class:`ArchConfig`, a plain dict or an OmegaConf DictConfig; an unknown or mistyped
-key raises :class:`ArchConfigError` naming the key (pitfall 8). The registry lives in ``models.registry``.
+key raises :class:`ArchConfigError` naming the key (pitfall 8). The registry lives in ``models.registry``; TRM's
+research variants (``trm_grid``, ``trm_pointer``) in ``models/variants/``.
 """
-from models.act import ACTCarry, ACTModel
+from models.act import ACTCarry, ACTModel, ArchConfig, LossConfig
 from models.hrm import HRM, HRMConfig
+from models.legacy import ArchRemovedError
 from models.losses import ACTLossHead
 from models.registry import ARCH_REGISTRY, ArchConfigError, build_loss_head, build_model, parse_arch_config
 from models.transformer import TransformerBaseline, TransformerConfig
-from models.trm import TRM, ArchConfig, LossConfig, TRMConfig
+from models.trm import TRM, TRMConfig
+from models.variants.trm_grid import TRMGrid, TRMGridConfig
+from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
 
-__all__ = ["ARCH_REGISTRY", "ArchConfig", "ArchConfigError", "ACTCarry", "ACTModel", "ACTLossHead", "build_model",
-           "build_loss_head", "parse_arch_config", "TRM", "TRMConfig", "HRM", "HRMConfig",
-           "TransformerBaseline", "TransformerConfig", "LossConfig"]
+__all__ = ["ARCH_REGISTRY", "ArchConfig", "ArchConfigError", "ArchRemovedError", "ACTCarry", "ACTModel", "ACTLossHead",
+           "build_model", "build_loss_head", "parse_arch_config", "TRM", "TRMConfig", "TRMGrid", "TRMGridConfig",
+           "TRMPointer", "TRMPointerConfig", "HRM", "HRMConfig", "TransformerBaseline", "TransformerConfig",
+           "LossConfig"]

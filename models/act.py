@@ -16,19 +16,24 @@ One ACT ``forward(carry, batch)`` is one supervision step:
 
 Everything runs on tensors (no ``.item()``, no data-dependent Python branches), so ``torch.compile`` can
 trace it; only ``self.training`` / config flags select code paths.
+
+The config fields every architecture shares (:class:`ArchConfig`: the stem's sizes, positions, dtype, loss;
+:class:`ACTArchConfig`: + halting) live here beside :class:`IOStem`, which reads them. A research variant
+(``models/variants/``) changes the stem through its four hooks: :meth:`IOStem.build_positions`,
+:meth:`IOStem.cos_sin`, :meth:`IOStem.token_embeddings` and :meth:`IOStem.attention`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from models.layers import (CastedEmbedding, CastedLinear, GridCoordEmbedding, PointerRoPE, RotaryEmbedding,
-                           RotaryEmbedding2D, resolve_dtype)
+from models.layers import Attention, CastedEmbedding, CastedLinear, RotaryEmbedding, RotaryEmbedding2D, resolve_dtype
 from models.sparse_embedding import SparsePuzzleEmbedding
 
 Batch = Dict[str, torch.Tensor]
@@ -44,10 +49,67 @@ class ACTCarry:
     current_data: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def pointer_init(config) -> Optional[str]:
-    """The ``pointer`` argument of every attention layer: the arch's ``pointer_init`` under pos_encodings=pointer,
-    else None (no pointer projection)."""
-    return getattr(config, "pointer_init", "identity") if config.pos_encodings == "pointer" else None
+class LossConfig(BaseModel):
+    """The ``loss:`` section of an arch YAML (consumed by :func:`models.build_loss_head`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["ACTLossHead", "losses@ACTLossHead"] = "ACTLossHead"
+    loss_type: Literal["softmax_cross_entropy", "stable_max_cross_entropy", "stablemax_cross_entropy"] = "softmax_cross_entropy"
+    q_loss_weight: float = 0.5
+    extra_loss_weights: Dict[str, float] = Field(default_factory=dict)
+
+
+def head_dim_of(cfg) -> int:
+    """``hidden_size / num_heads`` (raises when it does not divide): the width RoPE rotates."""
+    if cfg.hidden_size % cfg.num_heads:
+        raise ValueError(f"hidden_size ({cfg.hidden_size}) must be divisible by num_heads ({cfg.num_heads})")
+    return cfg.hidden_size // cfg.num_heads
+
+
+class ArchConfig(BaseModel):
+    """Fields every architecture shares: the IOStem (embeddings, positions, heads), dtype and loss. Each registered
+    architecture subclasses it with ``name: Literal[...]`` (models.registry)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    # optional statements about the data (checked against the dataset when the model is built, never stored)
+    vocab_size: Optional[int] = Field(None, exclude=True)
+    seq_len: Optional[int] = Field(None, exclude=True)
+
+    hidden_size: int = Field(512, gt=0)
+    num_heads: int = Field(8, gt=0)
+    expansion: float = Field(4.0, gt=0)
+    puzzle_emb_ndim: int = Field(512, ge=0)
+    puzzle_emb_len: int = Field(16, ge=0)
+    # rope: 1D RoPE over the flattened canvas (published TRM); rope2d: RoPE over (row, column) of the square
+    # canvas (docs/science.md: the spatial-rule ablation); learned: absolute embeddings; none
+    pos_encodings: Literal["rope", "rope2d", "learned", "none"] = "rope"
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+    @model_validator(mode="after")
+    def _check_heads(self):
+        """A clear ArchConfigError instead of a failure deep in model construction."""
+        head_dim = head_dim_of(self)
+        if self.pos_encodings == "rope" and head_dim % 2:
+            raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = {head_dim}")
+        if self.pos_encodings == "rope2d" and head_dim % 4:
+            raise ValueError(f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
+                             f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
+                             f"{head_dim}")
+        return self
+
+
+class ACTArchConfig(ArchConfig):
+    """A recurrent architecture with ACT halting."""
+
+    halt_max_steps: int = Field(16, ge=1)
+    halt_exploration_prob: float = Field(0.1, ge=0.0, le=1.0)
+    halt_early_in_eval: bool = False
+    no_ACT_continue: bool = True
 
 
 def prefix_length(puzzle_emb_ndim: int, puzzle_emb_len: int, hidden_size: int) -> int:
@@ -60,66 +122,74 @@ class IOStem(nn.Module):
     original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods."""
 
     def __init__(self, config, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        """``config``: the arch config (a ``models.trm.ArchConfig``); its stem fields set the embeddings/heads."""
+        """``config``: the arch config (an :class:`ArchConfig`); its stem fields set the embeddings/heads."""
         super().__init__()
         self.config = config
-        hidden_size, num_heads = config.hidden_size, config.num_heads
+        hidden_size = config.hidden_size
         puzzle_emb_ndim, puzzle_emb_len = config.puzzle_emb_ndim, config.puzzle_emb_len
-        pos_encodings, rope_theta, forward_dtype = config.pos_encodings, config.rope_theta, config.forward_dtype
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.hidden_size = hidden_size
-        self.forward_dtype_name = forward_dtype
-        self.forward_dtype = resolve_dtype(forward_dtype, torch.get_default_device())  # "auto": see _apply
+        self.forward_dtype_name = config.forward_dtype
+        self.forward_dtype = resolve_dtype(config.forward_dtype, torch.get_default_device())  # "auto": see _apply
         self.puzzle_emb_ndim = puzzle_emb_ndim
         self.puzzle_emb_len = prefix_length(puzzle_emb_ndim, puzzle_emb_len, hidden_size)
         if puzzle_emb_ndim > self.puzzle_emb_len * hidden_size:
             raise ValueError(f"puzzle_emb_ndim={puzzle_emb_ndim} does not fit in puzzle_emb_len={self.puzzle_emb_len} "
                              f"tokens of hidden_size={hidden_size}")
         self.total_seq_len = seq_len + self.puzzle_emb_len
-        self.pos_encodings = pos_encodings
+        self.pos_encodings = config.pos_encodings
 
         self.embed_scale = math.sqrt(hidden_size)
-        embed_init_std = 1.0 / self.embed_scale
-        self.embed_tokens = CastedEmbedding(vocab_size, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
+        self.embed_init_std = 1.0 / self.embed_scale
+        self.embed_tokens = CastedEmbedding(vocab_size, hidden_size, init_std=self.embed_init_std,
+                                            cast_to=self.forward_dtype)
         self.lm_head = CastedLinear(hidden_size, vocab_size, bias=False)
         self.q_head = CastedLinear(hidden_size, 2, bias=True)
         if puzzle_emb_ndim > 0:
             self.puzzle_emb = SparsePuzzleEmbedding(num_puzzle_identifiers, puzzle_emb_ndim, batch_size=batch_size,
                                                     init_std=0.0, cast_to=self.forward_dtype)
-        if pos_encodings == "rope":
-            self.rotary_emb = RotaryEmbedding(hidden_size // num_heads, self.total_seq_len, base=rope_theta)
-        elif pos_encodings in ("rope2d", "pointer"):
-            side = math.isqrt(seq_len)
-            if side * side != seq_len:
-                raise ValueError(f"pos_encodings={pos_encodings} needs a square canvas, but the data's seq_len {seq_len} "
-                                 f"is not a square")
-            if pos_encodings == "rope2d":
-                self.rotary_emb = RotaryEmbedding2D(hidden_size // num_heads, side, self.puzzle_emb_len, base=rope_theta)
-            else:
-                self.rotary_emb = PointerRoPE(hidden_size // num_heads, side, self.puzzle_emb_len,
-                                              source=getattr(config, "pointer_source", "token"))
-        elif pos_encodings == "learned":
-            self.embed_pos = CastedEmbedding(self.total_seq_len, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
-        elif pos_encodings != "none":
-            raise ValueError(f"pos_encodings must be rope, rope2d, pointer, learned or none, got {pos_encodings!r}")
-        self.grid_coords = bool(getattr(config, "grid_coords", False))
-        if self.grid_coords:
-            side = math.isqrt(seq_len)
-            if side * side != seq_len:
-                raise ValueError(f"grid_coords=true needs a square canvas, but the data's seq_len {seq_len} is not a "
-                                 f"square")
-            self.embed_grid = GridCoordEmbedding(side, hidden_size, init_std=embed_init_std, cast_to=self.forward_dtype)
-        self.context_broadcast = bool(getattr(config, "context_broadcast", False))
-        if self.context_broadcast:  # zero-initialised, the RNG untouched: a fresh model is the one without it
-            with torch.random.fork_rng(devices=[]):
-                self.context_proj = CastedLinear(self.puzzle_emb_len * hidden_size, hidden_size, bias=False)
-            with torch.no_grad():
-                self.context_proj.weight.zero_()
+        self.build_positions(config)
         # Q head: zero weights, bias -5 (almost never halts early at the start of training).
         with torch.no_grad():
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5.0)  # type: ignore[union-attr]
+
+    # -- the hooks a variant (models/variants/) overrides ---------------------------------------------
+    def build_positions(self, config) -> None:
+        """``rotary_emb`` (rope, rope2d) or ``embed_pos`` (learned) of ``config.pos_encodings``."""
+        head_dim = config.hidden_size // config.num_heads
+        if self.pos_encodings == "rope":
+            self.rotary_emb = RotaryEmbedding(head_dim, self.total_seq_len, base=config.rope_theta)
+        elif self.pos_encodings == "rope2d":
+            self.rotary_emb = RotaryEmbedding2D(head_dim, self.canvas_side("pos_encodings=rope2d"), self.puzzle_emb_len,
+                                                base=config.rope_theta)
+        elif self.pos_encodings == "learned":
+            self.embed_pos = CastedEmbedding(self.total_seq_len, config.hidden_size, init_std=self.embed_init_std,
+                                             cast_to=self.forward_dtype)
+        elif self.pos_encodings != "none":
+            raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {self.pos_encodings!r}")
+
+    def cos_sin(self, inputs: torch.Tensor):
+        """What every attention layer of this forward gets: the RoPE tables (rope, rope2d) or None."""
+        return self.rotary_emb() if self.pos_encodings in ("rope", "rope2d") else None
+
+    def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[b, seq, hidden] embeddings of the tokens (before the prefix and the sqrt(hidden) scale)."""
+        return self.embed_tokens(inputs.to(torch.int32))
+
+    def attention(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
+                  causal: bool = False) -> nn.Module:
+        """The attention layer of every block (``models.layers.TransformerBlock(attention=...)``)."""
+        return Attention(hidden_size, head_dim, num_heads, num_key_value_heads, causal=causal)
+
+    # -------------------------------------------------------------------------------------------------
+    def canvas_side(self, what: str) -> int:
+        """The side of the square canvas (``seq_len`` = side * side); ``what`` needs one (named if not square)."""
+        side = math.isqrt(self.seq_len)
+        if side * side != self.seq_len:
+            raise ValueError(f"{what} needs a square canvas, but the data's seq_len {self.seq_len} is not a square")
+        return side
 
     def _apply(self, fn, *args, **kwargs):
         """``.to(device)`` / ``.cuda()`` / ``.cpu()``: ``forward_dtype: auto`` follows the device the weights
@@ -133,13 +203,6 @@ class IOStem(nn.Module):
                     m.cast_to = self.forward_dtype
         return out
 
-    def cos_sin(self, inputs: torch.Tensor):
-        """What every attention layer of this forward gets: RoPE tables (rope, rope2d), the per-sample
-        ``PointerPositions`` of ``inputs`` (pointer), or None."""
-        if self.pos_encodings == "pointer":
-            return self.rotary_emb(inputs)
-        return self.rotary_emb() if self.pos_encodings in ("rope", "rope2d") else None
-
     def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor,
                          prefix_context: Optional[torch.Tensor] = None) -> torch.Tensor:
         """[b, P + seq, hidden] in ``forward_dtype``, scaled by sqrt(hidden).
@@ -147,11 +210,8 @@ class IOStem(nn.Module):
         Prefix (P = ``puzzle_emb_len`` positions): ``prefix_context`` [b, P, hidden] when given (ETRM), else the
         puzzle embedding in the first ``ceil(puzzle_emb_ndim/hidden)`` positions and zeros after it (TRM: one
         learned token + 15 zero tokens), else zeros. The prefix goes through the same sqrt(hidden) scaling.
-        ``context_broadcast``: every grid token also gets ``context_proj`` of the whole prefix (zero at init).
         """
-        emb = self.embed_tokens(inputs.to(torch.int32))
-        if self.grid_coords:
-            emb = 0.707106781 * (emb + self.embed_grid(inputs))  # keep the variance
+        emb = self.token_embeddings(inputs)
         b = emb.shape[0]
         P = self.puzzle_emb_len
         if P > 0:
@@ -168,8 +228,6 @@ class IOStem(nn.Module):
                 prefix = pe.view(b, P, self.hidden_size).to(emb.dtype)
             else:
                 prefix = emb.new_zeros(b, P, self.hidden_size)
-            if self.context_broadcast:  # every token also gets the whole context, projected
-                emb = emb + self.context_proj(prefix.reshape(b, 1, P * self.hidden_size))
             emb = torch.cat((prefix, emb), dim=-2)
         elif prefix_context is not None:
             raise ValueError("prefix_context was given but the model has puzzle_emb_len = 0")

@@ -34,12 +34,13 @@ import torch
 from torch import nn
 
 from core.errors import PlatformError
-from models.registry import ARCH_REGISTRY, _to_dict
+from models.registry import _to_dict, parse_arch_config
 
-# Fields that change what the weights mean: a mismatch is refused unless explicitly allowed.
+# Fields that change what the weights mean: a mismatch is refused unless explicitly allowed. (A variant's
+# parameters differ from TRM's by its name: trm vs trm_grid.)
 STRUCTURAL_FIELDS = ("name", "hidden_size", "num_heads", "expansion", "L_layers", "H_layers", "num_layers",
                      "H_cycles", "L_cycles", "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t",
-                     "rope_theta", "rms_norm_eps", "grid_coords", "context_broadcast")
+                     "rope_theta", "rms_norm_eps", "pointer_source")
 # Fields that change behaviour but not the meaning of weights: a mismatch only warns.
 # (forward_dtype, exploration and eval-halting are run-time choices and are not compared.)
 BEHAVIOURAL_FIELDS = ("halt_max_steps", "no_ACT_continue")
@@ -55,15 +56,13 @@ def _as_dict(cfg: Any) -> Dict[str, Any]:
 
 def normalise_arch(cfg: Mapping[str, Any]) -> Dict[str, Any]:
     """Fill defaults through the registered config class when possible (so a missing key = its default: a config
-    written before a field existed reads as that field at its default)."""
+    written before a field existed reads as that field at its default; one written before its variant had a
+    module reads as that variant, models.legacy)."""
     d = dict(cfg)
-    name = d.get("name")
-    if name in ARCH_REGISTRY:
-        try:
-            return ARCH_REGISTRY[name].config(**d).model_dump(mode="json")
-        except Exception:  # noqa: BLE001 - unknown keys in an old config: compare what is there
-            return d
-    return d
+    try:
+        return parse_arch_config(d).model_dump(mode="json")
+    except PlatformError:  # an unknown name or key, a removed switch: compare what is there
+        return d
 
 
 def check_arch_compat(stored: Any, current: Any, *, allow: Iterable[str] = (), context: str = "checkpoint") -> None:

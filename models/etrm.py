@@ -40,18 +40,6 @@ DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
 DIAGNOSTIC_KEYS = ("encoder_context", "encoder_sample_mask", "kl")
 
 
-def _compiler_disable(fn):
-    dis = getattr(getattr(torch, "compiler", None), "disable", None)
-    return dis(fn) if dis is not None else fn
-
-
-def _is_compiling() -> bool:
-    try:
-        return bool(torch.compiler.is_compiling())
-    except AttributeError:  # pragma: no cover - older torch
-        return False
-
-
 @dataclass
 class ETRMCarry(ACTCarry):
     """ACT carry plus the encoder's state: ``z_E`` (recurrent encoder, detached) and ``cached_context``
@@ -166,7 +154,7 @@ class ETRM(ACTModel):
             ctx = torch.where(carry.halted.view(-1, 1, 1), ctx, prev.to(ctx.dtype))
         return out, ctx
 
-    @_compiler_disable
+    @torch.compiler.disable
     def _stash_diag(self, ctx: torch.Tensor, mask: torch.Tensor) -> None:
         self._last_diag = (ctx, mask)
 

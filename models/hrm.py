@@ -13,12 +13,11 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTModel, IOStem, pointer_init
+from models.act import ACTArchConfig, ACTModel, IOStem
 from models.layers import ReasoningModule, TransformerBlock, trunc_normal_init_
-from models.trm import _ArchBase
 
 
-class HRMConfig(_ArchBase):
+class HRMConfig(ACTArchConfig):
     """Validated ``arch`` config of HRM (published ARC settings as defaults)."""
 
     name: Literal["hrm"] = "hrm"
@@ -43,7 +42,7 @@ class HRMInner(IOStem):
 
         def stack(n: int) -> ReasoningModule:
             return ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
-                                                     config.rms_norm_eps, pointer=pointer_init(config))
+                                                     config.rms_norm_eps)
                                     for _ in range(n)])
 
         self.H_level = stack(config.H_layers)

@@ -9,23 +9,23 @@ Numerics follow the published TRM/HRM code:
 * post-norm blocks: ``h = rms_norm(h + attn(h)); h = rms_norm(h + mlp(h))``, RMSNorm without a weight;
 * SwiGLU with intermediate size ``round(expansion * hidden * 2/3)`` rounded up to a multiple of 256;
 * non-causal multi-head attention through ``torch.nn.functional.scaled_dot_product_attention``;
-* RoPE with the "rotate half" layout (1D, 2D, or pointer RoPE: :class:`PointerRoPE`), learned positions, or none;
+* RoPE with the "rotate half" layout (1D or 2D), learned positions, or none;
 * ``mlp_t``: an MLP over the sequence axis replaces attention (for small fixed grids such as Sudoku).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.ops import (apply_pointer_rope, grid_coordinates, linear_chunks, pointer_bias,  # noqa: F401 (rotate_half:
-                      pointer_coefficients, pointer_features, pointer_freqs, pointer_tables, rotate_half)  # re-exported)
+from core.ops import linear_chunks, rotate_half  # noqa: F401 (rotate_half: re-exported)
 
-CosSin = Optional[Union[Tuple[torch.Tensor, torch.Tensor], "PointerPositions"]]
+# what every attention layer of one forward gets: RoPE tables (cos, sin), None, or a variant's own positions
+# (models.variants.trm_pointer.PointerPositions, read by its attention layer)
+CosSin = Optional[Any]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
@@ -125,26 +125,6 @@ class RotaryEmbedding(nn.Module):
         return self.cos_cached, self.sin_cached
 
 
-class GridCoordEmbedding(nn.Module):
-    """Learned embeddings of a cell's offsets from the edges of its input grid (``core.ops.grid_coordinates``):
-    top, bottom, left and right, one table each, summed. With them a cell knows where it sits *relative to the
-    grid*, which a flip or rotation of a grid of any size needs (the cell (r, c) of a w-wide grid mirrors to
-    column w - 1 - c, i.e. its offset from the right edge becomes its offset from the left); RoPE alone only gives
-    offsets between cells. ``forward(inputs [b, side*side]) -> [b, side*side, dim]``. Each table's std is
-    ``init_std / 2``, so the sum of four has the variance of one token embedding of std ``init_std``."""
-
-    def __init__(self, side: int, dim: int, init_std: float, cast_to: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.side = side
-        self.cast_to = cast_to
-        self.embedding_weight = nn.Parameter(trunc_normal_init_(torch.empty(4, 2 * side + 1, dim), std=init_std / 2))
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        coords = grid_coordinates(inputs, self.side)  # [b, S, 4]
-        w = self.embedding_weight.to(self.cast_to)
-        return sum(F.embedding(coords[..., k], w[k]) for k in range(4))
-
-
 def _set_rope_tables(module: nn.Module, angles: torch.Tensor) -> None:
     """``cos_cached`` / ``sin_cached`` buffers of the angles [positions, dim / 2] in the "rotate half" layout."""
     angles = torch.cat((angles, angles), dim=-1)
@@ -175,61 +155,6 @@ class RotaryEmbedding2D(nn.Module):
         return self.cos_cached, self.sin_cached
 
 
-# what sets a query's pointer: its own hidden state (token), or the hidden state of the first context slot, shared by
-# every query of the sample (context: the rule read from the demos / puzzle embedding chooses the map directly)
-POINTER_SOURCES = ("token", "context")
-
-
-@dataclass
-class PointerPositions:
-    """What :class:`PointerRoPE` gives every attention layer of one forward pass (per sample, fixed over cycles).
-
-    ``feats`` [b, P + L, 5] float32: the grid-relative features each query's pointer is a combination of -- the
-    cell's offsets from the top, bottom, left and right edge of its input grid, and 1 (context slots: 0, 0, 0, 0, 1);
-    ``k_cos`` / ``k_sin`` [b, P + L, 1, head_dim]: every key's rotation at its own (row, column) offset from the
-    grid's top-left corner (context slots far off the grid); ``freqs`` [head_dim / 4]: angular frequencies per axis."""
-
-    feats: torch.Tensor
-    k_cos: torch.Tensor
-    k_sin: torch.Tensor
-    freqs: torch.Tensor
-    source: str = "token"  # token: each query's own hidden state sets its pointer; context: the first context slot's
-
-
-class PointerRoPE(nn.Module):
-    """Pointer RoPE (``pos_encodings=pointer``): 2D RoPE over grid-relative coordinates in which every query is
-    rotated to a position it *points at* instead of its own.
-
-    A key sits at its cell's (row, column) offset from the top-left corner of the input grid (the bounding box of
-    the colour cells, ``core.ops.grid_coordinates``, so translation does not move it). A query of head ``h`` at a
-    cell with features ``f = (top, bottom, left, right, 1)`` (its offsets from the four edges) points at
-    ``(G_row . f, G_col . f)``, where ``G`` [heads, 2, 5] is a linear function of the query token's hidden state
-    (:class:`Attention`'s ``pointer`` projection: zero weights, and a bias that starts every head at the identity
-    ``(top, left)``, i.e. plain grid-relative 2D RoPE). The score of a key then depends on the offset between the key
-    and the pointed-at position, so a head can read the cell a map sends it to: a horizontal flip of any grid is
-    ``(top, right)``, a transpose ``(left, top)``, a quarter turn ``(top + bottom - left, top)``, a shift by (dr, dc)
-    ``(top - dr, left - dc)``, a 2x scale ``((top - 1/2) / 2, (left - 1/2) / 2)`` -- each an exact linear function
-    of the features, chosen per token by the context. docs/models.md, docs/science.md.
-
-    Frequencies per axis: ``pi * k / side`` for ``k = 1 .. head_dim/4 - 1`` (no aliasing between offsets of one
-    canvas) and one pair at frequency 0 (content, not position). ``forward(inputs [b, side*side])``."""
-
-    def __init__(self, head_dim: int, side: int, prefix: int = 0, source: str = "token") -> None:
-        super().__init__()
-        if source not in POINTER_SOURCES:
-            raise ValueError(f"pointer source must be one of {POINTER_SOURCES}, got {source!r}")
-        if source == "context" and prefix < 1:
-            raise ValueError("pointer source 'context' needs at least one context slot (puzzle_emb_len >= 1)")
-        self.side, self.prefix, self.source = side, prefix, source
-        self.register_buffer("freqs", pointer_freqs(head_dim, side), persistent=False)
-
-    def forward(self, inputs: torch.Tensor) -> PointerPositions:
-        feats, key_pos = pointer_features(inputs, self.side, self.prefix)
-        cos, sin = pointer_tables(key_pos, self.freqs)
-        return PointerPositions(feats=feats, k_cos=cos.unsqueeze(-2), k_sin=sin.unsqueeze(-2), freqs=self.freqs,
-                                source=self.source)
-
-
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """q, k: [b, seq, heads, head_dim]; cos, sin: [seq, head_dim]. Computed in the tables' dtype (fp32)."""
     dtype = q.dtype
@@ -255,8 +180,8 @@ class Attention(nn.Module):
     """Multi-head (optionally grouped-query) attention through SDPA; non-causal by default; no padding mask
     (parity with the published TRM, pitfall 22)."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False,
-                 pointer: Optional[str] = None) -> None:
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
+                 causal: bool = False) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.head_dim = head_dim
@@ -265,35 +190,11 @@ class Attention(nn.Module):
         self.causal = causal
         self.qkv_proj = CastedLinear(hidden_size, (num_heads + 2 * num_key_value_heads) * head_dim, bias=False)
         self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False)
-        if pointer:  # PointerRoPE: per head, the (row, column) coefficients over the 5 grid features of each query
-            bias = pointer_bias(num_heads, pointer)
-            self.pointer = CastedLinear(hidden_size, num_heads * 2 * 5, bias=True)
-            with torch.no_grad():
-                self.pointer.weight.zero_()
-                self.pointer.bias.copy_(bias)  # type: ignore[union-attr]
-        else:
-            self.pointer = None
-
-    def pointer_coefficients(self, hidden_states: torch.Tensor, pos: "PointerPositions") -> torch.Tensor:
-        """[b, s or 1, heads, 2, 5] pointer coefficients of each query (``pos.source`` token) or of the sample
-        (context: the first context slot's), fp32."""
-        src = hidden_states[:, :1] if pos.source == "context" else hidden_states
-        return pointer_coefficients(src, self.pointer.weight, self.pointer.bias, self.num_heads)
-
-    def pointed_positions(self, hidden_states: torch.Tensor, pos: "PointerPositions") -> torch.Tensor:
-        """[b, s, heads, 2] (row, column) each query of each head points at (:class:`PointerRoPE`), fp32."""
-        s = hidden_states.shape[1]
-        return (self.pointer_coefficients(hidden_states, pos) * pos.feats[:, :s, None, None, :]).sum(-1)
 
     def rotate(self, cos_sin: CosSin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
                ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q, k [b, s, heads, head_dim] with their positions applied (RoPE tables, pointer RoPE, or none)."""
-        if isinstance(cos_sin, PointerPositions):
-            if self.pointer is None:
-                raise ValueError("pointer positions were given to an attention layer built without a pointer")
-            s = q.shape[1]
-            return apply_pointer_rope(q, k, self.pointer_coefficients(hidden_states, cos_sin), cos_sin.feats[:, :s],
-                                      cos_sin.k_cos[:, :s], cos_sin.k_sin[:, :s], cos_sin.freqs)
+        """q, k [b, s, heads, head_dim] with their positions applied (RoPE tables, or none). ``hidden_states``:
+        for a subclass whose rotation depends on them (models.variants.trm_pointer)."""
         if cos_sin is not None:
             cos, sin = cos_sin
             s = q.shape[1]
@@ -340,10 +241,13 @@ def rms_norm(hidden_states: torch.Tensor, variance_epsilon: float) -> torch.Tens
 
 
 class TransformerBlock(nn.Module):
-    """Post-norm block: (attention | MLP over the sequence axis) then SwiGLU, each followed by RMSNorm."""
+    """Post-norm block: (attention | MLP over the sequence axis) then SwiGLU, each followed by RMSNorm.
+    ``attention(hidden, head_dim, heads, kv_heads, causal=...)`` builds the attention layer (default
+    :class:`Attention`; a variant passes its own, e.g. ``IOStem.attention``)."""
 
     def __init__(self, hidden_size: int, num_heads: int, expansion: float, rms_norm_eps: float,
-                 mlp_t: bool = False, total_seq_len: Optional[int] = None, pointer: Optional[str] = None) -> None:
+                 mlp_t: bool = False, total_seq_len: Optional[int] = None,
+                 attention: Optional[Callable[..., nn.Module]] = None) -> None:
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
@@ -353,8 +257,8 @@ class TransformerBlock(nn.Module):
                 raise ValueError("mlp_t needs the total sequence length (seq_len + puzzle_emb_len)")
             self.mlp_t = SwiGLU(total_seq_len, expansion)
         else:
-            self.self_attn = Attention(hidden_size, hidden_size // num_heads, num_heads, num_heads, causal=False,
-                                       pointer=pointer)
+            self.self_attn = (attention or Attention)(hidden_size, hidden_size // num_heads, num_heads, num_heads,
+                                                      causal=False)
         self.mlp = SwiGLU(hidden_size, expansion)
         self.norm_eps = rms_norm_eps
 

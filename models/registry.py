@@ -2,7 +2,10 @@
 
 ``parse_arch_config`` is the discriminated union over the registered config classes (``name`` picks the class,
 unknown or mistyped keys raise :class:`ArchConfigError` naming the dotted key, pitfall 8); it runs once, when
-the training config is composed (``training.config.PretrainConfig.arch`` holds the validated model).
+the training config is composed (``training.config.PretrainConfig.arch`` holds the validated model), and reads
+a config written by an earlier version through ``models.legacy.upgrade_arch``.
+
+A research variant (``models/variants/``) is one module and one line below.
 """
 from __future__ import annotations
 
@@ -14,11 +17,14 @@ from torch import nn
 
 from core.errors import PlatformError
 from core.registry import Registry
-from models.act import ACTModel
+from models.act import ACTModel, ArchConfig, LossConfig
 from models.hrm import HRM, HRMConfig
+from models.legacy import upgrade_arch
 from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
-from models.trm import TRM, ArchConfig, LossConfig, TRMConfig
+from models.trm import TRM, TRMConfig
+from models.variants.trm_grid import TRMGrid, TRMGridConfig
+from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
 
 
 class ArchConfigError(PlatformError, ValueError):
@@ -31,6 +37,8 @@ ARCH_REGISTRY = Registry("arch", ArchConfigError)
 ARCH_REGISTRY.register("trm", config=TRMConfig)(TRM)
 ARCH_REGISTRY.register("hrm", config=HRMConfig)(HRM)
 ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBaseline)
+ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(TRMGrid)
+ARCH_REGISTRY.register("trm_pointer", config=TRMPointerConfig)(TRMPointer)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:
@@ -44,12 +52,12 @@ def _to_dict(cfg: Any) -> Dict[str, Any]:
 
 
 def parse_arch_config(arch_cfg: Any) -> ArchConfig:
-    """Validate ``arch_cfg`` with the config class of ``arch_cfg['name']``; raise :class:`ArchConfigError`.
-    An already validated config of a registered class is returned as it is."""
+    """Validate ``arch_cfg`` with the config class of ``arch_cfg['name']``; raise :class:`ArchConfigError`
+    (``models.legacy.ArchRemovedError`` for a switch an earlier version had). An already validated config of a
+    registered class is returned as it is."""
     if isinstance(arch_cfg, ArchConfig) and type(arch_cfg) in ARCH_REGISTRY.configs():
         return arch_cfg
-    cfg = _to_dict(arch_cfg)
-    return ARCH_REGISTRY.parse(cfg, prefix="arch")
+    return ARCH_REGISTRY.parse(upgrade_arch(_to_dict(arch_cfg)), prefix="arch")
 
 
 def build_model(arch_cfg: Any, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> ACTModel:

@@ -11,9 +11,8 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTModel, IOStem, pointer_init
+from models.act import ACTModel, ArchConfig, IOStem
 from models.layers import ReasoningModule, TransformerBlock
-from models.trm import ArchConfig
 
 
 class TransformerConfig(ArchConfig):
@@ -34,8 +33,7 @@ class TransformerInner(IOStem):
                          batch_size=batch_size)
         self.layers = ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
                                                         config.rms_norm_eps, mlp_t=config.mlp_t,
-                                                        total_seq_len=self.total_seq_len,
-                                                        pointer=pointer_init(config))
+                                                        total_seq_len=self.total_seq_len)
                                        for _ in range(config.num_layers)])
 
     def empty_carry(self, batch_size: int, device: torch.device) -> None:

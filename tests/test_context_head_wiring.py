@@ -1,6 +1,7 @@
 """encoder.context_scale=norm and encoder.context_codes=K end to end: Hydra config -> training -> checkpoint ->
 evaluate.py rebuilds the same model (the training run's own numbers), and each option matters there (the same
-weights read as another head give other numbers). Unit behaviour: tests/test_encoders_variants.py."""
+weights read as another head give other numbers). Unit behaviour: tests/test_encoders_variants.py. And a
+checkpoint written before TRM's arch switches became variant modules (the rules: tests/test_models_legacy.py)."""
 import pytest
 import torch
 
@@ -65,25 +66,34 @@ def test_context_head_options_are_wired_from_config_to_checkpoint_to_evaluate(bu
     assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
 
 
-def test_context_broadcast_is_wired_from_config_to_checkpoint_to_evaluate(built, tmp_path):
-    """arch.context_broadcast=true through the real loop: the checkpoint stores the option and the trained
-    projection (moved from its zero start), evaluate.py rebuilds the model (the run's own eval numbers), and the
-    same checkpoint with the projection zeroed gives other numbers."""
+def test_a_checkpoint_written_before_the_arch_variants_loads_as_one_or_is_refused(built, tmp_path):
+    """A checkpoint of the science recipe as commit 0b65cd7 wrote it (config.arch and arch: name trm with
+    grid_coords=true, the other switches at their defaults) evaluates as arch=trm_grid, the recipe's variant
+    today: the same numbers as the checkpoint written now. One with arch.context_broadcast=true (and its trained
+    projection) is refused with one line naming why and the commit that builds it (models/legacy.py)."""
     import evaluate as ev  # noqa: PLC0415 - test-only imports
+    from models import ArchRemovedError  # noqa: PLC0415
     from training.checkpoint import read_checkpoint, save_checkpoint_atomic  # noqa: PLC0415
     from training.loop import train  # noqa: PLC0415
     cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
-                                      f"checkpoint_path={tmp_path / 'ck'}", "arch.context_broadcast=true"])
-    assert cfg.arch.context_broadcast
+                                      f"checkpoint_path={tmp_path / 'ck'}"])
+    assert cfg.arch.name == "trm_grid"
     summary = train(cfg)
     raw = read_checkpoint(summary["last_checkpoint"])
-    assert raw["config"]["arch"]["context_broadcast"] is True
-    key = next(k for k in raw["model"] if k.endswith("context_proj.weight"))
-    assert raw["model"][key].shape == (32, cfg.arch.puzzle_emb_len * 32) and raw["model"][key].abs().max() > 0
+    assert "inner.embed_grid.embedding_weight" in raw["model"]
+    old = {**raw["arch"], "name": "trm", "grid_coords": True, "pointer_init": "identity", "pointer_source": "token",
+           "context_broadcast": False}
+    raw["arch"], raw["config"]["arch"] = old, dict(old)
+    save_checkpoint_atomic(raw, str(tmp_path / "old.pt"))
     m = _evaluate(ev, summary["last_checkpoint"], built, tmp_path / "ev")
-    for k in ("all.accuracy", "all.lm_loss"):
-        assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
-    raw["model"][key] = torch.zeros_like(raw["model"][key])
-    save_checkpoint_atomic(raw, str(tmp_path / "zeroed.pt"))
-    other = _evaluate(ev, tmp_path / "zeroed.pt", built, tmp_path / "ev2")
-    assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
+    m_old = _evaluate(ev, tmp_path / "old.pt", built, tmp_path / "ev-old")
+    for k in ("all.accuracy", "all.lm_loss", "all.exact_accuracy"):
+        assert m_old[k] == m[k], k
+    old = {**old, "context_broadcast": True}
+    raw["arch"], raw["config"]["arch"] = old, dict(old)
+    raw["model"]["inner.context_proj.weight"] = torch.randn(32, cfg.arch.puzzle_emb_len * 32)
+    save_checkpoint_atomic(raw, str(tmp_path / "bc.pt"))
+    with pytest.raises(ArchRemovedError, match=r"^arch\.context_broadcast=true was removed \(measured negative.*"
+                                               r"needs commit 0b65cd7") as e:
+        _evaluate(ev, tmp_path / "bc.pt", built, tmp_path / "ev-bc")
+    assert "\n" not in str(e.value)

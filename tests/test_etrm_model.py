@@ -9,6 +9,7 @@ from dataset.metadata import DatasetMetadata
 from encoders import ENCODER_REGISTRY
 from models.etrm import ETRMCarry
 from training.build import build_etrm_model, load_pretrained_decoder
+from training.config import config_from_dict
 
 V, S, B, D, HID, L = 12, 16, 4, 3, 32, 2
 NAMES = sorted(ENCODER_REGISTRY)
@@ -31,7 +32,7 @@ def build(name="standard", *, encoder_cache=False, arch_kw=None, **enc_kw):
     torch.manual_seed(0)
     cfg = {"arch": arch(**(arch_kw or {})), "encoder": {"name": name, "hidden_size": 32, "num_heads": 4, **enc_kw},
            "encoder_cache": encoder_cache, "global_batch_size": B}
-    return build_etrm_model(cfg, meta(), verbose=False)
+    return build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
 
 
 def batch(seed=0, same_demos=False):
@@ -196,7 +197,7 @@ def test_load_pretrained_decoder_ours_and_arch_check(tmp_path):
     # the same through the config key
     cfg = {"arch": arch(), "encoder": {"name": "standard", "hidden_size": 32, "num_heads": 4},
            "load_pretrained_decoder": str(path), "global_batch_size": B}
-    m2 = build_etrm_model(cfg, meta(), verbose=False)
+    m2 = build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
     torch.testing.assert_close(m2.inner.state_dict()["lm_head.weight"], trm.inner.state_dict()["lm_head.weight"])
 
 

@@ -112,11 +112,11 @@ def test_science_config_builds_every_run(name):
     encoder, extra = run_plan(name)
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
-    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm"
+    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_grid"
     meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=64,
                            num_puzzle_identifiers=5, total_groups=1, mean_puzzle_examples=1.0, sets=["all"],
                            grid_size=8, has_demos=True, max_demos=3)
-    model = build_etrm_model(cfg.model_dump(), meta, batch_size=2, verbose=False)
+    model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
 
 
@@ -366,15 +366,18 @@ def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_pa
 
 @pytest.mark.slow
 def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science_out, tmp_path, capsys):
-    """A run.json written before the arch config gained a field (here: its record without context_broadcast) is
-    the run with that field at its default: the same command reuses the run; a saved record with the field at
-    another value is still refused, naming it."""
+    """A run.json written before the arch config changed (here: its record as commit 0b65cd7 wrote it, arch name
+    trm with grid_coords=true and the other switches, models/legacy.py) is the run of today's recipe: the same
+    command reuses the run; a saved record with a switch that no variant has (context_broadcast=true) is still
+    refused, naming it."""
     out, _ = science_out
     copy = str(tmp_path / "copy")
     shutil.copytree(out, copy)
     spath = os.path.join(copy, "runs", "standard", "run.json")
     spec = json.load(open(spath))
-    del spec["recipe"]["arch"]["context_broadcast"]
+    assert spec["recipe"]["arch"]["name"] == "trm_grid"
+    spec["recipe"]["arch"].update(name="trm", grid_coords=True, pointer_init="identity", pointer_source="token",
+                                  context_broadcast=False)
     json.dump(spec, open(spath, "w"))
     capsys.readouterr()
     main(["--out", copy] + ARGS)

@@ -336,7 +336,7 @@ def test_cli_evaluates_a_sudoku_checkpoint(sudoku_run):
 
 
 def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
-    """arch.pos_encodings=rope2d and arch.grid_coords=true: the config builds 2D tables and the grid-offset
+    """arch=trm_grid with arch.pos_encodings=rope2d: the config builds 2D tables and the grid-offset
     embedding, the checkpoint records both, evaluate.py rebuilds the same model (same numbers as the training
     hook), and both matter (1D RoPE on the same weights differs; so does a zeroed grid-offset table)."""
     import evaluate
@@ -352,10 +352,10 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
     cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
-                           arch={"pos_encodings": "rope2d", "grid_coords": True, "hidden_size": 32, "num_heads": 2})
+                           arch={"name": "trm_grid", "pos_encodings": "rope2d", "hidden_size": 32, "num_heads": 2})
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
-    assert state["config"]["arch"]["pos_encodings"] == "rope2d" and state["config"]["arch"]["grid_coords"] is True
+    assert state["config"]["arch"]["pos_encodings"] == "rope2d" and state["config"]["arch"]["name"] == "trm_grid"
     model, _, meta = load_model_for_inference(state)
     inner = model.model.inner if hasattr(model, "model") else model.inner
     rot = inner.rotary_emb
@@ -383,7 +383,7 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
 
 
 def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
-    """arch.pos_encodings=pointer with arch.pointer_init=dihedral and pointer_source=context: the config builds
+    """arch=trm_pointer with arch.pointer_init=dihedral and pointer_source=context: the config builds
     PointerRoPE (reading the pointers from the first context slot) and one pointer
     projection per attention layer whose heads start at dihedral maps 0..3, the checkpoint records both keys,
     evaluate.py rebuilds the same model (same numbers as the training hook), and the learned pointers matter (the
@@ -392,7 +392,7 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     from dataset.arc_sources import load_kaggle_subset
     from dataset.build_arc_dataset import build_arc_dataset
     from core.ops import DIHEDRAL_POINTERS
-    from models.layers import PointerRoPE
+    from models.variants.trm_pointer import PointerRoPE
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
     from training.loop import train
@@ -402,8 +402,8 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
     cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
-                           arch={"pos_encodings": "pointer", "pointer_init": "dihedral", "pointer_source": "context",
-                                 "grid_coords": True, "hidden_size": 32, "num_heads": 4})
+                           arch={"name": "trm_pointer", "pos_encodings": "pointer", "pointer_init": "dihedral",
+                                 "pointer_source": "context", "hidden_size": 32, "num_heads": 4})
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
     assert state["config"]["arch"]["pos_encodings"] == "pointer"

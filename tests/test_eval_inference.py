@@ -248,6 +248,7 @@ def test_etrm_model_in_encoder_mode(arc_data):
     """The same path serves ETRM: encoder-mode batches (demos) through models.etrm + the ARC evaluator."""
     import models
     from training.build import build_etrm_model
+    from training.config import config_from_dict
     from omegaconf import OmegaConf
 
     d, n_puz, n_inputs = arc_data
@@ -258,7 +259,8 @@ def test_etrm_model_in_encoder_mode(arc_data):
                 puzzle_emb_len=2)
     enc = dict(name="standard", hidden_size=32, num_layers=1, num_heads=2)
     torch.manual_seed(0)
-    model = build_etrm_model({"arch": arch, "encoder": enc, "global_batch_size": 8}, meta, verbose=False)
+    model = build_etrm_model(config_from_dict({"arch": arch, "encoder": enc, "global_batch_size": 8}), meta,
+                             verbose=False)
     rec = Recorder()
     m = evaluate(models.build_loss_head(model), loader, [ARCEvaluator(d, meta, None, num_pictures=0), rec],
                  device="cpu", progress=False)

@@ -201,29 +201,3 @@ def test_grid_coordinates_are_offsets_from_the_grid_edges_wherever_the_grid_sits
     assert torch.equal(grid_coordinates(t[:1, :crop], side), got[:1])
     with pytest.raises(ValueError, match="do not fit"):
         grid_coordinates(torch.zeros(1, side * side + 1, dtype=torch.long), side)
-
-
-def test_grid_coord_embedding_follows_the_grid_and_tells_widths_apart():
-    import numpy as np
-
-    from dataset.canvas import grid_to_canvas
-    from models.layers import GridCoordEmbedding
-
-    torch.manual_seed(0)
-    side = 6
-    emb = GridCoordEmbedding(side, 16, init_std=0.25)
-    grid = np.arange(12).reshape(3, 4) % 10
-    at = lambda g, off: emb(torch.from_numpy(grid_to_canvas(g, offset=off, size=side))[None].long())[0]
-    e0, e1 = at(grid, (0, 0)), at(grid, (2, 1))
-    cell = lambda r, c: r * side + c
-    for r in range(3):  # every grid cell keeps its embedding when the grid moves on the canvas
-        for c in range(4):
-            assert torch.equal(e0[cell(r, c)], e1[cell(r + 2, c + 1)])
-    # a narrower grid: the same cell (0, 0) is nearer the right edge, so its embedding differs
-    assert not torch.allclose(at(grid[:, :2], (0, 0))[cell(0, 0)], e0[cell(0, 0)])
-    # cell (0, 1) of the 3x4 grid: 0 below the top, 2 above the bottom, 1 right of the left edge, 2 from the right
-    w = emb.embedding_weight
-    assert torch.allclose(e0[cell(0, 1)], w[0, side + 0] + w[1, side + 2] + w[2, side + 1] + w[3, side + 2])
-    # std: the four tables sum to the variance of one embedding of std init_std
-    big = GridCoordEmbedding(8, 4096, init_std=0.25)
-    assert big.embedding_weight.std().item() == pytest.approx(0.125, rel=0.02)

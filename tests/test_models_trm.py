@@ -1,7 +1,6 @@
 """TRM / HRM / transformer: shapes, ACT semantics, gradient flow, puzzle prefix, config strictness."""
 from typing import Any, Dict
 
-import numpy as np
 import pytest
 import torch
 
@@ -52,6 +51,17 @@ def test_shapes_and_output_dtypes(name):
     assert carry.steps.tolist() == [1, 1, 1, 1]
 
 
+def test_trm_config_holds_the_paper_s_fields_only():
+    """TRMConfig reads like the paper (sizes, puzzle embedding, positions, recursion depth, halting, loss): a
+    research switch goes into a variant module with its own name (models/variants/), not into the core."""
+    from models import TRMConfig
+    assert set(TRMConfig.model_fields) == {
+        "name", "vocab_size", "seq_len", "hidden_size", "num_heads", "expansion", "puzzle_emb_ndim", "puzzle_emb_len",
+        "pos_encodings", "rms_norm_eps", "rope_theta", "forward_dtype", "loss", "halt_max_steps",
+        "halt_exploration_prob", "halt_early_in_eval", "no_ACT_continue", "H_cycles", "L_cycles", "L_layers",
+        "H_layers", "mlp_t"}
+
+
 def test_registry_and_build_model_types():
     from models import HRM, TRM, TransformerBaseline
     assert {"trm", "hrm", "transformer"} <= set(ARCH_REGISTRY)
@@ -59,11 +69,10 @@ def test_registry_and_build_model_types():
     assert isinstance(make("transformer"), TransformerBaseline)
 
 
-@pytest.mark.parametrize("name", sorted(ARCH_REGISTRY))
+@pytest.mark.parametrize("name", sorted(TINY))
 def test_every_trainable_parameter_gets_gradient(name):
-    """Pitfall 1: one backward pass reaches every parameter (and the sparse puzzle embedding's local copy)."""
-    if name not in TINY:
-        pytest.skip(f"no tiny config for {name!r} in this file")
+    """Pitfall 1: one backward pass reaches every parameter (and the sparse puzzle embedding's local copy). The
+    variants: tests/test_models_variants.py (which checks that the two files cover the registry)."""
     over = {"no_ACT_continue": False} if name != "transformer" else {}
     model = make(name, **over)
     model.train()
@@ -361,18 +370,23 @@ def test_unknown_key_is_an_error_naming_it():
 
 
 def test_omegaconf_input_and_yaml_files():
+    """Every config/arch/*.yaml validates (an OmegaConf DictConfig is accepted as it is) into the config class its
+    name registers; a variant's file holds trm.yaml's values (the science recipe trains trm_grid with them)."""
     from pathlib import Path
 
     from omegaconf import OmegaConf
     root = Path(__file__).resolve().parents[1] / "config" / "arch"
-    names = {}
-    for f in sorted(root.glob("*.yaml")):
-        cfg = parse_arch_config(OmegaConf.load(f))
-        names[f.stem] = cfg
+    names = {f.stem: parse_arch_config(OmegaConf.load(f)) for f in sorted(root.glob("*.yaml"))}
     assert names["trm"].L_cycles == 4 and names["trm"].hidden_size == 512 and names["trm"].puzzle_emb_len == 16
     assert names["trm"].loss.loss_type == "stable_max_cross_entropy"
     assert names["trm_mlp_t"].mlp_t and names["trm_mlp_t"].L_cycles == 6
     assert names["hrm"].name == "hrm" and names["transformer"].name == "transformer"
+    for stem, cfg in names.items():
+        assert type(cfg) is ARCH_REGISTRY.entry(cfg.name).config, stem
+    trm = names["trm"].model_dump(exclude={"name"})
+    assert names["trm_grid"].model_dump(exclude={"name"}) == trm
+    ptr = names["trm_pointer"].model_dump(exclude={"name", "pointer_init", "pointer_source"})
+    assert ptr == {**trm, "pos_encodings": "pointer"}
 
 
 def test_loss_head_from_config():
@@ -432,176 +446,3 @@ def test_tiny_trm_fits_a_fixed_batch_with_adamatan2_and_sign_sgd():
     touched = batch["puzzle_identifiers"].long().unique()
     assert model.puzzle_emb.weights[touched].abs().sum() > 0
     assert model.puzzle_emb.weights[0].abs().sum() == 0  # untouched row stays zero
-
-
-# ---------------------------------------------------------------------------------------------- pointer RoPE
-def _pointer_attention(heads=2, head_dim=8):
-    from models.layers import Attention
-    torch.manual_seed(0)
-    return Attention(heads * head_dim, head_dim, heads, heads, pointer="identity")
-
-
-def _canvas(side, grid, r0, c0):
-    """Tokens of a side x side canvas with ``grid`` (colours 0..9 -> tokens 2..11) at (r0, c0), PAD elsewhere."""
-    canvas = torch.zeros(side, side, dtype=torch.int32)
-    h, w = grid.shape
-    canvas[r0:r0 + h, c0:c0 + w] = torch.as_tensor(grid, dtype=torch.int32) + 2
-    return canvas.view(1, -1)
-
-
-def _pointer_scores(attn, pos, prefix):
-    """[heads, S, S] q.k after pointer RoPE of constant q = k (the score then depends on positions only)."""
-    b, S = pos.feats.shape[:2]
-    h = torch.randn(b, S, attn.hidden_size)  # the pointer weights are zero: the hidden state must not matter
-    ones = torch.ones(b, S, attn.num_heads, attn.head_dim)
-    q, k = attn.rotate(pos, h, ones, ones)
-    return torch.einsum("bshd,bthd->bhst", q, k)[0]
-
-
-def test_pointer_rope_starts_as_translation_invariant_grid_relative_2d_rope():
-    """At initialisation (zero pointer weights, identity bias) every head points at its own cell: each query's best
-    key is itself, scores depend only on the (row, column) offset between cells, and moving the grid on the
-    canvas (translation augmentation) leaves every cell-to-cell score unchanged."""
-    from models.layers import PointerRoPE
-    side, P = 8, 2
-    attn = _pointer_attention()
-    rope = PointerRoPE(attn.head_dim, side, prefix=P)
-    grid = np.random.default_rng(0).integers(0, 10, (3, 5))
-    s_a = _pointer_scores(attn, rope(_canvas(side, grid, 0, 0)), P)
-    s_b = _pointer_scores(attn, rope(_canvas(side, grid, 4, 2)), P)
-    cells_a = [P + r * side + c for r in range(3) for c in range(5)]
-    cells_b = [P + (r + 4) * side + (c + 2) for r in range(3) for c in range(5)]
-    assert torch.allclose(s_a[:, cells_a][:, :, cells_a], s_b[:, cells_b][:, :, cells_b], atol=1e-5)
-    assert (s_a[:, P:, :].argmax(-1) == torch.arange(P, P + side * side)).all()  # each cell points at itself
-    # the same offset anywhere gives the same score; context slots are never a cell's best key
-    assert torch.allclose(s_a[0, P + 0, P + 9], s_a[0, P + 20, P + 29], atol=1e-5)  # (+1, +1) both
-    assert (s_a[:, P:, :P].amax(-1) < s_a[:, P:, P:].amax(-1) - 1).all()
-
-
-@pytest.mark.parametrize("d", range(8))
-def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
-    """With the pointer bias set to a map's coefficients, every output cell's best key is exactly the input cell
-    the map copies into it (dataset.dihedral.dihedral_transform), for grids of several shapes anywhere on the canvas:
-    one linear pointer per map serves every grid size. A wrong coefficient fails it."""
-    from dataset.dihedral import dihedral_transform
-    from core.ops import DIHEDRAL_POINTERS
-    from models.layers import PointerRoPE
-    side, P = 8, 2
-    attn = _pointer_attention(heads=2)
-    rope = PointerRoPE(attn.head_dim, side, prefix=P)
-    row, col = DIHEDRAL_POINTERS[d]
-    with torch.no_grad():
-        bias = torch.tensor([row, col], dtype=torch.float32)
-        attn.pointer.bias.copy_(bias.expand(attn.num_heads, 2, 5).flatten())
-    for (h, w), (r0, c0) in (((3, 5), (0, 0)), ((4, 4), (2, 1)), ((2, 6), (1, 2)), ((5, 3), (1, 3))):
-        index = np.arange(h * w).reshape(h, w)
-        out = dihedral_transform(index, d)  # out[u, v] = index of the input cell it comes from
-        grid = np.random.default_rng(d).integers(0, 10, (h, w))
-        scores = _pointer_scores(attn, rope(_canvas(side, grid, r0, c0)), P)
-        for u in range(out.shape[0]):
-            for v in range(out.shape[1]):
-                src_r, src_c = divmod(int(out[u, v]), w)
-                query = P + (r0 + u) * side + (c0 + v)
-                assert (scores[:, query].argmax(-1) == P + (r0 + src_r) * side + (c0 + src_c)).all(), (d, h, w, u, v)
-
-
-def test_pointer_rope_is_wired_through_every_architecture_and_trains_its_pointer():
-    """pos_encodings=pointer builds PointerRoPE and a pointer projection in every attention layer of TRM, HRM and
-    the transformer; the pointer weights get gradient (from their zero start), and changing them changes the
-    output. Refused without a square canvas, with mlp_t, or with a head dimension below 8."""
-    from models.layers import PointerRoPE
-    for name in ("trm", "hrm", "transformer"):
-        torch.manual_seed(0)
-        model = build_model({**TINY[name], "pos_encodings": "pointer", "hidden_size": 16, "num_heads": 2},
-                            vocab_size=VOCAB, seq_len=9, num_puzzle_identifiers=NPUZ, batch_size=4)
-        assert isinstance(model.inner.rotary_emb, PointerRoPE)
-        g = torch.Generator().manual_seed(0)
-        batch = {"inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
-                 "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
-                 "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32)}
-        _, out = model(model.initial_carry(batch), batch)
-        out["logits"].square().sum().backward()
-        pointers = [m.pointer for m in model.modules() if getattr(m, "pointer", None) is not None]
-        assert pointers and all(p.weight.grad.abs().sum() > 0 for p in pointers), name
-        with torch.no_grad():
-            for p in pointers:
-                p.bias.view(-1, 2, 5)[:, 1] = torch.tensor([0.0, 0, 0, 1, 0])  # every head: (top, right)
-        _, out2 = model(model.initial_carry(batch), batch)
-        assert not torch.allclose(out["logits"], out2["logits"], atol=1e-4), name
-    with pytest.raises(ValueError, match="square canvas"):
-        make("trm", pos_encodings="pointer")
-    with pytest.raises(ArchConfigError, match="mlp_t"):
-        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "mlp_t": True})
-    with pytest.raises(ArchConfigError, match="at least 8"):
-        parse_arch_config({**TINY["trm"], "hidden_size": 8, "num_heads": 2, "pos_encodings": "pointer"})
-
-
-def test_pointer_source_context_gives_every_query_of_a_sample_the_pointer_of_its_first_context_slot():
-    """pointer_source=context: the pointers come from the first context slot's hidden state alone -- the same for
-    every query of a sample, unchanged when any other token's state changes, changed with slot 0's; token (the
-    default) reads each query's own state. Without a context slot it is refused."""
-    from models.layers import PointerRoPE
-    side, P = 4, 2
-    attn = _pointer_attention(heads=2)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        attn.pointer.weight.normal_()
-    inputs = _canvas(side, np.random.default_rng(0).integers(0, 10, (3, 4)), 0, 0).expand(2, -1)
-    h = torch.randn(2, P + side * side, attn.hidden_size)
-    ctx = attn.pointed_positions(h, PointerRoPE(attn.head_dim, side, P, source="context")(inputs))
-    tok = attn.pointed_positions(h, PointerRoPE(attn.head_dim, side, P, source="token")(inputs))
-    coef = attn.pointer(h[:, :1]).view(2, 1, attn.num_heads, 2, 5)
-    feats = PointerRoPE(attn.head_dim, side, P)(inputs).feats
-    assert torch.allclose(ctx, (coef * feats[:, :, None, None, :]).sum(-1), atol=1e-5)
-    h2 = h.clone()
-    h2[:, 1:] += torch.randn_like(h2[:, 1:])  # every state but the first context slot's
-    assert torch.equal(attn.pointed_positions(h2, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx)
-    assert not torch.allclose(attn.pointed_positions(h2, PointerRoPE(attn.head_dim, side, P)(inputs)), tok)
-    h3 = h.clone()
-    h3[:, 0] += 1.0
-    assert not torch.allclose(attn.pointed_positions(h3, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx)
-    with pytest.raises(ValueError, match="context slot"):
-        PointerRoPE(attn.head_dim, side, 0, source="context")
-    with pytest.raises(ArchConfigError):
-        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "sample"})
-    with pytest.raises(ArchConfigError, match="pos_encodings=pointer only"):
-        parse_arch_config({**TINY["trm"], "pointer_source": "context"})  # pos_encodings rope: would be ignored
-    with pytest.raises(ArchConfigError, match="first context slot"):
-        parse_arch_config({**TINY["trm"], "pos_encodings": "pointer", "pointer_source": "context",
-                           "puzzle_emb_len": 0, "puzzle_emb_ndim": 0})
-
-
-def test_context_broadcast_adds_the_projected_context_to_every_token_and_starts_as_the_model_without_it():
-    """context_broadcast=true in TRM, HRM and the transformer: a fresh model computes exactly what the same seed
-    without it computes (zero projection, the other weights drawn as before), the projection gets gradient from
-    that zero start, and every grid token's input embedding is the plain one plus sqrt(hidden) * W @ (the whole
-    context, flattened) while the prefix positions are unchanged. Refused without context slots."""
-    for name in ("trm", "hrm", "transformer"):
-        plain, bc = make(name).eval(), make(name, context_broadcast=True).eval()  # eval: the table read directly
-        extra = set(bc.state_dict()) - set(plain.state_dict())
-        assert extra == {"inner.context_proj.weight"}, (name, extra)
-        assert all(torch.equal(v, bc.state_dict()[k]) for k, v in plain.state_dict().items()), name
-        batch = batch_of()
-        with torch.no_grad():
-            bc.inner.puzzle_emb.weights.normal_()  # a non-zero context (the embedding table starts at zero)
-            plain.inner.puzzle_emb.weights.copy_(bc.inner.puzzle_emb.weights)
-        (_, a), (_, b) = plain(plain.initial_carry(batch), batch), bc(bc.initial_carry(batch), batch)
-        assert torch.equal(a["logits"], b["logits"]), name
-        b["logits"].square().sum().backward()
-        w = bc.inner.context_proj.weight
-        assert w.grad is not None and w.grad.abs().sum() > 0, name
-        P, H = bc.inner.puzzle_emb_len, bc.inner.hidden_size
-        with torch.no_grad():
-            w.normal_()
-            ctx = torch.randn(4, P, H)
-            ea = plain.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], ctx)
-            eb = bc.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], ctx)
-        assert torch.equal(ea[:, :P], eb[:, :P]), name
-        want = H ** 0.5 * (ctx.reshape(4, P * H) @ w.T)[:, None, :]
-        assert torch.allclose(eb[:, P:] - ea[:, P:], want.expand(-1, SEQ, -1), atol=1e-4), name
-    with pytest.raises(ArchConfigError, match="context_broadcast"):
-        parse_arch_config({**TINY["trm"], "puzzle_emb_ndim": 0, "puzzle_emb_len": 0, "context_broadcast": True})
-    from models.compat import ArchMismatchError, check_arch_compat  # weights of one are not the other's
-    with pytest.raises(ArchMismatchError, match="context_broadcast: checkpoint has True, model has False"):
-        check_arch_compat({**TINY["trm"], "context_broadcast": True}, TINY["trm"])
-    check_arch_compat(TINY["trm"], {**TINY["trm"], "context_broadcast": False})  # missing = its default

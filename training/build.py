@@ -211,27 +211,23 @@ def build_act_model(cfg: PretrainConfig, metadata: DatasetMetadata, batch_size: 
                        num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=batch_size)
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    return cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
-
-
-def build_etrm_model(cfg: Any, metadata: DatasetMetadata, *, batch_size: Optional[int] = None,
+def build_etrm_model(cfg: PretrainConfig, metadata: DatasetMetadata, *, batch_size: Optional[int] = None,
                      verbose: bool = True) -> ETRM:
-    """ETRM from a training config (``PretrainConfig``, or a dict with ``arch``, ``encoder`` and optionally
-    ``encoder_cache``, ``load_pretrained_decoder``, ``global_batch_size``) and the train split's metadata."""
-    enc_cfg = _get(cfg, "encoder")
+    """ETRM from a validated training config (its ``arch``, ``encoder``, ``encoder_cache``,
+    ``load_pretrained_decoder``, ``global_batch_size``) and the train split's metadata."""
+    enc_cfg = cfg.encoder
     if not enc_cfg:
         raise ConfigError("build_etrm_model: cfg.encoder is empty (choose one with encoder=<name>)")
-    arch = parse_arch_config(_get(cfg, "arch"))
-    bs = batch_size or int(_get(cfg, "global_batch_size", 1) or 1)
+    arch = cfg.arch
+    bs = batch_size or cfg.global_batch_size
     core = build_model(etrm_core_arch(arch), vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
                        num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=bs)
     encoder = build_encoder(enc_cfg, hidden_size=core.hidden_size, vocab_size=metadata.vocab_size,
                             seq_len=metadata.seq_len, puzzle_emb_len=core.puzzle_emb_len, verbose=verbose)
-    model = ETRM(core, encoder, encoder_cache=bool(_get(cfg, "encoder_cache", False)))
+    model = ETRM(core, encoder, encoder_cache=cfg.encoder_cache)
     if model.extra_loss_weights:  # the config carries the KL / rule-readout weights in its loss section
         model.config = core.config = etrm_core_arch(arch, model.extra_loss_weights)
-    path = _get(cfg, "load_pretrained_decoder")
+    path = cfg.load_pretrained_decoder
     if path:
         load_pretrained_decoder(model, path, arch=etrm_core_arch(arch).model_dump(exclude={"loss"}),
                                 verbose=verbose)

@@ -47,6 +47,7 @@ from torch import nn
 from core.errors import PlatformError
 from core.io import atomic_write
 from models.compat import ArchMismatchError, check_arch_compat
+from models.legacy import ArchRemovedError, upgrade_arch
 
 FORMAT = "trm-platform/1"
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
@@ -323,6 +324,10 @@ _ARCH_KEYS_IGNORED = {"halt_exploration_prob", "forward_dtype", "loss", "halt_ea
 
 def check_arch_compatible(saved: dict[str, Any], current: dict[str, Any], *, source: str = "checkpoint") -> None:
     """Refuse loading weights trained with another architecture config (names each differing key)."""
+    try:  # written before its variant had a module (name trm, grid_coords true: trm_grid), or a removed switch
+        saved = upgrade_arch(saved)
+    except ArchRemovedError as e:
+        raise CheckpointError(f"{source}: {e}") from None
     if saved.get("name") == current.get("name"):  # the models package's check (structural fields refused,
         # behavioural ones warned)
         try:
