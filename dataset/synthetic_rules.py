@@ -485,7 +485,7 @@ def simpler_variants(family: str, params: dict) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# Rule labels: what a rule-readout head is asked to name (encoders.base.RuleReadout)
+# Rule labels: what a rule-readout head is asked to name (encoders.probes.RuleReadout)
 # ----------------------------------------------------------------------------------------------
 NO_COLOUR = 10  # the colour slots' class for "no such colour" (no recolour, no wall)
 # slot -> number of classes; a rule instance fills the slots of its family and leaves the rest unlabelled
