@@ -8,8 +8,11 @@ import pydantic
 import torch
 from torch import nn
 
-from .base import (BaseEncoderConfig, Block, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput,
-                   Gaussian, ENCODER_REGISTRY)
+from .config import ENCODER_REGISTRY, BaseEncoderConfig
+from .heads import ContextHead, DemoAggregator, Gaussian
+from .interface import DemoEncoder, EncoderOutput
+from .layers import Block
+from .trunk import DemoTrunk
 
 
 class HybridEncoderConfig(BaseEncoderConfig):

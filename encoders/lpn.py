@@ -1,7 +1,7 @@
 """`lpn` encoder (Latent-Program-Network style): each demo pair -> one latent (CLS pooling), optionally
 Gaussian per pair; latents averaged over the valid pairs; the mean latent is projected to the whole context.
 
-Test-time latent search (evaluation option) lives in :mod:`encoders.latent_search`.
+Test-time latent search (evaluation option) lives in :mod:`models.latent_search`.
 """
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pydantic
 import torch
 from torch import nn
 
-from .base import (BaseEncoderConfig, ContextHead, DemoEncoder, DemoTrunk, EncoderOutput, Gaussian, masked_mean,
-                   ENCODER_REGISTRY)
+from .config import ENCODER_REGISTRY, BaseEncoderConfig
+from .heads import ContextHead, Gaussian, masked_mean
+from .interface import DemoEncoder, EncoderOutput
+from .trunk import DemoTrunk
 
 
 class LPNEncoderConfig(BaseEncoderConfig):

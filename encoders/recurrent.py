@@ -10,8 +10,13 @@ import pydantic
 import torch
 from torch import nn
 
-from .base import (BaseEncoderConfig, Block, ContextHead, DemoEncoder, DemoTrunk, EncoderOutput, _trunc_normal_,
-                   ENCODER_REGISTRY)
+from core.nn import trunc_normal_init_
+
+from .config import ENCODER_REGISTRY, BaseEncoderConfig
+from .heads import ContextHead
+from .interface import DemoEncoder, EncoderOutput
+from .layers import Block
+from .trunk import DemoTrunk
 
 
 class RecurrentEncoderConfig(BaseEncoderConfig):
@@ -38,8 +43,8 @@ class RecurrentEncoder(DemoEncoder):
         d = cfg.hidden_size
         q = cfg.num_queries or self.puzzle_emb_len
         self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
-        self.z_init = nn.Parameter(_trunc_normal_(torch.empty(q, d), 1.0))
-        self.null_key = nn.Parameter(_trunc_normal_(torch.empty(1, d), 1.0))
+        self.z_init = nn.Parameter(trunc_normal_init_(torch.empty(q, d), 1.0, std_of="normal"))
+        self.null_key = nn.Parameter(trunc_normal_init_(torch.empty(1, d), 1.0, std_of="normal"))
         self.refine = Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps)
         self.head = ContextHead(cfg, d, q, self.hidden_size, self.puzzle_emb_len)
 

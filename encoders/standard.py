@@ -1,13 +1,16 @@
 """`standard` encoder: per-demo transformer (mean pooling over non-PAD tokens), order-invariant aggregation
-across demos (cross-attention from learned queries, or masked mean), linear projection to the context."""
+across demos (learned queries cross-attending over every demo token by default, or over the pooled demos, or a
+masked mean), linear projection to the context."""
 from __future__ import annotations
 
 from typing import Literal, Optional
 
 import torch
 
-from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput,
-                   ENCODER_REGISTRY)
+from .config import ENCODER_REGISTRY, BaseEncoderConfig
+from .heads import ContextHead, DemoAggregator
+from .interface import DemoEncoder, EncoderOutput
+from .trunk import DemoTrunk
 
 
 class StandardEncoderConfig(BaseEncoderConfig):
@@ -17,10 +20,12 @@ class StandardEncoderConfig(BaseEncoderConfig):
 
 @ENCODER_REGISTRY.register("standard", config=StandardEncoderConfig)
 class StandardEncoder(DemoEncoder):
+    trunk_cls = DemoTrunk  # a variant's trunk (encoders/dihedral_views.py)
+
     def __init__(self, cfg: StandardEncoderConfig, **kw):
         super().__init__(cfg, **kw)
         q = cfg.num_queries or self.puzzle_emb_len
-        self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
+        self.trunk = self.trunk_cls(cfg, self.vocab_size, self.seq_len, pooling="mean")
         self.aggregate = DemoAggregator(cfg, q)
         self.head = ContextHead(cfg, cfg.hidden_size, q, self.hidden_size, self.puzzle_emb_len)
 

@@ -7,8 +7,10 @@ from typing import Literal, Optional
 import pydantic
 import torch
 
-from .base import (BaseEncoderConfig, ContextHead, DemoAggregator, DemoEncoder, DemoTrunk, EncoderOutput, Gaussian,
-                   ENCODER_REGISTRY)
+from .config import ENCODER_REGISTRY, BaseEncoderConfig
+from .heads import ContextHead, DemoAggregator, Gaussian
+from .interface import DemoEncoder, EncoderOutput
+from .trunk import DemoTrunk
 
 
 class VariationalEncoderConfig(BaseEncoderConfig):

@@ -30,7 +30,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from encoders.base import EncoderOutput
+from encoders import EncoderOutput
 from encoders.stats import context_statistics
 from models.act import ACTCarry, ACTModel
 from models.latent_search import latent_search_context
@@ -204,7 +204,7 @@ class ETRM(ACTModel):
         return EncoderOutput(context=ctx), ctx
 
     def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The auxiliary rule-readout loss and exactness per sample (encoders.base.RuleReadout); zero for batches
+        """The auxiliary rule-readout loss and exactness per sample (encoders.probes.RuleReadout); zero for batches
         without ``rule_targets`` (evaluation: the labels exist for training puzzles only)."""
         targets = data.get("rule_targets")
         if targets is None:

@@ -21,6 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# the shared primitives, defined once in core.nn (also imported from here: trunc_normal_init_, rms_norm, SwiGLU; the
+# TRM core's SwiGLU width rule, core.nn.swiglu_width's defaults, as swiglu_intermediate_size)
+from core.nn import SwiGLU, rms_norm, trunc_normal_init_
+from core.nn import swiglu_width as swiglu_intermediate_size  # noqa: F401
 from core.ops import linear_chunks, rotate_half  # noqa: F401 (rotate_half: re-exported)
 
 # what every attention layer of one forward gets: RoPE tables (cos, sin), None, or a variant's own positions
@@ -39,38 +43,6 @@ def resolve_dtype(name: str, device: Optional[torch.device | str] = None) -> tor
     if name not in DTYPES:
         raise ValueError(f"forward_dtype must be one of {['auto', *DTYPES]}, got {name!r}")
     return DTYPES[name]
-
-
-# ----------------------------------------------------------------------------------------------
-# Initialisation
-# ----------------------------------------------------------------------------------------------
-def trunc_normal_init_(tensor: torch.Tensor, std: float = 1.0, lower: float = -2.0, upper: float = 2.0) -> torch.Tensor:
-    """Fill ``tensor`` in place with a normal distribution truncated to ``[lower, upper]`` (in units of the
-    underlying normal's std), rescaled so that the standard deviation *of the truncated distribution* is ``std``.
-
-    (``torch.nn.init.trunc_normal_`` does not correct the std for the truncation; JAX/Flax does, and so do we.)
-    ``std == 0`` gives zeros.
-    """
-    with torch.no_grad():
-        if std == 0:
-            return tensor.zero_()
-        # Variance of a standard normal truncated to [lower, upper].
-        phi = lambda x: math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)  # noqa: E731
-        cdf = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2)))  # noqa: E731
-        mass = cdf(upper) - cdf(lower)
-        mean_t = (phi(lower) - phi(upper)) / mass
-        var_t = 1.0 + (lower * phi(lower) - upper * phi(upper)) / mass - mean_t ** 2
-        scale = std / math.sqrt(var_t)
-        # Inverse-CDF sampling: u ~ U(erf(lower/sqrt2), erf(upper/sqrt2)) -> sqrt2 * erfinv(u).
-        tensor.uniform_(math.erf(lower / math.sqrt(2)), math.erf(upper / math.sqrt(2)))
-        tensor.erfinv_()
-        tensor.mul_(math.sqrt(2) * scale)
-        tensor.clamp_(lower * scale, upper * scale)
-    return tensor
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,32 +184,6 @@ class Attention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, self.num_heads * self.head_dim))
-
-
-def swiglu_intermediate_size(hidden_size: int, expansion: float) -> int:
-    """Intermediate width of :class:`SwiGLU`: ``round(expansion * hidden * 2/3)`` rounded up to a multiple of 256."""
-    return _round_up(round(expansion * hidden_size * 2 / 3), 256)
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, hidden_size: int, expansion: float) -> None:
-        super().__init__()
-        inter = swiglu_intermediate_size(hidden_size, expansion)
-        self.gate_up_proj = CastedLinear(hidden_size, inter * 2, bias=False)
-        self.down_proj = CastedLinear(inter, hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        inter = self.down_proj.weight.shape[1]
-        gate, up = self.gate_up_proj.forward_chunks(x, (inter, inter))
-        return self.down_proj(F.silu(gate) * up)
-
-
-def rms_norm(hidden_states: torch.Tensor, variance_epsilon: float) -> torch.Tensor:
-    """Weight-free RMSNorm computed in fp32, returned in the input dtype."""
-    dtype = hidden_states.dtype
-    x = hidden_states.to(torch.float32)
-    x = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + variance_epsilon)
-    return x.to(dtype)
 
 
 class TransformerBlock(nn.Module):

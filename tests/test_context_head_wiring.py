@@ -1,7 +1,8 @@
-"""encoder.context_scale=norm and encoder.context_codes=K end to end: Hydra config -> training -> checkpoint ->
-evaluate.py rebuilds the same model (the training run's own numbers), and each option matters there (the same
-weights read as another head give other numbers). Unit behaviour: tests/test_encoders_variants.py. And a
-checkpoint written before TRM's arch switches became variant modules (the rules: tests/test_models_legacy.py)."""
+"""encoder.context_scale=norm end to end: Hydra config -> training -> checkpoint -> evaluate.py rebuilds the same
+model (the training run's own numbers), and the option matters there (the same weights read as another head give
+other numbers). Unit behaviour: tests/test_encoders_variants.py. (encoder.context_codes was removed, measured
+negative: tests/test_encoders_compat.py checks that its checkpoints are refused.) And a checkpoint written before TRM's arch switches became variant
+modules (the rules: tests/test_models_legacy.py)."""
 import pytest
 import torch
 
@@ -32,35 +33,26 @@ def _evaluate(ev, ck, data, out):
                                     progress=False, num_pictures=0, use_ema=False))
 
 
-@pytest.mark.parametrize("over,change", [
-    (["encoder.context_scale=norm", "encoder.context_scale_init=2.0"], ("context_scale", "none")),
-    (["encoder.context_codes=6"], None)], ids=["norm", "codes"])
-def test_context_head_options_are_wired_from_config_to_checkpoint_to_evaluate(built, tmp_path, over, change):
+def test_context_scale_norm_is_wired_from_config_to_checkpoint_to_evaluate(built, tmp_path):
     import evaluate as ev  # noqa: PLC0415 - test-only imports
     from training.build import load_model_for_inference  # noqa: PLC0415
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic  # noqa: PLC0415
     from training.loop import train  # noqa: PLC0415
     cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
-                                      f"checkpoint_path={tmp_path / 'ck'}", *over])
+                                      f"checkpoint_path={tmp_path / 'ck'}", "encoder.context_scale=norm",
+                                      "encoder.context_scale_init=2.0"])
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
     enc_cfg = state["config"]["encoder"]
     model, _, _ = load_model_for_inference(state)
-    head = model.encoder.head
-    if change is not None:  # norm: every context token at RMS context_scale_init / sqrt(hidden)
-        assert enc_cfg["context_scale"] == "norm" and head.mode == "norm"
-        assert head.norm_gain == pytest.approx(2.0 / 32 ** 0.5)
-    else:
-        assert enc_cfg["context_codes"] == 6 and head.codes.shape == (6, cfg.arch.puzzle_emb_len * 32)
+    head = model.encoder.head  # every context token at RMS context_scale_init / sqrt(hidden)
+    assert enc_cfg["context_scale"] == "norm" and head.mode == "norm"
+    assert head.norm_gain == pytest.approx(2.0 / 32 ** 0.5)
     m = _evaluate(ev, summary["last_checkpoint"], built, tmp_path / "ev")
     for k in ("all.accuracy", "all.lm_loss"):  # evaluate.py rebuilds the trained model: the run's own numbers
         assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
     raw = read_checkpoint(summary["last_checkpoint"])
-    if change is not None:  # the same weights without the normalisation
-        raw["config"]["encoder"][change[0]] = change[1]
-    else:  # the same weights with two codes swapped: the context is the mixture of these very codes
-        key = next(k for k in raw["model"] if k.endswith("head.codes"))
-        raw["model"][key] = raw["model"][key][torch.tensor([1, 0, 2, 3, 4, 5])].clone()
+    raw["config"]["encoder"]["context_scale"] = "none"  # the same weights without the normalisation
     save_checkpoint_atomic(raw, str(tmp_path / "other.pt"))
     other = _evaluate(ev, tmp_path / "other.pt", built, tmp_path / "ev2")
     assert other["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)

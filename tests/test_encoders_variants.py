@@ -4,7 +4,9 @@ import torch
 
 from encoders import ENCODER_REGISTRY, EncoderConfigError, build_encoder, gaussian_kl
 
-NAMES = sorted(ENCODER_REGISTRY)
+# the demo encoders (every generic invariance below); variants of them (own registry names) have their own tests
+NAMES = ["hybrid", "lpn", "recurrent", "standard", "variational"]
+VARIANTS = ["dihedral_views"]
 H, V, S, L = 16, 12, 12, 4
 
 
@@ -34,7 +36,7 @@ def run(enc, di, dl, m):
 
 
 def test_registry_has_all_variants():
-    assert set(NAMES) == {"standard", "variational", "lpn", "hybrid", "recurrent"}
+    assert sorted(ENCODER_REGISTRY) == sorted(NAMES + VARIANTS)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -162,16 +164,29 @@ def test_config_errors_name_the_field():
         make("standard", num_heads=5)
 
 
-def test_yaml_configs_match_registry():
+def test_yaml_configs_hold_only_what_differs_from_the_class_defaults():
+    """config/encoder/<name>.yaml exists for every registered encoder (variants too) and holds no value: it starts
+    from the Hydra node of its class defaults (encoders.hydra_defaults), so `encoder=<name>` composes exactly the
+    class defaults and a key overrides there (`encoder.grid_coords=true`) as on any field. A restated default (or
+    any other value) in the file fails here: the class is the one source of defaults."""
     import os
 
     from omegaconf import OmegaConf
+
+    from training.config import load_config
+
     root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", "encoder")
-    for name in NAMES:
-        cfg = OmegaConf.to_container(OmegaConf.load(os.path.join(root, f"{name}.yaml")))
-        assert cfg["name"] == name
-        cfg.update(hidden_size=32, num_heads=4)
-        enc = build_encoder(cfg, hidden_size=H, vocab_size=V, seq_len=S, puzzle_emb_len=L, verbose=False)
+    assert sorted(f[:-5] for f in os.listdir(root)) == sorted(ENCODER_REGISTRY)
+    for name in ENCODER_REGISTRY:
+        raw = OmegaConf.to_container(OmegaConf.load(os.path.join(root, f"{name}.yaml")))
+        assert raw == {"defaults": [{"defaults@_here_": name}, "_self_"]}, f"config/encoder/{name}.yaml sets values"
+        cfg = load_config("cfg_pretrain_encoder_arc_agi_1", ["data_paths=[x]", f"encoder={name}"]).encoder
+        assert cfg == ENCODER_REGISTRY[name].config(name=name)
+        over = load_config("cfg_pretrain_encoder_arc_agi_1", ["data_paths=[x]", f"encoder={name}",
+                                                               "encoder.grid_coords=true", "encoder.num_layers=1"])
+        assert over.encoder.grid_coords is True and over.encoder.num_layers == 1
+        enc = build_encoder(dict(cfg.model_dump(), hidden_size=32, num_heads=4), hidden_size=H, vocab_size=V,
+                            seq_len=16, puzzle_emb_len=L, verbose=False)
         assert type(enc) is ENCODER_REGISTRY[name].cls
 
 
@@ -222,37 +237,6 @@ def test_context_scale_norm_puts_every_context_token_at_token_embedding_scale():
             mod.head.proj.weight.mul_(100.0)
         torch.testing.assert_close(enc(di, dl, m).context, ctx, atol=1e-5, rtol=1e-4)
         assert base(di, dl, m).context.abs().max() > 50 * plain.abs().max()
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_context_codes_hand_the_core_a_mixture_of_learned_codes(name):
-    """``context_codes=K``: the context is softmax(logits(encoder state)) @ codes. A confident head hands every
-    sample exactly the code it picks (the same tensor for every sample that picks it), a zero-weight head the same
-    uniform-by-bias mixture for every sample; every parameter gets gradient; K < 0 is refused."""
-    di, dl, m = demos()
-    enc = make(name, context_codes=5).eval()
-    assert not hasattr(enc.head, "proj")  # no unused projection beside the codes
-    codes = enc.head.codes.detach().view(5, L, H)
-    with torch.no_grad():
-        enc.head.code_logits.weight.zero_()
-        enc.head.code_logits.bias.copy_(torch.tensor([0.0, 100.0, 0.0, 0.0, 0.0]))
-        ctx = run(enc, di, dl, m).context
-        torch.testing.assert_close(ctx, codes[1].expand(3, L, H), atol=1e-6, rtol=1e-5)
-        bias = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0])
-        enc.head.code_logits.bias.copy_(bias)
-        mix = (torch.softmax(bias, 0).view(5, 1, 1) * codes).sum(0)
-        torch.testing.assert_close(run(enc, di, dl, m).context, mix.expand(3, L, H), atol=1e-6, rtol=1e-5)
-    enc = make(name, context_codes=5).train()
-    plain = make(name).eval()
-    out = run(enc, di, dl, m)
-    assert not torch.allclose(out.context[0], out.context[2])  # the mixture depends on the demos
-    loss = (out.context * torch.randn_like(out.context)).sum() + (out.kl.sum() if out.kl is not None else 0)
-    loss.backward()
-    missing = [n for n, p in enc.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, f"{name}: parameters without gradient: {missing}"
-    assert hasattr(plain.head, "proj") and plain.head.codes is None
-    with pytest.raises(EncoderConfigError, match="context_codes"):
-        make(name, context_codes=-1)
 
 
 def test_activation_checkpointing_gives_the_same_gradients():
@@ -394,7 +378,7 @@ def test_packed_tokens_match_the_padded_path(name, over):
     """pack_tokens (the default) runs the per-demo blocks on the real tokens only, attention per length bucket:
     the context, the KL and every parameter's gradient equal the padded reference (pack_tokens=false, no cropping)
     on demos of ragged lengths."""
-    from encoders.base import TokenPacking
+    from encoders.layers import TokenPacking
 
     di, dl, m = ragged_demos()
     real = (di != 0) | (dl != 0)
@@ -423,7 +407,7 @@ def test_cross_attention_projects_only_attended_keys_with_the_same_numbers():
     nothing): output and gradients equal softmax attention over the full projection with masked scores."""
     import torch.nn.functional as F
 
-    from encoders.base import Attention
+    from encoders.layers import Attention
 
     torch.manual_seed(0)
     att = Attention(16, 4)
@@ -462,11 +446,12 @@ def grid_demos(b=3, d=3, side=7, seed=4):
     return di, dl, mask
 
 
-def zeroed_tables_give_the_plain_encoder(demo_batch, prefix, **over):
-    """An encoder option that adds tables (parameters named ``prefix``*) changes the context against the same
-    weights without it, and with those tables zeroed gives exactly the encoder without the option. Returns it."""
+def zeroed_tables_give_the_plain_encoder(demo_batch, prefix, name="standard", **over):
+    """An encoder option (or variant ``name``) that adds tables (parameters named ``prefix``*) changes the context
+    against the same weights without it, and with those tables zeroed gives exactly the standard encoder without
+    the option. Returns it."""
     plain = make("standard", seq_len=49, pair_layout=over["pair_layout"]).eval()
-    enc = make("standard", seq_len=49, **over).eval()
+    enc = make(name, seq_len=49, **over).eval()
     plain.load_state_dict({k: v for k, v in enc.state_dict().items() if not k.startswith(prefix)})
     ref = run(plain, *demo_batch).context
     assert not torch.allclose(run(enc, *demo_batch).context, ref, atol=1e-4)
@@ -507,8 +492,8 @@ def test_grid_coords_in_the_encoder_add_grid_offsets_and_keep_the_packed_path_ex
         make("standard", seq_len=40, grid_coords=True)
 
 
-@pytest.mark.parametrize("name,layout,init", [("standard", "aligned", "dihedral"), ("standard", "sequence", "identity"),
-                                              ("lpn", "sequence", "dihedral"), ("recurrent", "aligned", "identity")])
+@pytest.mark.parametrize("name,layout,init", [("standard", "aligned", "identity"), ("standard", "sequence", "identity"),
+                                              ("lpn", "sequence", "identity"), ("recurrent", "aligned", "identity")])
 def test_pointer_rope_in_the_encoder_is_wired_and_keeps_the_packed_path_exact(name, layout, init):
     """encoder.pointer: every per-demo self-attention layer gets a pointer projection (zero weights, the bias at the
     starting pointers) and rotates queries / keys by pointer RoPE relative to each demo's input grid. It changes the
@@ -574,14 +559,14 @@ def test_encoder_pointer_features_are_relative_to_each_demos_input_grid(name, la
 
 def test_pointer_rotation_keeps_the_compute_dtype_under_autocast():
     """Under bf16 autocast the rotated q / k come back in q's dtype (the pointers themselves are computed in fp32)."""
-    from encoders.base import Attention
+    from encoders.layers import Attention
 
-    enc = make("standard", seq_len=49, pointer="dihedral")
+    enc = make("standard", seq_len=49, pointer="identity")
     di, dl, m = grid_demos()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ctx = enc(di, dl, m).context
     assert torch.isfinite(ctx.float()).all()
-    att = Attention(32, 4, pointer="dihedral")
+    att = Attention(32, 4, pointer="identity")
     pts = enc.trunk._pointers(di[:, 0].long(), 49, 49)
     x = torch.randn(3, 49, 32)
     q = torch.randn(3, 49, 4, 8, dtype=torch.bfloat16)
@@ -590,7 +575,7 @@ def test_pointer_rotation_keeps_the_compute_dtype_under_autocast():
     assert qr.dtype == kr.dtype == torch.bfloat16
 
 
-# ------------------------------------------------------------------ dihedral views (encoder.dihedral_views)
+# ------------------------------------------------------------------ the dihedral_views variant (encoder=dihedral_views)
 def mapped_demos(maps, side=7, seed=3):
     """One demo per map of ``maps``: a random grid at a random offset and its image under the map at the same
     top-left corner (as the builder writes a demo pair, translated together)."""
@@ -628,12 +613,11 @@ def test_dihedral_agreement_marks_exactly_the_map_each_demo_shows():
 
 
 def test_dihedral_views_are_wired_and_keep_the_packed_path_exact():
-    """encoder.dihedral_views adds per-map source-colour and agreement embeddings to each aligned token: zeroed
-    tables give exactly the encoder without them, non-zero ones change the context, the packed path equals the
-    padded reference (context and every gradient), and the options it needs are checked."""
+    """encoder=dihedral_views adds per-map source-colour and agreement embeddings to each aligned token of the
+    standard encoder: zeroed tables give exactly the standard encoder, non-zero ones change the context, the packed
+    path equals the padded reference (context and every gradient), and the options it needs are checked."""
     di, dl, m = grid_demos()
-    enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.view_", pair_layout="aligned",
-                                               dihedral_views=True)
+    enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.view_", name="dihedral_views", pair_layout="aligned")
     assert enc.trunk.view_tok.shape == (8, V, 32) and enc.trunk.view_eq.shape == (8, 3, 32)
     from core.ops import dihedral_agreement
     with torch.no_grad():  # the bag of 16 rows per cell = the sum over maps of the two tables' rows
@@ -642,10 +626,31 @@ def test_dihedral_views_are_wired_and_keep_the_packed_path_exact():
         inp, out = di.flatten(0, 1).long(), dl.flatten(0, 1).long()
         colour, agreement = dihedral_agreement(inp, out, 7)
         want = sum(enc.trunk.view_tok[d][colour[:, d]] + enc.trunk.view_eq[d][agreement[:, d]] for d in range(8))
-        torch.testing.assert_close(enc.trunk._dihedral_views(inp, out), want, atol=1e-5, rtol=1e-5)
-    grads = packed_equals_padded((di, dl, m), pair_layout="aligned", dihedral_views=True)
+        torch.testing.assert_close(enc.trunk.cell_features(inp, out), want, atol=1e-5, rtol=1e-5)
+    grads = packed_equals_padded((di, dl, m), name="dihedral_views", pair_layout="aligned")
     assert grads["trunk.view_eq"].abs().sum() > 0 and grads["trunk.view_tok"].abs().sum() > 0
     with pytest.raises(EncoderConfigError, match="pair_layout=aligned"):
-        make("standard", seq_len=49, pair_layout="sequence", dihedral_views=True)
-    with pytest.raises(EncoderConfigError, match="dihedral_views=true needs a square canvas"):
-        make("standard", seq_len=40, pair_layout="aligned", dihedral_views=True)
+        make("dihedral_views", seq_len=49, pair_layout="sequence")
+    with pytest.raises(EncoderConfigError, match="dihedral_views needs a square canvas"):
+        make("dihedral_views", seq_len=40)
+
+
+def test_dihedral_views_keep_the_encoder_invariances():
+    """The variant keeps what every demo encoder guarantees (as the generic tests above check for NAMES): no NaN
+    without demos, extra masked / all-PAD slots and demo order change nothing, every parameter gets gradient."""
+    enc = make("dihedral_views", seq_len=49).eval()
+    di, dl, m = grid_demos()
+    ref = run(enc, di, dl, m).context
+    perm = torch.tensor([2, 0, 1])
+    torch.testing.assert_close(run(enc, di[:, perm], dl[:, perm], m[:, perm]).context, ref, atol=1e-5, rtol=1e-5)
+    junk = torch.randint(2, V, (3, 1, 49), dtype=di.dtype)
+    di2, dl2 = torch.cat([di, junk, torch.zeros_like(junk)], 1), torch.cat([dl, junk, torch.zeros_like(junk)], 1)
+    m2 = torch.cat([m, torch.zeros(3, 1, dtype=torch.bool), torch.ones(3, 1, dtype=torch.bool)], 1)
+    torch.testing.assert_close(run(enc, di2, dl2, m2).context, ref, atol=1e-5, rtol=1e-5)
+    m0 = m.clone()
+    m0[2] = False
+    assert torch.isfinite(run(enc, di, dl, m0).context).all()
+    enc = make("dihedral_views", seq_len=49, context_scale="gate").train()
+    (run(enc, di, dl, m).context * torch.randn(3, L, H)).sum().backward()
+    missing = [n for n, p in enc.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, missing

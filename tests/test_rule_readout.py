@@ -2,7 +2,7 @@
 
 Labels (dataset.rule_labels.rule_targets, dataset.rule_labels.rule_label_table): every family fills its slots in
 range; an augmented copy is labelled with the rule it *shows* (the conjugate under its augmentation), checked against
-the copy's own demo pairs; held-out puzzles are never labelled. The head (encoders.base.RuleReadout): mean
+the copy's own demo pairs; held-out puzzles are never labelled. The head (encoders.probes.RuleReadout): mean
 cross-entropy over the labelled slots only. The loop: the labels reach the loss through the ACT carry, the readout
 trains the encoder, and the checkpoint evaluates without labels."""
 import json
@@ -19,7 +19,7 @@ from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.rule_labels import UNLABELLED, rule_label_table
 from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, rule_targets
 from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule_apply
-from encoders.base import RuleReadout
+from encoders.probes import RuleReadout
 from experiments.science.common import ScienceError
 from experiments.science.run import _rule_readout_overrides, oracle_eval_overrides
 from training.config import ConfigError, load_config

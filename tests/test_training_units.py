@@ -314,10 +314,13 @@ def test_config_defaults_have_one_source():
     fresh = PretrainConfig(arch=composed.arch, data_paths=["x"])
     assert composed == fresh  # every key's default is the field default
     assert pretrain_defaults()["ema"] is True and pretrain_defaults()["evaluators"] == [{"name": "arc", "kwargs": {}}]
-    for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "encoder"))):
+    for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "encoder"))):  # each starts from its class defaults
+        name = path.removesuffix(".yaml")
         raw = OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "encoder", path)))
-        cls = ENCODER_REGISTRY[raw["name"]].config
-        assert cls(**raw) == cls(name=raw["name"]), f"config/encoder/{path} differs from {cls.__name__} defaults"
+        assert raw == {"defaults": [{"defaults@_here_": name}, "_self_"]}, f"config/encoder/{path} sets values"
+        cls = ENCODER_REGISTRY[name].config
+        got = load_config("cfg_pretrain_encoder_arc_agi_1", ["data_paths=[x]", f"encoder={name}"]).encoder
+        assert got == cls(name=name), f"encoder={name} differs from {cls.__name__} defaults"
     for path in sorted(os.listdir(os.path.join(CONFIG_DIR, "arch"))):
         parse_arch_config(OmegaConf.to_container(OmegaConf.load(os.path.join(CONFIG_DIR, "arch", path))))
 

@@ -1,6 +1,6 @@
 """The ETRM science pipeline: does a demonstration encoder infer a rule it never saw, from the demos alone?
 
-``python -m experiments.science --out DIR`` (also ``python -m encoders.science``, its old name) runs the 8-family
+``python -m experiments.science --out DIR`` runs the 8-family
 experiment through the user-facing commands (``--input-file-prefix P``: on your own kaggle-layout puzzles);
 ``--recolour`` runs the older in-process recolour check. Modules:
 

@@ -1,7 +1,7 @@
 """ETRM science: does a demonstration encoder infer a rule it never saw, from the demos alone?
 
 ``python -m experiments.science --out DIR`` runs the whole experiment through the user-facing commands, each stage
-a subprocess whose log lands in DIR (``python -m encoders.science``, the old name, runs the same command):
+a subprocess whose log lands in DIR:
 
 1. data: ``python -m dataset.build_synthetic_dataset ... --canvas-size N --build-dir DIR/data/built --mode etrm``
    (all 8 rule families of dataset/synthetic_rules.py; evaluation puzzles are rule instances never seen in
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     d, default = SYNTHETIC_DEFAULTS, ScienceSettings.default
     ap.add_argument("--out", required=True, help="output directory (data, runs, science.json, science.md)")
     ap.add_argument("--encoders", nargs="+", default=list(default("encoders")),
-                    help=f"runs: any of {', '.join(ENCODERS)}, {CONTROL} (zero-demo standard), or all")
+                    help=f"runs: any of {', '.join(ENCODERS)}, {CONTROL} (zero-demo standard), or all; or "
+                         f"another registered encoder (e.g. dihedral_views)")
     ap.add_argument("--input-file-prefix", default=default("input_file_prefix"), metavar="P",
                     help="your own puzzles: P_{training,evaluation}_{challenges,solutions}.json (kaggle layout); "
                          "evaluation = held out")

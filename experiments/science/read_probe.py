@@ -9,7 +9,7 @@ every step. Held-out accuracy is measured on a fixed set of other puzzles (new g
 rule through the science command's much weaker training signal.
 
     python -m experiments.science.read_probe                                        # the recipe's encoder
-    python -m experiments.science.read_probe --override pointer=dihedral --steps 800
+    python -m experiments.science.read_probe --encoder dihedral_views --steps 800
     python -m experiments.science.read_probe --maps 4 5 --json out.json             # two maps only
 
 Each puzzle: ``--demos`` demo pairs of random grids (sides in ``--sizes``, 3 colours at density 0.5, top-left of
@@ -33,18 +33,18 @@ from core.io import write_json_atomic
 from dataset.canvas import grid_to_canvas
 from dataset.dihedral import dihedral_transform
 from dataset.tokens import ARC_VOCAB_SIZE
-from encoders.base import build_encoder
+from encoders import ENCODER_REGISTRY, build_encoder, hydra_defaults
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "config")
 
 
 def recipe_encoder(name: str = "standard", overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The science recipe's encoder config: config/encoder/<name>.yaml, then cfg_science.yaml's ``encoder:``
-    section, then ``overrides`` (``key=value``, YAML values)."""
-    path = os.path.join(CONFIG_DIR, "encoder", f"{name}.yaml")
-    if not os.path.exists(path):
-        raise ValueError(f"unknown encoder {name!r} (no {path})")
-    cfg = OmegaConf.merge(OmegaConf.load(path),
+    """The science recipe's encoder config: encoder ``name``'s defaults (its config class, as
+    config/encoder/<name>.yaml composes them), then cfg_science.yaml's ``encoder:`` section, then ``overrides``
+    (``key=value``, YAML values)."""
+    if name not in ENCODER_REGISTRY:
+        raise ValueError(f"unknown encoder {name!r} (registered: {', '.join(ENCODER_REGISTRY)})")
+    cfg = OmegaConf.merge(hydra_defaults(name),
                           OmegaConf.load(os.path.join(CONFIG_DIR, "cfg_science.yaml")).get("encoder", {}),
                           OmegaConf.from_dotlist(list(overrides)))
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
@@ -116,9 +116,9 @@ def train_readout(encoder_cfg: dict[str, Any], *, maps: Sequence[int] = tuple(ra
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--encoder", default="standard", help="config/encoder/<name>.yaml")
+    ap.add_argument("--encoder", default="standard", help="a registered encoder (config/encoder/<name>.yaml)")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="encoder config keys on top of the recipe (e.g. pointer=dihedral)")
+                    help="encoder config keys on top of the recipe (e.g. pointer=identity)")
     ap.add_argument("--maps", type=int, nargs="+", default=list(range(1, 8)), help="dihedral map ids (default 1..7)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=64)

@@ -29,7 +29,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from core.io import read_json, write_json_atomic
-from encoders import EncoderConfigError
+from encoders import ENCODER_REGISTRY, EncoderConfigError
 from experiments.science.common import (
     CONTROL,
     ENCODERS,
@@ -80,8 +80,10 @@ def run_plan(name: str) -> tuple[str, list[str]]:
     """(encoder group, extra Hydra overrides) of one run of the table."""
     if name == CONTROL:
         return "standard", ["encoder.zero_demos=true"]
-    if name not in ENCODERS:
-        raise ScienceError(f"--encoders: unknown run {name!r} (choose from {', '.join(ENCODERS + (CONTROL,))} or all)")
+    if name not in ENCODERS and name not in ENCODER_REGISTRY:  # a variant (e.g. dihedral_views) runs only if named
+        variants = ", ".join(n for n in ENCODER_REGISTRY if n not in ENCODERS)
+        raise ScienceError(f"--encoders: unknown run {name!r} (choose from {', '.join(ENCODERS + (CONTROL,))} or all, "
+                           f"or another registered encoder: {variants})")
     return name, []
 
 

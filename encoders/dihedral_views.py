@@ -1,0 +1,64 @@
+"""`dihedral_views` encoder: the standard encoder whose aligned tokens also see the demo's dihedral views -- for
+every dihedral map d, each output cell gets an embedding of the input colour d sends there (PAD where none;
+core.ops.dihedral_sources) and of whether the output agrees with it (none / differs / equal), so "the output is
+the input flipped / rotated by d" is a per-cell comparison the pooling can count (docs/science.md, "Rule readout
+and dihedral views": with the rule readout and a normalised context, the first ETRM run to solve held-out
+puzzles of a spatial rule). Aligned pair layout and square canvases only.
+
+A variant of :mod:`encoders.standard`: one module, one registry line (``encoder=dihedral_views``). Before it was
+an encoder, the same model was ``encoder=standard encoder.dihedral_views=true``; those checkpoints load as this
+encoder (encoders.config.upgrade_encoder_config; the same parameter names).
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import pydantic
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.nn import trunc_normal_init_
+from core.ops import dihedral_agreement
+
+from .config import ENCODER_REGISTRY
+from .standard import StandardEncoder, StandardEncoderConfig
+from .trunk import DemoTrunk
+
+
+class DihedralViewsEncoderConfig(StandardEncoderConfig):
+    name: Literal["dihedral_views"] = "dihedral_views"
+
+    @pydantic.model_validator(mode="after")
+    def _aligned(self):
+        if self.pair_layout != "aligned":
+            raise ValueError(f"encoder dihedral_views: needs pair_layout=aligned (one token per output cell), got "
+                             f"pair_layout={self.pair_layout}")
+        return self
+
+
+class DihedralViewsTrunk(DemoTrunk):
+    """The per-demo trunk plus the dihedral-view embeddings (``view_tok`` [8, vocab, d]: the colour map d sends to a
+    cell; ``view_eq`` [8, 3, d]: none / differs / equal), summed into each aligned token."""
+
+    def init_cell_features(self, vocab_size: int, d: int, std: float) -> None:
+        self.side = self.square_side("dihedral_views")
+        self.view_tok = nn.Parameter(trunc_normal_init_(torch.empty(8, vocab_size, d), std / 2, std_of="normal"))
+        self.view_eq = nn.Parameter(trunc_normal_init_(torch.empty(8, 3, d), std / 2, std_of="normal"))
+
+    def cell_features(self, inp: torch.Tensor, out: torch.Tensor) -> Optional[torch.Tensor]:
+        """[n, S, d]: for each map d, the embedding of the input colour d sends to the cell plus that of the
+        agreement (core.ops.dihedral_agreement), of full canvases inp / out [n, S]."""
+        colour, agreement = dihedral_agreement(inp, out, self.side)  # [n, 8, S] each
+        n, _, S = colour.shape
+        V = self.view_tok.shape[1]
+        maps = torch.arange(8, device=inp.device)[None, :, None]
+        # one bag of 16 rows per cell of one table (never an [n, 8, S, d] tensor)
+        rows = torch.cat((maps * V + colour, 8 * V + maps * 3 + agreement), 1).permute(0, 2, 1).reshape(n * S, 16)
+        table = torch.cat((self.view_tok.flatten(0, 1), self.view_eq.flatten(0, 1)))
+        return F.embedding_bag(rows, table, mode="sum").view(n, S, -1)
+
+
+@ENCODER_REGISTRY.register("dihedral_views", config=DihedralViewsEncoderConfig)
+class DihedralViewsEncoder(StandardEncoder):
+    trunk_cls = DihedralViewsTrunk

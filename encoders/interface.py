@@ -1,0 +1,61 @@
+"""The module interface every demonstration encoder implements (docs/architecture.md §3)::
+
+    encoder(demo_inputs [b, D, S] int, demo_labels [b, D, S] int, demo_mask [b, D] bool, state=None)
+        -> EncoderOutput(context [b, puzzle_emb_len, hidden], kl [b] | None, state | None)
+
+Padding rules (pitfall 16): PAD tokens (id 0) inside a demo are never attended to and never pooled;
+demo slots with ``demo_mask == False`` (or containing only PAD) are skipped entirely (never encoded);
+a sample with no demo at all gets a well-defined context (no NaN).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .config import BaseEncoderConfig
+from .probes import attach_probes
+
+
+@dataclass
+class EncoderOutput:
+    context: torch.Tensor  # [b, puzzle_emb_len, hidden]
+    kl: Optional[torch.Tensor] = None  # [b] per-sample KL (unweighted), variational encoders only
+    state: Optional[torch.Tensor] = None  # recurrent encoders: new z_E (NOT detached)
+
+
+class DemoEncoder(nn.Module):
+    """Base class of every encoder module. Holds the config and the sizes it was built for, and the science
+    probes of its config (``rule_head`` / ``rule_oracle``, encoders.probes; None when off)."""
+
+    registry_name: str = "?"
+    is_recurrent: bool = False
+    kl_weight: float = 0.0
+
+    def __init__(self, cfg: BaseEncoderConfig, *, hidden_size: int, vocab_size: int, seq_len: int,
+                 puzzle_emb_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.hidden_size = hidden_size
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len
+        self.puzzle_emb_len = puzzle_emb_len
+        attach_probes(self, cfg, puzzle_emb_len, hidden_size)
+
+    @staticmethod
+    def _check_inputs(demo_inputs, demo_labels, demo_mask):
+        if demo_inputs.shape != demo_labels.shape or demo_inputs.dim() != 3:
+            raise ValueError(f"demo_inputs {tuple(demo_inputs.shape)} and demo_labels {tuple(demo_labels.shape)} "
+                             f"must both be [batch, max_demos, seq]")
+        if tuple(demo_mask.shape) != tuple(demo_inputs.shape[:2]):
+            raise ValueError(f"demo_mask {tuple(demo_mask.shape)} must be [batch, max_demos] = "
+                             f"{tuple(demo_inputs.shape[:2])}")
+
+    def initial_state(self, batch_size: int, device) -> Optional[torch.Tensor]:
+        return None
+
+    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor,
+                state: Optional[torch.Tensor] = None) -> EncoderOutput:  # pragma: no cover - abstract
+        raise NotImplementedError
