@@ -1,5 +1,5 @@
 """Rule labels: what a rule-readout head is asked to name (``encoder.rule_readout``, encoders.probes.RuleReadout,
-docs/science.md): the slots (:data:`RULE_SLOTS`), one rule instance's classes in them (:func:`rule_targets`), and
+docs/models.md): the slots (:data:`RULE_SLOTS`), one rule instance's classes in them (:func:`rule_targets`), and
 the table of a built synthetic dataset, one row of classes per puzzle identifier (:func:`rule_label_table`).
 
 The synthetic builder knows each puzzle's rule (``<prefix>_rules.json``: name -> family, params); the ARC builder

@@ -113,7 +113,7 @@ def as_logged(metrics: dict[str, Any]) -> dict[str, float]:
 def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any], *,
              device: Union[str, torch.device], autocast_dtype: Union[None, str, torch.dtype] = None,
              halt_early: bool = False, progress: bool = True, return_keys: Sequence[str] = (),
-             max_steps: Optional[int] = None, save_path: Optional[str] = None) -> dict[str, float]:
+             max_steps: Optional[int] = None, save_path: Optional[str] = None, ttt: Any = None) -> dict[str, float]:
     """Run inference over ``loader`` (test mode), feed every evaluator, return the metrics.
 
     ``model``: an ACT loss head (``forward(carry, batch, return_keys) -> (carry, loss, metrics, outputs,
@@ -125,6 +125,8 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     ``inputs``; ``steps`` = halting step); with ``save_path`` they are written, padding rows removed, with
     their ``example_index``, to ``<save_path>/outputs.rank<r>.pt``. Evaluators' ``required_outputs`` missing
     from the model's outputs raise ``KeyError``. ``max_steps`` overrides ``halt_max_steps`` (benchmarks).
+    ``ttt``: an ``evaluators.ttt.TestTimeTraining``: each batch is fitted to its own demos before it is rolled out
+    (its ``ttt/*`` metrics are added).
     ``progress``: rank 0's bar of evaluated examples over all ranks, on a terminal only (:func:`_progress_bar`).
     """
     device = torch.device(device)
@@ -146,7 +148,7 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
                 set_name, cpu_batch, global_real = _unpack(item)
                 batch = _to_device(cpu_batch, device)
                 with amp:
-                    r = plan.run(batch, device)
+                    r = plan.run(batch, device) if ttt is None else ttt.run(plan, batch, device)
                 missing = need - set(r.outputs) - {"steps"}
                 if missing:
                     raise KeyError(f"model outputs lack {sorted(missing)} required by the evaluators")
@@ -160,6 +162,8 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     finally:
         bar.close()
     totals.save_outputs(save_path)
+    if ttt is not None:
+        metrics.update(ttt.summary())
     for ev in evaluators:
         res = ev.result(save_path)
         if res is not None:
@@ -194,22 +198,23 @@ class _StepPlan:
             if self.act is not None:
                 self.act.halt_early_in_eval = old_flag
 
-    def _step(self, batch: dict) -> Callable[[Any], tuple]:
+    def _step(self, batch: dict, kw: dict) -> Callable[[Any], tuple]:
         if self.bare:
-            return lambda carry: self.model(carry=carry, batch=batch)
+            return lambda carry: self.model(carry=carry, batch=batch, **kw)
 
         def head_step(carry: Any) -> tuple:
-            res = self.model(carry=carry, batch=batch, return_keys=self.want)
+            res = self.model(carry=carry, batch=batch, return_keys=self.want, **kw)
             if len(res) != 5:
                 raise TypeError(f"model forward returned {len(res)} values; expected 5 (loss head) or 2")
             new_carry, _loss, metrics, outs, _all_halted = res
             return new_carry, outs, metrics
         return head_step
 
-    def run(self, batch: dict, device: torch.device) -> Rollout:
+    def run(self, batch: dict, device: torch.device, **model_kwargs: Any) -> Rollout:
+        """Roll ``batch`` out; ``model_kwargs`` go to every forward (test-time training: ``prefix_context``)."""
         with torch.device(device):
             carry = self.model.initial_carry(batch)
-        return rollout(self._step(batch), carry, max_steps=self.max_steps, keep=self.want,
+        return rollout(self._step(batch, model_kwargs), carry, max_steps=self.max_steps, keep=self.want,
                        q_halt_rule=self.halt_early and self.act is None, stop_when_done=self.halt_early)
 
 

@@ -171,12 +171,16 @@ class ETRM(ACTModel):
 
     def forward(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
                 ) -> Tuple[ETRMCarry, Dict[str, torch.Tensor]]:
-        if prefix_context is not None:
-            raise ValueError("ETRM computes its own prefix_context from the demos; do not pass one")
+        if prefix_context is not None and self.training:
+            raise ValueError("ETRM computes its own prefix_context from the demos in training; a given one (a "
+                             "test-time-trained context, models.ttt) applies in evaluation only")
         if not isinstance(carry, ETRMCarry):
             raise TypeError("ETRM.forward needs the carry from ETRM.initial_carry")
         carry = self.refill(carry, batch)
-        enc, ctx = self.encode(carry)
+        if prefix_context is not None:  # evaluation with a test-time-trained context for these rows
+            enc, ctx = EncoderOutput(context=prefix_context), prefix_context
+        else:
+            enc, ctx = self.encode(carry)
         new, outputs = self._core_cls.step(self, carry, prefix_context=ctx)
         outputs["encoder_context"] = ctx
         outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)

@@ -28,11 +28,10 @@ LAST_COMMIT = "0b65cd7"
 #: arch names whose configs had the switches (a variant's own fields, e.g. trm_pointer's pointer_init, are not old)
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
-#: removed switch -> why (docs/science.md keeps the record)
+#: removed switch -> why (the measurement, its commit and its record file)
 REMOVED = {
-    "context_broadcast": "measured negative: run f8-bc (docs/science.md, 'The 8 families over 6000 steps, and one "
-                         "factor at a time') scored held-out 0.08 / train fit 0.11 against the recipe's 0.09 / 0.09 "
-                         "at 2000 steps",
+    "context_broadcast": "measured negative: run f8-bc scored held-out 0.08 / train fit 0.11 against the recipe's "
+                         "0.09 / 0.09 at 2000 steps (02456e9, docs/record/2026-11-26-8-families-6000-steps.md)",
 }
 
 

@@ -12,7 +12,8 @@
 # 2. with BENCH=1, the science step's speed on the otherwise idle GPU (benchmarks.train_step --config science;
 #    BENCH_MODES=both also times eager);
 # 3. the 8-family science command (batch 512: two seeds and the zero-demo control) on the GPU's budget
-#    (docs/science.md, "The 8 families on one H100"), runs side by side (RUNS below), each one cut to the
+#    (batch 512 reached 0.26 / 0.27 held-out in ~1100 steps, 6.5 minutes, on two seeds: 1f9e2ad,
+#    docs/record/2026-11-26-h100-batch-512.md), runs side by side (RUNS below), each one cut to the
 #    deadline and its last checkpoint evaluated if it does not finish;
 # 4. meanwhile, the CUDA tests: tests/test_cuda.py (training step on CUDA vs CPU, fp32 and bf16, eager and
 #    compiled), the CUDA / Triton / fused optimizer tests and the pinned-memory loader test.
@@ -47,7 +48,8 @@ if ls .whl/adam_atan2-*.tar.gz >/dev/null 2>&1; then
 fi
 
 # 2. the science step on the idle GPU, compiled (batch 64), with BENCH=1 (H100, 2026-11-26: eager 0.226 s/step,
-# compiled 0.044; docs/training.md). Off by default: measured once, and its minute is worth more to the runs.
+# compiled 0.044; 3b5a585, docs/record/2026-11-26-h100-science-step.md). Off by default: measured once, and its
+# minute is worth more to the runs.
 if [ -n "${BENCH:-}" ]; then
   say "benchmark: science step"
   timeout 120 python3 -m benchmarks.train_step --config science --device cuda --compile ${BENCH_MODES:-compiled} \

@@ -2,11 +2,13 @@
 of that slug), every `python -m X` in code names a module that exists, and every docs/<file>.md path mentioned
 exists. Runs on README.md and every .md under docs/ (the record included); nothing is imported but the checker's own
 standard-library modules, and modules outside the repo are looked up with importlib.util.find_spec on their top
-package and the files under it (so `python -m torch.distributed.run` does not import torch)."""
+package and the files under it (so `python -m torch.distributed.run` does not import torch). And the other way
+round: every docs/<file>.md that the repo's .py / .yaml / .sh files cite exists, with the section they name."""
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -236,3 +238,127 @@ def test_every_record_is_indexed_and_has_its_header():
         head = p.read_text(encoding="utf-8").split("\n---\n", 1)[0]
         for field in ("**Date:**", "**Commit:**", "**Conclusion:**", "**Status:**"):
             assert field in head, f"{p.name}: no {field} in its header"
+
+
+# ------------------------------------------------------------------------ citations of the docs in code and configs
+# Code, configs and scripts cite the docs as docs/<file>.md, optionally followed by a section: `§N` (a numbered
+# heading) and / or a quoted title after ", " or " " (`docs/x.md, "Title"`, `docs/x.md 'Title'`, `docs/x.md
+# ("Title")`; a title may continue on the next line of a comment or docstring). The file must exist and the title
+# must be a heading of it: compared case-insensitively, markup and a heading's "N. " numbering ignored, and the
+# heading may go on after the quoted title (`"Checkpoints and resume"` names "Checkpoints and resume
+# (training/checkpoint.py)"). A stated fact with its commit and record file beats a pointer to a section.
+
+CODE_SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".sbatch", ".toml")
+SKIP_DIRS = {".git", ".venv", ".venv-ci", ".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", "build",
+             "data", "checkpoints", "outputs", "multirun", "wandb", "runs", "logs", "node_modules"}
+CITATION = re.compile(
+    r"(?<![\w./-])(docs/[\w./-]+?\.md)\b"  # the file
+    r"(?:[ \t]*§[ \t]*(\d+))?"  # §N
+    r"(?:,?[ \t]*\(?(\\?)([\"'])"  # the opening quote of a title (escaped inside a Python string, or not)
+    r"([A-Za-z0-9](?:(?!\4)[^\n\\]|\n[ \t]*#*[ \t]*){0,200}?)\3\4)?")  # the title, up to the same closing quote
+OPEN_TITLE = re.compile(r",?[ \t]*\(?\\?[\"'][A-Za-z0-9]")  # a title that opens where CITATION read none
+NUMBERED = re.compile(r"^(\d+)\.\s+")
+
+
+def _plain_heading(text: str) -> str:
+    h = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)  # links / images: their text
+    h = re.sub(r"[`*_]|<[^>]+>", "", h)
+    return " ".join(h.split()).lower()
+
+
+def headings(text: str) -> list[str]:
+    """The headings of a markdown text (outside fenced code), plain and lower case."""
+    prose, _ = split_code(text)
+    return [_plain_heading(m.group(2)) for m in map(ATX.match, prose.split("\n")) if m]
+
+
+def title_matches(title: str, heading: str) -> bool:
+    """Whether a quoted section title names `heading` (both plain and lower case): equal, or the heading goes on
+    after it past a word boundary; with or without the heading's "N. " numbering."""
+    for h in (heading, NUMBERED.sub("", heading)):
+        if h == title or (h.startswith(title) and not h[len(title)].isalnum()):
+            return True
+    return False
+
+
+def citation_problems(path: Path, root: Path = ROOT, cache: dict[Path, list[str]] | None = None) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    cache = {} if cache is None else cache
+    problems = []
+    for m in CITATION.finditer(text):
+        doc, number, title = m.group(1), m.group(2), m.group(5)
+        where = f"{path.relative_to(root)}:{text.count(chr(10), 0, m.start()) + 1}: {doc}"
+        target = root / doc
+        if not target.is_file():
+            problems.append(f"{where}: no such file")
+            continue
+        if target not in cache:
+            cache[target] = headings(target.read_text(encoding="utf-8"))
+        heads = cache[target]
+        if number and not any(h.startswith(f"{number}.") for h in heads):
+            problems.append(f"{where} §{number}: {doc} has no heading numbered {number}.")
+        if title is None and OPEN_TITLE.match(text, m.end()):
+            problems.append(f"{where}: a quoted section title that does not close on the quote it opened with (split "
+                            f"across string literals?): keep the title in one piece")
+        if title:
+            plain = " ".join(re.sub(r"\n[ \t]*#*", " ", title).split()).lower().rstrip(" .…:;,")
+            if not any(title_matches(plain, h) for h in heads):
+                problems.append(f"{where}, \"{' '.join(title.split())}\": {doc} has no such heading")
+    return problems
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    """The repo's code, config and script files (not the virtual environment, caches, data or runs)."""
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.endswith(".egg-info"))
+        out += [Path(d) / f for f in sorted(files) if f.endswith(CODE_SUFFIXES)]
+    return out
+
+
+def test_code_citations_of_the_docs_resolve():
+    """Every docs/<file>.md that code, a config or a script cites exists, and so does the section it names. This
+    file is left out: its checker tests cite missing files and sections on purpose."""
+    cache: dict[Path, list[str]] = {}
+    files = [p for p in code_files() if p != Path(__file__).resolve()]
+    assert any(p.name == "cfg_science.yaml" for p in files) and any(p.suffix == ".sh" for p in files)
+    problems = [msg for p in files for msg in citation_problems(p, cache=cache)]
+    assert not problems, "\n".join(problems)
+
+
+def test_reference_docs_citations_of_other_docs_sections_resolve():
+    """The same for the reference pages (README, docs/*.md; the dated record keeps its words as written)."""
+    cache: dict[Path, list[str]] = {}
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    problems = [msg for p in pages for msg in citation_problems(p, cache=cache)]
+    assert not problems, "\n".join(problems)
+
+
+def test_citation_checker_catches_stale_sections_and_files(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "target.md").write_text("# Target\n\n## 2. Good section: more (`x.py`)\n\n```\n## Fenced title\n```\n"
+                                    "### The recipe\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "ok.py").write_text(
+        '"""See docs/target.md, "Good section" and docs/target.md §2, docs/target.md ("the recipe").\n'
+        'Also docs/target.md "Good\n    section: more" and docs/target.md \'good section: more (x.py)\'."""\n'
+        'MSG = "(docs/target.md, \\"The recipe\\")"  # docs/target.md, "Good\n# section"; docs/target.md.\n')
+    (tmp_path / "pkg" / "stale.py").write_text(
+        'X = 1  # docs/target.md, "Stale section"\n'
+        'MSG = "see docs/target.md, \\"Fenced title\\""\n'
+        '"""docs/target.md §7 and docs/target.md "Good sect" and docs/gone.md."""\n'
+        'MSG2 = ("see docs/target.md, \\"Good "\n       "section\\"")\n')
+    (tmp_path / "cfg.yaml").write_text("a: 1  # docs/target.md 'Recipe'\n")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "skip.py").write_text('# docs/target.md, "Not checked"\n')
+    files = code_files(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == ["cfg.yaml", "pkg/ok.py", "pkg/stale.py"]
+    assert citation_problems(tmp_path / "pkg" / "ok.py", root=tmp_path) == []
+    problems = [m for p in files for m in citation_problems(p, root=tmp_path)]
+    text = "\n".join(problems)
+    assert len(problems) == 7, text
+    for stale in ("cfg.yaml:1: docs/target.md, \"Recipe\"", "stale.py:1: docs/target.md, \"Stale section\"",
+                  "\"Fenced title\"", "§7", "\"Good sect\"", "docs/gone.md: no such file",
+                  "stale.py:4: docs/target.md: a quoted section title that does not close"):
+        assert stale in text, (stale, text)

@@ -2,7 +2,8 @@
 import torch
 import torch.nn.functional as F
 
-from models.latent_search import _decoder_logits, latent_search_context
+from models.latent_search import latent_search_context
+from models.ttt import decode_logits as _decoder_logits
 from tests.test_etrm_model import batch, build
 
 
@@ -80,19 +81,19 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
     """Leave-one-out: at the first search step (delta = 0) demo j of sample i is decoded from the context of the
     mean latent of sample i's OTHER valid demos (computed here independently, by masking demo j out), in
     sample-major order over the valid pairs only; masked slots are never decoded."""
-    import models.latent_search as ls
+    import models.ttt as ttt
 
     m = build("lpn").eval()
     b = batch()  # sample 0 has its third slot masked: two valid demos
     b["demo_mask"][3, 1] = False  # and sample 3 its second
     seen = []
-    orig = ls._decoder_logits
+    orig = ttt.decode_logits
 
     def spy(model, inputs, context):
         seen.append((inputs.clone(), context.detach().clone()))
         return orig(model, inputs, context)
 
-    monkeypatch.setattr(ls, "_decoder_logits", spy)
+    monkeypatch.setattr(ttt, "decode_logits", spy)
     with torch.inference_mode():
         latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=1, lr=0.5,
                               leave_one_out=True)

@@ -37,9 +37,10 @@ def test_standard_encoder_beats_zero_demo_control_on_heldout_rules(tmp_path):
     """The recipe at 500 of its 3000 steps, two seeds (= two draws of data, held-out instances and init), the
     zero-demo control on seed 0. A short run's held-out score depends on the seed and on float rounding (thread
     count, torch build): measured at 500 steps, one thread, seeds 0-4: 0.43, 0.48, 0.75, 0.28, 0.82 (two threads,
-    seeds 0 / 3: 0.38 / 0.22); the control 0.00 on every one (docs/science.md). So the claim is the margin over the
-    control, averaged over two seeds, with a floor below the lowest measured single seed: a broken encoder (control
-    level, ~0) still fails it."""
+    seeds 0 / 3: 0.38 / 0.22); the control 0.00 on every one (289a2b8,
+    docs/record/2026-11-23-recolour-one-factor-at-a-time.md). So the claim is the margin over the control, averaged
+    over two seeds, with a floor below the lowest measured single seed: a broken encoder (control level, ~0) still
+    fails it."""
     runs = [run_science(str(tmp_path / f"s{seed}"), steps=STEPS, seed=seed, control=seed == 0) for seed in (0, 1)]
     print(json.dumps([{k: r[k] for k in ("chance", "etrm", "zero_demos") if k in r} for r in runs], indent=1))
     etrm = [r["etrm"]["heldout"]["exact_accuracy"] for r in runs]

@@ -1,4 +1,4 @@
-"""The auxiliary rule readout (encoder.rule_readout, rule_labels; docs/science.md "Rule readout").
+"""The auxiliary rule readout (encoder.rule_readout, rule_labels; the option: docs/models.md).
 
 Labels (dataset.rule_labels.rule_targets, dataset.rule_labels.rule_label_table): every family fills its slots in
 range; an augmented copy is labelled with the rule it *shows* (the conjugate under its augmentation), checked against

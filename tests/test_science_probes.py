@@ -1,4 +1,4 @@
-"""experiments.science.probes: the core-fit probe data (docs/science.md, spatial families)."""
+"""experiments.science.probes: the core-fit probe data (076a67b, docs/record/2026-11-25-spatial-core-fit-probes.md)."""
 from __future__ import annotations
 
 import json

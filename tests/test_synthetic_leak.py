@@ -155,8 +155,9 @@ def test_parameter_shift_notes_flag_a_value_common_held_out_and_rare_in_training
 
 
 def test_the_leak_free_split_leaves_translate_training_few_unwrapped_shifts(tmp_path):
-    """The real case (docs/science.md, "Translate: ..."): translate alone, 8 augmented copies excluded from
-    showing a held-out instance, trains on a few percent non-wrapped shifts while most held-out ones are."""
+    """The real case: translate alone, 8 augmented copies excluded from showing a held-out instance, trains on a few
+    percent non-wrapped shifts while most held-out ones are (at 400 training / 40 held-out puzzles: 16 against 28;
+    e68a4fc, docs/record/2026-11-26-translate-wrap.md)."""
     from experiments.science.data import parameter_shift_notes
 
     kw = dict(num_train=160, num_test=40, seed=0, progress=False, canvas_size=8, families=["translate"],

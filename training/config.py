@@ -132,7 +132,7 @@ class PretrainConfig(_Strict):
     # would make held-out scores not few-shot. true = accept it anyway (e.g. to compare with TRM on equal data).
     allow_test_demos_in_train: bool = False
     # the synthetic builder's <prefix>_rules.json: labels of the auxiliary rule readout (encoder.rule_readout > 0;
-    # dataset.rule_labels, docs/science.md "Rule readout"); training puzzles only, one data path
+    # dataset.rule_labels; the option: docs/models.md); training puzzles only, one data path
     rule_labels: Optional[str] = None
     early_stop: bool = False
     health: HealthConfig = Field(default_factory=HealthConfig)

@@ -18,12 +18,13 @@ evaluation loader, picks the scoring from the data's kind (:func:`uses_arc_votin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import pydantic
 import torch
@@ -32,14 +33,16 @@ from pydantic import SerializeAsAny
 
 import models
 from core.errors import PlatformError
-from core.io import atomic_write
+from core.io import atomic_write, write_json_atomic
 from dataset.metadata import load_metadata
 from dataset.rule_labels import rule_label_table
 from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
 from evaluators.inference import as_logged, evaluate
+from evaluators.ttt import TestTimeTraining
 from models import ArchConfig, parse_arch_config
 from models.compat import load_original_trm_checkpoint
+from models.ttt import TTTSettings
 from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
 from training.checkpoint import CheckpointError, load_checkpoint_file
 from training.distributed import init_distributed, shutdown_distributed
@@ -79,6 +82,15 @@ class EvaluateConfig(pydantic.BaseModel):
     # None = the checkpoint's encoder.search_steps). See docs/models.md.
     latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
     latent_search_lr: Optional[float] = pydantic.Field(default=None, gt=0)
+    # test-time training on each test puzzle's own demonstration pairs before it is predicted (models/ttt.py,
+    # evaluators/ttt.py): gradient steps (0 = off), their learning rate, what is fitted (context: an offset on ETRM's
+    # encoder output; embedding: a free context / TRM: a fresh puzzle embedding from the trained mean; all: every
+    # weight, one copy per puzzle copy, restored afterwards), and the augmented copies of each puzzle that are
+    # fitted and voted (None: every copy the data has; K: the original + K, like num_augmentations=K+1)
+    ttt_steps: int = pydantic.Field(default=0, ge=0)
+    ttt_lr: float = pydantic.Field(default=1e-2, gt=0)
+    ttt_params: Literal["context", "embedding", "all"] = "context"
+    ttt_augment: Optional[int] = pydantic.Field(default=None, ge=0)
     batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     autocast: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | none | bf16 | fp16
@@ -118,10 +130,11 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         del state  # the model holds the weights now
         rule_table = _oracle_labels(cfg, info)
         _configure_latent_search(head, cfg)
+        ttt = _test_time_training(cfg, head)
         model = torch.compile(head) if cfg.compile else head
-        loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=cfg.num_augmentations,
+        loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=_num_augmentations(cfg),
                                          rank=dist_info.rank, world_size=dist_info.world_size,
-                                         max_groups=cfg.max_groups, encoder_mode=encoder_mode,
+                                         max_groups=cfg.max_groups, encoder_mode=encoder_mode or ttt is not None,
                                          max_demos=max_demos, num_workers=cfg.num_workers,
                                          # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
                                          seed=int(info.get("seed", 0)))
@@ -138,9 +151,13 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
         t0 = time.time()
         metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
-                           halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir)
+                           halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir,
+                           ttt=ttt)
         if not dist_info.is_main:
             return {}
+        if ttt is not None:  # per fitted puzzle copy: demo fit before / after, steps, seconds
+            write_json_atomic(os.path.join(out_dir, "ttt.json"), {"settings": dataclasses.asdict(ttt.settings),
+                                                                   "puzzles": ttt.records})
         metrics["eval/wall_seconds"] = time.time() - t0
         config = cfg.model_dump()
         if not cfg.original_trm_checkpoint:  # unused: the checkpoint's arch is in checkpoint_info
@@ -153,6 +170,26 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             run_wandb.log(as_logged(metrics), step=int(info.get("step") or 0))
             run_wandb.finish()
         return metrics
+
+
+def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTraining]:
+    """The ``ttt_*`` options as the evaluation's test-time training (None when ``ttt_steps`` is 0)."""
+    if cfg.ttt_steps == 0:
+        return None
+    try:
+        return TestTimeTraining(head, TTTSettings(steps=cfg.ttt_steps, lr=cfg.ttt_lr, params=cfg.ttt_params))
+    except ValueError as e:
+        raise EvaluateError(f"ttt_params={cfg.ttt_params}: {e}") from None
+
+
+def _num_augmentations(cfg: EvaluateConfig) -> Optional[int]:
+    """The augmented copies evaluated: ``num_augmentations``, or ``ttt_augment`` + 1 (the two must agree)."""
+    if cfg.ttt_augment is None:
+        return cfg.num_augmentations
+    if cfg.num_augmentations is not None and cfg.num_augmentations != cfg.ttt_augment + 1:
+        raise EvaluateError(f"ttt_augment={cfg.ttt_augment} evaluates the original + {cfg.ttt_augment} copies, but "
+                            f"num_augmentations={cfg.num_augmentations}; set one of them")
+    return cfg.ttt_augment + 1
 
 
 def _global_batch_size(cfg: EvaluateConfig, state: Optional[dict[str, Any]], world_size: int) -> int:

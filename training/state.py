@@ -253,7 +253,7 @@ class CheckpointManager:
 
     def restore(self, state: dict[str, Any], p: Progress, say: Callable[[str], None]) -> dict[str, Any]:
         """Load ``state`` into ``p`` and the components (in order); returns this rank's RNG state, to be set just
-        before the first step (docs/training.md: exact resume)."""
+        before the first step (docs/training.md, "Checkpoints and resume": the resume is exact)."""
         self._check_resumable(state)
         p.load_state_dict(state)
         for key, component in self.components.items():

@@ -24,8 +24,9 @@ outputs): the evaluation puzzles are the held-out ones. Rows of the table: ``--g
 group, or -> {"family": ...} as the synthetic builder's _rules.json; every puzzle id must be named), else the id
 prefix (the part of the id before its first '_' or '-'; the whole id when it has neither). No colour / dihedral
 augmentation unless you pass --num-aug K: the copies can realise a held-out colour or orientation of a rule, i.e.
-leak a held-out rule instance into training (docs/science.md, "Your own puzzles"). --families, --holdout-families,
---num-train, --num-test, --min-grid and --max-grid do not apply; --canvas-size defaults to the largest grid side.
+leak a held-out rule instance into training (docs/experiments.md, "Augmentation can leak a held-out rule instance
+into training"). --families, --holdout-families, --num-train, --num-test, --min-grid and --max-grid do not apply;
+--canvas-size defaults to the largest grid side.
 
 Resumable: a run whose summary.json says ``finished`` is not trained again; a run cut short (killed, interrupted,
 failed after a checkpoint) resumes from its last checkpoint, and until then its last checkpoint is evaluated and
@@ -108,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "curve.png; keep them with --override checkpoint_keep=null (experiments.science.curve)")
     ap.add_argument("--rule-readout", type=float, default=default("rule_readout"), metavar="W",
                     help="weight of an auxiliary loss that asks a head on the encoder's context to name each training "
-                         "puzzle's rule (family and parameters; synthetic families only; docs/science.md)")
+                         "puzzle's rule (family and parameters; synthetic families only; docs/models.md)")
     ap.add_argument("--halting-step", action="store_true",
                     help="also score every run at its Q head's halting step (evaluate.py halt_early=true): a second "
                          "per-family table; done anyway for a run whose training samples halt early")

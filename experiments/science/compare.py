@@ -5,7 +5,8 @@ with what each run changed (its ``--override``s), its seeds, steps and seconds p
 
 Each DIR is a science command's ``--out`` (its science.json); the first is the baseline the others are read
 against, and every other row names only the overrides it adds to or changes from the baseline's. The ablation
-tables of docs/science.md are written with it: every row carries the steps, the s/step and the seeds it rests on.
+tables of the record are written with it (e.g. docs/record/2026-11-26-schedule-ema-halt-batch.md): every row
+carries the steps, the s/step and the seeds it rests on.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ Two sources, one pipeline (:func:`experiments.science.run.run_science_command` t
 Colour / dihedral augmentation of your own files defaults to none (``num_aug`` 0): the ARC builder's copies of a
 training puzzle can show a held-out parameter of its rule (a recolouring into the held-out colours, a held-out
 orientation), so augmentation can leak a held-out rule instance into training. Opt in with ``--num-aug K``
-(docs/science.md, "Your own puzzles").
+(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").
 
 The train-fit set (:func:`prepare_fit`): a seeded sample of the training puzzles, built as a test split
 (``OUT/data/fit/built``) so that ``evaluate.py`` scores each run on puzzles it was trained on, with the same
@@ -160,8 +160,9 @@ def parameter_shift_notes(rules: dict, *, heldout_share: float = 0.5, train_shar
     (shares of puzzles; at least ``min_heldout`` held-out puzzles of the family). The leak-free split can cause
     this: a training puzzle is redrawn when an augmented copy of it shows a held-out instance, so a value whose
     instances are mostly held out (with their dihedral / colour conjugates) all but leaves training; translate
-    alone trains on 4% non-wrapped shifts while 70% of its held-out shifts are non-wrapped (docs/science.md). The
-    held-out score of such a family measures that shift as well as reading the rule."""
+    alone trains on 4% non-wrapped shifts while 70% of its held-out shifts are non-wrapped (e68a4fc,
+    docs/record/2026-11-26-translate-wrap.md). The held-out score of such a family measures that shift as well as
+    reading the rule."""
     counts: dict[tuple[str, str], Counter] = {}  # (family, subset) -> Counter of its puzzles' (key, value)
     sizes: Counter = Counter()  # (family, subset) -> puzzles
     for meta in rules.values():

@@ -1,5 +1,7 @@
 """Core-fit probes for the spatial families: can the TRM core *apply* a dihedral map, before any encoder has to
-read it? (docs/science.md, "Spatial families: what stops the fit").
+read it? First measured at 076a67b (docs/record/2026-11-25-spatial-core-fit-probes.md); with grid offsets the
+science core fits one fixed flip, 0.98 train exact in 400 steps (1fd0952,
+docs/record/2026-11-25-grid-relative-positions.md).
 
     python -m experiments.science.probes --out data/probe-hflip --dihedral 4            # one fixed map (flip)
     python -m experiments.science.probes --out data/probe-hflip6 --dihedral 4 --sizes 6 6
@@ -13,7 +15,8 @@ kaggle-layout files (``DIR/probe_{training,evaluation}_{challenges,solutions}.js
 puzzle id -> map id) and built with the ARC builder into ``DIR/built`` (``--mode trm``, no augmentation, canvas
 ``--canvas-size``). ``--oracle`` then replaces every example's puzzle identifier with its map id (1..7), so a TRM
 with a puzzle embedding is *told* the map: the core's fit without any rule reading. Train on it with
-``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the docs give the exact overrides), and score
+``pretrain.py --config-name cfg_demo data_paths=[DIR/built] ...`` (the exact overrides: the "Reproduce" commands
+of docs/record/2026-11-25-pointer-rope.md), and score
 fresh puzzles with ``evaluate.py checkpoint=... data_path=DIR/built halt_early=true arc_voting=false`` (per copy:
 with rule ids as puzzle ids, ARC voting per puzzle does not apply).
 

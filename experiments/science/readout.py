@@ -6,7 +6,9 @@ asks that head, on every augmented copy of the held-out puzzles (``--split test`
 saw) or the training puzzles (``--split train``), how often it names the family, each of the family's parameters,
 and the whole rule. It separates the two halves of a miss in the science table: a family whose rule the context
 carries (readout right) but whose answers are wrong is limited by the core *applying* it; one whose rule the context
-does not carry is limited by the encoder *reading* it (docs/science.md, "Rule readout and dihedral views").
+does not carry is limited by the encoder *reading* it. On the 8 families at 2000 steps the context named
+colour_map's colour table, gravity's direction and the repeat factors of held-out puzzles while those families
+scored 0.00-0.03: limited by the core (fe3d729, docs/record/2026-11-25-rule-readout-dihedral-views.md).
 
     python -m experiments.science.readout runs/s/runs/standard/checkpoint --data runs/s/data/built \\
         --rules runs/s/data/raw/synth_rules.json [--split test] [--json out.json]

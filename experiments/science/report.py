@@ -104,10 +104,12 @@ def augmentation_note(num_aug: int) -> str:
     if num_aug == 0:
         return ("Augmentation: none (--num-aug 0, the default for your own puzzles): the ARC builder's colour / "
                 "dihedral copies of a training puzzle can realise a held-out colour or orientation of its rule, i.e. "
-                "show a held-out rule instance in training. --num-aug K opts in (docs/science.md).")
+                "show a held-out rule instance in training. --num-aug K opts in "
+                "(docs/experiments.md, \"Augmentation can leak a held-out rule instance into training\").")
     return (f"**Augmentation: {num_aug} colour / dihedral copies per puzzle (--num-aug {num_aug}, opted in).** A copy "
             "of a training puzzle can realise a held-out colour or orientation of its rule, so the held-out score may "
-            "count rule instances that training showed (docs/science.md, \"Your own puzzles\").")
+            "count rule instances that training showed "
+            "(docs/experiments.md, \"Augmentation can leak a held-out rule instance into training\").")
 
 
 def _settings_lines(result: dict) -> list[str]:
@@ -139,7 +141,8 @@ def _data_note_lines(result: dict) -> list[str]:
     if not notes:
         return []
     return ["**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
-            "puzzles, rare in training; the leak-free split can cause this, docs/science.md):", "",
+            "puzzles, rare in training; the leak-free split can cause this, as it does for translate: "
+            "docs/record/2026-11-26-translate-wrap.md):", "",
             *(f"- {n}" for n in notes), ""]
 
 
@@ -205,11 +208,15 @@ def _run_lines(result: dict) -> list[str]:
         early = _halts_early(name, r, result)
         if early:
             notes.append(early)
+        ttt = _ttt_note(name, r)
+        if ttt:
+            notes.append(ttt)
     lines += ["", "train exact: exact accuracy on the training batches of the last log window."]
     if unfit:
         lines += ["", f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
                   "not solve its own training examples says nothing about generalisation to held-out ones; train "
-                  "longer or on fewer families (docs/science.md). The control is expected to stay low."]
+                  "longer or on fewer families (docs/science.md, \"Current results\"). The control is expected to "
+                  "stay low."]
     if cut:
         lines += ["", (f"**Cut short** (training did not finish): {'; '.join(cut)}. A cut-short run's numbers are "
                        "those of its last checkpoint; run the same command again to resume its training from there "
@@ -219,12 +226,24 @@ def _run_lines(result: dict) -> list[str]:
     return lines
 
 
+def _ttt_note(name: str, r: dict) -> Optional[str]:
+    """``<run>: test-time training N steps on each puzzle's demos: demo fit 0.12 -> 0.85, 0.8 s per puzzle copy``
+    (evaluate.py ``ttt_steps``; held-out evaluation)."""
+    m = r.get("metrics") or {}
+    if not m.get("ttt/steps"):
+        return None
+    return (f"{name}: test-time training {m['ttt/steps']:.0f} steps on each held-out puzzle's demos: demo fit "
+            f"{m.get('ttt/fit_before', float('nan')):.2f} -> {m.get('ttt/fit_after', float('nan')):.2f}, "
+            f"{m.get('ttt/seconds_per_puzzle', float('nan')):.2f} s per puzzle copy "
+            f"({m.get('ttt/num_puzzles', 0):.0f} copies)")
+
+
 def halts_early(r: dict, eval_overrides: Sequence[str]) -> bool:
     """Whether a scored run's Q head halts its training samples half a step or more before ``halt_max_steps``
     while its evaluation scores the last ACT step (evaluate.py's default, i.e. no ``halt_early=true`` among
     ``eval_overrides``): training no longer supervises the steps after a sample halts, so that score can be far
-    below the one at the halting step (docs/science.md, "What the core needs from the encoder's context": 0.29
-    against 0.98 for one checkpoint)."""
+    below the one at the halting step (0.29 against 0.98 for one map-probe checkpoint; e88a31a,
+    docs/record/2026-11-25-context-size-steps-halting.md)."""
     steps, top = r.get("train_steps"), r.get("halt_max_steps")
     halting = any(o.replace(" ", "").lower() in ("halt_early=true", "halt_early=1") for o in eval_overrides or [])
     return not (steps is None or not top or steps > top - 0.5 or halting or r.get("status") not in SCORED)

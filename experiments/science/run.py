@@ -203,7 +203,8 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
                 message=f"training exited with status {rc} ({last}), last checkpoint step {after}")
 
 
-_METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac")
+_METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac",
+                "ttt/steps", "ttt/fit_before", "ttt/fit_after", "ttt/seconds_per_puzzle", "ttt/num_puzzles")
 
 
 def _evaluate(name: str, run_dir: str, data: ScienceData, heldout: list[str], fit: Optional[tuple[str, list[str]]],

@@ -23,7 +23,9 @@ from training.config import CONFIG_DIR
 DEFAULT_CONFIG = "cfg_science"
 # synthetic-data defaults (the settings' None = these; with your own files they do not apply)
 SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 800, "num_test": 160, "num_aug": 8}
-FILES_NUM_AUG = 0  # your own files: no colour / dihedral copies unless asked for (docs/science.md)
+# your own files: no colour / dihedral copies unless asked for (docs/experiments.md, "Augmentation can leak a
+# held-out rule instance into training")
+FILES_NUM_AUG = 0
 TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
 # options of the synthetic families that do not apply to your own files (--input-file-prefix)
 _SYNTHETIC_ONLY = ("families", "holdout_families", "max_grid", "min_grid", "num_train", "num_test")
@@ -38,7 +40,7 @@ class ScienceSettings:
     by ``groups_file`` or the id prefix; ``num_aug`` defaults to 8 for the synthetic families and to 0 for your
     files. ``no_train``: train nothing, evaluate what exists. ``curve``: also every kept checkpoint
     (:mod:`experiments.science.curve`). ``rule_readout``: weight of the auxiliary rule-readout loss (synthetic
-    families only: the builder's rules.json labels the training puzzles; docs/science.md "Rule readout").
+    families only: the builder's rules.json labels the training puzzles; docs/models.md).
     ``halting_step``: also score every run at its Q head's halting step (always done for a run whose samples
     halt early), a second per-family table. ``command``: the command line recorded in science.json."""
 

@@ -5,7 +5,7 @@
 ``arch=trm_grid``   grid-relative positions: each cell's token embedding also gets learned embeddings of its
                     offsets from its input grid's edges (the science recipe, config/cfg_science.yaml)
 ``arch=trm_pointer``  pointer RoPE on top of ``trm_grid``: each attention query is rotated to the cell a learned,
-                    context-chosen linear map of its grid offsets names (docs/science.md, "Pointer RoPE")
+                    context-chosen linear map of its grid offsets names (docs/record/2026-11-25-pointer-rope.md)
 ==================  ===========================================================================================
 
 A variant subclasses ``TRMConfig`` (its ``name`` and extra fields), ``TRMInner`` (overriding the stem's hooks,

@@ -4,9 +4,11 @@ Every canvas cell's token embedding is averaged with learned embeddings of the c
 bottom, left and right edge of its input grid (:class:`GridCoordEmbedding`, ``core.ops.grid_coordinates``):
 ``(token + grid) / sqrt(2)``, on top of the positions of ``pos_encodings``. A flip or rotation of a grid of any
 size needs them (cell (r, c) of a w-wide grid mirrors to column w - 1 - c); RoPE alone gives offsets between
-cells only. Square canvas only. docs/science.md, "Grid-relative positions" (the measurement that made it the
-recipe). Parameters: TRM's plus ``inner.embed_grid.embedding_weight`` [4, 2 * side + 1, hidden], the names an
-``arch=trm`` model with ``grid_coords=true`` had before this variant had its own module.
+cells only. Square canvas only. Measured: a fixed flip went from 0.13 to 0.98 train exact in 400 steps, and the
+8 families from 0.019 to 0.10 held-out at 2000 steps, which made it the recipe (1fd0952,
+docs/record/2026-11-25-grid-relative-positions.md). Parameters: TRM's plus ``inner.embed_grid.embedding_weight``
+[4, 2 * side + 1, hidden], the names an ``arch=trm`` model with ``grid_coords=true`` had before this variant had
+its own module.
 """
 from __future__ import annotations
 

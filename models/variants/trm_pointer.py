@@ -10,11 +10,12 @@ cell with features ``f = (top, bottom, left, right, 1)`` (its offsets from the f
 dihedral map of any grid size is one exact pointer (``core.ops.DIHEDRAL_POINTERS``: a horizontal flip is
 ``(top, right)``, a transpose ``(left, top)``), and so is a shift by (dr, dc): ``(top - dr, left - dc)``.
 
-Measured (docs/science.md, "Pointer RoPE"): on seven dihedral maps told by an oracle the core fits 0.90 / 0.98
-train exact (seeds 0 / 1) with ``dihedral`` / ``context`` against 0.27 / 0.43 for the recipe's core; 0.40 with
-``dihedral`` / ``token``; ``identity`` / ``token`` stayed below the control. It is the core of the map probe that
-first solved held-out spatial puzzles read from demos ("What the core needs from the encoder's context"). In
-the 8-family ETRM check it did not help (held-out 0.08 / 0.06 against 0.10): the recipe does not use it.
+Measured (5695a84, docs/record/2026-11-25-pointer-rope.md): on seven dihedral maps told by an oracle the core fits
+0.90 / 0.98 train exact (seeds 0 / 1) with ``dihedral`` / ``context`` against 0.27 / 0.43 for the recipe's core;
+0.40 with ``dihedral`` / ``token``; ``identity`` / ``token`` stayed below the control. In the 8-family ETRM check
+it did not help (held-out 0.08 / 0.06 against 0.10 at 2000 steps): the recipe does not use it. It is the core of
+the map probe that first solved held-out spatial puzzles read from demos (0.98 / 1.00 of fresh puzzles at the
+halting step, training seeds 0 / 1; e88a31a, 8e3842c, docs/record/2026-11-25-context-size-steps-halting.md).
 
 Parameters: ``trm_grid``'s plus ``self_attn.pointer.weight`` / ``.bias`` in every attention layer (the names
 ``arch=trm`` with ``pos_encodings=pointer`` had before this variant had its own module).

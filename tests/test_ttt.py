@@ -1,0 +1,199 @@
+"""Test-time training (models.ttt, evaluators.ttt, evaluate.py ttt_*): a batch is fitted as its rows would be one
+by one; leave-one-out never decodes a demo from an encoding that saw it, and the test answers never enter the fit;
+``all`` restores the weights between puzzles; TRM gets a fresh embedding from the trained mean; config ->
+evaluate.py -> metrics.json / ttt.json."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import models
+import models.ttt as mttt
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
+from dataset.build_synthetic_dataset import generate_synthetic_arc
+from evaluators.inference import _StepPlan
+from evaluators.ttt import TestTimeTraining as TTTRunner
+from models.rollout import halt_max_steps
+from models.ttt import TTTSettings
+from tests.test_etrm_model import B, batch, build
+
+CPU = torch.device("cpu")
+
+
+def _run(head, b, settings):
+    plan = _StepPlan(head, {"preds", "logits", "q_halt_logits"}, False, halt_max_steps(head))
+    ttt = TTTRunner(head, settings)
+    with plan.eval_mode(), torch.inference_mode():
+        r = ttt.run(plan, b, CPU)
+    return r, ttt
+
+
+def _rows(b, rows):
+    return {k: v[rows] for k, v in b.items()}
+
+
+def _batch():
+    b = batch()
+    b["puzzle_identifiers"] = torch.arange(B, dtype=torch.int32)
+    return b
+
+
+@pytest.mark.parametrize("encoder", ["standard", "lpn"])
+def test_a_batch_is_fitted_as_its_rows_one_by_one(encoder):
+    head = models.build_loss_head(build(encoder).eval())
+    b, s = _batch(), TTTSettings(steps=3, lr=0.05)
+    together, ttt = _run(head, b, s)
+    plain, _ = _run(head, b, TTTSettings(steps=0))
+    assert not torch.allclose(together.outputs["logits"], plain.outputs["logits"])  # the fit changed predictions
+    for i in range(B):
+        alone, one = _run(head, _rows(b, [i]), s)
+        torch.testing.assert_close(alone.outputs["logits"][0], together.outputs["logits"][i], atol=2e-5, rtol=1e-4)
+        assert one.records[0]["fit_after"] == ttt.records[i]["fit_after"]
+    assert [r["num_demos"] for r in ttt.records] == [2, 3, 3, 3]  # row 0 has a masked demo slot
+
+
+def test_the_fit_lowers_the_demo_loss_and_leaves_the_weights_alone():
+    m = build("standard").eval()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    b = _batch()
+    demos = mttt.demo_set(b)
+    loo = mttt.loo_demos(b, demos, True)
+    with torch.no_grad():
+        base = m.encoder(*loo).context
+    prefix_of = lambda th: base + th.index_select(0, demos.owner)  # noqa: E731
+    with mttt.frozen_weights(m):
+        res = mttt.fit(m, demos, torch.zeros(B, *base.shape[1:]), prefix_of, steps=15, lr=0.05)
+    with torch.no_grad():
+        loss = lambda th: mttt.demo_loss(mttt.decode_logits(m, demos.inputs, prefix_of(th)), demos)[0]  # noqa: E731
+        assert loss(res.theta) < 0.9 * loss(torch.zeros_like(res.theta))
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert all(p.requires_grad for p in m.parameters())
+
+
+def test_leave_one_out_never_decodes_a_demo_from_an_encoding_that_saw_it(monkeypatch):
+    """At the first step (offset 0) demo j of sample i is decoded from the encoder's context of sample i's OTHER
+    demos, computed here by masking demo j by hand."""
+    m = build("standard").eval()
+    b = _batch()
+    seen = []
+    orig = mttt.decode_logits
+
+    def spy(model, inputs, prefix):
+        seen.append(prefix.detach().clone())
+        return orig(model, inputs, prefix)
+
+    monkeypatch.setattr(mttt, "decode_logits", spy)
+    _run(models.build_loss_head(m), b, TTTSettings(steps=1, lr=0.05))
+    expect = []
+    with torch.no_grad():
+        for i in range(B):
+            for j in range(b["demo_mask"].shape[1]):
+                if b["demo_mask"][i, j]:
+                    mask = b["demo_mask"][i:i + 1].clone()
+                    mask[0, j] = False
+                    expect.append(m.encoder(b["demo_inputs"][i:i + 1], b["demo_labels"][i:i + 1], mask).context[0])
+    torch.testing.assert_close(seen[0], torch.stack(expect), atol=1e-5, rtol=1e-5)
+
+
+def test_the_test_answers_never_enter_the_fit():
+    head = models.build_loss_head(build("standard").eval())
+    b = _batch()
+    r1, t1 = _run(head, b, TTTSettings(steps=3, lr=0.05))
+    b2 = dict(b, labels=torch.randint(2, 12, b["labels"].shape, generator=torch.Generator().manual_seed(9)))
+    r2, t2 = _run(head, b2, TTTSettings(steps=3, lr=0.05))
+    fits = lambda t: [{k: v for k, v in r.items() if k != "seconds"} for r in t.records]  # noqa: E731
+    assert torch.equal(r1.outputs["logits"], r2.outputs["logits"]) and fits(t1) == fits(t2)
+
+
+def test_all_restores_the_weights_and_nothing_learned_on_one_puzzle_reaches_another():
+    m = build("standard").eval()
+    head = models.build_loss_head(m)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    b = _batch()
+    b["puzzle_identifiers"] = torch.tensor([0, 0, 1, 1], dtype=torch.int32)
+    s = TTTSettings(steps=3, lr=1e-2, params="all")
+    both, ttt = _run(head, b, s)
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    second, _ = _run(head, _rows(b, [2, 3]), s)  # puzzle 1 alone: as inside the batch, after puzzle 0's fit
+    torch.testing.assert_close(second.outputs["logits"], both.outputs["logits"][2:], atol=1e-5, rtol=1e-5)
+    plain, _ = _run(head, b, TTTSettings(steps=0))
+    assert not torch.allclose(both.outputs["logits"], plain.outputs["logits"])
+    assert len(ttt.records) == 2 and all(r["steps"] == 3 for r in ttt.records)
+
+
+def _trm():
+    torch.manual_seed(0)
+    return models.build_model({"name": "trm", "hidden_size": 32, "num_heads": 4, "expansion": 2,
+                               "puzzle_emb_ndim": 32, "puzzle_emb_len": 2, "H_cycles": 1, "L_cycles": 1, "L_layers": 1,
+                               "halt_max_steps": 2}, vocab_size=12, seq_len=16, num_puzzle_identifiers=6,
+                              batch_size=B).eval()
+
+
+def test_trm_gets_a_fresh_embedding_from_the_trained_mean_and_context_is_refused():
+    m = _trm()
+    with torch.no_grad():
+        m.puzzle_emb.weights[1] = 1.0  # two "trained" puzzles; 0 and 3-5 never seen (TRM's zero init)
+        m.puzzle_emb.weights[2] = 3.0
+    head = models.build_loss_head(m)
+    ttt = TTTRunner(head, TTTSettings(steps=2, lr=0.05, params="embedding"))
+    b = _batch()
+    b["puzzle_identifiers"] = torch.tensor([1, 3, 4, 2], dtype=torch.int32)
+    init = ttt._embedding_init(b)
+    assert torch.equal(init[1, 0], torch.full((32,), 2.0)) and torch.equal(init[1, 1], torch.zeros(32))  # padded
+    assert torch.equal(init[0, 0], torch.full((32,), 1.0)) and torch.equal(init[3, 0], torch.full((32,), 3.0))
+    emb = m.puzzle_emb.weights.clone()
+    r, ttt = _run(head, b, TTTSettings(steps=2, lr=0.05, params="embedding"))
+    assert torch.equal(m.puzzle_emb.weights, emb) and len(ttt.records) == B
+    with pytest.raises(ValueError, match="no encoder"):
+        TTTRunner(head, TTTSettings(steps=2, params="context"))
+
+
+@pytest.fixture(scope="module")
+def etrm_run(tmp_path_factory):
+    from training.config import load_config
+    from training.loop import train
+
+    d = tmp_path_factory.mktemp("ttt")
+    paths = generate_synthetic_arc(str(d / "raw"), "s", families=["colour_map"], num_train=8, num_test=2,
+                                   min_grid=3, max_grid=4, seed=1, canvas_size=6, num_aug=1, progress=False)
+    data = str(d / "built")
+    build_arc_dataset(data, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+                      test_set_name="evaluation", num_aug=1, seed=0, canvas_size=6, mode="etrm", progress=False)
+    cfg = load_config("cfg_science", ["encoder=standard", "arch.hidden_size=32", "encoder.hidden_size=32",
+                                      "encoder.num_layers=1", "global_batch_size=8", "device=cpu", "max_steps=3",
+                                      "lr_warmup_steps=1", "evaluators=[]", "progress=false", f"data_paths=[{data}]",
+                                      f"checkpoint_path={d / 'ck'}"])
+    return data, train(cfg)["last_checkpoint"], d
+
+
+def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
+    import evaluate as ev
+
+    data, ck, d = etrm_run
+    base = dict(checkpoint=ck, data_path=data, device="cpu", progress=False, num_pictures=0, use_ema=False)
+    plain = ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "plain")))
+    m = ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "ttt"), ttt_steps=2, ttt_lr=0.05, ttt_augment=1))
+    assert m["ttt/steps"] == 2 and m["ttt/num_puzzles"] > 0 and 0 <= m["ttt/fit_after"] <= 1
+    assert "ttt/steps" not in plain and m["ARC/num_puzzles"] == plain["ARC/num_puzzles"]
+    rec = json.load(open(os.path.join(d, "ttt", "ttt.json")))
+    assert rec["settings"]["steps"] == 2 and len(rec["puzzles"]) == m["ttt/num_puzzles"]
+    assert {"fit_before", "fit_after", "seconds", "num_demos", "puzzle_identifier"} <= set(rec["puzzles"][0])
+    with pytest.raises(ev.EvaluateError, match="num_augmentations"):
+        ev.run(ev.EvaluateConfig(**base, ttt_steps=1, ttt_augment=1, num_augmentations=5))
+
+
+def test_the_science_table_notes_the_test_time_training_of_a_run():
+    from experiments.science.report import _run_lines
+
+    run = {"status": "ok", "steps": 10, "train_exact": 0.9, "train_seconds": 5.0, "eval_seconds": 2.0,
+           "metrics": {"ARC/pass@1": 0.5, "ttt/steps": 8.0, "ttt/fit_before": 0.125, "ttt/fit_after": 0.75,
+                       "ttt/seconds_per_puzzle": 0.5, "ttt/num_puzzles": 16.0}}
+    lines = _run_lines({"runs": {"standard": run, "other": dict(run, metrics={"ARC/pass@1": 0.1})},
+                        "settings": {}})
+    assert ("standard: test-time training 8 steps on each held-out puzzle's demos: demo fit 0.12 -> 0.75, 0.50 s "
+            "per puzzle copy (16 copies)") in lines
+    assert not any(ln.startswith("other: test-time") for ln in lines)
