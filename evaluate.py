@@ -18,6 +18,7 @@ This file composes the Hydra config (``config/cfg_evaluate.yaml`` over the Confi
 checks it (:func:`check_config`, also used by ``run_jobs.py --check``) and maps errors to one line; the body --
 :class:`EvaluateConfig`, :func:`run` -- is ``training.evaluation`` (re-exported here).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,15 +36,26 @@ from core.errors import run_hydra_main, user_errors, validation_problems
 from models import parse_arch_config
 from training.evaluation import EvaluateConfig, EvaluateError, run, uses_arc_voting
 
-__all__ = ["EvaluateConfig", "EvaluateError", "check_config", "config_from_hydra", "evaluate_defaults",
-           "printed_metrics", "run", "uses_arc_voting"]
+__all__ = [
+    "EvaluateConfig",
+    "EvaluateError",
+    "check_config",
+    "config_from_hydra",
+    "evaluate_defaults",
+    "printed_metrics",
+    "run",
+    "uses_arc_voting",
+]
 
 
 def evaluate_defaults() -> dict[str, Any]:
     """The field defaults of :class:`EvaluateConfig` as Hydra's node (required keys are ``???``; arch comes
     from the arch group)."""
-    return {k: ("???" if f.is_required() else f.get_default(call_default_factory=True))
-            for k, f in EvaluateConfig.model_fields.items() if k != "arch"}
+    return {
+        k: ("???" if f.is_required() else f.get_default(call_default_factory=True))
+        for k, f in EvaluateConfig.model_fields.items()
+        if k != "arch"
+    }
 
 
 ConfigStore.instance().store(name="evaluate_defaults", node=evaluate_defaults())
@@ -52,10 +64,17 @@ ConfigStore.instance().store(name="evaluate_defaults", node=evaluate_defaults())
 def printed_metrics(metrics: dict[str, float]) -> dict[str, float]:
     """The metrics evaluate.py prints (metrics.json has them all): ARC pass@K and counts when ARC voting ran, every
     set's exact / token accuracy and mean halting steps, the example count and the time."""
-    per_set = [k for k in metrics if k.rsplit(".", 1)[-1] in ("exact_accuracy", "accuracy", "steps")
-               and not k.startswith(("ARC/", "eval/"))]
-    keys = [k for k in metrics if k.startswith("ARC/pass@")] + ["ARC/num_puzzles", "ARC/num_test_inputs"] + \
-        sorted(per_set) + ["eval/num_examples", "eval/seconds"]
+    per_set = [
+        k
+        for k in metrics
+        if k.rsplit(".", 1)[-1] in ("exact_accuracy", "accuracy", "steps") and not k.startswith(("ARC/", "eval/"))
+    ]
+    keys = (
+        [k for k in metrics if k.startswith("ARC/pass@")]
+        + ["ARC/num_puzzles", "ARC/num_test_inputs"]
+        + sorted(per_set)
+        + ["eval/num_examples", "eval/seconds"]
+    )
     return {k: metrics[k] for k in keys if k in metrics}
 
 
@@ -63,8 +82,10 @@ def config_from_hydra(hcfg: Any) -> EvaluateConfig:
     """The composed Hydra config as a validated :class:`EvaluateConfig` (bad input: one-line EvaluateError)."""
     missing = [k for k in ("checkpoint", "data_path") if OmegaConf.is_missing(hcfg, k)]
     if missing:
-        raise EvaluateError(" and ".join(f"{k}=" for k in missing) + " required (e.g. python evaluate.py "
-                            "checkpoint=checkpoints/<project>/<run> data_path=data/<built dataset>)")
+        raise EvaluateError(
+            " and ".join(f"{k}=" for k in missing) + " required (e.g. python evaluate.py "
+            "checkpoint=checkpoints/<project>/<run> data_path=data/<built dataset>)"
+        )
     raw = OmegaConf.to_container(hcfg, resolve=True)
     raw.pop("hydra", None)
     if isinstance(raw.get("arch"), dict):  # validated first: an error names the dotted arch.<key> (ArchConfigError)
@@ -82,8 +103,10 @@ def check_config(hcfg: Any, overrides: Sequence[str] = ()) -> EvaluateConfig:
     cfg = config_from_hydra(hcfg)
     arch_over = [o for o in overrides if o.lstrip("+~").startswith("arch")]
     if arch_over and not cfg.original_trm_checkpoint:
-        raise EvaluateError(f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
-                            "(our checkpoints carry their own architecture)")
+        raise EvaluateError(
+            f"{arch_over}: arch overrides only apply with original_trm_checkpoint=true "
+            "(our checkpoints carry their own architecture)"
+        )
     return cfg
 
 

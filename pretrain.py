@@ -10,6 +10,7 @@ Checkpoints, summary.json and the W&B run live in ``checkpoint_path`` (default
 Hydra output dir (``outputs/…``): a refused config leaves nothing behind.
 Exit status: 0 completed / max_steps, 1 error, 2 non-finite loss, 3 early stop, 130 interrupted.
 """
+
 from __future__ import annotations
 
 import sys
@@ -22,7 +23,11 @@ from omegaconf import DictConfig
 
 from core.errors import fail, run_hydra_main, user_errors
 from training.config import (  # (also registers the defaults with Hydra)
-    CONFIG_DIR, ConfigError, PretrainConfig, config_from_hydra, known_keys,
+    CONFIG_DIR,
+    ConfigError,
+    PretrainConfig,
+    config_from_hydra,
+    known_keys,
 )
 from training.loop import train
 

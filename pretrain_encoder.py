@@ -7,6 +7,7 @@ as pretrain.py (config ``config/cfg_pretrain_encoder_arc_agi_1.yaml``; ``encoder
 
 Exit status as pretrain.py: 0 completed, 1 error, 2 non-finite loss, 3 early stop (health monitor), 130 interrupted.
 """
+
 from __future__ import annotations
 
 from typing import Sequence

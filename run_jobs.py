@@ -1,11 +1,12 @@
 #!/usr/bin/env python
 """Run the experiment queue in a jobs file (default ``jobs.txt``); see docs/experiments.md.
 
-    python run_jobs.py                         # run pending lines one after another
-    python run_jobs.py jobs.txt --parallel 4 --gpus 0,1,2,3
-    python run_jobs.py --dry-run               # what would run, gate decisions; changes nothing
-    python run_jobs.py --check                 # compose + validate each queued Hydra command, run nothing
+python run_jobs.py                         # run pending lines one after another
+python run_jobs.py jobs.txt --parallel 4 --gpus 0,1,2,3
+python run_jobs.py --dry-run               # what would run, gate decisions; changes nothing
+python run_jobs.py --check                 # compose + validate each queued Hydra command, run nothing
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,28 +20,46 @@ from experiments.queue.runner import Runner, RunnerConfig
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="run_jobs.py", description="Run the experiment queue of a jobs file (docs/experiments.md).",
+        prog="run_jobs.py",
+        description="Run the experiment queue of a jobs file (docs/experiments.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("jobs", nargs="?", default="jobs.txt", help="jobs file")
-    p.add_argument("--parallel", "-p", type=int, default=None,
-                   help="jobs at a time (default: number of --gpus, else 1)")
-    p.add_argument("--gpus", default=None,
-                   help="GPU pool, e.g. 0,1,2,3: each job gets its own GPU(s) via CUDA_VISIBLE_DEVICES "
-                        "(a job tagged gpus=K gets K)")
-    p.add_argument("--dry-run", "-n", action="store_true", help="print what would run and gate decisions; change nothing")
-    p.add_argument("--check", action="store_true",
-                   help="check that each pending Hydra command composes and validates (in-process Hydra "
-                        "compose + strict config validation; no training); change nothing")
+    p.add_argument(
+        "--parallel", "-p", type=int, default=None, help="jobs at a time (default: number of --gpus, else 1)"
+    )
+    p.add_argument(
+        "--gpus",
+        default=None,
+        help="GPU pool, e.g. 0,1,2,3: each job gets its own GPU(s) via CUDA_VISIBLE_DEVICES "
+        "(a job tagged gpus=K gets K)",
+    )
+    p.add_argument(
+        "--dry-run", "-n", action="store_true", help="print what would run and gate decisions; change nothing"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check that each pending Hydra command composes and validates (in-process Hydra "
+        "compose + strict config validation; no training); change nothing",
+    )
     p.add_argument("--check-all", action="store_true", help="with --check: also check done/failed/skipped lines")
     p.add_argument("--logs-dir", default="logs", help="one log file per job goes here")
-    p.add_argument("--max-retries", type=int, default=1,
-                   help="reruns of a crashed job, each with the resume argument (per job: retries=N tag)")
-    p.add_argument("--resume-arg", default="resume=true",
-                   help="appended to a crashed/interrupted job's command on rerun (per job: resume=ARG or resume=none)")
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=1,
+        help="reruns of a crashed job, each with the resume argument (per job: retries=N tag)",
+    )
+    p.add_argument(
+        "--resume-arg",
+        default="resume=true",
+        help="appended to a crashed/interrupted job's command on rerun (per job: resume=ARG or resume=none)",
+    )
     p.add_argument("--once", action="store_true", help="take one job, run it, exit")
-    p.add_argument("--kill-grace", type=float, default=30.0,
-                   help="seconds between SIGINT and SIGKILL for running jobs on Ctrl-C")
+    p.add_argument(
+        "--kill-grace", type=float, default=30.0, help="seconds between SIGINT and SIGKILL for running jobs on Ctrl-C"
+    )
     p.add_argument("--workdir", default=None, help="working directory of the commands (default: current)")
     return p
 
@@ -51,9 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.parallel if args.parallel is not None else (len(gpus) if gpus else 1)
     try:
         cfg = RunnerConfig(
-            jobs_path=args.jobs, parallel=parallel, gpus=gpus, logs_dir=args.logs_dir,
-            max_retries=args.max_retries, once=args.once, resume_arg=args.resume_arg,
-            kill_grace=args.kill_grace, workdir=args.workdir,
+            jobs_path=args.jobs,
+            parallel=parallel,
+            gpus=gpus,
+            logs_dir=args.logs_dir,
+            max_retries=args.max_retries,
+            once=args.once,
+            resume_arg=args.resume_arg,
+            kill_grace=args.kill_grace,
+            workdir=args.workdir,
         )
         if not os.path.isfile(args.jobs):
             raise JobFileError(f"jobs file not found: {args.jobs}")

@@ -11,6 +11,7 @@ the new side is this working tree as it is (uncommitted changes included). Each 
 with ``OMP_NUM_THREADS`` set; both use this interpreter and its installed packages. Reported: every round's s/step
 (old, new), the per-round ratio old/new, and the median ratio (the figure to quote).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,21 @@ def _git(*args: str) -> str:
 
 def _time_step(tree: str, config: str, steps: int, threads: int, out_json: str) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))  # `-m` in cwd=tree: that tree's modules come first
-    cmd = [sys.executable, "-m", "benchmarks.train_step", "--config", config, "--steps", str(steps),
-           "--compile", "eager", "--device", "cpu", "--json", out_json]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.train_step",
+        "--config",
+        config,
+        "--steps",
+        str(steps),
+        "--compile",
+        "eager",
+        "--device",
+        "cpu",
+        "--json",
+        out_json,
+    ]
     r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -57,12 +71,18 @@ def summarise(old: list[float], new: list[float]) -> dict[str, Any]:
     if len(old) != len(new) or not old:
         raise ValueError("need the same positive number of old and new rounds")
     ratios = [o / n for o, n in zip(old, new)]
-    return {"old_s_per_step": old, "new_s_per_step": new, "ratios": ratios,
-            "median_ratio": statistics.median(ratios)}
+    return {"old_s_per_step": old, "new_s_per_step": new, "ratios": ratios, "median_ratio": statistics.median(ratios)}
 
 
-def compare(old_rev: str, *, config: str = "science", threads: int = 1, rounds: int = 4, steps: int = 10,
-            progress=lambda msg: print(msg, flush=True)) -> dict[str, Any]:
+def compare(
+    old_rev: str,
+    *,
+    config: str = "science",
+    threads: int = 1,
+    rounds: int = 4,
+    steps: int = 10,
+    progress=lambda msg: print(msg, flush=True),
+) -> dict[str, Any]:
     sha = _git("rev-parse", "--verify", f"{old_rev}^{{commit}}")
     old_s, new_s = [], []
     with tempfile.TemporaryDirectory(prefix="compare-commits-") as tmp:
@@ -72,20 +92,28 @@ def compare(old_rev: str, *, config: str = "science", threads: int = 1, rounds: 
             for r in range(1, rounds + 1):
                 for side, path, acc in (("old", tree, old_s), ("new", REPO, new_s)):
                     acc.append(_time_step(path, config, steps, threads, os.path.join(tmp, f"{side}-{r}.json")))
-                    progress(f"[compare] round {r}/{rounds} {side} ({sha[:10] if side == 'old' else 'working tree'})"
-                             f": {acc[-1]:.3f} s/step")
+                    progress(
+                        f"[compare] round {r}/{rounds} {side} ({sha[:10] if side == 'old' else 'working tree'})"
+                        f": {acc[-1]:.3f} s/step"
+                    )
         finally:
             shutil.rmtree(tree, ignore_errors=True)
             _git("worktree", "prune")
     out = dict(summarise(old_s, new_s), old=sha, config=config, threads=threads, steps=steps, rounds=rounds)
-    progress(f"[compare] {config}, {threads} thread(s): old/new per round "
-             + " ".join(f"{x:.2f}" for x in out["ratios"]) + f"; median {out['median_ratio']:.2f}x")
+    progress(
+        f"[compare] {config}, {threads} thread(s): old/new per round "
+        + " ".join(f"{x:.2f}" for x in out["ratios"])
+        + f"; median {out['median_ratio']:.2f}x"
+    )
     return out
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.compare_commits", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare_commits",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--old", required=True, help="the commit to compare against (any git revision)")
     ap.add_argument("--config", choices=["science", "trm-tiny"], default="science")
     ap.add_argument("--threads", type=int, default=1)

@@ -16,9 +16,10 @@ Reported per mode (eager / compiled): seconds per step, samples/s (= batch / ste
 one supervision step), tokens/s (samples/s x 916). Model FLOPs per step are analytic (``analytic_step_flops``:
 projections, SwiGLU, attention, lm head; forward of every cycle + backward of the last) and cross-checked with
 ``torch.utils.flop_counter`` (``flops_per_step_counted``; on CPU it misses the SDPA kernel's attention FLOPs).
-Achieved FLOP/s = model FLOPs / step time; on CUDA also as a fraction of a bf16 matmul measured in the same run. The evaluation
-engineer's ``benchmarks.eval_throughput`` is run afterwards when ``--with-eval`` is given.
+Achieved FLOP/s = model FLOPs / step time; on CUDA also as a fraction of a bf16 matmul measured in the same run.
+The evaluation engineer's ``benchmarks.eval_throughput`` is run afterwards when ``--with-eval`` is given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,32 +39,48 @@ from training.build import build_loss_head, build_optimizers
 from training.config import config_from_dict
 from training.distributed import resolve_device
 
-ARC_ARCH = dict(name="trm", hidden_size=512, num_heads=8, expansion=4, L_layers=2, H_layers=0, H_cycles=3,
-                L_cycles=4, halt_max_steps=16, halt_exploration_prob=0.1, no_ACT_continue=True,
-                puzzle_emb_ndim=512, puzzle_emb_len=16, pos_encodings="rope",
-                loss={"loss_type": "stable_max_cross_entropy", "q_loss_weight": 0.5})
+ARC_ARCH = dict(
+    name="trm",
+    hidden_size=512,
+    num_heads=8,
+    expansion=4,
+    L_layers=2,
+    H_layers=0,
+    H_cycles=3,
+    L_cycles=4,
+    halt_max_steps=16,
+    halt_exploration_prob=0.1,
+    no_ACT_continue=True,
+    puzzle_emb_ndim=512,
+    puzzle_emb_len=16,
+    pos_encodings="rope",
+    loss={"loss_type": "stable_max_cross_entropy", "q_loss_weight": 0.5},
+)
 SEQ_LEN, VOCAB, NUM_IDS = 900, 12, 1000
 
 
 def _batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    b = {"inputs": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g, dtype=torch.int32),
-         "labels": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g).long(),
-         "puzzle_identifiers": torch.randint(1, NUM_IDS, (batch_size,), generator=g, dtype=torch.int32),
-         "example_index": torch.arange(batch_size)}
+    b = {
+        "inputs": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g, dtype=torch.int32),
+        "labels": torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=g).long(),
+        "puzzle_identifiers": torch.randint(1, NUM_IDS, (batch_size,), generator=g, dtype=torch.int32),
+        "example_index": torch.arange(batch_size),
+    }
     return {k: v.to(device) for k, v in b.items()}
 
 
 def build(batch_size: int, device: torch.device, compiled: bool, arch: Optional[dict] = None):
     """Model, loss head (maybe compiled), optimizers and a step function identical to the training loop's."""
 
-
     arch = arch or ARC_ARCH
     torch.manual_seed(0)
-    cfg = config_from_dict({"arch": arch, "data_paths": ["<benchmark>"], "global_batch_size": batch_size,
-                            "lr": 1e-4, "lr_warmup_steps": 0})
-    model = models.build_model(arch, vocab_size=VOCAB, seq_len=SEQ_LEN, num_puzzle_identifiers=NUM_IDS,
-                               batch_size=batch_size).to(device)
+    cfg = config_from_dict(
+        {"arch": arch, "data_paths": ["<benchmark>"], "global_batch_size": batch_size, "lr": 1e-4, "lr_warmup_steps": 0}
+    )
+    model = models.build_model(
+        arch, vocab_size=VOCAB, seq_len=SEQ_LEN, num_puzzle_identifiers=NUM_IDS, batch_size=batch_size
+    ).to(device)
     head = build_loss_head(model, None).to(device)
     opts = build_optimizers(cfg, model, world_size=1)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -131,11 +148,12 @@ def bf16_matmul_flops(device: torch.device, n: int = 8192, iters: int = 20) -> f
     for _ in range(iters):
         a @ b
     _sync(device)
-    return 2 * n ** 3 * iters / (time.perf_counter() - t)
+    return 2 * n**3 * iters / (time.perf_counter() - t)
 
 
-def measure(batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool,
-            arch: Optional[dict] = None) -> dict[str, float]:
+def measure(
+    batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool, arch: Optional[dict] = None
+) -> dict[str, float]:
     t0 = time.perf_counter()
     _, step = build(batch_size, device, compiled, arch)
     batches = [_batch(batch_size, device, s) for s in range(2)]
@@ -148,13 +166,23 @@ def measure(batch_size: int, steps: int, warmup: int, device: torch.device, comp
         step(batches[i % 2])
     _sync(device)
     dt = (time.perf_counter() - t) / steps
-    return {"seconds_per_step": dt, "samples_per_s": batch_size / dt,
-            "tokens_per_s": batch_size * (SEQ_LEN + (arch or ARC_ARCH)["puzzle_emb_len"]) / dt, "setup_and_warmup_s": warm_s}
+    return {
+        "seconds_per_step": dt,
+        "samples_per_s": batch_size / dt,
+        "tokens_per_s": batch_size * (SEQ_LEN + (arch or ARC_ARCH)["puzzle_emb_len"]) / dt,
+        "setup_and_warmup_s": warm_s,
+    }
 
 
-def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = "auto", compile: str = "auto",
-        warmup: Optional[int] = None, with_eval: bool = False,
-        arch_overrides: Optional[dict] = None) -> dict[str, Any]:
+def run(
+    batch: Optional[int] = None,
+    steps: Optional[int] = None,
+    device: str = "auto",
+    compile: str = "auto",
+    warmup: Optional[int] = None,
+    with_eval: bool = False,
+    arch_overrides: Optional[dict] = None,
+) -> dict[str, Any]:
     """Measure; ``arch_overrides`` changes the ARC config (tests use a tiny model)."""
 
     arch = {**ARC_ARCH, **(arch_overrides or {})}
@@ -164,13 +192,24 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
     batch = batch or (256 if cuda else 2)
     steps = steps or (20 if cuda else 3)
     warmup = warmup if warmup is not None else (3 if cuda else 1)
-    modes = {"auto": ["eager", "compiled"] if cuda else ["eager"], "both": ["eager", "compiled"],
-             "eager": ["eager"], "compiled": ["compiled"]}[compile]
+    modes = {
+        "auto": ["eager", "compiled"] if cuda else ["eager"],
+        "both": ["eager", "compiled"],
+        "eager": ["eager"],
+        "compiled": ["compiled"],
+    }[compile]
     torch.set_float32_matmul_precision("high")
-    out: dict[str, Any] = {"device": str(dev), "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
-                           "torch": torch.__version__, "threads": torch.get_num_threads(), "batch": batch,
-                           "steps": steps, "arch": arch, "seq_len": SEQ_LEN + arch["puzzle_emb_len"],
-                           "dtype": "bf16 autocast" if cuda else "fp32"}
+    out: dict[str, Any] = {
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "batch": batch,
+        "steps": steps,
+        "arch": arch,
+        "seq_len": SEQ_LEN + arch["puzzle_emb_len"],
+        "dtype": "bf16 autocast" if cuda else "fp32",
+    }
     counted = count_step_flops(min(batch, 2), dev, arch) * batch / min(batch, 2)  # linear in the batch
     flops = analytic_step_flops(batch, arch)
     out["flops_per_step"] = flops  # analytic model FLOPs (used for FLOP/s)
@@ -185,41 +224,69 @@ def run(batch: Optional[int] = None, steps: Optional[int] = None, device: str = 
         if peak:
             r["fraction_of_bf16_matmul"] = r["model_flops_per_s"] / peak
         out[mode] = r
-        print(f"[train_step] {mode:8s} batch {batch}: {r['seconds_per_step'] * 1e3:9.1f} ms/step  "
-              f"{r['samples_per_s']:9.2f} samples/s  {r['tokens_per_s']:11.0f} tokens/s  "
-              f"{r['model_flops_per_s'] / 1e12:7.3f} TFLOP/s"
-              + (f"  ({100 * r['fraction_of_bf16_matmul']:.1f}% of bf16 matmul)" if peak else ""), flush=True)
+        print(
+            f"[train_step] {mode:8s} batch {batch}: {r['seconds_per_step'] * 1e3:9.1f} ms/step  "
+            f"{r['samples_per_s']:9.2f} samples/s  {r['tokens_per_s']:11.0f} tokens/s  "
+            f"{r['model_flops_per_s'] / 1e12:7.3f} TFLOP/s"
+            + (f"  ({100 * r['fraction_of_bf16_matmul']:.1f}% of bf16 matmul)" if peak else ""),
+            flush=True,
+        )
     if with_eval:
         out["eval"] = eval_throughput.main(["--device", device])
     return out
 
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", choices=["arc", *trainer_step.CONFIGS], default="arc",
-                    help="arc: the ARC TRM step on random batches; science / trm-tiny: the real training step of "
-                         "cfg_science / cfg_demo on generated data, with a phase split")
-    ap.add_argument("--interleave", type=int, default=1,
-                    help="science / trm-tiny: rounds alternating the --compile modes (median reported)")
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.train_step",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--config",
+        choices=["arc", *trainer_step.CONFIGS],
+        default="arc",
+        help="arc: the ARC TRM step on random batches; science / trm-tiny: the real training step of "
+        "cfg_science / cfg_demo on generated data, with a phase split",
+    )
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=1,
+        help="science / trm-tiny: rounds alternating the --compile modes (median reported)",
+    )
     ap.add_argument("--trace", default=None, help="science / trm-tiny: write a torch profiler trace to this dir")
-    ap.add_argument("--batch", type=int, default=None, help="batch size (arc: default 256 on CUDA, 2 on CPU; science / trm-tiny: "
-                                                           "the config's global_batch_size)")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="batch size (arc: default 256 on CUDA, 2 on CPU; science / trm-tiny: the config's global_batch_size)",
+    )
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 on CUDA, 3 on CPU)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 3 CUDA / 1 CPU)")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--compile", choices=["auto", "both", "eager", "compiled"], default="auto",
-                    help="auto = both on CUDA, eager on CPU")
+    ap.add_argument(
+        "--compile",
+        choices=["auto", "both", "eager", "compiled"],
+        default="auto",
+        help="auto = both on CUDA, eager on CPU",
+    )
     ap.add_argument("--with-eval", action="store_true", help="also run benchmarks.eval_throughput")
     ap.add_argument("--json", default=None, help="write the results here")
     a = ap.parse_args(argv)
     if a.batch is not None and a.batch <= 0 or a.steps is not None and a.steps <= 0:
         ap.error("--batch and --steps must be positive")
     if a.config != "arc":
-        out = trainer_step.run(a.config, steps=a.steps or 20, warmup=a.warmup if a.warmup is not None else 3,
-                               compile="eager" if a.compile == "auto" else a.compile,
-                               device="cpu" if a.device == "auto" and not torch.cuda.is_available() else a.device,
-                               trace=a.trace, interleave=a.interleave, batch=a.batch)
+        out = trainer_step.run(
+            a.config,
+            steps=a.steps or 20,
+            warmup=a.warmup if a.warmup is not None else 3,
+            compile="eager" if a.compile == "auto" else a.compile,
+            device="cpu" if a.device == "auto" and not torch.cuda.is_available() else a.device,
+            trace=a.trace,
+            interleave=a.interleave,
+            batch=a.batch,
+        )
     else:
         out = run(a.batch, a.steps, a.device, a.compile, a.warmup, a.with_eval)
     if a.json:

@@ -8,9 +8,9 @@ with a per-phase split (data, encoder forward, core forward, optimizer, the rest
 Reported per mode (eager / compiled): seconds per step, samples/s (global batch / step time), FLOPs of one step
 counted by ``torch.utils.flop_counter`` (forward + backward; on CPU it does not see the SDPA kernel's attention
 FLOPs, so it is a lower bound), achieved FLOP/s, and (eager mode: hooks would break a compiled graph) the phase
-split: the phases come from timers in forward hooks of the model and its encoder and in the optimizers' step hooks (``torch.profiler.record_function`` ranges
-of the same names are recorded too, so ``--trace DIR`` writes a profiler trace with them). The first
-``--warmup`` steps (compilation included) are not timed.
+split: the phases come from timers in forward hooks of the model and its encoder and in the optimizers' step hooks
+(``torch.profiler.record_function`` ranges of the same names are recorded too, so ``--trace DIR`` writes a profiler
+trace with them). The first ``--warmup`` steps (compilation included) are not timed.
 
 The ceiling (CPU): an fp32 matmul of the step's own largest GEMM shape, measured in the same run at the same thread
 count (``fp32_matmul_flops_per_s``). ``floor_s_per_step`` = counted FLOPs / that rate is the fastest the step could
@@ -19,6 +19,7 @@ achieved / ceiling. A speed-up target above ``seconds_per_step / floor_s_per_ste
 code (the science step runs at 35% / 28% of the ceiling at one / two threads: 5695a84,
 docs/record/2026-11-25-science-step-ceiling.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,23 +48,59 @@ def make_data(config: str, root: str) -> str:
     if os.path.isdir(out):
         return out
     if config == "science":  # the science command's data: 8 rule families, canvas 8, demo store (ETRM)
-        raw = generate_synthetic_arc(os.path.join(root, "raw"), "synth", num_train=96, num_test=16, seed=0,
-                                     progress=False, canvas_size=8, num_aug=8)
+        raw = generate_synthetic_arc(
+            os.path.join(root, "raw"),
+            "synth",
+            num_train=96,
+            num_test=16,
+            seed=0,
+            progress=False,
+            canvas_size=8,
+            num_aug=8,
+        )
         puzzles = load_puzzles(["training", "evaluation"], "evaluation", raw["prefix"])
-        build_arc_dataset(out, puzzles, test_set_name="evaluation", num_aug=8, seed=0, mode="etrm",
-                          progress=False, canvas_size=8)
+        build_arc_dataset(
+            out, puzzles, test_set_name="evaluation", num_aug=8, seed=0, mode="etrm", progress=False, canvas_size=8
+        )
     else:
-        build_sudoku(["--output-dir", out, "--generate-train", "400", "--generate-test", "16", "--size", "4",
-                      "--num-aug", "4", "--no-progress"])
+        build_sudoku(
+            [
+                "--output-dir",
+                out,
+                "--generate-train",
+                "400",
+                "--generate-test",
+                "16",
+                "--size",
+                "4",
+                "--num-aug",
+                "4",
+                "--no-progress",
+            ]
+        )
     return out
 
 
-def make_trainer(config: str, data: str, run_dir: str, compile_flag: bool, device: str,
-                 overrides: Sequence[str] = ()) -> Trainer:
+def make_trainer(
+    config: str, data: str, run_dir: str, compile_flag: bool, device: str, overrides: Sequence[str] = ()
+) -> Trainer:
     name, extra = {"science": ("cfg_science", ["encoder=standard"]), "trm-tiny": ("cfg_demo", [])}[config]
-    cfg = load_config(name, [*extra, f"data_paths=[{data}]", f"checkpoint_path={run_dir}", "eval_interval=null",
-                             "eval_at_end=false", "evaluators=[]", "progress=false", "wandb.mode=disabled",
-                             f"compile={str(compile_flag).lower()}", f"device={device}", *overrides])
+    cfg = load_config(
+        name,
+        [
+            *extra,
+            f"data_paths=[{data}]",
+            f"checkpoint_path={run_dir}",
+            "eval_interval=null",
+            "eval_at_end=false",
+            "evaluators=[]",
+            "progress=false",
+            "wandb.mode=disabled",
+            f"compile={str(compile_flag).lower()}",
+            f"device={device}",
+            *overrides,
+        ],
+    )
     return Trainer(cfg, DistInfo(device=resolve_device(device)))
 
 
@@ -111,15 +148,25 @@ class PhaseTimer:
             h.remove()
 
 
-def measure(config: str, *, steps: int, warmup: int, compiled: bool, device: str = "cpu",
-            root: Optional[str] = None, trace: Optional[str] = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def measure(
+    config: str,
+    *,
+    steps: int,
+    warmup: int,
+    compiled: bool,
+    device: str = "cpu",
+    root: Optional[str] = None,
+    trace: Optional[str] = None,
+    overrides: Sequence[str] = (),
+) -> dict[str, Any]:
     """Time ``steps`` training steps after ``warmup`` untimed ones; see the module docstring."""
     with contextlib.ExitStack() as stack:
         root = root or stack.enter_context(tempfile.TemporaryDirectory())
         data = make_data(config, root)
         t0 = time.perf_counter()
-        trainer = make_trainer(config, data, os.path.join(root, f"run-{config}-{compiled}-{time.time_ns()}"),
-                               compiled, device, overrides)
+        trainer = make_trainer(
+            config, data, os.path.join(root, f"run-{config}-{compiled}-{time.time_ns()}"), compiled, device, overrides
+        )
         stack.callback(trainer.close)
         it = iter(trainer.data.train_loader)
 
@@ -132,8 +179,11 @@ def measure(config: str, *, steps: int, warmup: int, compiled: bool, device: str
             trainer.train_step(next_batch())
         setup_s = time.perf_counter() - t0
         timer = None if compiled else PhaseTimer(trainer)  # hooks inside a compiled graph would break it
-        prof = stack.enter_context(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])) \
-            if trace else None
+        prof = (
+            stack.enter_context(torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]))
+            if trace
+            else None
+        )
         data_s = step_s = 0.0
         for _ in range(steps):
             t = time.perf_counter()
@@ -153,13 +203,27 @@ def measure(config: str, *, steps: int, warmup: int, compiled: bool, device: str
     split = {"data": data_s / steps, "step": step_s / steps}
     if timer is not None:
         ph = {k: v / steps for k, v in timer.totals.items()}
-        split.update({"encoder_forward": ph["encoder"], "core_forward": ph["forward"] - ph["encoder"],
-                      "optimizer": ph["optimizer"],
-                      "loss_backward_rest": step_s / steps - ph["forward"] - ph["optimizer"]})
-    return {"config": config, "mode": "compiled" if compiled else "eager", "seconds_per_step": per_step,
-            "samples_per_s": trainer.cfg.global_batch_size / per_step, "flops_per_step_counted": flops,
-            "flops_per_s": flops / per_step, "num_params": trainer.num_params, "setup_and_warmup_s": setup_s,
-            "phases_s": split, "threads": torch.get_num_threads(), "batch": trainer.cfg.global_batch_size}
+        split.update(
+            {
+                "encoder_forward": ph["encoder"],
+                "core_forward": ph["forward"] - ph["encoder"],
+                "optimizer": ph["optimizer"],
+                "loss_backward_rest": step_s / steps - ph["forward"] - ph["optimizer"],
+            }
+        )
+    return {
+        "config": config,
+        "mode": "compiled" if compiled else "eager",
+        "seconds_per_step": per_step,
+        "samples_per_s": trainer.cfg.global_batch_size / per_step,
+        "flops_per_step_counted": flops,
+        "flops_per_s": flops / per_step,
+        "num_params": trainer.num_params,
+        "setup_and_warmup_s": setup_s,
+        "phases_s": split,
+        "threads": torch.get_num_threads(),
+        "batch": trainer.cfg.global_batch_size,
+    }
 
 
 def fp32_matmul_flops(m: int = 4224, k: int = 64, n: int = 256, iters: int = 50) -> float:
@@ -178,8 +242,17 @@ def fp32_matmul_flops(m: int = 4224, k: int = 64, n: int = 256, iters: int = 50)
     return 2 * m * k * n * iters / best
 
 
-def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cpu", trace: Optional[str] = None,
-        interleave: int = 1, batch: Optional[int] = None) -> dict[str, Any]:
+def run(
+    config: str,
+    *,
+    steps: int,
+    warmup: int,
+    compile: str,
+    device: str = "cpu",
+    trace: Optional[str] = None,
+    interleave: int = 1,
+    batch: Optional[int] = None,
+) -> dict[str, Any]:
     """Both modes (``compile``: eager / compiled / both), ``interleave`` rounds alternating them (a noisy machine
     is measured side by side); per mode the median of the rounds' s/step is reported. ``batch``: the global batch
     size (default: the config's)."""
@@ -190,12 +263,24 @@ def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cp
         rounds: dict[str, list] = {}
         for _ in range(max(1, interleave)):
             for c in modes:
-                r = measure(config, steps=steps, warmup=warmup, compiled=c, device=device, root=root, trace=trace,
-                            overrides=overrides)
+                r = measure(
+                    config,
+                    steps=steps,
+                    warmup=warmup,
+                    compiled=c,
+                    device=device,
+                    root=root,
+                    trace=trace,
+                    overrides=overrides,
+                )
                 rounds.setdefault(r["mode"], []).append(r)
-                print(f"[train_step] {config} {r['mode']:8s} {r['seconds_per_step'] * 1e3:8.1f} ms/step "
-                      f"{r['samples_per_s']:8.1f} samples/s  {r['flops_per_s'] / 1e9:6.2f} GFLOP/s (counted)  "
-                      + " ".join(f"{k} {v * 1e3:.1f}" for k, v in r["phases_s"].items()) + " ms", flush=True)
+                print(
+                    f"[train_step] {config} {r['mode']:8s} {r['seconds_per_step'] * 1e3:8.1f} ms/step "
+                    f"{r['samples_per_s']:8.1f} samples/s  {r['flops_per_s'] / 1e9:6.2f} GFLOP/s (counted)  "
+                    + " ".join(f"{k} {v * 1e3:.1f}" for k, v in r["phases_s"].items())
+                    + " ms",
+                    flush=True,
+                )
     for mode, rs in rounds.items():
         rs.sort(key=lambda r: r["seconds_per_step"])
         out[mode] = dict(rs[len(rs) // 2], rounds_s_per_step=[r["seconds_per_step"] for r in rs])
@@ -205,10 +290,14 @@ def run(config: str, *, steps: int, warmup: int, compile: str, device: str = "cp
             r = out[mode]
             r["floor_s_per_step"] = r["flops_per_step_counted"] / peak
             r["fraction_of_fp32_matmul"] = r["flops_per_s"] / peak
-            print(f"[train_step] {config} {mode}: ceiling {peak / 1e9:.1f} GFLOP/s (fp32 matmul, "
-                  f"{torch.get_num_threads()} thread(s)); at identical FLOPs a step takes at least "
-                  f"{r['floor_s_per_step'] * 1e3:.1f} ms, so at most {r['seconds_per_step'] / r['floor_s_per_step']:.2f}x "
-                  f"faster than this ({100 * r['fraction_of_fp32_matmul']:.0f}% of the ceiling now)", flush=True)
+            print(
+                f"[train_step] {config} {mode}: ceiling {peak / 1e9:.1f} GFLOP/s (fp32 matmul, "
+                f"{torch.get_num_threads()} thread(s)); at identical FLOPs a step takes at least "
+                f"{r['floor_s_per_step'] * 1e3:.1f} ms, so at most "
+                f"{r['seconds_per_step'] / r['floor_s_per_step']:.2f}x "
+                f"faster than this ({100 * r['fraction_of_fp32_matmul']:.0f}% of the ceiling now)",
+                flush=True,
+            )
     if "eager" in out and "compiled" in out:
         out["compiled_speedup"] = out["eager"]["seconds_per_step"] / out["compiled"]["seconds_per_step"]
     return out

@@ -20,6 +20,7 @@ When the environment names a file in ``TRM_JOB_ERROR_FILE`` (``run_jobs.py`` set
 is also written there: the queue then marks the job failed instead of retrying it (a deterministic error fails
 the same way on every attempt).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,19 @@ EXIT_USER_ERROR = 1
 #: environment variable naming a file that receives the one-line message (set by run_jobs.py)
 ERROR_FILE_ENV = "TRM_JOB_ERROR_FILE"
 
-_USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
-                          errno.EEXIST, errno.ENOTEMPTY, errno.ENAMETOOLONG})
+_USER_ERRNOS = frozenset(
+    {
+        errno.EACCES,
+        errno.EPERM,
+        errno.EROFS,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.ENOTEMPTY,
+        errno.ENAMETOOLONG,
+    }
+)
 _MAX_LEN = 600
 
 
@@ -131,8 +143,11 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     sys.exit(code)
 
 
-_UNKNOWN_KEY_RES = (re.compile(r"Could not override '([^']+)'"), re.compile(r"unknown (?:config )?key '([^']+)'"),
-                    re.compile(r"Key '([^']+)' is not in struct"))
+_UNKNOWN_KEY_RES = (
+    re.compile(r"Could not override '([^']+)'"),
+    re.compile(r"unknown (?:config )?key '([^']+)'"),
+    re.compile(r"Key '([^']+)' is not in struct"),
+)
 
 
 def closest_key(message: str, known: Iterable[str]) -> Optional[str]:
@@ -147,8 +162,9 @@ def closest_key(message: str, known: Iterable[str]) -> Optional[str]:
 
 
 @contextlib.contextmanager
-def user_errors(code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None
-                ) -> Iterator[None]:
+def user_errors(
+    code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None
+) -> Iterator[None]:
     """``with user_errors(): work()`` -- bad input ends the process with one line and ``code``; a crash keeps
     its traceback. ``known_keys``: the config's dotted keys; a refused unknown key is then followed by the closest
     known one (instead of Hydra's advice to add it with ``+``, which the strict config refuses next)."""
@@ -164,8 +180,7 @@ def user_errors(code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], I
         fail(msg, code)
 
 
-def run_hydra_main(main, code: int = EXIT_USER_ERROR,
-                   known_keys: Optional[Callable[[], Iterable[str]]] = None) -> None:
+def run_hydra_main(main, code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None) -> None:
     """Call a ``@hydra.main`` function so that Hydra's composition errors (unknown override key, missing config
     option, override syntax) come out as one line through :func:`user_errors` instead of Hydra's multi-line report.
     (Hydra re-raises instead of printing when HYDRA_FULL_ERROR=1.)"""
@@ -174,5 +189,16 @@ def run_hydra_main(main, code: int = EXIT_USER_ERROR,
         main()
 
 
-__all__ = ["PlatformError", "closest_key", "validation_problems", "EXIT_USER_ERROR", "ERROR_FILE_ENV", "user_error_types", "user_error_message", "one_line", "fail",
-           "user_errors", "run_hydra_main"]
+__all__ = [
+    "PlatformError",
+    "closest_key",
+    "validation_problems",
+    "EXIT_USER_ERROR",
+    "ERROR_FILE_ENV",
+    "user_error_types",
+    "user_error_message",
+    "one_line",
+    "fail",
+    "user_errors",
+    "run_hydra_main",
+]

@@ -1,4 +1,5 @@
 """Atomic file writes: a crash at any point leaves the old file or the new one, never a partial file."""
+
 from __future__ import annotations
 
 import json

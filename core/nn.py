@@ -17,6 +17,7 @@ SwiGLU width  ``round(e * d * 2/3)`` rounded *up* to a         ``e * d * 2/3`` r
 SwiGLU names  ``gate_up_proj`` / ``down_proj``                 ``gate_up`` / ``down``
 ============  ==============================================  =================================================
 """
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,14 @@ from torch import nn
 from core.ops import linear_chunks
 
 
-def trunc_normal_init_(tensor: torch.Tensor, std: float = 1.0, lower: float = -2.0, upper: float = 2.0, *,
-                       std_of: Literal["truncated", "normal"] = "truncated") -> torch.Tensor:
+def trunc_normal_init_(
+    tensor: torch.Tensor,
+    std: float = 1.0,
+    lower: float = -2.0,
+    upper: float = 2.0,
+    *,
+    std_of: Literal["truncated", "normal"] = "truncated",
+) -> torch.Tensor:
     """Fill ``tensor`` in place with a normal distribution truncated to ``[lower, upper]`` (in units of the
     underlying normal's std) and return it. ``std_of="truncated"`` (the model core): the distribution is rescaled so
     that the standard deviation *of the truncated distribution* is ``std`` (as JAX / Flax; torch's own
@@ -49,7 +56,7 @@ def trunc_normal_init_(tensor: torch.Tensor, std: float = 1.0, lower: float = -2
         cdf = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2)))  # noqa: E731
         mass = cdf(upper) - cdf(lower)
         mean_t = (phi(lower) - phi(upper)) / mass
-        var_t = 1.0 + (lower * phi(lower) - upper * phi(upper)) / mass - mean_t ** 2
+        var_t = 1.0 + (lower * phi(lower) - upper * phi(upper)) / mass - mean_t**2
         scale = std / math.sqrt(var_t)
         # Inverse-CDF sampling: u ~ U(erf(lower/sqrt2), erf(upper/sqrt2)) -> sqrt2 * erfinv(u).
         tensor.uniform_(math.erf(lower / math.sqrt(2)), math.erf(upper / math.sqrt(2)))
@@ -66,8 +73,7 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)).to(dtype)
 
 
-def swiglu_width(dim: int, expansion: float, multiple: int = 256,
-                 rounding: Literal["up", "nearest"] = "up") -> int:
+def swiglu_width(dim: int, expansion: float, multiple: int = 256, rounding: Literal["up", "nearest"] = "up") -> int:
     """Hidden width of :class:`SwiGLU` for input width ``dim``: ``expansion * dim * 2/3`` made a multiple of
     ``multiple``. ``rounding="up"`` (the model core): rounded to an integer, then up to the next multiple.
     ``rounding="nearest"`` (the encoders): to the nearest multiple, at least one ``multiple``."""
@@ -89,9 +95,16 @@ class SwiGLU(nn.Module):
     ``<name>.weight``. The defaults are the TRM core's (the published checkpoints' layout); the encoders use
     ``encoders.layers.swiglu`` (the module docstring lists both)."""
 
-    def __init__(self, dim: int, expansion: float, *, multiple: int = 256, rounding: Literal["up", "nearest"] = "up",
-                 init: Literal["trunc_normal", "torch"] = "trunc_normal",
-                 names: tuple[str, str] = ("gate_up_proj", "down_proj")) -> None:
+    def __init__(
+        self,
+        dim: int,
+        expansion: float,
+        *,
+        multiple: int = 256,
+        rounding: Literal["up", "nearest"] = "up",
+        init: Literal["trunc_normal", "torch"] = "trunc_normal",
+        names: tuple[str, str] = ("gate_up_proj", "down_proj"),
+    ) -> None:
         super().__init__()
         if init not in ("trunc_normal", "torch"):
             raise ValueError(f"init must be 'trunc_normal' or 'torch', got {init!r}")

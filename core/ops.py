@@ -1,9 +1,9 @@
 """Small tensor operations shared by the model core (models/) and the demo encoders (encoders/)."""
+
 from __future__ import annotations
 
-from typing import Sequence
-
 import math
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +50,15 @@ def grid_coordinates(tokens: torch.Tensor, side: int, first_colour: int = 2) -> 
     r0, r1 = extent(grid.any(2))
     c0, c1 = extent(grid.any(1))
     rows, cols = (ar - r0, r1 - ar), (ar - c0, c1 - ar)  # each [n, side]
-    coords = torch.stack([rows[0][:, :, None].expand(n, side, side), rows[1][:, :, None].expand(n, side, side),
-                          cols[0][:, None, :].expand(n, side, side), cols[1][:, None, :].expand(n, side, side)], -1)
+    coords = torch.stack(
+        [
+            rows[0][:, :, None].expand(n, side, side),
+            rows[1][:, :, None].expand(n, side, side),
+            cols[0][:, None, :].expand(n, side, side),
+            cols[1][:, None, :].expand(n, side, side),
+        ],
+        -1,
+    )
     return (coords.clamp(-side, side) + side).view(n, side * side, 4)
 
 
@@ -60,13 +67,13 @@ def grid_coordinates(tokens: torch.Tensor, side: int, first_colour: int = 2) -> 
 # cell's features (top, bottom, left, right, 1) relative to the *input* grid: the output cell (u, v) of the map reads
 # the input cell it points at (tests/test_models_trm.py checks every map on grids of several shapes).
 DIHEDRAL_POINTERS = {
-    0: ((1, 0, 0, 0, 0), (0, 0, 1, 0, 0)),    # identity: (top, left)
-    1: ((0, 0, 1, 0, 0), (-1, 0, 1, 1, 0)),   # rot90 counter-clockwise: (left, W - top), W = left + right
-    2: ((0, 1, 0, 0, 0), (0, 0, 0, 1, 0)),    # rot180: (bottom, right)
-    3: ((1, 1, -1, 0, 0), (1, 0, 0, 0, 0)),   # rot90 clockwise: (H - left, top), H = top + bottom
-    4: ((1, 0, 0, 0, 0), (0, 0, 0, 1, 0)),    # horizontal flip: (top, right)
-    5: ((0, 1, 0, 0, 0), (0, 0, 1, 0, 0)),    # vertical flip: (bottom, left)
-    6: ((0, 0, 1, 0, 0), (1, 0, 0, 0, 0)),    # transpose: (left, top)
+    0: ((1, 0, 0, 0, 0), (0, 0, 1, 0, 0)),  # identity: (top, left)
+    1: ((0, 0, 1, 0, 0), (-1, 0, 1, 1, 0)),  # rot90 counter-clockwise: (left, W - top), W = left + right
+    2: ((0, 1, 0, 0, 0), (0, 0, 0, 1, 0)),  # rot180: (bottom, right)
+    3: ((1, 1, -1, 0, 0), (1, 0, 0, 0, 0)),  # rot90 clockwise: (H - left, top), H = top + bottom
+    4: ((1, 0, 0, 0, 0), (0, 0, 0, 1, 0)),  # horizontal flip: (top, right)
+    5: ((0, 1, 0, 0, 0), (0, 0, 1, 0, 0)),  # vertical flip: (bottom, left)
+    6: ((0, 0, 1, 0, 0), (1, 0, 0, 0, 0)),  # transpose: (left, top)
     7: ((1, 1, -1, 0, 0), (-1, 0, 1, 1, 0)),  # anti-diagonal reflection: (H - left, W - top)
 }
 # how pointer heads start: all at the identity (plain grid-relative 2D RoPE), or head h at dihedral map h % 8
@@ -128,8 +135,9 @@ def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
     return torch.where(inside & (src < L), src, -1)
 
 
-def dihedral_agreement(inp: torch.Tensor, out: torch.Tensor, side: int, first_colour: int = 2
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def dihedral_agreement(
+    inp: torch.Tensor, out: torch.Tensor, side: int, first_colour: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per output cell and dihedral map d, of demo canvases inp / out [n, L]: (colour [n, 8, L]: the input token
     that d sends to the cell, 0 (PAD) where none; agreement [n, 8, L]: 0 = no source or no output colour there,
     1 = the output differs from it, 2 = equals it). Where the output is the input transformed by d, every output
@@ -164,8 +172,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_pointer_rope(q: torch.Tensor, k: torch.Tensor, coef: torch.Tensor, feats: torch.Tensor,
-                       k_cos: torch.Tensor, k_sin: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_pointer_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    coef: torch.Tensor,
+    feats: torch.Tensor,
+    k_cos: torch.Tensor,
+    k_sin: torch.Tensor,
+    freqs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pointer RoPE on q, k [..., heads, head_dim]: each query rotated to the position its head points at,
     ``(coef [..., heads, 2, 5] * feats [..., 5]).sum(-1)``, each key by its own table ``k_cos`` / ``k_sin``
     [..., 1, head_dim]; computed in fp32, returned in q's dtype."""

@@ -11,6 +11,7 @@ A component joins by one line beside its class::
 union over the registry), and every refusal is one line naming the dotted key and value
 (:func:`core.errors.validation_problems`, the one pydantic error formatter).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -73,8 +74,11 @@ class Registry(MutableMapping):
             return config_cls(**cfg)
         except pydantic.ValidationError as e:
             problems = "; ".join(validation_problems(e, prefix=f"{prefix}."))
-            keys = f" (keys of {config_cls.__name__}: {', '.join(config_cls.model_fields)})" \
-                if any(x["type"] == "extra_forbidden" for x in e.errors()) else ""
+            keys = (
+                f" (keys of {config_cls.__name__}: {', '.join(config_cls.model_fields)})"
+                if any(x["type"] == "extra_forbidden" for x in e.errors())
+                else ""
+            )
             raise self.error(f"invalid {self.kind} config for {name!r}: {problems}{keys}") from None
 
     def configs(self) -> list[type]:

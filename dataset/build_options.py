@@ -5,6 +5,7 @@ Progress bars: the builders pass :func:`bar_disable` to tqdm, so a bar is drawn 
 (tqdm's ``disable=None``, as the training loop and evaluate.py do) and never with ``--no-progress``; a log file,
 a pipe, the job queue or SLURM get no carriage-return bar frames.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,14 +26,16 @@ def bar_disable(progress: bool) -> Optional[bool]:
 
 def add_max_puzzles_argument(ap: argparse.ArgumentParser, meaning: str) -> None:
     """``--max-puzzles N``; ``meaning`` says what N counts for this builder (it differs per source)."""
-    ap.add_argument("--max-puzzles", type=int, default=None, metavar="N",
-                    help=f"smoke set: {meaning} (N >= 1; default: all)")
+    ap.add_argument(
+        "--max-puzzles", type=int, default=None, metavar="N", help=f"smoke set: {meaning} (N >= 1; default: all)"
+    )
 
 
 def check_max_puzzles(max_puzzles: Optional[int]) -> Optional[int]:
     """``max_puzzles`` unchanged when None or >= 1; anything else is a :class:`DatasetError`."""
-    if max_puzzles is not None and (isinstance(max_puzzles, bool) or not isinstance(max_puzzles, int)
-                                    or max_puzzles < 1):
+    if max_puzzles is not None and (
+        isinstance(max_puzzles, bool) or not isinstance(max_puzzles, int) or max_puzzles < 1
+    ):
         raise DatasetError(f"--max-puzzles must be an integer >= 1, got {max_puzzles!r}")
     return max_puzzles
 
@@ -79,6 +82,8 @@ def read_json_unique_ids(path: str) -> Any:
     if data is last[0] and last[1]:  # the top-level object is the last one closed
         (key, n), rest = last[1][0], len(last[1]) - 1
         more = f" (and {rest} more duplicated id{'s' if rest > 1 else ''})" if rest else ""
-        raise DatasetError(f"{path}: puzzle id {key!r} appears {n} times{more}; JSON would keep only the last "
-                           f"copy, so remove or rename the duplicates")
+        raise DatasetError(
+            f"{path}: puzzle id {key!r} appears {n} times{more}; JSON would keep only the last "
+            f"copy, so remove or rename the duplicates"
+        )
     return data

@@ -1,8 +1,8 @@
 """Build a Sudoku dataset (TRM format: 81 tokens, PAD 0, blank 1, digits 1-9 -> 2..10).
 
     # from the Sudoku-Extreme CSV layout (train.csv / test.csv with columns source,question,answer,rating)
-    python -m dataset.build_sudoku_dataset --source-dir data/sudoku-extreme-raw --output-dir data/sudoku-extreme-1k-aug-1000 \\
-        --subsample-size 1000 --num-aug 1000 --seed 0
+    python -m dataset.build_sudoku_dataset --source-dir data/sudoku-extreme-raw \\
+        --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000 --seed 0
 
     # no download: generate unique-solution puzzles with the built-in generator (--size 4 for tiny CPU runs)
     python -m dataset.build_sudoku_dataset --generate-train 1000 --generate-test 200 --output-dir data/sudoku-gen \\
@@ -12,6 +12,7 @@ Augmentations (training split only, like the published builder): digit relabelli
 bands / stacks and of rows / columns inside each band / stack. Every augmented solution is re-checked to be a
 valid Sudoku that agrees with its clues.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ from core.errors import user_errors
 from dataset.build_options import bar_disable, check_max_puzzles
 from dataset.errors import DatasetError
 from dataset.metadata import DatasetMetadata
-from dataset.pair_sources import (SOURCE_CSV_FIELDS, add_source_arguments, iter_source_csv, source_pairs,
-                                  subsample_pairs, write_source_csv)
+from dataset.pair_sources import (
+    SOURCE_CSV_FIELDS,
+    add_source_arguments,
+    iter_source_csv,
+    source_pairs,
+    subsample_pairs,
+    write_source_csv,
+)
 from dataset.writer import atomic_output_dir, save_one_example_split, set_default_dir_mode, write_blank_identifiers
 
 log = logging.getLogger(__name__)
@@ -40,7 +47,7 @@ CSV_FIELDS = SOURCE_CSV_FIELDS
 # Validity, solver, generator
 # ----------------------------------------------------------------------------------------------
 def _box(n: int) -> int:
-    b = int(round(n ** 0.5))
+    b = int(round(n**0.5))
     if b * b != n or n not in (4, 9):
         raise DatasetError(f"--size must be 4 or 9, got {n}")
     return b
@@ -54,13 +61,17 @@ def is_valid_solution(grid: np.ndarray) -> bool:
     want = np.arange(1, n + 1)
     rows = all(np.array_equal(np.sort(g[r]), want) for r in range(n))
     cols = all(np.array_equal(np.sort(g[:, c]), want) for c in range(n))
-    boxes = all(np.array_equal(np.sort(g[r:r + b, c:c + b].reshape(-1)), want)
-                for r in range(0, n, b) for c in range(0, n, b))
+    boxes = all(
+        np.array_equal(np.sort(g[r : r + b, c : c + b].reshape(-1)), want)
+        for r in range(0, n, b)
+        for c in range(0, n, b)
+    )
     return rows and cols and boxes
 
 
-def count_solutions(puzzle: np.ndarray, limit: int = 2, rng: Optional[np.random.Generator] = None,
-                    out: Optional[list] = None) -> int:
+def count_solutions(
+    puzzle: np.ndarray, limit: int = 2, rng: Optional[np.random.Generator] = None, out: Optional[list] = None
+) -> int:
     """Number of solutions of ``puzzle`` (0 = blank), counting up to ``limit``. Bitmask backtracking with the
     most-constrained-cell heuristic; with ``rng`` candidate order is random (used to make full grids).
     The first solution found is appended to ``out``."""
@@ -161,14 +172,16 @@ def generate_sudoku_csv(path: str, num: int, *, size: int = 9, seed: int = 0, pr
     def row() -> list:
         p, s = generate_puzzle(rng, size)
         return ["generated", _to_str(p), _to_str(s), int((p == 0).sum())]
+
     return write_source_csv(path, row, num, desc="generating sudoku", progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------
 # CSV reading
 # ----------------------------------------------------------------------------------------------
-def read_sudoku_csv(path: str, size: int = 9, min_rating: Optional[int] = None,
-                    max_puzzles: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+def read_sudoku_csv(
+    path: str, size: int = 9, min_rating: Optional[int] = None, max_puzzles: Optional[int] = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(questions, answers) as int arrays [N, size, size] (0 = blank), validated; ``max_puzzles``: stop after the
     first that many kept rows (file order)."""
     check_max_puzzles(max_puzzles)
@@ -245,16 +258,39 @@ def _encode(boards: np.ndarray) -> np.ndarray:
 def _write_split(d: str, qs: list, ans: list, group_sizes: list, seed: int, num_aug: int, size: int, source: str):
     inputs, labels = _encode(np.stack(qs)), _encode(np.stack(ans))
     n = len(inputs)
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=size + 2,
-                           seq_len=size * size, num_puzzle_identifiers=1, total_groups=len(group_sizes),
-                           mean_puzzle_examples=1.0, total_puzzles=n, sets=["all"], kind="sudoku", grid_size=size,
-                           translate_augment=False, seed=seed, num_aug=num_aug, source=source)
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=size + 2,
+        seq_len=size * size,
+        num_puzzle_identifiers=1,
+        total_groups=len(group_sizes),
+        mean_puzzle_examples=1.0,
+        total_puzzles=n,
+        sets=["all"],
+        kind="sudoku",
+        grid_size=size,
+        translate_augment=False,
+        seed=seed,
+        num_aug=num_aug,
+        source=source,
+    )
     save_one_example_split(d, inputs, labels, group_sizes, meta)
 
 
-def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
-                         *, num_aug: int = 0, subsample_size: Optional[int] = None, seed: int = 0,
-                         overwrite: bool = False, source: str = "", progress: bool = True) -> dict:
+def build_sudoku_dataset(
+    output_dir: str,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    *,
+    num_aug: int = 0,
+    subsample_size: Optional[int] = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    source: str = "",
+    progress: bool = True,
+) -> dict:
     """Write ``train/`` (subsampled, augmented) and ``test/`` (as given) from (questions, answers) arrays."""
     t0 = time.time()
     size = train[0].shape[1]
@@ -278,13 +314,21 @@ def build_sudoku_dataset(output_dir: str, train: tuple[np.ndarray, np.ndarray], 
         _write_split(os.path.join(tmp, "test"), list(test[0]), list(test[1]), [1] * len(test[0]), seed, 0, size, source)
         write_blank_identifiers(tmp)
         set_default_dir_mode(tmp)
-    return {"train_puzzles": len(tq), "train_examples": len(qs), "test_examples": len(test[0]),
-            "augmentations": len(qs) - len(tq), "seconds": round(time.time() - t0, 2)}
+    return {
+        "train_puzzles": len(tq),
+        "train_examples": len(qs),
+        "test_examples": len(test[0]),
+        "augmentations": len(qs) - len(tq),
+        "seconds": round(time.time() - t0, 2),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m dataset.build_sudoku_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m dataset.build_sudoku_dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_source_arguments(ap, "Sudoku-Extreme")
     ap.add_argument("--min-difficulty", type=int, default=None, help="keep rows with rating >= this")
     ap.add_argument("--num-aug", type=int, default=0)
@@ -295,13 +339,27 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         rng = np.random.default_rng([args.seed, 0x6E4])
         check_max_puzzles(args.max_puzzles)
         train, test, source = source_pairs(
-            args, ap, lambda path: read_sudoku_csv(path, args.size, args.min_difficulty, args.max_puzzles),
-            lambda: generate_puzzle(rng, args.size), f"generated:size{args.size}")
-        s = build_sudoku_dataset(args.output_dir, train, test, num_aug=args.num_aug,
-                                 subsample_size=args.subsample_size, seed=args.seed, overwrite=args.overwrite,
-                                 source=source, progress=not args.no_progress)
-    print(f"built {args.output_dir}: {s['train_puzzles']} puzzles x (1 + {args.num_aug}) = {s['train_examples']} "
-          f"train examples, {s['test_examples']} test examples, {s['seconds']} s")
+            args,
+            ap,
+            lambda path: read_sudoku_csv(path, args.size, args.min_difficulty, args.max_puzzles),
+            lambda: generate_puzzle(rng, args.size),
+            f"generated:size{args.size}",
+        )
+        s = build_sudoku_dataset(
+            args.output_dir,
+            train,
+            test,
+            num_aug=args.num_aug,
+            subsample_size=args.subsample_size,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            source=source,
+            progress=not args.no_progress,
+        )
+    print(
+        f"built {args.output_dir}: {s['train_puzzles']} puzzles x (1 + {args.num_aug}) = {s['train_examples']} "
+        f"train examples, {s['test_examples']} test examples, {s['seconds']} s"
+    )
     return s
 
 

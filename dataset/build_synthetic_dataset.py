@@ -19,6 +19,7 @@ drawn as ``--num-train N --num-test N`` would draw them (a smaller draw, not the
 sides <= N, and ``--max-grid`` defaults to N - 2, at most 10 (:func:`default_max_grid`: room for the loader's
 translations) and may not exceed N.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,7 @@ def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int)
     return pairs[:n_demo], pairs[n_demo:]
 
 
-def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int
-                   ) -> set[str]:
+def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int) -> set[str]:
     """Rule keys that the ARC builder's copies of training puzzle ``name`` show (the identity included): the
     builder gives it the copies :func:`dataset.augment.select_augmentations` (``num_aug``, ``seed``)
     draws, and a copy under augmentation g of an instance R is a puzzle of g . R . g^-1
@@ -70,9 +70,18 @@ def augmented_keys(name: str, family: str, params: dict, demo: list, test: list,
     return keys
 
 
-def _sample_training(rng: np.random.Generator, families: list[str], n: int, spec: GridSpec, heldout: set,
-                     prefix: str, progress: bool, canvas_size: int, num_aug: int, seed: int
-                     ) -> list[tuple[str, dict, list, list]]:
+def _sample_training(
+    rng: np.random.Generator,
+    families: list[str],
+    n: int,
+    spec: GridSpec,
+    heldout: set,
+    prefix: str,
+    progress: bool,
+    canvas_size: int,
+    num_aug: int,
+    seed: int,
+) -> list[tuple[str, dict, list, list]]:
     """``n`` training puzzles, families in balanced seeded cycles. A candidate is redrawn when its instance is
     held out or, with ``num_aug``, when one of the ARC builder's augmented copies of it shows a held-out instance."""
     out = []
@@ -84,8 +93,10 @@ def _sample_training(rng: np.random.Generator, families: list[str], n: int, spec
         if fam is None:
             live = [f for f in families if f not in exhausted]
             if not live:
-                raise DatasetError(f"--families {families}: no training puzzle left that avoids the held-out rule "
-                                   f"instances after {len(out)} puzzles; lower --num-train or --num-aug")
+                raise DatasetError(
+                    f"--families {families}: no training puzzle left that avoids the held-out rule "
+                    f"instances after {len(out)} puzzles; lower --num-train or --num-aug"
+                )
             if not cycle:  # balanced: every family once per cycle, in a seeded order
                 cycle = [live[i] for i in rng.permutation(len(live))]
             fam, fails = cycle.pop(), 0
@@ -95,12 +106,16 @@ def _sample_training(rng: np.random.Generator, families: list[str], n: int, spec
         rule = FAMILIES[fam](rng, spec)
         name = f"{prefix}-train-{len(out):05d}-{fam}"
         drawn = None if rule.key in heldout else _draw_puzzle(rng, rule, canvas_size)
-        if drawn is None or (num_aug and heldout and augmented_keys(name, fam, rule.params, *drawn, num_aug, seed)
-                             & heldout):
+        if drawn is None or (
+            num_aug and heldout and augmented_keys(name, fam, rule.params, *drawn, num_aug, seed) & heldout
+        ):
             fails += 1
             if fails > 500:
-                log.warning("synthetic training: family %s: no further puzzle avoids the held-out instances (with "
-                            "its augmented copies); its remaining puzzles go to the other families", fam)
+                log.warning(
+                    "synthetic training: family %s: no further puzzle avoids the held-out instances (with "
+                    "its augmented copies); its remaining puzzles go to the other families",
+                    fam,
+                )
                 exhausted.add(fam)
                 fam = None
             continue
@@ -119,8 +134,9 @@ def _family_counts(rng: np.random.Generator, families: list[str], n: int) -> dic
     return counts
 
 
-def _reserve_heldout(rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int,
-                     canvas_size: int) -> dict[str, list[RuleInstance]]:
+def _reserve_heldout(
+    rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int, canvas_size: int
+) -> dict[str, list[RuleInstance]]:
     """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out."""
     held: dict[str, list[RuleInstance]] = {}
     for fam, count in counts.items():
@@ -133,14 +149,17 @@ def _reserve_heldout(rng: np.random.Generator, counts: dict[str, int], spec: Gri
                 rules.append(rule)
                 keys.add(rule.key)
         if count and not rules:
-            raise DatasetError(f"--families: family {fam!r} makes no puzzle within the grid limits "
-                               f"(--max-grid {spec.max_grid}, --canvas-size {canvas_size})")
+            raise DatasetError(
+                f"--families: family {fam!r} makes no puzzle within the grid limits "
+                f"(--max-grid {spec.max_grid}, --canvas-size {canvas_size})"
+            )
         held[fam] = rules
     return held
 
 
-def _heldout_puzzles(rng: np.random.Generator, held: dict[str, list[RuleInstance]], counts: dict[str, int],
-                     prefix: str, canvas_size: int) -> list[tuple[str, dict, list, list]]:
+def _heldout_puzzles(
+    rng: np.random.Generator, held: dict[str, list[RuleInstance]], counts: dict[str, int], prefix: str, canvas_size: int
+) -> list[tuple[str, dict, list, list]]:
     """``counts[f]`` evaluation puzzles of family f, cycling through its held-out instances; seeded order."""
     schedule = [f for f, c in counts.items() for _ in range(c)]
     schedule = [schedule[i] for i in rng.permutation(len(schedule))]
@@ -155,16 +174,19 @@ def _heldout_puzzles(rng: np.random.Generator, held: dict[str, list[RuleInstance
                 break
         else:
             raise DatasetError(f"synthetic evaluation: held-out instance {rule.key} made no puzzle in 200 tries")
-        out.append((f"{prefix}-evalu-{len(out):05d}-{fam}", {"family": fam, "params": rule.params, "key": rule.key},
-                    *drawn))
+        out.append(
+            (f"{prefix}-evalu-{len(out):05d}-{fam}", {"family": fam, "params": rule.params, "key": rule.key}, *drawn)
+        )
     return out
 
 
 def _to_kaggle(puzzles) -> tuple[dict, dict]:
     chal, sol = {}, {}
     for name, _, demo, test in puzzles:
-        chal[name] = {"train": [{"input": i.tolist(), "output": o.tolist()} for i, o in demo],
-                      "test": [{"input": i.tolist()} for i, _ in test]}
+        chal[name] = {
+            "train": [{"input": i.tolist(), "output": o.tolist()} for i, o in demo],
+            "test": [{"input": i.tolist()} for i, _ in test],
+        }
         sol[name] = [o.tolist() for _, o in test]
     return chal, sol
 
@@ -175,11 +197,23 @@ def default_max_grid(canvas_size: int) -> int:
     return max(1, min(10, canvas_size - 2))
 
 
-def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: int = 400, num_test: int = 100,
-                           families: Optional[Sequence[str]] = None, holdout_families: Sequence[str] = (),
-                           min_grid: int = 3, max_grid: Optional[int] = None, seed: int = 0, progress: bool = True,
-                           canvas_size: int = ARC_MAX_GRID, num_aug: int = 0,
-                           heldout_puzzles_per_instance: int = 2, max_puzzles: Optional[int] = None) -> dict:
+def generate_synthetic_arc(
+    out_dir: str,
+    prefix: str = "synth",
+    *,
+    num_train: int = 400,
+    num_test: int = 100,
+    families: Optional[Sequence[str]] = None,
+    holdout_families: Sequence[str] = (),
+    min_grid: int = 3,
+    max_grid: Optional[int] = None,
+    seed: int = 0,
+    progress: bool = True,
+    canvas_size: int = ARC_MAX_GRID,
+    num_aug: int = 0,
+    heldout_puzzles_per_instance: int = 2,
+    max_puzzles: Optional[int] = None,
+) -> dict:
     """Write the kaggle-layout files; returns ``{"prefix": <out_dir>/<prefix>, "<subset>_challenges": path, ...}``.
 
     First, per evaluation family (``holdout_families`` when given, else ``families``), a set of held-out rule
@@ -200,8 +234,10 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     if max_grid is None:
         max_grid = default_max_grid(canvas_size)
     if not 1 <= min_grid <= max_grid <= canvas_size:
-        raise DatasetError(f"--min-grid/--max-grid: need 1 <= min-grid ({min_grid}) <= max-grid ({max_grid}) <= "
-                           f"--canvas-size ({canvas_size})")
+        raise DatasetError(
+            f"--min-grid/--max-grid: need 1 <= min-grid ({min_grid}) <= max-grid ({max_grid}) <= "
+            f"--canvas-size ({canvas_size})"
+        )
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
@@ -218,12 +254,16 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
     held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
     held_keys = {r.key for rules in held.values() for r in rules}
-    train = _sample_training(rng, train_fams, num_train, spec, held_keys, prefix, progress, canvas_size, num_aug,
-                             seed)
+    train = _sample_training(rng, train_fams, num_train, spec, held_keys, prefix, progress, canvas_size, num_aug, seed)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size)
-    log.info("synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
-             "training puzzle%s", len(train), len(test), len(held_keys),
-             f" nor any of its {num_aug} augmented copies" if num_aug else "")
+    log.info(
+        "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
+        "training puzzle%s",
+        len(train),
+        len(test),
+        len(held_keys),
+        f" nor any of its {num_aug} augmented copies" if num_aug else "",
+    )
 
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, prefix)
@@ -234,8 +274,11 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
             p = f"{base}_{subset}_{kind}.json"
             write_json_atomic(p, obj, compact=True)
             paths[f"{subset}_{kind}"] = p
-    rules = {name: {"subset": s, "family": meta["family"], "params": meta["params"]}
-             for s, puzzles in (("training", train), ("evaluation", test)) for name, meta, _, _ in puzzles}
+    rules = {
+        name: {"subset": s, "family": meta["family"], "params": meta["params"]}
+        for s, puzzles in (("training", train), ("evaluation", test))
+        for name, meta, _, _ in puzzles
+    }
     with open(f"{base}_rules.json", "w") as f:
         json.dump(rules, f, indent=0, sort_keys=True)
     paths["rules"] = f"{base}_rules.json"
@@ -243,8 +286,11 @@ def generate_synthetic_arc(out_dir: str, prefix: str = "synth", *, num_train: in
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m dataset.build_synthetic_dataset", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m dataset.build_synthetic_dataset",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--output-dir", required=True, help="where the kaggle-layout json files go")
     ap.add_argument("--output-prefix", default="synth", help="file name prefix (<prefix>_<subset>_challenges.json)")
     ap.add_argument("--num-train", type=int, default=400)
@@ -252,18 +298,32 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--families", nargs="+", default=None, help=f"default: all of {list(FAMILIES)}")
     ap.add_argument("--holdout-families", nargs="+", default=[])
     ap.add_argument("--min-grid", type=int, default=3)
-    ap.add_argument("--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)")
-    ap.add_argument("--canvas-size", type=int, default=ARC_MAX_GRID,
-                    help=f"canvas side of the --build-dir build; every grid fits it (default {ARC_MAX_GRID})")
+    ap.add_argument(
+        "--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)"
+    )
+    ap.add_argument(
+        "--canvas-size",
+        type=int,
+        default=ARC_MAX_GRID,
+        help=f"canvas side of the --build-dir build; every grid fits it (default {ARC_MAX_GRID})",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--heldout-puzzles-per-instance", type=int, default=2,
-                    help="evaluation puzzles per held-out rule instance (default 2: 20 puzzles of a family come "
-                         "from 10 held-out instances)")
+    ap.add_argument(
+        "--heldout-puzzles-per-instance",
+        type=int,
+        default=2,
+        help="evaluation puzzles per held-out rule instance (default 2: 20 puzzles of a family come "
+        "from 10 held-out instances)",
+    )
     ap.add_argument("--build-dir", default=None, help="also run the ARC builder into this directory")
-    ap.add_argument("--num-aug", type=int, default=8,
-                    help="augmented copies per puzzle in the ARC build (--build-dir, or a later build with the same "
-                         "--num-aug and --seed); a training puzzle one of whose copies would show a held-out rule "
-                         "instance is redrawn (0: only the training puzzles themselves avoid them)")
+    ap.add_argument(
+        "--num-aug",
+        type=int,
+        default=8,
+        help="augmented copies per puzzle in the ARC build (--build-dir, or a later build with the same "
+        "--num-aug and --seed); a training puzzle one of whose copies would show a held-out rule "
+        "instance is redrawn (0: only the training puzzles themselves avoid them)",
+    )
     ap.add_argument("--mode", choices=["trm", "etrm"], default="etrm", help="split mode for --build-dir")
     ap.add_argument("--overwrite", action="store_true", help="for --build-dir")
     ap.add_argument("--num-workers", type=int, default=1, help="for --build-dir")
@@ -272,24 +332,44 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
-        paths = generate_synthetic_arc(args.output_dir, args.output_prefix, num_train=args.num_train,
-                                       num_test=args.num_test, families=args.families,
-                                       holdout_families=args.holdout_families, min_grid=args.min_grid,
-                                       max_grid=args.max_grid, seed=args.seed, progress=not args.no_progress,
-                                       canvas_size=args.canvas_size, num_aug=args.num_aug,
-                                       heldout_puzzles_per_instance=args.heldout_puzzles_per_instance,
-                                       max_puzzles=args.max_puzzles)
+        paths = generate_synthetic_arc(
+            args.output_dir,
+            args.output_prefix,
+            num_train=args.num_train,
+            num_test=args.num_test,
+            families=args.families,
+            holdout_families=args.holdout_families,
+            min_grid=args.min_grid,
+            max_grid=args.max_grid,
+            seed=args.seed,
+            progress=not args.no_progress,
+            canvas_size=args.canvas_size,
+            num_aug=args.num_aug,
+            heldout_puzzles_per_instance=args.heldout_puzzles_per_instance,
+            max_puzzles=args.max_puzzles,
+        )
         n_train, n_test = cap(args.num_train, args.max_puzzles), cap(args.num_test, args.max_puzzles)
         print(f"wrote {n_train} training + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
-            s = build_arc_dataset(args.build_dir, puzzles, test_set_name="evaluation", num_aug=args.num_aug,
-                                  seed=args.seed, mode=args.mode, overwrite=args.overwrite,
-                                  num_workers=args.num_workers, source=f"synthetic:{args.output_prefix}",
-                                  progress=not args.no_progress, canvas_size=args.canvas_size)
+            s = build_arc_dataset(
+                args.build_dir,
+                puzzles,
+                test_set_name="evaluation",
+                num_aug=args.num_aug,
+                seed=args.seed,
+                mode=args.mode,
+                overwrite=args.overwrite,
+                num_workers=args.num_workers,
+                source=f"synthetic:{args.output_prefix}",
+                progress=not args.no_progress,
+                canvas_size=args.canvas_size,
+            )
             paths["build_dir"] = args.build_dir
-            print(f"built {args.build_dir}: train {s['train_examples']} / test {s['test_examples']} examples, "
-                  f"{s['seconds']} s")
+            print(
+                f"built {args.build_dir}: train {s['train_examples']} / test {s['test_examples']} examples, "
+                f"{s['seconds']} s"
+            )
     return paths
 
 

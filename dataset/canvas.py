@@ -2,6 +2,7 @@
 for ARC), decoded back from a (predicted) canvas, and shifted inside the canvas (the loader's translation
 augmentation, drawn at load time); plus the shape-aware grid hash used for deduplication and voting.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,11 +21,11 @@ def grid_to_canvas(grid: np.ndarray, offset: tuple[int, int] = (0, 0), size: int
     if r0 < 0 or c0 < 0 or r0 + h > size or c0 + w > size:
         raise ValueError(f"grid {h}x{w} at offset {offset} does not fit a {size}x{size} canvas")
     canvas = np.full((size, size), PAD_ID, dtype=np.uint8)
-    canvas[r0:r0 + h, c0:c0 + w] = grid.astype(np.uint8) + COLOR_OFFSET
+    canvas[r0 : r0 + h, c0 : c0 + w] = grid.astype(np.uint8) + COLOR_OFFSET
     if r0 + h < size:
-        canvas[r0 + h, c0:c0 + w] = EOS_ID
+        canvas[r0 + h, c0 : c0 + w] = EOS_ID
     if c0 + w < size:
-        canvas[r0:r0 + h, c0 + w] = EOS_ID
+        canvas[r0 : r0 + h, c0 + w] = EOS_ID
     return canvas.reshape(-1)
 
 
@@ -95,8 +96,9 @@ def content_extents(canvases: np.ndarray, size: int = ARC_MAX_GRID) -> tuple[np.
     return (any_r * idx).max(axis=1), (any_c * idx).max(axis=1)
 
 
-def translate_batch(inputs: np.ndarray, labels: np.ndarray, uniforms: np.ndarray,
-                    size: int = ARC_MAX_GRID) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def translate_batch(
+    inputs: np.ndarray, labels: np.ndarray, uniforms: np.ndarray, size: int = ARC_MAX_GRID
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shift each example's input and label canvas by the same random legal offset.
 
     ``uniforms`` [2, b] in [0, 1) pick the offset (dr, dc) uniformly among the positions where both grids

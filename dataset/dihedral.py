@@ -4,6 +4,7 @@
 matrix each map applies to a displacement (row, column), which is how a rule's parameters change under an
 augmentation (:mod:`dataset.rule_identity`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,13 @@ def _dihedral_tables() -> tuple[list[list[int]], list[np.ndarray]]:
     transform, the 2x2 integer matrix it applies to a displacement (row, column) on the grid."""
     probe = np.arange(9).reshape(3, 3)
     images = [dihedral_transform(probe, t) for t in range(8)]
-    comp = [[next(c for c in range(8) if np.array_equal(dihedral_transform(dihedral_transform(probe, b), a),
-                                                          images[c])) for b in range(8)] for a in range(8)]
+    comp = [
+        [
+            next(c for c in range(8) if np.array_equal(dihedral_transform(dihedral_transform(probe, b), a), images[c]))
+            for b in range(8)
+        ]
+        for a in range(8)
+    ]
     mats = []
     for t in range(8):
         cols = []

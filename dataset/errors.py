@@ -1,4 +1,5 @@
 """The dataset layer's input error (core.errors: the one-line-error contract)."""
+
 from __future__ import annotations
 
 from core.errors import PlatformError

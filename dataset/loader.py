@@ -9,6 +9,7 @@ per-batch randomness (translation, demo subsets) from ``(seed, epoch, set, batch
 the same global batch, worker processes can take interleaved batches without coordination, and resuming from
 ``state_dict()`` (epoch + batch position) reproduces the stream exactly without reading any example data.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -90,7 +91,8 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
             raise ValueError(f"rank {self.rank} must be < world_size {self.world_size}")
         if self.global_batch_size % self.world_size != 0:
             raise ValueError(
-                f"global_batch_size {self.global_batch_size} must be divisible by world_size {self.world_size}")
+                f"global_batch_size {self.global_batch_size} must be divisible by world_size {self.world_size}"
+            )
         return self
 
 
@@ -112,23 +114,30 @@ class PuzzleDataset(IterableDataset):
         metas = [load_metadata(d) for d in split_dirs]
         self.metadata: DatasetMetadata = combine_metadata(metas, config.data_paths)
         self.translate = (not config.test_mode) and bool(
-            self.metadata.translate_augment if config.translate_augment is None else config.translate_augment)
+            self.metadata.translate_augment if config.translate_augment is None else config.translate_augment
+        )
         # canvas side of canvas datasets: metadata.grid_size (ours), else 30 for a published 900-token ARC
         # directory; None when seq_len is not a square canvas
         self.canvas_size: Optional[int] = canvas_side(self.metadata)
         if self.translate and self.canvas_size is None:
-            raise DatasetError(f"{split_dirs[0]}/dataset.json: translate_augment needs a square canvas dataset "
-                               f"(grid_size N with seq_len N*N), got grid_size={self.metadata.grid_size}, "
-                               f"seq_len={self.metadata.seq_len}")
+            raise DatasetError(
+                f"{split_dirs[0]}/dataset.json: translate_augment needs a square canvas dataset "
+                f"(grid_size N with seq_len N*N), got grid_size={self.metadata.grid_size}, "
+                f"seq_len={self.metadata.seq_len}"
+            )
 
         if config.encoder_mode:
             for m, d in zip(metas, split_dirs):
                 if not m.has_demos:
-                    raise DatasetError(f"{d}/dataset.json: has_demos is false; encoder_mode needs a dataset built "
-                                       "with the demo store (python -m dataset.build_arc_dataset ...)")
+                    raise DatasetError(
+                        f"{d}/dataset.json: has_demos is false; encoder_mode needs a dataset built "
+                        "with the demo store (python -m dataset.build_arc_dataset ...)"
+                    )
             md = config.max_demos or self.metadata.max_demos_p99 or self.metadata.max_demos
             if not md:
-                raise DatasetError(f"{split_dirs[0]}/dataset.json: max_demos unknown; set PuzzleDatasetConfig.max_demos")
+                raise DatasetError(
+                    f"{split_dirs[0]}/dataset.json: max_demos unknown; set PuzzleDatasetConfig.max_demos"
+                )
             self.max_demos: Optional[int] = int(md)
         else:
             self.max_demos = None
@@ -156,8 +165,13 @@ class PuzzleDataset(IterableDataset):
                 self.max_available_demos = max(self.max_available_demos, int(avail.max(initial=0)))
                 self.num_truncated_examples += int((avail > self.max_demos).sum())
             if self.num_truncated_examples:
-                log.warning("%s split: %d examples have more than max_demos=%d demos (max %d); they are truncated",
-                            split, self.num_truncated_examples, self.max_demos, self.max_available_demos)
+                log.warning(
+                    "%s split: %d examples have more than max_demos=%d demos (max %d); they are truncated",
+                    split,
+                    self.num_truncated_examples,
+                    self.max_demos,
+                    self.max_available_demos,
+                )
         # runtime count of truncated rows served by this process
         self.truncated_rows_served = 0
 
@@ -174,9 +188,18 @@ class PuzzleDataset(IterableDataset):
         h = hashlib.sha256(self.metadata.model_dump_json().encode())
         for s in self.sets:
             n = s.num_examples
-            rows = np.unique(np.linspace(0, max(n - 1, 0), num=min(64, max(n, 1))).astype(np.int64)) if n else np.zeros(0, np.int64)
-            for arr in (s.inputs.take(rows), s.labels.take(rows), s.puzzle_identifiers, s.puzzle_indices,
-                        s.group_indices):
+            rows = (
+                np.unique(np.linspace(0, max(n - 1, 0), num=min(64, max(n, 1))).astype(np.int64))
+                if n
+                else np.zeros(0, np.int64)
+            )
+            for arr in (
+                s.inputs.take(rows),
+                s.labels.take(rows),
+                s.puzzle_identifiers,
+                s.puzzle_indices,
+                s.group_indices,
+            ):
                 a = np.ascontiguousarray(arr)
                 h.update(f"{s.name}:{a.shape}:{a.dtype}".encode())
                 h.update(a.tobytes())
@@ -289,7 +312,8 @@ class PuzzleDataset(IterableDataset):
             n = sum(len(self.active_groups[k]) for k in range(len(self.sets)))
             raise DatasetError(
                 f"{self.config.data_paths}: split {self.split!r} has too few examples for one global batch of "
-                f"{self.config.global_batch_size} (active groups: {n}); lower global_batch_size")
+                f"{self.config.global_batch_size} (active groups: {n}); lower global_batch_size"
+            )
         pos = start
         if pos[2] >= len(self._epoch_plan(pos[0], pos[1])):
             pos = self._next_position(pos)
@@ -312,7 +336,7 @@ class PuzzleDataset(IterableDataset):
         else:
             global_rows = self._epoch_plan(epoch, set_idx)[b]
             effective = cfg.global_batch_size
-        rows = global_rows[cfg.rank * self.local_batch_size: (cfg.rank + 1) * self.local_batch_size]
+        rows = global_rows[cfg.rank * self.local_batch_size : (cfg.rank + 1) * self.local_batch_size]
         real = rows >= 0
         ex = rows[real]
         # Per-batch randomness, identical on every rank (drawn for the global batch, then sliced).
@@ -326,8 +350,9 @@ class PuzzleDataset(IterableDataset):
         raw_lab = s.labels.take(ex)
         if self.translate and len(ex):
             # uniforms drawn for the whole global batch (ranks agree), then this rank's real rows
-            u = rng.random((2, len(global_rows)))[:, cfg.rank * self.local_batch_size:
-                                                     (cfg.rank + 1) * self.local_batch_size][:, real]
+            u = rng.random((2, len(global_rows)))[
+                :, cfg.rank * self.local_batch_size : (cfg.rank + 1) * self.local_batch_size
+            ][:, real]
             raw_in, raw_lab, _ = translate_batch(raw_in, raw_lab, u, self.canvas_size)
         inputs[real] = raw_in
         lab = raw_lab.astype(np.int64)
@@ -352,11 +377,15 @@ class PuzzleDataset(IterableDataset):
     def _demos(self, s: SetData, ex: np.ndarray, real: np.ndarray, key: tuple, row0: int) -> dict:
         """Each real row's own puzzle's demonstration pairs in ``max_demos`` slots (:meth:`SetData.pack_demos`;
         training: a seeded random subset for a row with more demos than slots, test mode: the first ones)."""
-        demo_in, demo_lab, mask, truncated = s.pack_demos(ex, real, self.max_demos, self.metadata.seq_len, key, row0,
-                                                          sample=not self.config.test_mode)
+        demo_in, demo_lab, mask, truncated = s.pack_demos(
+            ex, real, self.max_demos, self.metadata.seq_len, key, row0, sample=not self.config.test_mode
+        )
         self.truncated_rows_served += truncated
-        return {"demo_inputs": torch.from_numpy(demo_in), "demo_labels": torch.from_numpy(demo_lab),
-                "demo_mask": torch.from_numpy(mask)}
+        return {
+            "demo_inputs": torch.from_numpy(demo_in),
+            "demo_labels": torch.from_numpy(demo_lab),
+            "demo_mask": torch.from_numpy(mask),
+        }
 
     def __iter__(self):
         info = get_worker_info()
@@ -376,16 +405,25 @@ class PuzzleDataset(IterableDataset):
     def state_dict(self) -> dict:
         """Exact stream position: the next batch to serve is batch ``batch`` of set ``set_index`` of ``epoch``."""
         e, k, b = self._position
-        return {"format": _STATE_FORMAT, "epoch": e, "set_index": k, "batch": b, "seed": self.config.seed,
-                "global_batch_size": self.config.global_batch_size, "split": self.split}
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": e,
+            "set_index": k,
+            "batch": b,
+            "seed": self.config.seed,
+            "global_batch_size": self.config.global_batch_size,
+            "split": self.split,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != _STATE_FORMAT:
             raise DatasetError(f"data_state: unknown format {state.get('format')!r} (expected {_STATE_FORMAT!r})")
         for k in ("seed", "global_batch_size"):
             if state[k] != getattr(self.config, k):
-                raise DatasetError(f"data_state: field {k}={state[k]} differs from the loader config "
-                                   f"({getattr(self.config, k)}); the stream cannot be resumed exactly")
+                raise DatasetError(
+                    f"data_state: field {k}={state[k]} differs from the loader config "
+                    f"({getattr(self.config, k)}); the stream cannot be resumed exactly"
+                )
         self._position = (int(state["epoch"]), int(state["set_index"]), int(state["batch"]))
 
     def _advance(self) -> None:
@@ -436,8 +474,12 @@ def create_dataloader(config: PuzzleDatasetConfig | dict, split: str = "train") 
     pin = torch.cuda.is_available() if config.pin_memory is None else (config.pin_memory and torch.cuda.is_available())
     kwargs = {}
     if config.num_workers > 0:
-        kwargs = dict(prefetch_factor=4, persistent_workers=False, multiprocessing_context=_mp_context(),
-                      worker_init_fn=_ignore_sigint)
+        kwargs = dict(
+            prefetch_factor=4,
+            persistent_workers=False,
+            multiprocessing_context=_mp_context(),
+            worker_init_fn=_ignore_sigint,
+        )
     loader = _TrackingDataLoader(ds, batch_size=None, num_workers=config.num_workers, pin_memory=pin, **kwargs)
     return loader, ds.metadata
 

@@ -2,6 +2,7 @@
 field names match the published TRM format, so a TRM data directory loads unchanged, our extra fields are
 optional), the sha256 of its ``identifiers.json``, and whether a directory is a built dataset at all.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,4 +102,5 @@ def looks_like_dataset(path: str) -> bool:
     """Whether ``path`` holds a built dataset (``identifiers.json`` or a ``train/`` / ``test/`` split with its
     ``dataset.json``): the only kind of directory ``--overwrite`` may replace."""
     return os.path.isfile(os.path.join(path, "identifiers.json")) or any(
-        os.path.isfile(os.path.join(path, split, "dataset.json")) for split in ("train", "test"))
+        os.path.isfile(os.path.join(path, split, "dataset.json")) for split in ("train", "test")
+    )

@@ -2,6 +2,7 @@
 Sudoku-Extreme and Maze-Hard (read, and written by the generators), a seeded generator instead of a CSV, the
 seeded training subsample, and the command-line options that choose among them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,21 +50,38 @@ def add_source_arguments(ap: argparse.ArgumentParser, layout: str) -> None:
     ap.add_argument("--generate-test", type=int, default=100)
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
-    ap.add_argument("--max-puzzles", type=int, default=None, metavar="N", help="smoke set: at most N puzzles from "
-                    "each source split (the first N rows of train.csv / test.csv, or N generated; N >= 1)")
+    ap.add_argument(
+        "--max-puzzles",
+        type=int,
+        default=None,
+        metavar="N",
+        help="smoke set: at most N puzzles from "
+        "each source split (the first N rows of train.csv / test.csv, or N generated; N >= 1)",
+    )
 
 
-def source_pairs(args: argparse.Namespace, ap: argparse.ArgumentParser, read: Callable[[str], tuple],
-                 make: Callable[[], tuple], generated: str) -> tuple[tuple, tuple, str]:
+def source_pairs(
+    args: argparse.Namespace,
+    ap: argparse.ArgumentParser,
+    read: Callable[[str], tuple],
+    make: Callable[[], tuple],
+    generated: str,
+) -> tuple[tuple, tuple, str]:
     """(train pairs, test pairs, source label) from ``--source-dir`` (``read(csv path)``) or the generator
     (``make()`` per puzzle, label ``generated``); neither given is a usage error."""
     if args.source_dir is not None:
-        return (read(os.path.join(args.source_dir, "train.csv")), read(os.path.join(args.source_dir, "test.csv")),
-                f"csv:{args.source_dir}")
+        return (
+            read(os.path.join(args.source_dir, "train.csv")),
+            read(os.path.join(args.source_dir, "test.csv")),
+            f"csv:{args.source_dir}",
+        )
     if args.generate_train is not None:
         n = lambda k: k if args.max_puzzles is None else min(k, args.max_puzzles)  # noqa: E731 (--max-puzzles)
-        return (generate_pairs(make, n(args.generate_train), "generating train", not args.no_progress),
-                generate_pairs(make, n(args.generate_test), "generating test", not args.no_progress), generated)
+        return (
+            generate_pairs(make, n(args.generate_train), "generating train", not args.no_progress),
+            generate_pairs(make, n(args.generate_test), "generating test", not args.no_progress),
+            generated,
+        )
     ap.error("give --source-dir <dir with train.csv/test.csv> or --generate-train N")
 
 

@@ -4,6 +4,7 @@ synthetic builder uses to keep held-out instances out of training also through a
 use to label every copy; and a puzzle's demos determine its rule only when no simpler instance of the family
 explains them as well.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -28,12 +29,17 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
     m = D4_MATRIX[dihedral]
     swaps = m[0, 0] == 0  # the transform exchanges rows and columns
     if family == "colour_map":
-        return {"map": {str(pi[int(a)]): pi[int(b)] for a, b in sorted(params["map"].items(),
-                                                                         key=lambda kv: pi[int(kv[0])])}}
+        return {
+            "map": {
+                str(pi[int(a)]): pi[int(b)] for a, b in sorted(params["map"].items(), key=lambda kv: pi[int(kv[0])])
+            }
+        }
     if family == "flip_rotate":
         inv = DIHEDRAL_INVERSE[dihedral]
-        return {"dihedral": D4_COMPOSE[dihedral][D4_COMPOSE[params["dihedral"]][inv]],
-                "recolour": rc(params["recolour"])}
+        return {
+            "dihedral": D4_COMPOSE[dihedral][D4_COMPOSE[params["dihedral"]][inv]],
+            "recolour": rc(params["recolour"]),
+        }
     if family == "translate":
         dr, dc = (int(v) for v in m @ np.array([params["dr"], params["dc"]]))
         return {"dr": dr, "dc": dc, "wrap": params["wrap"]}
@@ -46,8 +52,12 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
     if family == "fill_enclosed":
         return {"border": col(params["border"]), "fill": col(params["fill"]), "noise": col(params["noise"])}
     if family == "recolour_by_size":
-        return {"src": col(params["src"]), "big": col(params["big"]), "small": col(params["small"]),
-                "threshold": params["threshold"]}
+        return {
+            "src": col(params["src"]),
+            "big": col(params["big"]),
+            "small": col(params["small"]),
+            "threshold": params["threshold"],
+        }
     if family == "copy_pattern":
         ry, rx = (params["rx"], params["ry"]) if swaps else (params["ry"], params["rx"])
         out = {"ry": ry, "rx": rx, "mirror": params["mirror"], "recolour": rc(params["recolour"])}

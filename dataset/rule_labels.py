@@ -13,6 +13,7 @@ Only the identifiers of the asked split are labelled (training: the training cop
 even where a TRM-mode build shows its demo pairs in ``train/``); every other row (the blank id 0, evaluation
 puzzles) is :data:`UNLABELLED` in every slot, so training labels cannot reach a held-out puzzle.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,13 +33,18 @@ NO_COLOUR = 10  # the colour slots' class for "no such colour" (no recolour, no 
 # slot -> number of classes; a rule instance fills the slots of its family and leaves the rest unlabelled
 RULE_SLOTS: dict[str, int] = {
     "family": len(FAMILIES),
-    "dihedral": 8,                    # flip_rotate
-    "dr": 7, "dc": 7, "wrap": 2,      # translate (shift + 3)
+    "dihedral": 8,  # flip_rotate
+    "dr": 7,
+    "dc": 7,
+    "wrap": 2,  # translate (shift + 3)
     "direction": len(GRAVITY_DIRECTIONS),  # gravity
-    "repeat_y": 3, "repeat_x": 3,     # scale_up ky, kx / copy_pattern ry, rx (minus 1)
-    "mirror": 2,                      # copy_pattern
-    "threshold": 3,                   # recolour_by_size (minus 2)
-    "colour_a": NO_COLOUR + 1, "colour_b": NO_COLOUR + 1, "colour_c": NO_COLOUR + 1,  # the family's colours
+    "repeat_y": 3,
+    "repeat_x": 3,  # scale_up ky, kx / copy_pattern ry, rx (minus 1)
+    "mirror": 2,  # copy_pattern
+    "threshold": 3,  # recolour_by_size (minus 2)
+    "colour_a": NO_COLOUR + 1,
+    "colour_b": NO_COLOUR + 1,
+    "colour_c": NO_COLOUR + 1,  # the family's colours
     **{f"lut_{c}": 10 for c in range(10)},  # colour_map: the colour each colour becomes
 }
 
@@ -57,6 +63,7 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
 
     def recolour(rc):
         return {"colour_a": col(rc[0] if rc else None), "colour_b": col(rc[1] if rc else None)}
+
     p = params
     if family == "colour_map":
         out.update({f"lut_{c}": int(p["map"].get(str(c), c)) for c in range(10)})
@@ -71,11 +78,16 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
     elif family == "fill_enclosed":
         out.update(colour_a=col(p["border"]), colour_b=col(p["fill"]))
     elif family == "recolour_by_size":
-        out.update(colour_a=col(p["src"]), colour_b=col(p["big"]), colour_c=col(p["small"]),
-                   threshold=int(p["threshold"]) - 2)
+        out.update(
+            colour_a=col(p["src"]), colour_b=col(p["big"]), colour_c=col(p["small"]), threshold=int(p["threshold"]) - 2
+        )
     elif family == "copy_pattern":
-        out.update(repeat_y=int(p["ry"]) - 1, repeat_x=int(p["rx"]) - 1, mirror=int(bool(p["mirror"])),
-                   **recolour(p["recolour"]))
+        out.update(
+            repeat_y=int(p["ry"]) - 1,
+            repeat_x=int(p["rx"]) - 1,
+            mirror=int(bool(p["mirror"])),
+            **recolour(p["recolour"]),
+        )
     for slot, v in out.items():
         if not 0 <= v < RULE_SLOTS[slot]:
             raise ValueError(f"rule {family} {params}: slot {slot!r} = {v} is outside 0..{RULE_SLOTS[slot] - 1}")
@@ -91,16 +103,20 @@ def _read_rules(path: str) -> dict:
         except json.JSONDecodeError as e:
             raise DatasetError(f"rule labels {path}: not valid JSON ({e})") from None
     if not isinstance(rules, dict) or not rules:
-        raise DatasetError(f"rule labels {path}: expected a non-empty object puzzle name -> "
-                           "{'family': ..., 'params': ...}")
+        raise DatasetError(
+            f"rule labels {path}: expected a non-empty object puzzle name -> {{'family': ..., 'params': ...}}"
+        )
     for name, r in rules.items():
         fam = r.get("family") if isinstance(r, dict) else None
         if fam not in FAMILIES:
-            raise DatasetError(f"rule labels {path}: puzzle {name!r}: field 'family' = {fam!r} is not a synthetic "
-                               f"family (known: {sorted(FAMILIES)})")
+            raise DatasetError(
+                f"rule labels {path}: puzzle {name!r}: field 'family' = {fam!r} is not a synthetic "
+                f"family (known: {sorted(FAMILIES)})"
+            )
         if not isinstance(r.get("params"), dict):
-            raise DatasetError(f"rule labels {path}: puzzle {name!r}: field 'params' must be an object, got "
-                               f"{r.get('params')!r}")
+            raise DatasetError(
+                f"rule labels {path}: puzzle {name!r}: field 'params' must be an object, got {r.get('params')!r}"
+            )
     return rules
 
 
@@ -139,8 +155,10 @@ def rule_label_table(data_dir: str, rules_path: str, split: str = "train") -> np
         if name in held:
             continue
         if name not in rules:
-            raise DatasetError(f"rule labels {rules_path}: {split} puzzle {name!r} of {data_dir} has no rule "
-                               "(built from other puzzles?)")
+            raise DatasetError(
+                f"rule labels {rules_path}: {split} puzzle {name!r} of {data_dir} has no rule "
+                "(built from other puzzles?)"
+            )
         fam, aug = rules[name]["family"], entry["augmentation"]
         params = conjugate_params(fam, rules[name]["params"], aug.dihedral, aug.colour_map)
         for slot, v in rule_targets(fam, params).items():

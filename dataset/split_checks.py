@@ -7,6 +7,7 @@ values (``data/x/train/dataset.json: seq_len 82 but all__inputs.npy has rows of 
 broadcast traceback at the first batch. ``total_groups`` / ``total_puzzles`` / ``mean_puzzle_examples`` are
 informational (nothing reads them): not checked, so a directory that counts them another way still loads.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,10 @@ def check_token_range(path: str, arr: np.ndarray, vocab_size: int, ignore: Optio
     if lo < 0 or hi >= vocab_size:
         bad = hi if hi >= vocab_size else lo
         where = np.argwhere(arr == bad)[0].tolist()
-        raise DatasetError(f"{path}: token id {bad} at index {where} is outside the vocabulary [0, {vocab_size}) "
-                           f"of dataset.json (vocab_size={vocab_size}); rebuild the data")
+        raise DatasetError(
+            f"{path}: token id {bad} at index {where} is outside the vocabulary [0, {vocab_size}) "
+            f"of dataset.json (vocab_size={vocab_size}); rebuild the data"
+        )
 
 
 def check_token_rows(split_dir: str, name: str, arr: np.ndarray, seq_len: int) -> None:
@@ -45,8 +48,9 @@ def check_token_rows(split_dir: str, name: str, arr: np.ndarray, seq_len: int) -
     if not np.issubdtype(arr.dtype, np.integer):
         raise DatasetError(f"{path}: dtype {arr.dtype} is not an integer token type")
     if arr.shape[1] != seq_len:
-        raise DatasetError(f"{os.path.join(split_dir, 'dataset.json')}: seq_len {seq_len} but {name} has rows of "
-                           f"{arr.shape[1]}")
+        raise DatasetError(
+            f"{os.path.join(split_dir, 'dataset.json')}: seq_len {seq_len} but {name} has rows of {arr.shape[1]}"
+        )
 
 
 def check_split_part(split_dir: str, set_name: str, d: dict, meta: DatasetMetadata) -> None:
@@ -66,8 +70,9 @@ def check_split_part(split_dir: str, set_name: str, d: dict, meta: DatasetMetada
         raise DatasetError(f"{p('group_indices')}: must run from 0 to the number of puzzles {P}")
     if "demo_indices" in d:
         if d["demo_inputs"].shape != d["demo_labels"].shape:
-            raise DatasetError(f"{p('demo_labels')}: shape {d['demo_labels'].shape} differs from demo_inputs "
-                               f"{d['demo_inputs'].shape}")
+            raise DatasetError(
+                f"{p('demo_labels')}: shape {d['demo_labels'].shape} differs from demo_inputs {d['demo_inputs'].shape}"
+            )
         if len(d["demo_indices"]) != P + 1 or d["demo_indices"][-1] != len(d["demo_inputs"]):
             raise DatasetError(f"{p('demo_indices')}: must have {P + 1} entries ending at {len(d['demo_inputs'])}")
         if len(d["example_demo_slot"]) != n:
@@ -77,5 +82,7 @@ def check_split_part(split_dir: str, set_name: str, d: dict, meta: DatasetMetada
             check_token_range(p(k), d[k], meta.vocab_size, meta.ignore_label_id if "labels" in k else None)
     ids = d["puzzle_identifiers"]
     if len(ids) and (ids.min() < 0 or ids.max() >= meta.num_puzzle_identifiers):
-        raise DatasetError(f"{p('puzzle_identifiers')}: ids must be in [0, {meta.num_puzzle_identifiers}) "
-                           f"(num_puzzle_identifiers of dataset.json), found {int(ids.min())}..{int(ids.max())}")
+        raise DatasetError(
+            f"{p('puzzle_identifiers')}: ids must be in [0, {meta.num_puzzle_identifiers}) "
+            f"(num_puzzle_identifiers of dataset.json), found {int(ids.min())}..{int(ids.max())}"
+        )

@@ -4,6 +4,7 @@ over them -- token rows memory-mapped, puzzle identifiers offset per path (the b
 label ids kept per path. Every part is checked against its ``dataset.json`` on load (:mod:`dataset.split_checks`).
 Also the puzzle names behind the groups, for ``group_pattern``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,8 +80,9 @@ class SetData:
     def num_groups(self) -> int:
         return len(self.group_indices) - 1
 
-    def pack_demos(self, ex: np.ndarray, real: np.ndarray, m: int, seq: int, key: tuple, row0: int, sample: bool
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    def pack_demos(
+        self, ex: np.ndarray, real: np.ndarray, m: int, seq: int, key: tuple, row0: int, sample: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """The demos of a batch's rows: (inputs [b, m, seq], labels [b, m, seq], mask [b, m], number of rows that
         had more than ``m`` demos). Row k of the batch is example ``ex`` of its real rows (``real`` [b]); each gets
         its own puzzle's demonstration pairs packed left into ``m`` slots, the query itself excluded. Vectorised
@@ -153,32 +155,40 @@ def combine_metadata(metas: list[DatasetMetadata], paths: list[str]) -> DatasetM
             if getattr(m, fld) != getattr(first, fld):
                 raise DatasetError(
                     f"{path}: metadata field {fld}={getattr(m, fld)} differs from {paths[0]} ({getattr(first, fld)}); "
-                    "data_paths can only be combined when vocab_size, seq_len and pad_id agree")
+                    "data_paths can only be combined when vocab_size, seq_len and pad_id agree"
+                )
     if len(metas) == 1:
         return first.model_copy()
     sets: list[str] = []
     for m in metas:
         sets += [s for s in m.sets if s not in sets]
     total_puzzles = sum(m.total_puzzles or 0 for m in metas)
-    return first.model_copy(update=dict(
-        num_puzzle_identifiers=1 + sum(m.num_puzzle_identifiers - 1 for m in metas),
-        total_groups=sum(m.total_groups for m in metas),
-        total_puzzles=total_puzzles,
-        sets=sets,
-        has_demos=all(m.has_demos for m in metas),
-        translate_augment=all(m.translate_augment for m in metas),
-        max_demos=max((m.max_demos or 0) for m in metas) or None,
-        max_demos_p99=max((m.max_demos_p99 or 0) for m in metas) or None,
-        test_demos_in_train=(None if any(m.test_demos_in_train is None for m in metas)
-                             else any(m.test_demos_in_train for m in metas)),
-        source=",".join(str(m.source) for m in metas),
-        identifiers_sha256=(None if any(m.identifiers_sha256 is None for m in metas) else hashlib.sha256(
-            ",".join(m.identifiers_sha256 for m in metas).encode()).hexdigest()),
-    ))
+    return first.model_copy(
+        update=dict(
+            num_puzzle_identifiers=1 + sum(m.num_puzzle_identifiers - 1 for m in metas),
+            total_groups=sum(m.total_groups for m in metas),
+            total_puzzles=total_puzzles,
+            sets=sets,
+            has_demos=all(m.has_demos for m in metas),
+            translate_augment=all(m.translate_augment for m in metas),
+            max_demos=max((m.max_demos or 0) for m in metas) or None,
+            max_demos_p99=max((m.max_demos_p99 or 0) for m in metas) or None,
+            test_demos_in_train=(
+                None if any(m.test_demos_in_train is None for m in metas) else any(m.test_demos_in_train for m in metas)
+            ),
+            source=",".join(str(m.source) for m in metas),
+            identifiers_sha256=(
+                None
+                if any(m.identifiers_sha256 is None for m in metas)
+                else hashlib.sha256(",".join(m.identifiers_sha256 for m in metas).encode()).hexdigest()
+            ),
+        )
+    )
 
 
-def load_sets(metas: list[DatasetMetadata], split_dirs: list[str], combined: DatasetMetadata,
-              encoder_mode: bool) -> list[SetData]:
+def load_sets(
+    metas: list[DatasetMetadata], split_dirs: list[str], combined: DatasetMetadata, encoder_mode: bool
+) -> list[SetData]:
     """Each set concatenated over the data paths (puzzle identifiers offset per path, the blank id shared:
     ``combined``'s); the demo store only in ``encoder_mode``."""
     sets, id_offset, id_offsets = [], 0, []
@@ -191,8 +201,9 @@ def load_sets(metas: list[DatasetMetadata], split_dirs: list[str], combined: Dat
             if set_name in m.sets:
                 part = load_split_part(d, set_name, encoder_mode, m)
                 ids = part["puzzle_identifiers"]
-                part["puzzle_identifiers"] = np.where(ids == m.blank_identifier_id, combined.blank_identifier_id,
-                                                      ids + off)
+                part["puzzle_identifiers"] = np.where(
+                    ids == m.blank_identifier_id, combined.blank_identifier_id, ids + off
+                )
                 part["ignore"] = m.ignore_label_id
                 parts.append(part)
         sets.append(_concat_parts(set_name, parts, encoder_mode))
@@ -249,8 +260,9 @@ def group_names(data_paths: list[str], metas: list[DatasetMetadata]) -> list[str
         except (OSError, ValueError) as e:
             raise DatasetError(f"{f}: group_pattern needs the puzzle names of identifiers.json ({e})") from None
         if not isinstance(table, list) or len(table) != m.num_puzzle_identifiers:
-            raise DatasetError(f"{f}: expected a list of {m.num_puzzle_identifiers} names (num_puzzle_identifiers "
-                               f"of dataset.json)")
+            raise DatasetError(
+                f"{f}: expected a list of {m.num_puzzle_identifiers} names (num_puzzle_identifiers of dataset.json)"
+            )
         try:
             names += [Augmentation.parse_name(str(n))[0] for n in table[1:]]
         except ValueError as e:
@@ -265,6 +277,8 @@ def matching_groups(s: SetData, names: list[str], pattern: str, split: str) -> n
     keep = np.array([bool(rx.search(names[i])) for i in first.tolist()], dtype=bool)
     if not keep.any():
         example = ", ".join(repr(names[i]) for i in first[:3].tolist())
-        raise DatasetError(f"group_pattern {pattern!r}: no group of the {split} split's set {s.name!r} matches "
-                           f"(its {s.num_groups} puzzle names are like {example})")
+        raise DatasetError(
+            f"group_pattern {pattern!r}: no group of the {split} split's set {s.name!r} matches "
+            f"(its {s.num_groups} puzzle names are like {example})"
+        )
     return np.flatnonzero(keep)

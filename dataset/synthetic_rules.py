@@ -6,6 +6,7 @@ canonical ``key`` so that train and test puzzles can be kept to different instan
 through an augmentation, and whether a puzzle's demos pin it down: :mod:`dataset.rule_identity`; the labels a
 rule-readout head is asked to name: :mod:`dataset.rule_labels`.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,9 @@ def colour_map(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     mapping = dict(zip(src, dst))
     palette = sorted(set(src) | set(_colours(rng, 1, exclude=(0, *src))))
     params = {"map": {str(a): b for a, b in sorted(mapping.items())}}
-    return RuleInstance("colour_map", params, _colour_map_apply(params),
-                        lambda r: _random_grid(r, spec.size(r), palette, 0.6))
+    return RuleInstance(
+        "colour_map", params, _colour_map_apply(params), lambda r: _random_grid(r, spec.size(r), palette, 0.6)
+    )
 
 
 def _colour_map_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -121,8 +123,9 @@ def flip_rotate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = _colours(rng, 3)
     inp_cols = sorted(set(cols + ([recolour[0]] if recolour else [])))
     params = {"dihedral": d, "recolour": recolour}
-    return RuleInstance("flip_rotate", params, _flip_rotate_apply(params),
-                        lambda r: _random_grid(r, spec.size(r), inp_cols, 0.5))
+    return RuleInstance(
+        "flip_rotate", params, _flip_rotate_apply(params), lambda r: _random_grid(r, spec.size(r), inp_cols, 0.5)
+    )
 
 
 def _flip_rotate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -138,8 +141,9 @@ def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     wrap = bool(rng.random() < 0.3)
     cols = _colours(rng, 2)
     params = {"dr": dr, "dc": dc, "wrap": wrap}
-    return RuleInstance("translate", params, _translate_apply(params),
-                        lambda r: _random_grid(r, spec.size(r), cols, 0.25))
+    return RuleInstance(
+        "translate", params, _translate_apply(params), lambda r: _random_grid(r, spec.size(r), cols, 0.25)
+    )
 
 
 def _translate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -152,11 +156,12 @@ def _translate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
         if abs(dr) >= h or abs(dc) >= w:
             return None
         out = np.zeros_like(g)
-        src = g[max(0, -dr): h - max(0, dr), max(0, -dc): w - max(0, dc)]
+        src = g[max(0, -dr) : h - max(0, dr), max(0, -dc) : w - max(0, dc)]
         if (g != 0).sum() != (src != 0).sum():
             return None  # content would fall off the grid
-        out[max(0, dr): max(0, dr) + src.shape[0], max(0, dc): max(0, dc) + src.shape[1]] = src
+        out[max(0, dr) : max(0, dr) + src.shape[0], max(0, dc) : max(0, dc) + src.shape[1]] = src
         return out
+
     return apply
 
 
@@ -170,8 +175,9 @@ def scale_up(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
     side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ky, kx))
     params = {"ky": ky, "kx": kx, "recolour": rc}
-    return RuleInstance("scale_up", params, _scale_up_apply(params),
-                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+    return RuleInstance(
+        "scale_up", params, _scale_up_apply(params), lambda r: _random_grid(r, spec.size(r, side), cols, 0.6)
+    )
 
 
 def _scale_up_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -195,6 +201,7 @@ def gravity(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
             m = r.random(g.shape) < 0.12
             g[m] = wall
         return g
+
     params = {"direction": direction, "wall": wall}
     return RuleInstance("gravity", params, _gravity_apply(params), make)
 
@@ -218,11 +225,12 @@ def _gravity_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
                 vals = [v for v in col[a:b] if v != 0]
                 out[a:b, c] = 0
                 if vals:
-                    out[b - len(vals): b, c] = vals
+                    out[b - len(vals) : b, c] = vals
         return out
 
     def apply(g):
         return np.rot90(fall_down(np.rot90(g, k)), -k).copy()
+
     return apply
 
 
@@ -238,10 +246,10 @@ def fill_enclosed(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
         for _ in range(int(r.integers(1, 4))):
             rh, rw = int(r.integers(3, min(h, 8) + 1)), int(r.integers(3, min(w, 8) + 1))
             y, x = int(r.integers(0, h - rh + 1)), int(r.integers(0, w - rw + 1))
-            g[y, x:x + rw] = border
-            g[y + rh - 1, x:x + rw] = border
-            g[y:y + rh, x] = border
-            g[y:y + rh, x + rw - 1] = border
+            g[y, x : x + rw] = border
+            g[y + rh - 1, x : x + rw] = border
+            g[y : y + rh, x] = border
+            g[y : y + rh, x + rw - 1] = border
         if noise is not None:
             m = (r.random(g.shape) < 0.05) & (g == 0)
             g[m] = noise
@@ -269,6 +277,7 @@ def _fill_enclosed_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
             return None
         out[inner] = fill
         return out
+
     return apply
 
 
@@ -277,8 +286,12 @@ def recolour_by_size(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     src, a, b = _colours(rng, 3)
     t = int(rng.integers(2, 5))
     params = {"src": src, "big": a, "small": b, "threshold": t}
-    return RuleInstance("recolour_by_size", params, _recolour_by_size_apply(params),
-                        lambda r: _random_grid(r, spec.size(r), [src], 0.35))
+    return RuleInstance(
+        "recolour_by_size",
+        params,
+        _recolour_by_size_apply(params),
+        lambda r: _random_grid(r, spec.size(r), [src], 0.35),
+    )
 
 
 def _recolour_by_size_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -294,6 +307,7 @@ def _recolour_by_size_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
         if not sizes or all(s >= t for s in sizes) or all(s < t for s in sizes):
             return None  # need both kinds for the pair to be informative
         return out
+
     return apply
 
 
@@ -308,8 +322,9 @@ def copy_pattern(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = sorted(set(_colours(rng, 3) + ([rc[0]] if rc else [])))
     side = max(1, min(spec.max_grid, ARC_MAX_GRID) // max(ry, rx))
     params = {"ry": ry, "rx": rx, "mirror": mirror, "recolour": rc}
-    return RuleInstance("copy_pattern", params, _copy_pattern_apply(params),
-                        lambda r: _random_grid(r, spec.size(r, side), cols, 0.6))
+    return RuleInstance(
+        "copy_pattern", params, _copy_pattern_apply(params), lambda r: _random_grid(r, spec.size(r, side), cols, 0.6)
+    )
 
 
 def _copy_pattern_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
@@ -328,6 +343,7 @@ def _copy_pattern_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
                 row.append(t)
             rows.append(np.concatenate(row, axis=1))
         return _recolour(np.concatenate(rows, axis=0), rc)
+
     return apply
 
 
@@ -343,8 +359,9 @@ FAMILIES: dict[str, Callable[[np.random.Generator, GridSpec], RuleInstance]] = {
 }
 
 
-def make_pairs(rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: int = 200,
-               max_side: int = ARC_MAX_GRID) -> Optional[list]:
+def make_pairs(
+    rule: RuleInstance, rng: np.random.Generator, n: int, max_tries: int = 200, max_side: int = ARC_MAX_GRID
+) -> Optional[list]:
     """``n`` distinct, informative (output != input) pairs of one rule instance, or None. Pairs whose input or
     output has a side above ``max_side`` (the canvas) are skipped."""
     pairs, seen = [], set()

@@ -8,6 +8,7 @@ A grid of shape (h, w) is written into the top-left of a 30x30 canvas (optionall
 at load time), flattened row-major to 900 tokens (:mod:`dataset.canvas`). Builders accept a smaller canvas
 (``--canvas-size N``: N*N tokens, ``DatasetMetadata.grid_size = N``); the encoders' ``size`` argument is the side.
 """
+
 from __future__ import annotations
 
 PAD_ID = 0

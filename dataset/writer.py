@@ -2,6 +2,7 @@
 end, so a failed build leaves nothing behind), one split's arrays with its ``dataset.json``, and the pieces the
 one-example-per-puzzle builders (Sudoku, Maze) share.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,11 +23,15 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]
     output_dir = os.path.abspath(output_dir)
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         if not overwrite:
-            raise DatasetError(f"{output_dir}: output directory exists and is not empty (pass --overwrite to replace it)")
+            raise DatasetError(
+                f"{output_dir}: output directory exists and is not empty (pass --overwrite to replace it)"
+            )
         if not looks_like_dataset(output_dir):
-            raise DatasetError(f"{output_dir}: --overwrite refuses to replace a directory that is not a dataset (no "
-                               f"identifiers.json, train/dataset.json or test/dataset.json); remove it yourself or "
-                               f"choose another --output-dir")
+            raise DatasetError(
+                f"{output_dir}: --overwrite refuses to replace a directory that is not a dataset (no "
+                f"identifiers.json, train/dataset.json or test/dataset.json); remove it yourself or "
+                f"choose another --output-dir"
+            )
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise DatasetError(f"{output_dir}: exists and is not a directory")
     parent = os.path.dirname(output_dir)
@@ -57,15 +62,23 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
         json.dump(metadata.model_dump(exclude_none=False, exclude={"identifiers_sha256"}), f, indent=1)
 
 
-def save_one_example_split(split_dir: str, inputs: np.ndarray, labels: np.ndarray, group_sizes: Sequence[int],
-                           metadata: DatasetMetadata) -> None:
+def save_one_example_split(
+    split_dir: str, inputs: np.ndarray, labels: np.ndarray, group_sizes: Sequence[int], metadata: DatasetMetadata
+) -> None:
     """Save a split where every puzzle is one example (Sudoku, Maze): blank puzzle ids, groups of augmented copies
     of ``group_sizes`` puzzles each."""
     n = len(inputs)
-    save_split(split_dir, {"inputs": inputs, "labels": labels,
-                           "puzzle_identifiers": np.zeros(n, np.int32),
-                           "puzzle_indices": np.arange(n + 1, dtype=np.int32),
-                           "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32)}, metadata)
+    save_split(
+        split_dir,
+        {
+            "inputs": inputs,
+            "labels": labels,
+            "puzzle_identifiers": np.zeros(n, np.int32),
+            "puzzle_indices": np.arange(n + 1, dtype=np.int32),
+            "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32),
+        },
+        metadata,
+    )
 
 
 def write_blank_identifiers(data_dir: str) -> None:

@@ -6,11 +6,20 @@ Modules: ``config`` (BaseEncoderConfig, the registry, parse / build, options rem
 zero-demo controls), ``stats`` (context statistics); one module per encoder: standard, variational, lpn, hybrid,
 recurrent, and the variant dihedral_views.
 """
+
 from hydra.core.config_store import ConfigStore
 
 from . import dihedral_views, hybrid, lpn, recurrent, standard, variational  # noqa: F401  (registration)
-from .config import (ENCODER_REGISTRY, BaseEncoderConfig, EncoderConfigError, RemovedOptionError, build_encoder,
-                     count_parameters, hydra_defaults, parse_encoder_config)
+from .config import (
+    ENCODER_REGISTRY,
+    BaseEncoderConfig,
+    EncoderConfigError,
+    RemovedOptionError,
+    build_encoder,
+    count_parameters,
+    hydra_defaults,
+    parse_encoder_config,
+)
 from .heads import gaussian_kl
 from .interface import DemoEncoder, EncoderOutput
 
@@ -18,6 +27,16 @@ from .interface import DemoEncoder, EncoderOutput
 for _name in ENCODER_REGISTRY:
     ConfigStore.instance().store(group="encoder/defaults", name=_name, node=hydra_defaults(_name))
 
-__all__ = ["ENCODER_REGISTRY", "BaseEncoderConfig", "DemoEncoder", "EncoderConfigError", "EncoderOutput",
-           "RemovedOptionError", "build_encoder", "count_parameters", "gaussian_kl", "hydra_defaults",
-           "parse_encoder_config"]
+__all__ = [
+    "ENCODER_REGISTRY",
+    "BaseEncoderConfig",
+    "DemoEncoder",
+    "EncoderConfigError",
+    "EncoderOutput",
+    "RemovedOptionError",
+    "build_encoder",
+    "count_parameters",
+    "gaussian_kl",
+    "hydra_defaults",
+    "parse_encoder_config",
+]

@@ -6,6 +6,7 @@ A new encoder (or variant) is one module: a config subclass and a module class r
 ``@ENCODER_REGISTRY.register("<name>", config=<Config>)`` (encoders/dihedral_views.py is an example), plus its
 two-line option file ``config/encoder/<name>.yaml``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal, Optional
@@ -82,12 +83,16 @@ class BaseEncoderConfig(ProbeConfig):
     @pydantic.model_validator(mode="after")
     def _check(self):
         if self.hidden_size % self.num_heads != 0:
-            raise ValueError(f"encoder {self.name}: hidden_size={self.hidden_size} is not divisible by "
-                             f"num_heads={self.num_heads}")
-        if self.pointer is not None and ((self.hidden_size // self.num_heads) % 4
-                                         or self.hidden_size // self.num_heads < 8):
-            raise ValueError(f"encoder {self.name}: pointer={self.pointer} needs a head dimension (hidden_size / "
-                             f"num_heads) divisible by 4 and at least 8, got {self.hidden_size // self.num_heads}")
+            raise ValueError(
+                f"encoder {self.name}: hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+            )
+        if self.pointer is not None and (
+            (self.hidden_size // self.num_heads) % 4 or self.hidden_size // self.num_heads < 8
+        ):
+            raise ValueError(
+                f"encoder {self.name}: pointer={self.pointer} needs a head dimension (hidden_size / "
+                f"num_heads) divisible by 4 and at least 8, got {self.hidden_size // self.num_heads}"
+            )
         if self.num_layers < 0:
             raise ValueError(f"encoder {self.name}: num_layers must be >= 0, got {self.num_layers}")
         return self
@@ -117,21 +122,33 @@ def parse_encoder_config(cfg: "dict | BaseEncoderConfig") -> BaseEncoderConfig:
     return ENCODER_REGISTRY.parse(upgrade_encoder_config(dict(cfg)), prefix="encoder")
 
 
-def build_encoder(cfg: "dict | BaseEncoderConfig", *, hidden_size: int, vocab_size: int, seq_len: int,
-                  puzzle_emb_len: int, verbose: bool = True) -> nn.Module:
+def build_encoder(
+    cfg: "dict | BaseEncoderConfig",
+    *,
+    hidden_size: int,
+    vocab_size: int,
+    seq_len: int,
+    puzzle_emb_len: int,
+    verbose: bool = True,
+) -> nn.Module:
     """Build an encoder (a :class:`encoders.interface.DemoEncoder`) from its config (``cfg["name"]`` = registry
     key; a dict is validated). Unknown keys raise."""
     config = parse_encoder_config(cfg)
     name = config.name
     module_cls = ENCODER_REGISTRY.entry(name).cls
     if puzzle_emb_len <= 0:
-        raise EncoderConfigError(f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
-                                 f"puzzle-embedding prefix), got {puzzle_emb_len}")
-    enc = module_cls(config, hidden_size=hidden_size, vocab_size=vocab_size, seq_len=seq_len,
-                     puzzle_emb_len=puzzle_emb_len)
+        raise EncoderConfigError(
+            f"encoder {name!r}: puzzle_emb_len must be > 0 (the context replaces the "
+            f"puzzle-embedding prefix), got {puzzle_emb_len}"
+        )
+    enc = module_cls(
+        config, hidden_size=hidden_size, vocab_size=vocab_size, seq_len=seq_len, puzzle_emb_len=puzzle_emb_len
+    )
     if verbose:
-        print(f"[encoder] {name}: {count_parameters(enc):,} trainable parameters "
-              f"(width {config.hidden_size}, {config.num_layers} layers, context {puzzle_emb_len}x{hidden_size})")
+        print(
+            f"[encoder] {name}: {count_parameters(enc):,} trainable parameters "
+            f"(width {config.hidden_size}, {config.num_layers} layers, context {puzzle_emb_len}x{hidden_size})"
+        )
     return enc
 
 
@@ -153,11 +170,11 @@ def hydra_defaults(name: str) -> dict[str, Any]:
 LAST_COMMIT_WITH_REMOVED = "0b65cd7"  # context_codes, pointer=dihedral, dihedral_views as a field
 REMOVED = {  # key -> why (the measurement, its commit and its record file)
     "context_codes": "measured negative: map probe at 1500 steps: context_codes=32 train exact 0.017 / fresh pass@1 "
-                     "0.00, with the rule readout 0.04 / 0.02, against 0.17 / 0.11 for context_scale=norm with the "
-                     "readout (fb9c5ed, docs/record/2026-11-25-context-size-steps-halting.md)",
+    "0.00, with the rule readout 0.04 / 0.02, against 0.17 / 0.11 for context_scale=norm with the "
+    "readout (fb9c5ed, docs/record/2026-11-25-context-size-steps-halting.md)",
     "pointer=dihedral": "measured negative: flip_rotate alone 0.00 held-out and fit as without it, and slower (717 s "
-                        "against 641 s); encoder readout probe 0.56 / 0.88 against 0.85 / 0.98 without it (3000 "
-                        "steps, seeds 0 / 1; 5695a84, docs/record/2026-11-25-pointer-rope.md)",
+    "against 641 s); encoder readout probe 0.56 / 0.88 against 0.85 / 0.98 without it (3000 "
+    "steps, seeds 0 / 1; 5695a84, docs/record/2026-11-25-pointer-rope.md)",
 }
 
 
@@ -177,11 +194,15 @@ def upgrade_encoder_config(raw: dict[str, Any]) -> dict[str, Any]:
         if views and name == "standard":
             raw["name"] = "dihedral_views"
         elif views and name != "dihedral_views":
-            _removed(f"encoder.dihedral_views=true with encoder={name} is no longer available (dihedral views are the "
-                     f"encoder dihedral_views: the standard encoder with them)")
+            _removed(
+                f"encoder.dihedral_views=true with encoder={name} is no longer available (dihedral views are the "
+                f"encoder dihedral_views: the standard encoder with them)"
+            )
         elif not views and name == "dihedral_views":
-            raise EncoderConfigError("encoder.dihedral_views=false contradicts encoder=dihedral_views (choose "
-                                     "encoder=standard for no dihedral views)")
+            raise EncoderConfigError(
+                "encoder.dihedral_views=false contradicts encoder=dihedral_views (choose "
+                "encoder=standard for no dihedral views)"
+            )
     return raw
 
 

@@ -10,6 +10,7 @@ A variant of :mod:`encoders.standard`: one module, one registry line (``encoder=
 an encoder, the same model was ``encoder=standard encoder.dihedral_views=true``; those checkpoints load as this
 encoder (encoders.config.upgrade_encoder_config; the same parameter names).
 """
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -33,8 +34,10 @@ class DihedralViewsEncoderConfig(StandardEncoderConfig):
     @pydantic.model_validator(mode="after")
     def _aligned(self):
         if self.pair_layout != "aligned":
-            raise ValueError(f"encoder dihedral_views: needs pair_layout=aligned (one token per output cell), got "
-                             f"pair_layout={self.pair_layout}")
+            raise ValueError(
+                f"encoder dihedral_views: needs pair_layout=aligned (one token per output cell), got "
+                f"pair_layout={self.pair_layout}"
+            )
         return self
 
 

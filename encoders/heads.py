@@ -5,6 +5,7 @@
 A sample with no demo at all gets a well-defined context: attention always has a learned "null" key, so no
 attention row is ever fully masked and no NaN can appear (pitfall 16).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ class ContextHead(nn.Module):
         super().__init__()
         self.L, self.hidden = puzzle_emb_len, hidden_size
         if num_tokens not in (1, puzzle_emb_len):
-            raise EncoderConfigError(f"encoder {cfg.name}: num_queries={num_tokens} must be 1 or equal to "
-                                     f"puzzle_emb_len={puzzle_emb_len}")
+            raise EncoderConfigError(
+                f"encoder {cfg.name}: num_queries={num_tokens} must be 1 or equal to puzzle_emb_len={puzzle_emb_len}"
+            )
         self.proj = nn.Linear(d_in, hidden_size * (puzzle_emb_len if num_tokens == 1 and puzzle_emb_len > 1 else 1))
         # The decoder multiplies its input embeddings (prefix included) by sqrt(hidden); initialise so that a
         # unit-RMS encoder state gives context entries of std 1/sqrt(hidden), i.e. the scale of the decoder's
@@ -123,4 +125,3 @@ def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     mu, logvar = mu.float(), logvar.float()
     kl = 0.5 * (mu.square() + logvar.exp() - 1.0 - logvar)
     return kl.flatten(1).sum(-1)
-

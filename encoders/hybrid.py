@@ -1,5 +1,6 @@
 """`hybrid` encoder: per-demo encodings, self-attention across the demos of a sample (no demo position:
 order-equivariant, masked), cross-attention aggregation, Gaussian bottleneck, projection to the context."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -30,8 +31,9 @@ class HybridEncoder(DemoEncoder):
         d = cfg.hidden_size
         self.kl_weight = cfg.kl_weight
         self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
-        self.cross_demo = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps)
-                                        for _ in range(cfg.cross_demo_layers))
+        self.cross_demo = nn.ModuleList(
+            Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.cross_demo_layers)
+        )
         self.aggregate = DemoAggregator(cfg, q)
         self.bottleneck = Gaussian(d, cfg.latent_dim)
         self.head = ContextHead(cfg, cfg.latent_dim, q, self.hidden_size, self.puzzle_emb_len)

@@ -7,6 +7,7 @@ Padding rules (pitfall 16): PAD tokens (id 0) inside a demo are never attended t
 demo slots with ``demo_mask == False`` (or containing only PAD) are skipped entirely (never encoded);
 a sample with no demo at all gets a well-defined context (no NaN).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,7 @@ class DemoEncoder(nn.Module):
     is_recurrent: bool = False
     kl_weight: float = 0.0
 
-    def __init__(self, cfg: BaseEncoderConfig, *, hidden_size: int, vocab_size: int, seq_len: int,
-                 puzzle_emb_len: int):
+    def __init__(self, cfg: BaseEncoderConfig, *, hidden_size: int, vocab_size: int, seq_len: int, puzzle_emb_len: int):
         super().__init__()
         self.cfg = cfg
         self.hidden_size = hidden_size
@@ -47,15 +47,23 @@ class DemoEncoder(nn.Module):
     @staticmethod
     def _check_inputs(demo_inputs, demo_labels, demo_mask):
         if demo_inputs.shape != demo_labels.shape or demo_inputs.dim() != 3:
-            raise ValueError(f"demo_inputs {tuple(demo_inputs.shape)} and demo_labels {tuple(demo_labels.shape)} "
-                             f"must both be [batch, max_demos, seq]")
+            raise ValueError(
+                f"demo_inputs {tuple(demo_inputs.shape)} and demo_labels {tuple(demo_labels.shape)} "
+                f"must both be [batch, max_demos, seq]"
+            )
         if tuple(demo_mask.shape) != tuple(demo_inputs.shape[:2]):
-            raise ValueError(f"demo_mask {tuple(demo_mask.shape)} must be [batch, max_demos] = "
-                             f"{tuple(demo_inputs.shape[:2])}")
+            raise ValueError(
+                f"demo_mask {tuple(demo_mask.shape)} must be [batch, max_demos] = {tuple(demo_inputs.shape[:2])}"
+            )
 
     def initial_state(self, batch_size: int, device) -> Optional[torch.Tensor]:
         return None
 
-    def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor,
-                state: Optional[torch.Tensor] = None) -> EncoderOutput:  # pragma: no cover - abstract
+    def forward(
+        self,
+        demo_inputs: torch.Tensor,
+        demo_labels: torch.Tensor,
+        demo_mask: torch.Tensor,
+        state: Optional[torch.Tensor] = None,
+    ) -> EncoderOutput:  # pragma: no cover - abstract
         raise NotImplementedError

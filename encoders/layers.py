@@ -5,6 +5,7 @@ Own implementation; post-norm RMSNorm + SwiGLU like the TRM core (the primitives
 (pitfall 16): a key mask [n, Tk] (True = attend) hides PAD tokens; callers guarantee every row has at least one
 attendable key.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class TokenPointers:
     """Pointer RoPE inputs of a demo's tokens (``BaseEncoderConfig.pointer``), padded [n, T, ...] or packed [N, ...]
     like the tokens: ``feats`` (..., 5) grid features of each query, ``k_cos`` / ``k_sin`` (..., 1, head_dim) each
     key's rotation, ``freqs`` [head_dim / 4] (core.ops.pointer_features / pointer_tables)."""
+
     feats: torch.Tensor
     k_cos: torch.Tensor
     k_sin: torch.Tensor
@@ -60,8 +62,9 @@ class Attention(nn.Module):
                 self.pointer.bias.copy_(pointer_bias(num_heads, pointer))
             # a learned query and key offset per head: the projections have no bias, so without it a purely
             # positional match (attend to the cell the pointer names, whatever its colour) is not expressible
-            self.pointer_qk = nn.Parameter(trunc_normal_init_(torch.empty(2, num_heads, dim // num_heads), 0.5,
-                                                               std_of="normal"))
+            self.pointer_qk = nn.Parameter(
+                trunc_normal_init_(torch.empty(2, num_heads, dim // num_heads), 0.5, std_of="normal")
+            )
 
     def _rotate(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, pointers: TokenPointers):
         """q, k [..., T, h, head_dim] of tokens x [..., T, d] with pointer RoPE applied."""
@@ -71,8 +74,13 @@ class Attention(nn.Module):
         q, k = q + self.pointer_qk[0].to(q.dtype), k + self.pointer_qk[1].to(k.dtype)
         return apply_pointer_rope(q, k, coef, pointers.feats, pointers.k_cos, pointers.k_sin, pointers.freqs)
 
-    def forward(self, x: torch.Tensor, ctx: Optional[torch.Tensor] = None,
-                key_mask: Optional[torch.Tensor] = None, pointers: Optional[TokenPointers] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: Optional[torch.Tensor] = None,
+        key_mask: Optional[torch.Tensor] = None,
+        pointers: Optional[TokenPointers] = None,
+    ) -> torch.Tensor:
         if pointers is not None and ctx is not None:
             raise ValueError("pointer RoPE is for self-attention (ctx=None)")
         ctx = x if ctx is None else ctx
@@ -92,27 +100,29 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
         return self.o(out.transpose(1, 2).reshape(n, tq, d))
 
-    def forward_packed(self, x: torch.Tensor, packing: "TokenPacking",
-                       pointers: Optional[TokenPointers] = None) -> torch.Tensor:
+    def forward_packed(
+        self, x: torch.Tensor, packing: "TokenPacking", pointers: Optional[TokenPointers] = None
+    ) -> torch.Tensor:
         """Self-attention within each demo of packed tokens x [N, d] (``TokenPacking``): the same numbers as
         :meth:`forward` on the padded demos with their key mask, for the real tokens."""
         d = x.shape[-1]
         q = self.q(x)
         k, v = linear_chunks(x, self.kv.weight, (d, d))
         if pointers is not None:
-            q, k = (t.reshape(t.shape[0], d) for t in self._rotate(x, q.view(-1, self.h, d // self.h),
-                                                                     k.reshape(-1, self.h, d // self.h), pointers))
+            q, k = (
+                t.reshape(t.shape[0], d)
+                for t in self._rotate(x, q.view(-1, self.h, d // self.h), k.reshape(-1, self.h, d // self.h), pointers)
+            )
         outs = []
         for bk in packing.buckets:
-            o = F.scaled_dot_product_attention(*(self._bucket_heads(t, bk) for t in (q, k, v)),
-                                               attn_mask=bk.attn_mask)
+            o = F.scaled_dot_product_attention(*(self._bucket_heads(t, bk) for t in (q, k, v)), attn_mask=bk.attn_mask)
             o = o.transpose(1, 2).reshape(bk.num * bk.length, d)
             outs.append(o if bk.index is None else o.index_select(0, bk.index))
         return self.o(torch.cat(outs) if len(outs) > 1 else outs[0])
 
     def _bucket_heads(self, t: torch.Tensor, bk: "PackedBucket") -> torch.Tensor:
         """The bucket's packed tokens of t [N, d] as padded heads [num, h, length, d / h]."""
-        t = t[bk.start:bk.end]
+        t = t[bk.start : bk.end]
         if bk.index is not None:  # demos shorter than the bucket: scatter into the padded layout
             t = t.new_zeros(bk.num * bk.length, t.shape[-1]).index_copy(0, bk.index, t)
         return t.reshape(bk.num, bk.length, self.h, -1).transpose(1, 2)
@@ -132,6 +142,7 @@ class PackedBucket:
 class TokenPacking:
     """The non-PAD tokens of n demos, flattened demo by demo (demos sorted by length, tokens in canvas order),
     and the buckets attention runs in: demos whose length rounds up to the same multiple of ``quantum``."""
+
     buckets: list[PackedBucket]
     dest: torch.Tensor  # [N] slot of each packed token in the left-aligned [n * max_len] layout
     lengths: torch.Tensor  # [n] real tokens per demo
@@ -154,8 +165,10 @@ class TokenPacking:
         lens, nums = torch.unique_consecutive(padded, return_counts=True)
         ends = torch.cumsum(nums, 0)
         tok_ends = torch.cumsum(counts, 0).index_select(0, ends - 1)
-        lens, nums, ends, tok_ends, max_len = (*(t.tolist() for t in (lens, nums, ends, tok_ends)),
-                                               int(counts.max()))  # one host sync
+        lens, nums, ends, tok_ends, max_len = (
+            *(t.tolist() for t in (lens, nums, ends, tok_ends)),
+            int(counts.max()),
+        )  # one host sync
         buckets, d0, t0 = [], 0, 0
         for length, num, d1, t1 in zip(lens, nums, ends, tok_ends):
             if t1 - t0 == num * length:  # every demo fills the bucket: no scatter, no mask
@@ -185,11 +198,16 @@ class Block(nn.Module):
         self.mlp = swiglu(dim, expansion)
         self.eps = eps
 
-    def forward(self, x, ctx=None, key_mask=None, packing: Optional[TokenPacking] = None,
-                pointers: Optional[TokenPointers] = None):
+    def forward(
+        self,
+        x,
+        ctx=None,
+        key_mask=None,
+        packing: Optional[TokenPacking] = None,
+        pointers: Optional[TokenPointers] = None,
+    ):
         """``packing``: x is packed tokens [N, d] (self-attention within each demo, TokenPacking); ``pointers``:
         pointer RoPE inputs laid out like x."""
-        a = (self.attn(x, ctx, key_mask, pointers) if packing is None
-             else self.attn.forward_packed(x, packing, pointers))
+        a = self.attn(x, ctx, key_mask, pointers) if packing is None else self.attn.forward_packed(x, packing, pointers)
         x = rms_norm(x + a, self.eps)
         return rms_norm(x + self.mlp(x), self.eps)

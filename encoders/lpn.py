@@ -3,6 +3,7 @@ Gaussian per pair; latents averaged over the valid pairs; the mean latent is pro
 
 Test-time latent search (evaluation option) lives in :mod:`models.latent_search`.
 """
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -30,11 +31,15 @@ class LPNEncoderConfig(BaseEncoderConfig):
     def _refuse_unused(self):
         # pitfall 8: base-config keys this encoder never reads must not be silently ignored
         if self.aggregation != "cross_attention":
-            raise ValueError(f"encoder lpn: aggregation={self.aggregation!r} is not used (lpn always takes the masked "
-                             f"mean of its pair latents); remove it")
+            raise ValueError(
+                f"encoder lpn: aggregation={self.aggregation!r} is not used (lpn always takes the masked "
+                f"mean of its pair latents); remove it"
+            )
         if self.num_queries is not None:
-            raise ValueError(f"encoder lpn: num_queries={self.num_queries} is not used (one latent is projected to "
-                             f"the whole context); remove it")
+            raise ValueError(
+                f"encoder lpn: num_queries={self.num_queries} is not used (one latent is projected to "
+                f"the whole context); remove it"
+            )
         if not self.variational and self.kl_weight != type(self).model_fields["kl_weight"].default:
             raise ValueError(f"encoder lpn: kl_weight={self.kl_weight} has no effect without variational: true")
         return self

@@ -14,6 +14,7 @@ the trunk applies to its input.
 The heads are built by :func:`attach_probes` (``DemoEncoder.__init__``) outside the encoder's random stream, so an
 encoder initialises the same with or without them (runs with and without a probe compare).
 """
+
 from __future__ import annotations
 
 import math
@@ -106,8 +107,11 @@ class RuleOracle(nn.Module):
         sizes = list(RULE_SLOTS.values())
         self.register_buffer("offsets", torch.tensor([0] + sizes[:-1]).cumsum(0), persistent=False)
         self.shape = (puzzle_emb_len, hidden_size)
-        self.table = nn.Parameter(trunc_normal_init_(torch.empty(sum(sizes), puzzle_emb_len * hidden_size),
-                                                     1.0 / math.sqrt(hidden_size), std_of="normal"))
+        self.table = nn.Parameter(
+            trunc_normal_init_(
+                torch.empty(sum(sizes), puzzle_emb_len * hidden_size), 1.0 / math.sqrt(hidden_size), std_of="normal"
+            )
+        )
 
     def forward(self, targets: torch.Tensor) -> torch.Tensor:
         valid = (targets >= 0).unsqueeze(-1)

@@ -2,6 +2,7 @@
 ``encoder_refinement_steps`` times by cross-attending to the (re-encoded) demos, then projects it to the
 context. The returned state is NOT detached (pitfall 1): the ETRM wrapper detaches it only when storing it in
 the carry, and resets it to ``initial_state`` when the sample halts."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -29,8 +30,10 @@ class RecurrentEncoderConfig(BaseEncoderConfig):
         # pitfall 8: the demos are aggregated by z_E's own cross-attention (over the pooled demos, or over every
         # demo token with aggregation: tokens); a masked mean is not available
         if self.aggregation not in ("cross_attention", "tokens"):
-            raise ValueError(f"encoder recurrent: aggregation={self.aggregation!r} is not used (z_E cross-attends to "
-                             f"the pooled demos, or to every demo token with aggregation: tokens); remove it")
+            raise ValueError(
+                f"encoder recurrent: aggregation={self.aggregation!r} is not used (z_E cross-attends to "
+                f"the pooled demos, or to every demo token with aggregation: tokens); remove it"
+            )
         return self
 
 

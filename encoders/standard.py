@@ -1,6 +1,7 @@
 """`standard` encoder: per-demo transformer (mean pooling over non-PAD tokens), order-invariant aggregation
 across demos (learned queries cross-attending over every demo token by default, or over the pooled demos, or a
 masked mean), linear projection to the context."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional

@@ -3,6 +3,7 @@
 Computed OUTSIDE the compiled forward (pitfall 18), every ``diag_interval`` steps, by ``ETRM.diagnostics(outputs)``;
 ``training.health.HealthMonitor`` turns them into warnings / an early stop.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -52,8 +53,9 @@ def token_std(context: torch.Tensor, mask: Optional[torch.Tensor] = None) -> tor
     return x.std(dim=1, unbiased=False).mean()
 
 
-def context_statistics(context: torch.Tensor, mask: Optional[torch.Tensor] = None,
-                       prefix: str = "train/") -> dict[str, float]:
+def context_statistics(
+    context: torch.Tensor, mask: Optional[torch.Tensor] = None, prefix: str = "train/"
+) -> dict[str, float]:
     """All five context statistics as python floats, keyed by their metric names."""
     stats = {
         "encoder_cross_sample_var": cross_sample_var(context, mask),

@@ -4,6 +4,7 @@ a pooled embedding per demo.
 Padding rules (pitfall 16): PAD tokens (id 0) inside a demo are never attended to and never pooled; demo slots
 with ``demo_mask == False`` (or containing only PAD) are skipped entirely (never encoded).
 """
+
 from __future__ import annotations
 
 import math
@@ -57,15 +58,18 @@ class DemoTrunk(nn.Module):
         self.init_cell_features(vocab_size, d, std)
         if cfg.pointer is not None:
             self.register_buffer("pointer_freqs", pointer_freqs(d // cfg.num_heads, self.side), persistent=False)
-        self.blocks = nn.ModuleList(Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps, pointer=cfg.pointer)
-                                    for _ in range(cfg.num_layers))
+        self.blocks = nn.ModuleList(
+            Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps, pointer=cfg.pointer) for _ in range(cfg.num_layers)
+        )
 
     def square_side(self, what: str) -> int:
         """The side of the square canvas (seq_len = side * side) that ``what`` (an option) needs."""
         side = math.isqrt(self.seq_len)
         if side * side != self.seq_len:
-            raise EncoderConfigError(f"encoder {self.cfg.name}: {what} needs a square canvas, but the data's seq_len "
-                                     f"{self.seq_len} is not a square")
+            raise EncoderConfigError(
+                f"encoder {self.cfg.name}: {what} needs a square canvas, but the data's seq_len "
+                f"{self.seq_len} is not a square"
+            )
         return side
 
     # -- extension points of a variant's trunk (encoders/dihedral_views.py) -------------------------------------
@@ -99,8 +103,11 @@ class DemoTrunk(nn.Module):
         if self.cfg.crop_padding:  # exact: trailing PAD is masked anyway
             # kept length of each canvas = last column holding a non-PAD token + 1 (at least 1); one host sync
             col = torch.arange(1, S + 1, device=inp.device)
-            li, lo = torch.stack([((inp != PAD_ID).any(0) * col).max(), ((out != PAD_ID).any(0) * col).max()]
-                                 ).clamp_min(1).tolist()
+            li, lo = (
+                torch.stack([((inp != PAD_ID).any(0) * col).max(), ((out != PAD_ID).any(0) * col).max()])
+                .clamp_min(1)
+                .tolist()
+            )
             if self.aligned:
                 li = lo = max(li, lo)
             inp, out = inp[:, :li], out[:, :lo]
@@ -119,8 +126,10 @@ class DemoTrunk(nn.Module):
                 x = x + extra[:, :li]
             mask = (inp != PAD_ID) | (out != PAD_ID)
         else:
-            x = torch.cat([self.tok[inp] + self.pos[pi] + self.seg[0] + cin,
-                           self.tok[out] + self.pos[po] + self.seg[1] + cout], dim=1)
+            x = torch.cat(
+                [self.tok[inp] + self.pos[pi] + self.seg[0] + cin, self.tok[out] + self.pos[po] + self.seg[1] + cout],
+                dim=1,
+            )
             mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
         if self.cls is not None:
             n = x.shape[0]
@@ -157,7 +166,7 @@ class DemoTrunk(nn.Module):
 
     def _coords(self, tables: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Sum of the four edge-offset embeddings of each of ``tokens`` [n, L] (a cropped canvas prefix)."""
-        coords = grid_coordinates(tokens, self.side)[:, :tokens.shape[1]]
+        coords = grid_coordinates(tokens, self.side)[:, : tokens.shape[1]]
         return sum(F.embedding(coords[..., k], tables[k]) for k in range(4))
 
     @torch.compiler.disable
@@ -184,8 +193,10 @@ class DemoTrunk(nn.Module):
         x, mask, idx, valid = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
         if x is None:
             dev = demo_inputs.device
-            return (torch.zeros(b, D, self.cfg.hidden_size, device=dev, dtype=self.tok.dtype),
-                    torch.zeros(b, D, dtype=torch.bool, device=dev))
+            return (
+                torch.zeros(b, D, self.cfg.hidden_size, device=dev, dtype=self.tok.dtype),
+                torch.zeros(b, D, dtype=torch.bool, device=dev),
+            )
         T = x.shape[1]
         full = x.new_zeros(b * D, T, x.shape[-1]).index_copy(0, idx, x)
         fmask = mask.new_zeros(b * D, T).index_copy(0, idx, mask)

@@ -1,5 +1,6 @@
 """`variational` encoder: the standard trunk and aggregation, then a Gaussian bottleneck per context token
 (reparameterised sample in training, mean in evaluation) and a per-sample KL to N(0, I)."""
+
 from __future__ import annotations
 
 from typing import Literal, Optional

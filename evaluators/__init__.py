@@ -1,6 +1,7 @@
 """Evaluator registry. Protocol (docs/architecture.md §5):
 ``__init__(data_path, metadata, output_dir, **kwargs)``, ``required_outputs``, ``begin_eval()``,
 ``update(batch, outputs)``, ``result(save_path) -> Optional[dict[str, float]]``."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Union
@@ -27,8 +28,13 @@ def _spec_name_kwargs(spec: Any) -> tuple[str, dict]:
     raise EvaluatorError(f"evaluator spec must be a name or a mapping with 'name', got {spec!r}")
 
 
-def build_evaluators(specs: Iterable[Union[str, Mapping[str, Any]]], *, data_path: Any, metadata: Any = None,
-                     output_dir: Optional[str] = None) -> list:
+def build_evaluators(
+    specs: Iterable[Union[str, Mapping[str, Any]]],
+    *,
+    data_path: Any,
+    metadata: Any = None,
+    output_dir: Optional[str] = None,
+) -> list:
     """Build evaluators from ``specs`` (``"arc"`` or ``{"name": "arc", **kwargs}``).
 
     Raises on an unknown name and re-raises constructor errors naming the evaluator (pitfall 14)."""

@@ -16,6 +16,7 @@ puzzles actually evaluated (pitfall 11). Malformed predictions are wrong candida
 get no rank (they can never be submitted), with ``rank_malformed=True`` they form one ranked sentinel
 candidate that is never correct. Their share is reported as ``ARC/malformed_frac``.
 """
+
 from __future__ import annotations
 
 import json
@@ -139,8 +140,10 @@ class ARCEvaluator:
         self.metadata = metadata if metadata is not None else load_metadata(split_dir)
         side = canvas_side(self.metadata)  # grid_size in dataset.json; a published 900-token directory: 30
         if side is None:
-            raise EvaluatorError(f"{split_dir}/dataset.json: seq_len={self.metadata.seq_len} is not a square canvas "
-                                 f"(grid_size={self.metadata.grid_size}); the ARC evaluator only handles canvas datasets")
+            raise EvaluatorError(
+                f"{split_dir}/dataset.json: seq_len={self.metadata.seq_len} is not a square canvas "
+                f"(grid_size={self.metadata.grid_size}); the ARC evaluator only handles canvas datasets"
+            )
         self.grid_size = side
         sets = list(self.metadata.sets)
         if len(sets) != 1:
@@ -177,15 +180,19 @@ class ARCEvaluator:
         hit = self._aug_cache.get(pid)
         if hit is None:
             if not 0 < pid < len(self.identifiers):
-                raise EvaluatorError(f"{self.data_path}/identifiers.json: puzzle identifier {pid} out of range "
-                                     f"1..{len(self.identifiers) - 1}")
+                raise EvaluatorError(
+                    f"{self.data_path}/identifiers.json: puzzle identifier {pid} out of range "
+                    f"1..{len(self.identifiers) - 1}"
+                )
             try:
                 hit = Augmentation.parse_name(self.identifiers[pid])
             except ValueError as e:
                 raise EvaluatorError(f"{self.data_path}/identifiers.json[{pid}]: {e}") from None
             if hit[0] not in self._truth:
-                raise EvaluatorError(f"{self.data_path}/test_puzzles.json: no puzzle {hit[0]!r} "
-                                     f"(from identifiers.json[{pid}] = {self.identifiers[pid]!r})")
+                raise EvaluatorError(
+                    f"{self.data_path}/test_puzzles.json: no puzzle {hit[0]!r} "
+                    f"(from identifiers.json[{pid}] = {self.identifiers[pid]!r})"
+                )
             self._aug_cache[pid] = hit
         return hit
 
@@ -206,8 +213,10 @@ class ARCEvaluator:
         for i, row in enumerate(truth):
             if row[0] == h:
                 return i
-        raise EvaluatorError(f"example {ex} ({name!r}): its inverted input grid matches no test input of "
-                             f"test_puzzles.json[{name!r}] (wrong data_path, or the split holds demo pairs?)")
+        raise EvaluatorError(
+            f"example {ex} ({name!r}): its inverted input grid matches no test input of "
+            f"test_puzzles.json[{name!r}] (wrong data_path, or the split holds demo pairs?)"
+        )
 
     def update(self, batch: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
         """Add one vote per real (non-padding) example of the batch. Tensors may be on any device."""
@@ -260,12 +269,15 @@ class ARCEvaluator:
                     t.q_sum += c.q_sum
         if overlap:
             # votes are already merged, so the duplicates cannot be removed: refuse instead of biasing pass@K
-            raise RuntimeError(f"ARC evaluator: {overlap} test examples were evaluated on more than one rank; "
-                               "the loader must shard test examples disjointly (pitfall 13)")
+            raise RuntimeError(
+                f"ARC evaluator: {overlap} test examples were evaluated on more than one rank; "
+                "the loader must shard test examples disjointly (pitfall 13)"
+            )
         return votes, seen, malformed, dup
 
-    def compute(self, votes: dict, seen: dict, malformed: int, duplicates: int
-                ) -> tuple[dict[str, float], dict[str, list[list[Candidate]]]]:
+    def compute(
+        self, votes: dict, seen: dict, malformed: int, duplicates: int
+    ) -> tuple[dict[str, float], dict[str, list[list[Candidate]]]]:
         """Metrics and ranked candidates (per puzzle, per test input) from merged votes."""
         puzzles = sorted({name for name, _ in votes})
         ranked_all: dict[str, list[list[Candidate]]] = {}
@@ -293,17 +305,21 @@ class ARCEvaluator:
         n_p = len(puzzles)
         metrics: dict[str, float] = {f"ARC/pass@{k}": (solved[k] / n_p if n_p else 0.0) for k in self.pass_ks}
         n_ex = len(seen)
-        metrics.update({
-            "ARC/num_puzzles": float(n_p),
-            "ARC/num_test_inputs": float(n_inputs),
-            "ARC/num_examples": float(n_ex),
-            "ARC/missing_test_inputs": float(missing),
-            "ARC/malformed_frac": float(malformed / n_ex) if n_ex else 0.0,
-            "ARC/duplicate_examples": float(duplicates),
-        })
+        metrics.update(
+            {
+                "ARC/num_puzzles": float(n_p),
+                "ARC/num_test_inputs": float(n_inputs),
+                "ARC/num_examples": float(n_ex),
+                "ARC/missing_test_inputs": float(missing),
+                "ARC/malformed_frac": float(malformed / n_ex) if n_ex else 0.0,
+                "ARC/duplicate_examples": float(duplicates),
+            }
+        )
         if missing:
-            log.warning("ARC evaluator: %d test inputs of evaluated puzzles received no prediction "
-                        "(counted as unsolved)", missing)
+            log.warning(
+                "ARC evaluator: %d test inputs of evaluated puzzles received no prediction (counted as unsolved)",
+                missing,
+            )
         return metrics, ranked_all
 
     def result(self, save_path: Optional[str] = None) -> Optional[dict[str, float]]:
@@ -322,14 +338,21 @@ class ARCEvaluator:
             write_submission(os.path.join(out_dir, "submission.json"), ranked)
             write_predictions(os.path.join(out_dir, "predictions.json"), ranked, self._truth, self.submission_k)
             if self.num_pictures > 0:
-                save_prediction_pictures(os.path.join(out_dir, "pictures"), ranked, self.test_puzzles,
-                                         num_puzzles=self.num_pictures, seed=self.seed, copies=self.last_copies)
+                save_prediction_pictures(
+                    os.path.join(out_dir, "pictures"),
+                    ranked,
+                    self.test_puzzles,
+                    num_puzzles=self.num_pictures,
+                    seed=self.seed,
+                    copies=self.last_copies,
+                )
         log_wandb_table(ranked, self._truth)
         return metrics
 
 
-def copy_counts(votes: dict[tuple[str, int], dict[str, Candidate]], ranked: dict[str, list[list[Candidate]]]
-                ) -> dict[str, list[Copies]]:
+def copy_counts(
+    votes: dict[tuple[str, int], dict[str, Candidate]], ranked: dict[str, list[list[Candidate]]]
+) -> dict[str, list[Copies]]:
     """Per puzzle, per test input: how many augmented copies voted (one vote each, malformed ones included) and
     how many of them were malformed (the pictures' "no valid prediction (all N copies malformed)")."""
     out = {}
@@ -358,9 +381,15 @@ def load_ground_truth(data_path: str) -> tuple[dict[str, dict], dict[str, list[t
         for i, ex in enumerate(tests):
             if "output" not in ex:
                 raise EvaluatorError(
-                    f"{data_path}/test_puzzles.json: puzzle {name!r} test[{i}] has no 'output' (ground truth)")
-            rows.append((grid_hash(np.asarray(ex["input"], dtype=np.uint8)), ex["output"],
-                         grid_hash(np.asarray(ex["output"], dtype=np.uint8))))
+                    f"{data_path}/test_puzzles.json: puzzle {name!r} test[{i}] has no 'output' (ground truth)"
+                )
+            rows.append(
+                (
+                    grid_hash(np.asarray(ex["input"], dtype=np.uint8)),
+                    ex["output"],
+                    grid_hash(np.asarray(ex["output"], dtype=np.uint8)),
+                )
+            )
         truth[name] = rows
     return raw, truth
 
@@ -393,16 +422,17 @@ def write_predictions(path: str, ranked: dict[str, list[list[Candidate]]], truth
         rows = []
         for i, r in enumerate(per_input):
             th = truth[name][i][2]
-            rows.append({
-                "test_index": i,
-                "num_votes": int(sum(c.votes for c in r)),
-                "num_candidates": len(r),
-                "correct_rank": next((j + 1 for j, c in enumerate(r) if c.hash == th), None),
-                "candidates": [dict(c.to_dict(), correct=c.hash == th) for c in r[:top_k]],
-            })
+            rows.append(
+                {
+                    "test_index": i,
+                    "num_votes": int(sum(c.votes for c in r)),
+                    "num_candidates": len(r),
+                    "correct_rank": next((j + 1 for j, c in enumerate(r) if c.hash == th), None),
+                    "candidates": [dict(c.to_dict(), correct=c.hash == th) for c in r[:top_k]],
+                }
+            )
         out[name] = rows
     write_json_atomic(path, out, compact=True)
-
 
 
 def log_wandb_table(ranked: dict[str, list[list[Candidate]]], truth: dict, max_rows: int = 2000) -> None:

@@ -1,4 +1,5 @@
 """Process-group helpers for evaluators that also work with no process group at all (pitfall 15)."""
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -12,6 +12,7 @@ and ``halt_early=False`` they are the loss head's own metric sums at the halting
 ACT model, or halt_early) they are computed here from the frozen per-sample outputs with the same
 definitions.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,15 +36,23 @@ METRIC_KEYS = ("accuracy", "exact_accuracy", "lm_loss", "q_halt_accuracy", "step
 IGNORE = -100
 
 
-def resolve_autocast_dtype(autocast_dtype: Union[None, str, torch.dtype], device: torch.device
-                           ) -> Optional[torch.dtype]:
+def resolve_autocast_dtype(
+    autocast_dtype: Union[None, str, torch.dtype], device: torch.device
+) -> Optional[torch.dtype]:
     """``None``/"none"/"fp32" -> no autocast; "auto" -> bf16 on CUDA, none on CPU (pitfall 24);
     "bf16"/"fp16" or a torch dtype -> that dtype."""
     if autocast_dtype is None or isinstance(autocast_dtype, torch.dtype):
         return autocast_dtype
     name = str(autocast_dtype).lower()
-    table = {"none": None, "fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16}
+    table = {
+        "none": None,
+        "fp32": None,
+        "float32": None,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if name == "auto":
         return torch.bfloat16 if torch.device(device).type == "cuda" else None
     if name not in table:
@@ -51,8 +60,9 @@ def resolve_autocast_dtype(autocast_dtype: Union[None, str, torch.dtype], device
     return table[name]
 
 
-def per_sample_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_type: str = "softmax_cross_entropy"
-                       ) -> torch.Tensor:
+def per_sample_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, loss_type: str = "softmax_cross_entropy"
+) -> torch.Tensor:
     """Mean token loss over each sample's supervised tokens ([b] float32; 0 for samples with none).
 
     The token losses are the loss head's own functions (``models.losses.get_loss_fn``), so the metrics recomputed
@@ -62,8 +72,13 @@ def per_sample_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_type: st
     return (tok.sum(-1) / mask.sum(-1).clamp_min(1)).float()
 
 
-def per_sample_metrics(preds: torch.Tensor, labels: torch.Tensor, q_halt_logits: torch.Tensor,
-                       steps: torch.Tensor, lm_loss: Optional[torch.Tensor]) -> dict[str, torch.Tensor]:
+def per_sample_metrics(
+    preds: torch.Tensor,
+    labels: torch.Tensor,
+    q_halt_logits: torch.Tensor,
+    steps: torch.Tensor,
+    lm_loss: Optional[torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """TRM metric definitions per sample: token accuracy over supervised tokens, exact match, whether
     q_halt >= 0 agrees with exact match, steps taken, lm loss."""
     mask = labels != IGNORE
@@ -110,10 +125,20 @@ def as_logged(metrics: dict[str, Any]) -> dict[str, float]:
     return {(k if "/" in k else f"eval/{k}"): float(v) for k, v in metrics.items()}
 
 
-def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any], *,
-             device: Union[str, torch.device], autocast_dtype: Union[None, str, torch.dtype] = None,
-             halt_early: bool = False, progress: bool = True, return_keys: Sequence[str] = (),
-             max_steps: Optional[int] = None, save_path: Optional[str] = None, ttt: Any = None) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    loader: Iterable,
+    evaluators: Sequence[Any],
+    *,
+    device: Union[str, torch.device],
+    autocast_dtype: Union[None, str, torch.dtype] = None,
+    halt_early: bool = False,
+    progress: bool = True,
+    return_keys: Sequence[str] = (),
+    max_steps: Optional[int] = None,
+    save_path: Optional[str] = None,
+    ttt: Any = None,
+) -> dict[str, float]:
     """Run inference over ``loader`` (test mode), feed every evaluator, return the metrics.
 
     ``model``: an ACT loss head (``forward(carry, batch, return_keys) -> (carry, loss, metrics, outputs,
@@ -131,15 +156,20 @@ def evaluate(model: torch.nn.Module, loader: Iterable, evaluators: Sequence[Any]
     """
     device = torch.device(device)
     amp_dtype = resolve_autocast_dtype(autocast_dtype, device)
-    amp = (torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None
-           else contextlib.nullcontext())
+    amp = (
+        torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+    )
     need = {"preds", "q_halt_logits"}
     for ev in evaluators:
         need |= set(getattr(ev, "required_outputs", set()))
         ev.begin_eval()
     totals = _Totals(_loss_type(model), tuple(k for k in return_keys if k))
-    plan = _StepPlan(model, need | {"logits"} | set(totals.extra_keys), halt_early,
-                     int(max_steps) if max_steps is not None else halt_max_steps(model))
+    plan = _StepPlan(
+        model,
+        need | {"logits"} | set(totals.extra_keys),
+        halt_early,
+        int(max_steps) if max_steps is not None else halt_max_steps(model),
+    )
     t0 = time.perf_counter()
     bar = _progress_bar(loader, progress)
     try:
@@ -208,14 +238,21 @@ class _StepPlan:
                 raise TypeError(f"model forward returned {len(res)} values; expected 5 (loss head) or 2")
             new_carry, _loss, metrics, outs, _all_halted = res
             return new_carry, outs, metrics
+
         return head_step
 
     def run(self, batch: dict, device: torch.device, **model_kwargs: Any) -> Rollout:
         """Roll ``batch`` out; ``model_kwargs`` go to every forward (test-time training: ``prefix_context``)."""
         with torch.device(device):
             carry = self.model.initial_carry(batch)
-        return rollout(self._step(batch, model_kwargs), carry, max_steps=self.max_steps, keep=self.want,
-                       q_halt_rule=self.halt_early and self.act is None, stop_when_done=self.halt_early)
+        return rollout(
+            self._step(batch, model_kwargs),
+            carry,
+            max_steps=self.max_steps,
+            keep=self.want,
+            q_halt_rule=self.halt_early and self.act is None,
+            stop_when_done=self.halt_early,
+        )
 
 
 class _Totals:
@@ -234,8 +271,11 @@ class _Totals:
         example exactly once, else recomputed from the frozen per-sample outputs (same definitions). Returns the
         batch's real (non-padding) example count on this rank."""
         b = batch["inputs"].shape[0]
-        real = (batch["example_index"] >= 0) if "example_index" in batch else torch.ones(
-            b, dtype=torch.bool, device=batch["inputs"].device)
+        real = (
+            (batch["example_index"] >= 0)
+            if "example_index" in batch
+            else torch.ones(b, dtype=torch.bool, device=batch["inputs"].device)
+        )
         s = self.sums.setdefault(set_name, {k: 0.0 for k in METRIC_KEYS})
         n_real = int(real.sum())
         head = r.metric_sums if use_head else None
@@ -243,9 +283,11 @@ class _Totals:
             head = None  # a re-run slot halted again, or the head counted something else (e.g. padding rows)
             if not self.warned:
                 self.warned = True
-                log.warning("eval: the loss head's metric sums do not cover each example exactly once (a slot "
-                            "halted before halt_max_steps, or padding counted); per-copy metrics are "
-                            "recomputed from the frozen outputs")
+                log.warning(
+                    "eval: the loss head's metric sums do not cover each example exactly once (a slot "
+                    "halted before halt_max_steps, or padding counted); per-copy metrics are "
+                    "recomputed from the frozen outputs"
+                )
         if head is not None:
             for k in METRIC_KEYS:
                 if k in head:
@@ -272,15 +314,19 @@ class _Totals:
             if src is not None:
                 self.saved.setdefault(k, []).append(src.detach().cpu()[keep])
         self.saved.setdefault("example_index", []).append(
-            cpu_batch["example_index"][keep] if "example_index" in cpu_batch else torch.arange(int(keep.sum())))
+            cpu_batch["example_index"][keep] if "example_index" in cpu_batch else torch.arange(int(keep.sum()))
+        )
 
     def reduce(self, device: torch.device, seconds: float) -> dict[str, float]:
         """Per-copy means over every rank, plus eval/num_examples, eval/seconds, eval/examples_per_second."""
         where = device if edist.dist_active() else "cpu"
         metrics: dict[str, float] = {}
         for set_name in sorted(self.sums):
-            vec = torch.tensor([self.sums[set_name][k] for k in METRIC_KEYS] + [self.counts[set_name]],
-                               dtype=torch.float64, device=where)
+            vec = torch.tensor(
+                [self.sums[set_name][k] for k in METRIC_KEYS] + [self.counts[set_name]],
+                dtype=torch.float64,
+                device=where,
+            )
             edist.all_reduce_sum_(vec)
             cnt = float(vec[-1])
             for i, k in enumerate(METRIC_KEYS):
@@ -295,8 +341,10 @@ class _Totals:
     def save_outputs(self, save_path: Optional[str]) -> None:
         if self.saved and save_path:
             os.makedirs(save_path, exist_ok=True)
-            torch.save({k: torch.cat(v) for k, v in self.saved.items()},
-                       os.path.join(save_path, f"outputs.rank{edist.rank()}.pt"))
+            torch.save(
+                {k: torch.cat(v) for k, v in self.saved.items()},
+                os.path.join(save_path, f"outputs.rank{edist.rank()}.pt"),
+            )
 
 
 def _progress_bar(loader: Any, progress: bool) -> tqdm:
@@ -305,8 +353,13 @@ def _progress_bar(loader: Any, progress: bool) -> tqdm:
     report; a loader that yields bare batch dicts: this rank's real rows). Shown on rank 0 only, and only on a
     terminal: ``disable=None`` lets tqdm turn itself off when stderr is not a TTY (a log file, the queue, SLURM),
     so no carriage-return lines land in logs; ``progress=False`` turns it off everywhere."""
-    return tqdm(total=_num_examples(loader), desc="eval", unit="example", dynamic_ncols=True,
-                disable=None if progress and edist.rank() == 0 else True)
+    return tqdm(
+        total=_num_examples(loader),
+        desc="eval",
+        unit="example",
+        dynamic_ncols=True,
+        disable=None if progress and edist.rank() == 0 else True,
+    )
 
 
 def _num_examples(loader: Any) -> Optional[int]:

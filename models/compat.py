@@ -24,6 +24,7 @@ Our :class:`models.trm.TRM` uses the same module names under ``inner.``, so load
 not contain the recursion depth (H_cycles, L_cycles), so pass the run's config (its ``all_config.yaml``
 ``arch`` section) as ``original_arch`` to have it checked too.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,24 @@ from models.registry import _to_dict, parse_arch_config
 
 # Fields that change what the weights mean: a mismatch is refused unless explicitly allowed. (A variant's
 # parameters differ from TRM's by its name: trm vs trm_grid.)
-STRUCTURAL_FIELDS = ("name", "hidden_size", "num_heads", "expansion", "L_layers", "H_layers", "num_layers",
-                     "H_cycles", "L_cycles", "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t",
-                     "rope_theta", "rms_norm_eps", "pointer_source")
+STRUCTURAL_FIELDS = (
+    "name",
+    "hidden_size",
+    "num_heads",
+    "expansion",
+    "L_layers",
+    "H_layers",
+    "num_layers",
+    "H_cycles",
+    "L_cycles",
+    "puzzle_emb_ndim",
+    "puzzle_emb_len",
+    "pos_encodings",
+    "mlp_t",
+    "rope_theta",
+    "rms_norm_eps",
+    "pointer_source",
+)
 # Fields that change behaviour but not the meaning of weights: a mismatch only warns.
 # (forward_dtype, exploration and eval-halting are run-time choices and are not compared.)
 BEHAVIOURAL_FIELDS = ("halt_max_steps", "no_ACT_continue")
@@ -89,17 +105,36 @@ def check_arch_compat(stored: Any, current: Any, *, allow: Iterable[str] = (), c
     if warned:
         warnings.warn(f"architecture differs from the {context} (allowed): " + "; ".join(warned), stacklevel=2)
     if refused:
-        raise ArchMismatchError(f"architecture of the {context} does not match the model: " + "; ".join(refused)
-                                + " (pass allow=[...] to override deliberately)")
+        raise ArchMismatchError(
+            f"architecture of the {context} does not match the model: "
+            + "; ".join(refused)
+            + " (pass allow=[...] to override deliberately)"
+        )
 
 
 def original_arch_to_ours(arch: Mapping[str, Any]) -> Dict[str, Any]:
     """Translate the ``arch`` section of an original TRM ``all_config.yaml`` into our ``trm`` config dict."""
     arch = dict(arch)
     out: Dict[str, Any] = {"name": "trm"}
-    keys = ("hidden_size", "num_heads", "expansion", "L_layers", "H_layers", "H_cycles", "L_cycles", "puzzle_emb_ndim",
-            "puzzle_emb_len", "pos_encodings", "mlp_t", "rope_theta", "rms_norm_eps", "halt_max_steps",
-            "halt_exploration_prob", "no_ACT_continue", "forward_dtype")
+    keys = (
+        "hidden_size",
+        "num_heads",
+        "expansion",
+        "L_layers",
+        "H_layers",
+        "H_cycles",
+        "L_cycles",
+        "puzzle_emb_ndim",
+        "puzzle_emb_len",
+        "pos_encodings",
+        "mlp_t",
+        "rope_theta",
+        "rms_norm_eps",
+        "halt_max_steps",
+        "halt_exploration_prob",
+        "no_ACT_continue",
+        "forward_dtype",
+    )
     for k in keys:
         if k in arch:
             out[k] = arch[k]
@@ -115,7 +150,7 @@ def normalise_original_keys(state_dict: Mapping[str, torch.Tensor]) -> Dict[str,
     for key, value in state_dict.items():
         k = key.replace("_orig_mod.", "")
         if k.startswith("model."):
-            k = k[len("model."):]
+            k = k[len("model.") :]
         out[k] = value
     return out
 
@@ -129,9 +164,14 @@ def _target_model(model: nn.Module) -> nn.Module:
     return inner_owner
 
 
-def load_original_trm_checkpoint(model: nn.Module, checkpoint: Union[str, os.PathLike, Mapping[str, torch.Tensor]], *,
-                                 original_arch: Optional[Mapping[str, Any]] = None, allow: Iterable[str] = (),
-                                 strict: bool = True) -> Dict[str, list]:
+def load_original_trm_checkpoint(
+    model: nn.Module,
+    checkpoint: Union[str, os.PathLike, Mapping[str, torch.Tensor]],
+    *,
+    original_arch: Optional[Mapping[str, Any]] = None,
+    allow: Iterable[str] = (),
+    strict: bool = True,
+) -> Dict[str, list]:
     """Load a state dict written by the original TRM code into our TRM (or a loss head around it).
 
     ``checkpoint``: a path to the ``torch.save`` file or the state dict itself. ``original_arch``: the ``arch``
@@ -142,8 +182,12 @@ def load_original_trm_checkpoint(model: nn.Module, checkpoint: Union[str, os.Pat
     """
     target = _target_model(model)
     if original_arch is not None:
-        check_arch_compat(original_arch_to_ours(_as_dict(original_arch)), target.config, allow=allow,
-                          context="original TRM checkpoint")
+        check_arch_compat(
+            original_arch_to_ours(_as_dict(original_arch)),
+            target.config,
+            allow=allow,
+            context="original TRM checkpoint",
+        )
     if isinstance(checkpoint, (str, os.PathLike)):
         state = torch.load(checkpoint, map_location="cpu", weights_only=True)
     else:
@@ -152,12 +196,17 @@ def load_original_trm_checkpoint(model: nn.Module, checkpoint: Union[str, os.Pat
     own = target.state_dict()
     missing = [k for k in own if k not in src]
     unexpected = [k for k in src if k not in own]
-    bad_shapes = [f"{k}: checkpoint {tuple(src[k].shape)} vs model {tuple(own[k].shape)}"
-                  for k in own if k in src and tuple(src[k].shape) != tuple(own[k].shape)]
+    bad_shapes = [
+        f"{k}: checkpoint {tuple(src[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in src and tuple(src[k].shape) != tuple(own[k].shape)
+    ]
     if bad_shapes:
         raise ArchMismatchError("original TRM checkpoint does not fit the model: " + "; ".join(bad_shapes))
     if strict and (missing or unexpected):
-        raise ArchMismatchError(f"original TRM checkpoint keys do not match the model: missing {missing}, unexpected {unexpected}")
+        raise ArchMismatchError(
+            f"original TRM checkpoint keys do not match the model: missing {missing}, unexpected {unexpected}"
+        )
     with torch.no_grad():
         for k, v in src.items():
             if k in own:

@@ -21,6 +21,7 @@ and reused for its later steps, so the encoder gets gradient only from the first
 The recurrent encoder's z_E is stored detached in the carry but the fresh z_E that produces this step's
 context is never detached (pitfall 1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,9 @@ class ETRM(ACTModel):
         if core.puzzle_emb_len <= 0:
             raise ValueError("ETRM core needs puzzle_emb_len > 0 prefix positions for the encoder context")
         if encoder_cache and getattr(encoder, "is_recurrent", False):
-            raise ValueError("encoder_cache=true is incompatible with the recurrent encoder (it refines z_E every "
-                             "ACT step)")
+            raise ValueError(
+                "encoder_cache=true is incompatible with the recurrent encoder (it refines z_E every ACT step)"
+            )
         self.config = core.config
         self.inner = core.inner
         self.encoder = encoder
@@ -104,8 +106,10 @@ class ETRM(ACTModel):
     def initial_carry(self, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
         missing = [k for k in DEMO_KEYS if k not in batch]
         if missing:
-            raise KeyError(f"ETRM needs encoder-mode batches; missing keys {missing} (build the dataset with demos and "
-                           f"load it with encoder_mode=True)")
+            raise KeyError(
+                f"ETRM needs encoder-mode batches; missing keys {missing} (build the dataset with demos and "
+                f"load it with encoder_mode=True)"
+            )
         base = super().initial_carry(batch)
         b, device = batch["inputs"].shape[0], batch["inputs"].device
         z_E = None
@@ -133,8 +137,9 @@ class ETRM(ACTModel):
         for k in DEMO_KEYS:
             if k not in data:
                 raise KeyError(f"ETRM batch is missing {k!r}; the dataset must be loaded with encoder_mode=True")
-        if (self._reuses_eval_context() and carry.cached_context is not None
-                and not bool(carry.halted.any())):  # eval, no slot refilled: same demos, same context
+        if (
+            self._reuses_eval_context() and carry.cached_context is not None and not bool(carry.halted.any())
+        ):  # eval, no slot refilled: same demos, same context
             return EncoderOutput(context=carry.cached_context, kl=carry.cached_kl), carry.cached_context
         state = None
         if getattr(self.encoder, "is_recurrent", False):
@@ -164,16 +169,26 @@ class ETRM(ACTModel):
         fresh = carry.halted
         prev = carry.cached_context if carry.cached_context is not None else ctx
         if bool(fresh.any()):
-            found = latent_search_context(self, data["demo_inputs"], data["demo_labels"], data["demo_mask"],
-                                          steps=self.latent_search_steps, lr=self.latent_search_lr, rows=fresh)
+            found = latent_search_context(
+                self,
+                data["demo_inputs"],
+                data["demo_labels"],
+                data["demo_mask"],
+                steps=self.latent_search_steps,
+                lr=self.latent_search_lr,
+                rows=fresh,
+            )
             prev = torch.where(fresh.view(-1, 1, 1), found.to(ctx.dtype), prev.to(ctx.dtype))
         return prev
 
-    def forward(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
-                ) -> Tuple[ETRMCarry, Dict[str, torch.Tensor]]:
+    def forward(
+        self, carry: ETRMCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
+    ) -> Tuple[ETRMCarry, Dict[str, torch.Tensor]]:
         if prefix_context is not None and self.training:
-            raise ValueError("ETRM computes its own prefix_context from the demos in training; a given one (a "
-                             "test-time-trained context, models.ttt) applies in evaluation only")
+            raise ValueError(
+                "ETRM computes its own prefix_context from the demos in training; a given one (a "
+                "test-time-trained context, models.ttt) applies in evaluation only"
+            )
         if not isinstance(carry, ETRMCarry):
             raise TypeError("ETRM.forward needs the carry from ETRM.initial_carry")
         carry = self.refill(carry, batch)
@@ -190,12 +205,16 @@ class ETRM(ACTModel):
             outputs["rule_readout"], outputs["rule_exact"] = self._rule_readout(ctx, carry.current_data)
         if enc.kl is not None:
             # with encoder_cache the KL belongs to the first step only (the later steps reuse that encoding)
-            outputs["kl"] = torch.where(carry.halted, enc.kl, torch.zeros_like(enc.kl)) if self.encoder_cache \
-                else enc.kl
+            outputs["kl"] = (
+                torch.where(carry.halted, enc.kl, torch.zeros_like(enc.kl)) if self.encoder_cache else enc.kl
+            )
         reuse = self._reuses_eval_context()
-        new_carry = ETRMCarry.extend(new, z_E=None if enc.state is None else enc.state.detach(),
-                                     cached_context=ctx.detach() if (self.encoder_cache or reuse) else None,
-                                     cached_kl=enc.kl.detach() if (enc.kl is not None and reuse) else None)
+        new_carry = ETRMCarry.extend(
+            new,
+            z_E=None if enc.state is None else enc.state.detach(),
+            cached_context=ctx.detach() if (self.encoder_cache or reuse) else None,
+            cached_kl=enc.kl.detach() if (enc.kl is not None and reuse) else None,
+        )
         return new_carry, outputs
 
     def _oracle_context(self, data: Dict[str, torch.Tensor]):
@@ -203,8 +222,11 @@ class ETRM(ACTModel):
         evaluation); the encoder does not run."""
         targets = data.get("rule_targets")
         b, p = data["inputs"].shape[0], next(self.inner.parameters())
-        ctx = (p.new_zeros(b, self.puzzle_emb_len, self.hidden_size) if targets is None
-               else self.encoder.rule_oracle(targets).to(p.dtype))
+        ctx = (
+            p.new_zeros(b, self.puzzle_emb_len, self.hidden_size)
+            if targets is None
+            else self.encoder.rule_oracle(targets).to(p.dtype)
+        )
         return EncoderOutput(context=ctx), ctx
 
     def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

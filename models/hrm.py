@@ -5,6 +5,7 @@ step from ``(z_L, z_H + x)``, and a high-level ``H_level`` (``H_layers`` blocks)
 ``(z_H, z_L)``. One-step gradient approximation: every update runs without gradient except the very last
 L update and the very last H update.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,14 +37,24 @@ class HRMInnerCarry:
 
 
 class HRMInner(IOStem):
-    def __init__(self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
-                         batch_size=batch_size)
+    def __init__(
+        self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
+        super().__init__(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
 
         def stack(n: int) -> ReasoningModule:
-            return ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
-                                                     config.rms_norm_eps)
-                                    for _ in range(n)])
+            return ReasoningModule(
+                [
+                    TransformerBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps)
+                    for _ in range(n)
+                ]
+            )
 
         self.H_level = stack(config.H_layers)
         self.L_level = stack(config.L_layers)
@@ -52,15 +63,21 @@ class HRMInner(IOStem):
 
     def empty_carry(self, batch_size: int, device: torch.device) -> HRMInnerCarry:
         shape = (batch_size, self.total_seq_len, self.hidden_size)
-        return HRMInnerCarry(z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-                             z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device))
+        return HRMInnerCarry(
+            z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
+            z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device),
+        )
 
     def reset_carry(self, reset: torch.Tensor, carry: HRMInnerCarry) -> HRMInnerCarry:
         flag = reset.view(-1, 1, 1)
-        return HRMInnerCarry(z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
-                             z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L))
+        return HRMInnerCarry(
+            z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
+            z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L),
+        )
 
-    def forward(self, carry: HRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None):
+    def forward(
+        self, carry: HRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
+    ):
         cos_sin = self.cos_sin(batch["inputs"])
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         z_H, z_L = carry.z_H, carry.z_L
@@ -79,9 +96,16 @@ class HRMInner(IOStem):
 
 
 class HRM(ACTModel):
-    def __init__(self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
+    def __init__(
+        self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
         super().__init__()
         self.config = config
-        self.inner = HRMInner(config, vocab_size=vocab_size, seq_len=seq_len,
-                              num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size)
+        self.inner = HRMInner(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
         self.halt_early_in_eval = config.halt_early_in_eval

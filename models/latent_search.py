@@ -12,6 +12,7 @@ Enable it at evaluation: ``encoder.search_steps=N`` (and ``encoder.search_lr``) 
 eval mode, once per query (when the ACT slot is (re)filled), and works under ``torch.inference_mode``.
 ``evaluate.py ttt_steps=N ttt_params=context`` runs the same fit from outside the model, for every encoder.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -21,9 +22,17 @@ import torch
 from models.ttt import demo_set, fit, frozen_weights, loo_demos
 
 
-def latent_search_context(model, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor, *,
-                          steps: int, lr: float = 0.1, leave_one_out: bool = True,
-                          rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+def latent_search_context(
+    model,
+    demo_inputs: torch.Tensor,
+    demo_labels: torch.Tensor,
+    demo_mask: torch.Tensor,
+    *,
+    steps: int,
+    lr: float = 0.1,
+    leave_one_out: bool = True,
+    rows: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Context [b, L, hidden] for each sample after ``steps`` Adam steps of latent search (see module doc).
     ``model`` is an ETRM whose encoder is ``lpn``. ``rows`` (bool [b]) restricts the search to those samples
     (others get the plain encoder context)."""
@@ -31,8 +40,11 @@ def latent_search_context(model, demo_inputs: torch.Tensor, demo_labels: torch.T
     if not hasattr(enc, "encode_latent"):
         raise TypeError(f"latent search needs the lpn encoder, got {type(enc).__name__}")
     with torch.inference_mode(False), torch.enable_grad(), frozen_weights(model):
-        batch = {"demo_inputs": demo_inputs.clone(), "demo_labels": demo_labels.clone(),
-                 "demo_mask": demo_mask.clone().bool()}
+        batch = {
+            "demo_inputs": demo_inputs.clone(),
+            "demo_labels": demo_labels.clone(),
+            "demo_mask": demo_mask.clone().bool(),
+        }
         with torch.no_grad():
             z0, _ = enc.encode_latent(batch["demo_inputs"], batch["demo_labels"], batch["demo_mask"])
             ctx0 = enc.context_from_latent(z0)
@@ -41,8 +53,14 @@ def latent_search_context(model, demo_inputs: torch.Tensor, demo_labels: torch.T
             return ctx0
         with torch.no_grad():
             z_start, _ = enc.encode_latent(*loo_demos(batch, demos, leave_one_out))
-        res = fit(model, demos, torch.zeros_like(z0),
-                  lambda th: enc.context_from_latent(z_start + th.index_select(0, demos.owner)), steps=steps, lr=lr)
+        res = fit(
+            model,
+            demos,
+            torch.zeros_like(z0),
+            lambda th: enc.context_from_latent(z_start + th.index_select(0, demos.owner)),
+            steps=steps,
+            lr=lr,
+        )
         with torch.no_grad():
             ctx = enc.context_from_latent(z0 + res.theta)
             if rows is not None:

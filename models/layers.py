@@ -12,6 +12,7 @@ Numerics follow the published TRM/HRM code:
 * RoPE with the "rotate half" layout (1D or 2D), learned positions, or none;
 * ``mlp_t``: an MLP over the sequence axis replaces attention (for small fixed grids such as Sudoku).
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,9 @@ class CastedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(trunc_normal_init_(torch.empty(out_features, in_features), std=1.0 / math.sqrt(in_features)))
+        self.weight = nn.Parameter(
+            trunc_normal_init_(torch.empty(out_features, in_features), std=1.0 / math.sqrt(in_features))
+        )
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,7 +77,9 @@ class CastedEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, init_std: float, cast_to: torch.dtype) -> None:
         super().__init__()
         self.cast_to = cast_to
-        self.embedding_weight = nn.Parameter(trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std))
+        self.embedding_weight = nn.Parameter(
+            trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std)
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embedding_weight.to(self.cast_to))
@@ -127,7 +132,9 @@ class RotaryEmbedding2D(nn.Module):
         return self.cos_cached, self.sin_cached
 
 
-def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_pos_emb(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """q, k: [b, seq, heads, head_dim]; cos, sin: [seq, head_dim]. Computed in the tables' dtype (fp32)."""
     dtype = q.dtype
     q, k = q.to(cos.dtype), k.to(cos.dtype)
@@ -152,8 +159,9 @@ class Attention(nn.Module):
     """Multi-head (optionally grouped-query) attention through SDPA; non-causal by default; no padding mask
     (parity with the published TRM, pitfall 22)."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
-                 causal: bool = False) -> None:
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False
+    ) -> None:
         super().__init__()
         self.hidden_size = hidden_size
         self.head_dim = head_dim
@@ -163,8 +171,9 @@ class Attention(nn.Module):
         self.qkv_proj = CastedLinear(hidden_size, (num_heads + 2 * num_key_value_heads) * head_dim, bias=False)
         self.o_proj = CastedLinear(num_heads * head_dim, hidden_size, bias=False)
 
-    def rotate(self, cos_sin: CosSin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-               ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, cos_sin: CosSin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """q, k [b, s, heads, head_dim] with their positions applied (RoPE tables, or none). ``hidden_states``:
         for a subclass whose rotation depends on them (models.variants.trm_pointer)."""
         if cos_sin is not None:
@@ -191,9 +200,16 @@ class TransformerBlock(nn.Module):
     ``attention(hidden, head_dim, heads, kv_heads, causal=...)`` builds the attention layer (default
     :class:`Attention`; a variant passes its own, e.g. ``IOStem.attention``)."""
 
-    def __init__(self, hidden_size: int, num_heads: int, expansion: float, rms_norm_eps: float,
-                 mlp_t: bool = False, total_seq_len: Optional[int] = None,
-                 attention: Optional[Callable[..., nn.Module]] = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        expansion: float,
+        rms_norm_eps: float,
+        mlp_t: bool = False,
+        total_seq_len: Optional[int] = None,
+        attention: Optional[Callable[..., nn.Module]] = None,
+    ) -> None:
         super().__init__()
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
@@ -203,8 +219,9 @@ class TransformerBlock(nn.Module):
                 raise ValueError("mlp_t needs the total sequence length (seq_len + puzzle_emb_len)")
             self.mlp_t = SwiGLU(total_seq_len, expansion)
         else:
-            self.self_attn = (attention or Attention)(hidden_size, hidden_size // num_heads, num_heads, num_heads,
-                                                      causal=False)
+            self.self_attn = (attention or Attention)(
+                hidden_size, hidden_size // num_heads, num_heads, num_heads, causal=False
+            )
         self.mlp = SwiGLU(hidden_size, expansion)
         self.norm_eps = rms_norm_eps
 
@@ -225,7 +242,9 @@ class ReasoningModule(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
 
-    def forward(self, hidden_states: torch.Tensor, input_injection: torch.Tensor, cos_sin: CosSin = None) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, input_injection: torch.Tensor, cos_sin: CosSin = None
+    ) -> torch.Tensor:
         hidden_states = hidden_states + input_injection
         for layer in self.layers:
             hidden_states = layer(cos_sin, hidden_states)

@@ -16,6 +16,7 @@ Anything else with a switch set (``grid_coords`` on ``hrm``, a pointer without g
 one line naming the commit that still builds it. :func:`upgrade_arch` is the one place this mapping happens;
 ``models.parse_arch_config`` applies it to every arch config it reads.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -31,7 +32,7 @@ _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "
 #: removed switch -> why (the measurement, its commit and its record file)
 REMOVED = {
     "context_broadcast": "measured negative: run f8-bc scored held-out 0.08 / train fit 0.11 against the recipe's "
-                         "0.09 / 0.09 at 2000 steps (02456e9, docs/record/2026-11-26-8-families-6000-steps.md)",
+    "0.09 / 0.09 at 2000 steps (02456e9, docs/record/2026-11-26-8-families-6000-steps.md)",
 }
 
 
@@ -45,8 +46,10 @@ def _value(v: Any) -> str:
 
 
 def _needs_commit(what: str, why: str) -> ArchRemovedError:
-    return ArchRemovedError(f"{what} was removed ({why}); a config or checkpoint that uses it needs commit "
-                            f"{LAST_COMMIT} (git checkout {LAST_COMMIT})")
+    return ArchRemovedError(
+        f"{what} was removed ({why}); a config or checkpoint that uses it needs commit "
+        f"{LAST_COMMIT} (git checkout {LAST_COMMIT})"
+    )
 
 
 def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,17 +67,22 @@ def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if not pointer:
         for key in ("pointer_init", "pointer_source"):
             if old[key] != _SWITCHES[key]:
-                raise ArchRemovedError(f"arch.{key}={_value(old[key])} applies to the pointer variant only "
-                                       f"(arch=trm_pointer)")
+                raise ArchRemovedError(
+                    f"arch.{key}={_value(old[key])} applies to the pointer variant only (arch=trm_pointer)"
+                )
         if not old["grid_coords"]:
             return d
     what = "arch.pos_encodings=pointer" if pointer else "arch.grid_coords=true"
     if name != "trm":
-        raise _needs_commit(f"{what} on arch={name}", "grid offsets and pointer RoPE are the TRM variants "
-                                                      "arch=trm_grid and arch=trm_pointer now")
+        raise _needs_commit(
+            f"{what} on arch={name}",
+            "grid offsets and pointer RoPE are the TRM variants arch=trm_grid and arch=trm_pointer now",
+        )
     if pointer and not old["grid_coords"]:
-        raise _needs_commit(f"{what} without arch.grid_coords=true", "arch=trm_pointer always has the grid offsets, "
-                                                                      "as every measured pointer run did")
+        raise _needs_commit(
+            f"{what} without arch.grid_coords=true",
+            "arch=trm_pointer always has the grid offsets, as every measured pointer run did",
+        )
     d["name"] = "trm_pointer" if pointer else "trm_grid"
     if pointer:
         d.update(pointer_init=old["pointer_init"], pointer_source=old["pointer_source"])

@@ -16,6 +16,7 @@ Metrics (all sums, tensors, no host sync):
     lm_loss, q_halt_loss, [q_continue_loss], [<k>_loss]      -- sums over *all* samples of the local batch
                                                                 (divide by the global batch size, as TRM does)
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -40,7 +41,9 @@ def log_stablemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.log(s / s.sum(dim=dim, keepdim=True))
 
 
-def stable_max_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_LABEL_ID) -> torch.Tensor:
+def stable_max_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_LABEL_ID
+) -> torch.Tensor:
     """Token-wise stablemax cross-entropy in float64; 0 at ignored positions. Shape of ``labels``."""
     logp = log_stablemax(logits.to(torch.float64), dim=-1)
     valid = labels != ignore_index
@@ -49,10 +52,16 @@ def stable_max_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_
     return -torch.where(valid, picked, torch.zeros_like(picked))
 
 
-def softmax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_LABEL_ID) -> torch.Tensor:
+def softmax_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_LABEL_ID
+) -> torch.Tensor:
     """Token-wise softmax cross-entropy in float32; 0 at ignored positions. Shape of ``labels``."""
-    return F.cross_entropy(logits.to(torch.float32).reshape(-1, logits.shape[-1]), labels.to(torch.long).reshape(-1),
-                           ignore_index=ignore_index, reduction="none").view(labels.shape)
+    return F.cross_entropy(
+        logits.to(torch.float32).reshape(-1, logits.shape[-1]),
+        labels.to(torch.long).reshape(-1),
+        ignore_index=ignore_index,
+        reduction="none",
+    ).view(labels.shape)
 
 
 def get_loss_fn(loss_type: str):
@@ -69,8 +78,14 @@ class ACTLossHead(nn.Module):
     outputs (e.g. ``{"kl": beta}`` for ETRM). Extra keyword arguments of ``forward`` go to the model.
     """
 
-    def __init__(self, model: nn.Module, loss_type: str = "softmax_cross_entropy", q_loss_weight: float = 0.5,
-                 extra_loss_weights: Optional[Mapping[str, float]] = None, name: str = "ACTLossHead") -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_type: str = "softmax_cross_entropy",
+        q_loss_weight: float = 0.5,
+        extra_loss_weights: Optional[Mapping[str, float]] = None,
+        name: str = "ACTLossHead",
+    ) -> None:
         super().__init__()
         self.model = model
         self.loss_type = _ALIASES.get(loss_type, loss_type)
@@ -95,8 +110,9 @@ class ACTLossHead(nn.Module):
     def puzzle_emb(self):
         return getattr(self.model, "puzzle_emb", None)
 
-    def forward(self, carry: Any, batch: Dict[str, torch.Tensor], return_keys: Sequence[str] = (), **model_kwargs
-                ) -> Tuple[Any, torch.Tensor, Dict[str, torch.Tensor], Dict[str, torch.Tensor], torch.Tensor]:
+    def forward(
+        self, carry: Any, batch: Dict[str, torch.Tensor], return_keys: Sequence[str] = (), **model_kwargs
+    ) -> Tuple[Any, torch.Tensor, Dict[str, torch.Tensor], Dict[str, torch.Tensor], torch.Tensor]:
         new_carry, outputs = self.model(carry, batch, **model_kwargs)
         loss, metrics = self.compute(new_carry, outputs)
         returned = {k: outputs[k].detach() for k in return_keys if k in outputs}
@@ -129,18 +145,23 @@ class ACTLossHead(nn.Module):
         metrics["lm_loss"] = lm_loss.detach()
         metrics["q_halt_loss"] = q_halt_loss.detach()
         if "target_q_continue" in outputs:
-            q_cont_loss = F.binary_cross_entropy_with_logits(outputs["q_continue_logits"], outputs["target_q_continue"],
-                                                             reduction="sum")
+            q_cont_loss = F.binary_cross_entropy_with_logits(
+                outputs["q_continue_logits"], outputs["target_q_continue"], reduction="sum"
+            )
             loss = loss + self.q_loss_weight * q_cont_loss
             metrics["q_continue_loss"] = q_cont_loss.detach()
         for key, weight in self.extra_loss_weights.items():
             if key not in outputs:
-                raise KeyError(f"ACTLossHead: extra loss term {key!r} (weight {weight}) is configured but the model "
-                               f"returned no outputs[{key!r}]; outputs have {sorted(outputs)}")
+                raise KeyError(
+                    f"ACTLossHead: extra loss term {key!r} (weight {weight}) is configured but the model "
+                    f"returned no outputs[{key!r}]; outputs have {sorted(outputs)}"
+                )
             term = outputs[key]
             if term.shape != q_halt.shape:
-                raise ValueError(f"ACTLossHead: outputs[{key!r}] must be per-sample with shape {tuple(q_halt.shape)}, "
-                                 f"got {tuple(term.shape)}")
+                raise ValueError(
+                    f"ACTLossHead: outputs[{key!r}] must be per-sample with shape {tuple(q_halt.shape)}, "
+                    f"got {tuple(term.shape)}"
+                )
             term_sum = term.to(torch.float32).sum()
             loss = loss + weight * term_sum
             metrics[key] = term_sum.detach()  # unweighted per-sample sum, e.g. "kl" -> train/kl

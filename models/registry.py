@@ -7,6 +7,7 @@ a config written by an earlier version through ``models.legacy.upgrade_arch``.
 
 A research variant (``models/variants/``) is one module and one line below.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Mapping
@@ -60,13 +61,20 @@ def parse_arch_config(arch_cfg: Any) -> ArchConfig:
     return ARCH_REGISTRY.parse(upgrade_arch(_to_dict(arch_cfg)), prefix="arch")
 
 
-def build_model(arch_cfg: Any, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> ACTModel:
+def build_model(
+    arch_cfg: Any, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+) -> ACTModel:
     """Build the ACT model named by ``arch_cfg['name']`` (validated strictly). ``batch_size`` is the local
     (per-rank) batch size (the sparse puzzle embedding keeps a local buffer of that many rows)."""
     config = parse_arch_config(arch_cfg)
     model_cls = ARCH_REGISTRY.entry(config.name).cls  # type: ignore[attr-defined]
-    return model_cls(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
-                     batch_size=batch_size)
+    return model_cls(
+        config,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        num_puzzle_identifiers=num_puzzle_identifiers,
+        batch_size=batch_size,
+    )
 
 
 def build_loss_head(model: nn.Module, arch_cfg: Any = None, **overrides: Any) -> ACTLossHead:
@@ -79,5 +87,3 @@ def build_loss_head(model: nn.Module, arch_cfg: Any = None, **overrides: Any) ->
     loss_cfg.update(overrides)
     loss_cfg = LossConfig(**loss_cfg).model_dump()
     return ACTLossHead(model, **loss_cfg)
-
-

@@ -13,6 +13,7 @@ Semantics (docs/evaluation.md): a sample's outputs are frozen at the first step 
 ``stop_when_done=True`` ends the rollout once every sample has halted (halt-early evaluation) instead of
 running ``max_steps`` steps. One host transfer per step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,16 @@ def halt_max_steps(model: Any) -> int:
     return int(act_model_of(model).config.halt_max_steps)
 
 
-def rollout(step: StepFn, carry: Any, *, max_steps: int, keep: Optional[Collection[str]] = None,
-            q_halt_rule: bool = False, stop_when_done: bool = False, detach: bool = True) -> Rollout:
+def rollout(
+    step: StepFn,
+    carry: Any,
+    *,
+    max_steps: int,
+    keep: Optional[Collection[str]] = None,
+    q_halt_rule: bool = False,
+    stop_when_done: bool = False,
+    detach: bool = True,
+) -> Rollout:
     """Run ``step`` up to ``max_steps`` times from ``carry`` (see the module docstring). ``keep``: the output keys
     to freeze per sample (default: all); ``detach=False`` keeps their autograd graph (latent search)."""
     b = carry.halted.shape[0]
@@ -93,8 +102,13 @@ def rollout(step: StepFn, carry: Any, *, max_steps: int, keep: Optional[Collecti
     return Rollout(carry=carry, outputs=frozen, steps=done_step, num_steps=n, metric_sums=sums, metrics_exact=exact)
 
 
-def _freeze(frozen: dict[str, torch.Tensor], outs: dict[str, torch.Tensor], newly: torch.Tensor,
-            keep: Optional[Collection[str]], detach: bool) -> None:
+def _freeze(
+    frozen: dict[str, torch.Tensor],
+    outs: dict[str, torch.Tensor],
+    newly: torch.Tensor,
+    keep: Optional[Collection[str]],
+    detach: bool,
+) -> None:
     """Store the outputs of the samples that halted for the first time at this step."""
     for k, v in outs.items():
         if keep is not None and k not in keep:

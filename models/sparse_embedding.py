@@ -12,6 +12,7 @@ Under ``torch.distributed`` the ids and gradients of every rank are all-gathered
 same update and the replicated tables stay identical. Use ``broadcast_buffers=False`` if the model is wrapped
 in DDP (the table can be large).
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Optional, Union
@@ -34,16 +35,25 @@ class SparsePuzzleEmbedding(nn.Module):
         cast_to: dtype of the returned embeddings.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, batch_size: int, init_std: float = 0.0,
-                 cast_to: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        batch_size: int,
+        init_std: float = 0.0,
+        cast_to: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         self.cast_to = cast_to
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.batch_size = batch_size
-        self.register_buffer("weights", trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std),
-                             persistent=True)
-        self.register_buffer("local_weights", torch.zeros(batch_size, embedding_dim, requires_grad=True), persistent=False)
+        self.register_buffer(
+            "weights", trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std), persistent=True
+        )
+        self.register_buffer(
+            "local_weights", torch.zeros(batch_size, embedding_dim, requires_grad=True), persistent=False
+        )
         self.register_buffer("local_ids", torch.zeros(batch_size, dtype=torch.int32), persistent=False)
 
     def _apply(self, fn, recurse: bool = True):  # keep local_weights a grad-requiring leaf after .to()/.cuda()
@@ -58,8 +68,10 @@ class SparsePuzzleEmbedding(nn.Module):
         if not self.training:
             return self.weights[ids].to(self.cast_to)
         if ids.shape[0] != self.batch_size:
-            raise ValueError(f"SparsePuzzleEmbedding was built for a local batch of {self.batch_size} rows but got "
-                             f"{ids.shape[0]} in training mode (training batches must have the configured size)")
+            raise ValueError(
+                f"SparsePuzzleEmbedding was built for a local batch of {self.batch_size} rows but got "
+                f"{ids.shape[0]} in training mode (training batches must have the configured size)"
+            )
         with torch.no_grad():
             self.local_weights.copy_(self.weights[ids])
             self.local_ids.copy_(ids)
@@ -75,8 +87,13 @@ class SignSGDSparse(torch.optim.Optimizer):
     ``world_size``: None = ``torch.distributed`` world size when initialised, else 1.
     """
 
-    def __init__(self, params: Union[SparsePuzzleEmbedding, Iterable], lr: Union[float, torch.Tensor] = 1e-2,
-                 weight_decay: float = 0.1, world_size: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        params: Union[SparsePuzzleEmbedding, Iterable],
+        lr: Union[float, torch.Tensor] = 1e-2,
+        weight_decay: float = 0.1,
+        world_size: Optional[int] = None,
+    ) -> None:
         if not float(lr) >= 0.0:
             raise ValueError(f"SignSGDSparse: invalid lr {lr}")
         if not weight_decay >= 0.0:
@@ -96,8 +113,10 @@ class SignSGDSparse(torch.optim.Optimizer):
             elif p.ndim == 2:
                 weights = p
         if grads_holder is None or ids is None or weights is None or len(group_params) != 3:
-            raise ValueError("SignSGDSparse expects each param group to hold a SparsePuzzleEmbedding's three buffers "
-                             "(local_weights requiring grad, local_ids [b], weights [N, D])")
+            raise ValueError(
+                "SignSGDSparse expects each param group to hold a SparsePuzzleEmbedding's three buffers "
+                "(local_weights requiring grad, local_ids [b], weights [N, D])"
+            )
         return grads_holder, ids, weights
 
     @torch.no_grad()
@@ -110,13 +129,21 @@ class SignSGDSparse(torch.optim.Optimizer):
             world = group["world_size"]
             if world is None:
                 world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            sparse_sign_sgd_update_(weights, local.grad, ids, lr=group["lr"], weight_decay=group["weight_decay"],
-                                    world_size=world)
+            sparse_sign_sgd_update_(
+                weights, local.grad, ids, lr=group["lr"], weight_decay=group["weight_decay"], world_size=world
+            )
         return loss
 
 
-def sparse_sign_sgd_update_(weights: torch.Tensor, local_grad: torch.Tensor, local_ids: torch.Tensor, *,
-                            lr: Union[float, torch.Tensor], weight_decay: float, world_size: int = 1) -> None:
+def sparse_sign_sgd_update_(
+    weights: torch.Tensor,
+    local_grad: torch.Tensor,
+    local_ids: torch.Tensor,
+    *,
+    lr: Union[float, torch.Tensor],
+    weight_decay: float,
+    world_size: int = 1,
+) -> None:
     """In-place sign-SGD update of ``weights`` rows named by ``local_ids`` (gathered over ranks if world_size > 1)."""
     grad, ids = local_grad, local_ids
     if world_size > 1:

@@ -4,6 +4,7 @@ The input embedding goes once through ``num_layers`` post-norm blocks; every sam
 (``halt_max_steps = 1``), so one ACT step = one ordinary forward pass. The Q head is kept (and trained by the
 loss head's q_halt BCE) so that metrics and evaluators see the same outputs as for TRM/HRM.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Literal, Optional
@@ -28,13 +29,29 @@ class TransformerConfig(ArchConfig):
 
 
 class TransformerInner(IOStem):
-    def __init__(self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
-                         batch_size=batch_size)
-        self.layers = ReasoningModule([TransformerBlock(config.hidden_size, config.num_heads, config.expansion,
-                                                        config.rms_norm_eps, mlp_t=config.mlp_t,
-                                                        total_seq_len=self.total_seq_len)
-                                       for _ in range(config.num_layers)])
+    def __init__(
+        self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
+        super().__init__(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
+        self.layers = ReasoningModule(
+            [
+                TransformerBlock(
+                    config.hidden_size,
+                    config.num_heads,
+                    config.expansion,
+                    config.rms_norm_eps,
+                    mlp_t=config.mlp_t,
+                    total_seq_len=self.total_seq_len,
+                )
+                for _ in range(config.num_layers)
+            ]
+        )
 
     def empty_carry(self, batch_size: int, device: torch.device) -> None:
         return None
@@ -50,8 +67,15 @@ class TransformerInner(IOStem):
 
 
 class TransformerBaseline(ACTModel):
-    def __init__(self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
+    def __init__(
+        self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
         super().__init__()
         self.config = config
-        self.inner = TransformerInner(config, vocab_size=vocab_size, seq_len=seq_len,
-                                      num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size)
+        self.inner = TransformerInner(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )

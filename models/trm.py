@@ -17,6 +17,7 @@ attention with RoPE (or learned positions; ``mlp_t``: an MLP over the sequence a
 input stem of :class:`models.act.IOStem` (token embedding, learned puzzle-embedding prefix, LM head, Q head on
 the first position). Research variants subclass ``TRMConfig`` / ``TRMInner`` / ``TRM`` in ``models/variants/``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,34 +49,59 @@ class TRMInnerCarry:
 
 
 class TRMInner(IOStem):
-    def __init__(self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
-        super().__init__(config, vocab_size=vocab_size, seq_len=seq_len, num_puzzle_identifiers=num_puzzle_identifiers,
-                         batch_size=batch_size)
-        self.L_level = ReasoningModule([
-            TransformerBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps,
-                             mlp_t=config.mlp_t, total_seq_len=self.total_seq_len, attention=self.attention)
-            for _ in range(config.L_layers)])
+    def __init__(
+        self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
+        super().__init__(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
+        self.L_level = ReasoningModule(
+            [
+                TransformerBlock(
+                    config.hidden_size,
+                    config.num_heads,
+                    config.expansion,
+                    config.rms_norm_eps,
+                    mlp_t=config.mlp_t,
+                    total_seq_len=self.total_seq_len,
+                    attention=self.attention,
+                )
+                for _ in range(config.L_layers)
+            ]
+        )
         self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
         self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
 
     def empty_carry(self, batch_size: int, device: torch.device) -> TRMInnerCarry:
         shape = (batch_size, self.total_seq_len, self.hidden_size)
-        return TRMInnerCarry(z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-                             z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device))
+        return TRMInnerCarry(
+            z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
+            z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device),
+        )
 
     def reset_carry(self, reset: torch.Tensor, carry: TRMInnerCarry) -> TRMInnerCarry:
         flag = reset.view(-1, 1, 1)
-        return TRMInnerCarry(z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
-                             z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L))
+        return TRMInnerCarry(
+            z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
+            z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L),
+        )
 
-    def latent_recursion(self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor, cos_sin) -> Tuple[torch.Tensor, torch.Tensor]:
+    def latent_recursion(
+        self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor, cos_sin
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         """One outer cycle: L_cycles latent updates from (z_L, z_H + x), then the answer update from (z_H, z_L)."""
         for _ in range(self.config.L_cycles):
             z_L = self.L_level(z_L, z_H + x, cos_sin)
         z_H = self.L_level(z_H, z_L, cos_sin)
         return z_H, z_L
 
-    def forward(self, carry: TRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None):
+    def forward(
+        self, carry: TRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
+    ):
         cos_sin = self.cos_sin(batch["inputs"])
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         z_H, z_L = carry.z_H, carry.z_L
@@ -92,9 +118,16 @@ class TRM(ACTModel):
 
     inner_cls = TRMInner
 
-    def __init__(self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
+    def __init__(
+        self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
+    ) -> None:
         super().__init__()
         self.config = config
-        self.inner = self.inner_cls(config, vocab_size=vocab_size, seq_len=seq_len,
-                                    num_puzzle_identifiers=num_puzzle_identifiers, batch_size=batch_size)
+        self.inner = self.inner_cls(
+            config,
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            num_puzzle_identifiers=num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
         self.halt_early_in_eval = config.halt_early_in_eval

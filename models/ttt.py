@@ -17,6 +17,7 @@ What is fitted (``params``):
 Everything here works on a batch of samples at once: per-sample tensors are fitted side by side, and each sample's
 loss is normalised by its own number of demos, so a batch gives what fitting each sample alone gives.
 """
+
 from __future__ import annotations
 
 import time
@@ -72,8 +73,10 @@ def demo_set(batch: dict, rows: Optional[torch.Tensor] = None) -> DemoSet:
     take part in autograd even when the batch was made under ``torch.inference_mode``."""
     missing = [k for k in DEMO_KEYS if k not in batch]
     if missing:
-        raise KeyError(f"test-time training needs the demonstration pairs in the batch; missing {missing} (load the "
-                       f"evaluation data with encoder_mode=True)")
+        raise KeyError(
+            f"test-time training needs the demonstration pairs in the batch; missing {missing} (load the "
+            f"evaluation data with encoder_mode=True)"
+        )
     di, dl, dm = (batch[k].clone() for k in DEMO_KEYS)
     b, D, S = di.shape
     valid = dm.bool() & ((di != PAD_ID) | (dl != PAD_ID)).any(-1)
@@ -81,11 +84,13 @@ def demo_set(batch: dict, rows: Optional[torch.Tensor] = None) -> DemoSet:
         valid = valid & rows.view(-1, 1)
     flat = valid.flatten().nonzero().squeeze(-1)
     labels = dl.reshape(b * D, S).long().index_select(0, flat)
-    return DemoSet(inputs=di.reshape(b * D, S).index_select(0, flat),
-                   labels=torch.where(labels == PAD_ID, torch.full_like(labels, IGNORE_LABEL_ID), labels),
-                   owner=torch.arange(b, device=di.device).repeat_interleave(D).index_select(0, flat),
-                   slot=torch.arange(D, device=di.device).repeat(b).index_select(0, flat),
-                   per_row=valid.sum(-1).float())
+    return DemoSet(
+        inputs=di.reshape(b * D, S).index_select(0, flat),
+        labels=torch.where(labels == PAD_ID, torch.full_like(labels, IGNORE_LABEL_ID), labels),
+        owner=torch.arange(b, device=di.device).repeat_interleave(D).index_select(0, flat),
+        slot=torch.arange(D, device=di.device).repeat(b).index_select(0, flat),
+        per_row=valid.sum(-1).float(),
+    )
 
 
 def loo_demos(batch: dict, demos: DemoSet, leave_one_out: bool) -> tuple[torch.Tensor, ...]:
@@ -104,8 +109,13 @@ def decode_logits(model: ACTModel, inputs: torch.Tensor, prefix: torch.Tensor) -
     n = inputs.shape[0]
     data = {"inputs": inputs, "puzzle_identifiers": torch.zeros(n, dtype=torch.int32, device=inputs.device)}
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
-    r = rollout(lambda c: ACTModel.step(model, c, prefix_context=prefix), carry,
-                max_steps=max(1, halt_max_steps(model)), keep=("logits",), detach=False)
+    r = rollout(
+        lambda c: ACTModel.step(model, c, prefix_context=prefix),
+        carry,
+        max_steps=max(1, halt_max_steps(model)),
+        keep=("logits",),
+        detach=False,
+    )
     return r.outputs["logits"]
 
 
@@ -126,8 +136,16 @@ def per_row_fraction(values: torch.Tensor, demos: DemoSet, b: int) -> torch.Tens
     return torch.where(demos.per_row > 0, tot / demos.per_row.clamp_min(1), torch.full_like(tot, float("nan")))
 
 
-def fit(model: ACTModel, demos: DemoSet, theta0: torch.Tensor, prefix_of: Callable[[torch.Tensor], torch.Tensor],
-        *, steps: int, lr: float, extra_params: tuple = ()) -> FitResult:
+def fit(
+    model: ACTModel,
+    demos: DemoSet,
+    theta0: torch.Tensor,
+    prefix_of: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    extra_params: tuple = (),
+) -> FitResult:
     """Adam on ``theta`` (per-sample, [b, ...], starting at ``theta0``) and ``extra_params`` (``all``: the model's
     weights) so that ``decode_logits(model, demos.inputs, prefix_of(theta))`` reproduces the demo labels.
     ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair. Runs with gradients enabled even inside
@@ -151,8 +169,9 @@ def fit(model: ACTModel, demos: DemoSet, theta0: torch.Tensor, prefix_of: Callab
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    return FitResult(theta=theta.detach(), fit_before=before, fit_after=after, steps=steps,
-                     seconds=time.perf_counter() - t0)
+    return FitResult(
+        theta=theta.detach(), fit_before=before, fit_after=after, steps=steps, seconds=time.perf_counter() - t0
+    )
 
 
 class WeightsSnapshot:
@@ -198,8 +217,9 @@ def mean_trained_embedding(model: ACTModel) -> torch.Tensor:
     (laid out as the model lays the embedding out: padded to P * H)."""
     emb = getattr(model, "puzzle_emb", None)
     if emb is None:
-        raise ValueError("ttt_params=embedding on a model without a demo encoder needs a puzzle embedding "
-                         "(arch.puzzle_emb_ndim > 0)")
+        raise ValueError(
+            "ttt_params=embedding on a model without a demo encoder needs a puzzle embedding (arch.puzzle_emb_ndim > 0)"
+        )
     w = emb.weights.detach().float()
     trained = w.abs().sum(-1) > 0
     mean = w[trained].mean(0) if bool(trained.any()) else w.new_zeros(w.shape[-1])
@@ -207,5 +227,16 @@ def mean_trained_embedding(model: ACTModel) -> torch.Tensor:
     return F.pad(mean, (0, P * H - mean.shape[-1])).view(P, H)
 
 
-__all__ = ["TTTSettings", "DemoSet", "FitResult", "demo_set", "loo_demos", "decode_logits", "demo_loss", "fit",
-           "WeightsSnapshot", "frozen_weights", "mean_trained_embedding"]
+__all__ = [
+    "TTTSettings",
+    "DemoSet",
+    "FitResult",
+    "demo_set",
+    "loo_demos",
+    "decode_logits",
+    "demo_loss",
+    "fit",
+    "WeightsSnapshot",
+    "frozen_weights",
+    "mean_trained_embedding",
+]

@@ -8,6 +8,7 @@
 Needs the W&B Reports/Workspaces API (``pip install wandb-workspaces``) and a W&B login (``wandb login`` or
 ``WANDB_API_KEY``) with network access; without them it exits with status 2 and says what is missing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,38 +19,52 @@ from typing import Any
 
 # (section, [(panel title, [metrics], optional y-axis log scale)])
 DASHBOARD: list[tuple[str, list[tuple[str, list[str], bool]]]] = [
-    ("Success metrics", [
-        ("ARC pass@1 / pass@2 (voted, held-out puzzles)", ["ARC/pass@1", "ARC/pass@2"], False),
-        ("Train exact accuracy (halted samples)", ["train/exact_accuracy"], False),
-        ("Eval exact accuracy (un-voted, every test example)", ["eval/all.exact_accuracy"], False),
-        ("Train vs eval token accuracy", ["train/accuracy", "eval/all.accuracy"], False),
-    ]),
-    ("Encoder health", [
-        ("Encoder gradient norm (before clipping; starvation < 0.05)", ["grad/encoder_norm"], True),
-        ("Cross-sample variance of the context (collapse < 0.05)", ["train/encoder_cross_sample_var"], True),
-        ("Decoder vs encoder gradient norms", ["grad/inner_norm", "grad/encoder_norm"], True),
-        ("KL (variational encoders)", ["train/kl"], True),
-        ("Decoder frozen (staged training)", ["train/decoder_frozen"], False),
-    ]),
-    ("Learning dynamics", [
-        ("LM loss", ["train/lm_loss"], True),
-        ("Q-halt loss / accuracy", ["train/q_halt_loss", "train/q_halt_accuracy"], False),
-        ("Learning rate", ["train/lr"], False),
-        ("Global gradient norm (before clipping)", ["grad/total_norm"], True),
-        ("ACT steps per halted sample", ["train/steps"], False),
-    ]),
-    ("Encoder statistics", [
-        ("Context mean", ["train/encoder_output_mean"], False),
-        ("Context std / token std", ["train/encoder_output_std", "train/encoder_token_std"], False),
-        ("Context norm", ["train/encoder_output_norm"], False),
-    ]),
+    (
+        "Success metrics",
+        [
+            ("ARC pass@1 / pass@2 (voted, held-out puzzles)", ["ARC/pass@1", "ARC/pass@2"], False),
+            ("Train exact accuracy (halted samples)", ["train/exact_accuracy"], False),
+            ("Eval exact accuracy (un-voted, every test example)", ["eval/all.exact_accuracy"], False),
+            ("Train vs eval token accuracy", ["train/accuracy", "eval/all.accuracy"], False),
+        ],
+    ),
+    (
+        "Encoder health",
+        [
+            ("Encoder gradient norm (before clipping; starvation < 0.05)", ["grad/encoder_norm"], True),
+            ("Cross-sample variance of the context (collapse < 0.05)", ["train/encoder_cross_sample_var"], True),
+            ("Decoder vs encoder gradient norms", ["grad/inner_norm", "grad/encoder_norm"], True),
+            ("KL (variational encoders)", ["train/kl"], True),
+            ("Decoder frozen (staged training)", ["train/decoder_frozen"], False),
+        ],
+    ),
+    (
+        "Learning dynamics",
+        [
+            ("LM loss", ["train/lm_loss"], True),
+            ("Q-halt loss / accuracy", ["train/q_halt_loss", "train/q_halt_accuracy"], False),
+            ("Learning rate", ["train/lr"], False),
+            ("Global gradient norm (before clipping)", ["grad/total_norm"], True),
+            ("ACT steps per halted sample", ["train/steps"], False),
+        ],
+    ),
+    (
+        "Encoder statistics",
+        [
+            ("Context mean", ["train/encoder_output_mean"], False),
+            ("Context std / token std", ["train/encoder_output_std", "train/encoder_token_std"], False),
+            ("Context norm", ["train/encoder_output_norm"], False),
+        ],
+    ),
 ]
 
 
 def spec() -> list[dict[str, Any]]:
     """The dashboard as plain data (what --print-spec prints)."""
-    return [{"section": name, "panels": [{"title": t, "y": ys, "log_y": log} for t, ys, log in panels]}
-            for name, panels in DASHBOARD]
+    return [
+        {"section": name, "panels": [{"title": t, "y": ys, "log_y": log} for t, ys, log in panels]}
+        for name, panels in DASHBOARD
+    ]
 
 
 class DashboardError(RuntimeError):
@@ -67,7 +82,8 @@ def _require_api() -> tuple[Any, Any]:
     except ImportError:
         raise DashboardError(
             "the W&B Reports/Workspaces API is not installed: pip install wandb-workspaces "
-            "(or create the saved view by hand: docs/wandb_dashboard.md)") from None
+            "(or create the saved view by hand: docs/wandb_dashboard.md)"
+        ) from None
     key = os.environ.get("WANDB_API_KEY")
     if not key:
         try:
@@ -90,34 +106,52 @@ def create(entity: str, project: str, kind: str, title: str) -> str:
     wr, ws = _require_api()
     try:
         if kind == "workspace":
-            sections = [ws.Section(name=name, is_open=True, panels=[_line(wr, t, ys, log) for t, ys, log in panels])
-                        for name, panels in DASHBOARD]
+            sections = [
+                ws.Section(name=name, is_open=True, panels=[_line(wr, t, ys, log) for t, ys, log in panels])
+                for name, panels in DASHBOARD
+            ]
             view = ws.Workspace(name=title, entity=entity, project=project, sections=sections)
             view.save()
             return str(getattr(view, "url", f"https://wandb.ai/{entity}/{project}"))
-        blocks: list[Any] = [wr.TableOfContents(),
-                             wr.P("Generated by scripts/create_wandb_dashboard.py; see docs/wandb_dashboard.md.")]
+        blocks: list[Any] = [
+            wr.TableOfContents(),
+            wr.P("Generated by scripts/create_wandb_dashboard.py; see docs/wandb_dashboard.md."),
+        ]
         for name, panels in DASHBOARD:
             blocks.append(wr.H1(name))
-            blocks.append(wr.PanelGrid(runsets=[wr.Runset(entity=entity, project=project)],
-                                       panels=[_line(wr, t, ys, log) for t, ys, log in panels]))
-        report = wr.Report(entity=entity, project=project, title=title,
-                           description="TRM / ETRM: success, encoder health, learning dynamics, encoder statistics")
+            blocks.append(
+                wr.PanelGrid(
+                    runsets=[wr.Runset(entity=entity, project=project)],
+                    panels=[_line(wr, t, ys, log) for t, ys, log in panels],
+                )
+            )
+        report = wr.Report(
+            entity=entity,
+            project=project,
+            title=title,
+            description="TRM / ETRM: success, encoder health, learning dynamics, encoder statistics",
+        )
         report.blocks = blocks
         report.save()
         return str(report.url)
     except DashboardError:
         raise
     except Exception as e:  # noqa: BLE001 - network / permission errors from the API
-        raise DashboardError(f"W&B refused to create the {kind} for {entity}/{project}: {type(e).__name__}: {e}") from None
+        raise DashboardError(
+            f"W&B refused to create the {kind} for {entity}/{project}: {type(e).__name__}: {e}"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--entity", default=os.environ.get("WANDB_ENTITY"), help="W&B entity (team or user)")
     p.add_argument("--project", default=os.environ.get("WANDB_PROJECT"), help="W&B project, e.g. etrm-arc1")
-    p.add_argument("--kind", choices=["workspace", "report"], default="workspace",
-                   help="a saved workspace view of the project, or a report")
+    p.add_argument(
+        "--kind",
+        choices=["workspace", "report"],
+        default="workspace",
+        help="a saved workspace view of the project, or a report",
+    )
     p.add_argument("--title", default="TRM / ETRM dashboard")
     p.add_argument("--print-spec", action="store_true", help="print the panels as JSON and exit (no network)")
     args = p.parse_args(argv)
@@ -126,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
         return 0
     if not args.entity or not args.project:
-        print("create_wandb_dashboard.py: error: --entity and --project are required "
-              "(or WANDB_ENTITY / WANDB_PROJECT)", file=sys.stderr)
+        print(
+            "create_wandb_dashboard.py: error: --entity and --project are required (or WANDB_ENTITY / WANDB_PROJECT)",
+            file=sys.stderr,
+        )
         return 2
     try:
         url = create(args.entity, args.project, args.kind, args.title)

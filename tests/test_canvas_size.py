@@ -1,5 +1,6 @@
 """--canvas-size: builders (ARC, synthetic), loader translation, ARC evaluator inverse path, and the user-facing
 build -> pretrain_encoder.py -> evaluate.py path on a canvas smaller than ARC's 30x30."""
+
 import filecmp
 import json
 import os
@@ -31,8 +32,9 @@ INDEX = ("puzzle_identifiers", "puzzle_indices", "group_indices", "demo_indices"
 def raw10(tmp_path_factory):
     """Synthetic kaggle-layout puzzles with every grid side <= 10 (and some exactly 10)."""
     d = tmp_path_factory.mktemp("raw10")
-    paths = generate_synthetic_arc(str(d), "s", num_train=24, num_test=8, min_grid=3, max_grid=10, seed=4,
-                                   progress=False, canvas_size=10)
+    paths = generate_synthetic_arc(
+        str(d), "s", num_train=24, num_test=8, min_grid=3, max_grid=10, seed=4, progress=False, canvas_size=10
+    )
     return paths["prefix"]
 
 
@@ -53,14 +55,23 @@ def test_small_canvas_build_is_the_30_build_cropped(raw10, tmp_path):
     assert max(max(g.shape) for g in _grids(raw10)) == 10  # a full-width grid: no EOS column at canvas 10
     puzzles = load_puzzles(["training", "evaluation"], "evaluation", raw10)
     for n in (30, 10):
-        build_arc_dataset(str(tmp_path / f"c{n}"), puzzles, test_set_name="evaluation", num_aug=3, seed=1,
-                          mode="etrm", progress=False, canvas_size=n)
+        build_arc_dataset(
+            str(tmp_path / f"c{n}"),
+            puzzles,
+            test_set_name="evaluation",
+            num_aug=3,
+            seed=1,
+            mode="etrm",
+            progress=False,
+            canvas_size=n,
+        )
     for split in ("train", "test"):
         m30 = json.load(open(tmp_path / "c30" / split / "dataset.json"))
         m10 = json.load(open(tmp_path / "c10" / split / "dataset.json"))
         assert (m30["seq_len"], m30["grid_size"], m10["seq_len"], m10["grid_size"]) == (900, 30, 100, 10)
-        assert {k: v for k, v in m30.items() if k not in ("seq_len", "grid_size")} == \
-            {k: v for k, v in m10.items() if k not in ("seq_len", "grid_size")}
+        assert {k: v for k, v in m30.items() if k not in ("seq_len", "grid_size")} == {
+            k: v for k, v in m10.items() if k not in ("seq_len", "grid_size")
+        }
         for k in INDEX:
             a, b = (np.load(tmp_path / f"c{n}" / split / f"all__{k}.npy") for n in (30, 10))
             assert np.array_equal(a, b), (split, k)
@@ -90,27 +101,45 @@ def test_default_canvas_is_30_byte_identical(raw10, tmp_path):
 
 def test_grid_larger_than_canvas_is_a_clear_error(raw10, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        arc_main(["--input-file-prefix", raw10, "--output-dir", str(tmp_path / "out"), "--num-aug", "1",
-                  "--canvas-size", "9", "--no-progress"])
+        arc_main(
+            [
+                "--input-file-prefix",
+                raw10,
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--num-aug",
+                "1",
+                "--canvas-size",
+                "9",
+                "--no-progress",
+            ]
+        )
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--canvas-size 9" in err and "puzzle s-" in err
     assert ("x10 " in err) or ("10x" in err)  # names the offending shape
     assert not os.path.exists(tmp_path / "out") and not [f for f in os.listdir(tmp_path) if f.startswith(".out")]
     with pytest.raises(DatasetError, match="canvas-size must be in 1..30"):
-        build_arc_dataset(str(tmp_path / "x"), load_puzzles(["training"], None, raw10), test_set_name=None,
-                          canvas_size=31, progress=False)
+        build_arc_dataset(
+            str(tmp_path / "x"),
+            load_puzzles(["training"], None, raw10),
+            test_set_name=None,
+            canvas_size=31,
+            progress=False,
+        )
 
 
 def test_synthetic_grids_fit_the_canvas_and_max_grid_is_capped(tmp_path, capsys):
-    p = generate_synthetic_arc(str(tmp_path / "a"), "s", num_train=40, num_test=16, seed=2, progress=False,
-                               canvas_size=6, max_grid=6)
+    p = generate_synthetic_arc(
+        str(tmp_path / "a"), "s", num_train=40, num_test=16, seed=2, progress=False, canvas_size=6, max_grid=6
+    )
     sizes = [max(g.shape) for g in _grids(p["prefix"])]
     assert max(sizes) == 6  # outputs of scale_up / copy_pattern included: every grid fits the canvas
     # the default largest input side leaves room for the loader's translations: canvas - 2 (at most 10)
     assert [default_max_grid(n) for n in (3, 6, 8, 12, 30)] == [1, 4, 6, 10, 10]
-    p = generate_synthetic_arc(str(tmp_path / "c"), "s", num_train=40, num_test=16, seed=2, progress=False,
-                               canvas_size=6)
+    p = generate_synthetic_arc(
+        str(tmp_path / "c"), "s", num_train=40, num_test=16, seed=2, progress=False, canvas_size=6
+    )
     with open(p["training_challenges"]) as f:
         inputs = [np.asarray(ex["input"]) for puz in json.load(f).values() for ex in puz["train"] + puz["test"]]
     assert max(max(g.shape) for g in inputs) == 4
@@ -123,8 +152,25 @@ def test_synthetic_grids_fit_the_canvas_and_max_grid_is_capped(tmp_path, capsys)
 @pytest.fixture(scope="module")
 def built8(tmp_path_factory):
     d = tmp_path_factory.mktemp("b8")
-    synth_main(["--output-dir", str(d / "raw"), "--num-train", "24", "--num-test", "8", "--seed", "7",
-                "--canvas-size", "8", "--build-dir", str(d / "data"), "--num-aug", "3", "--no-progress"])
+    synth_main(
+        [
+            "--output-dir",
+            str(d / "raw"),
+            "--num-train",
+            "24",
+            "--num-test",
+            "8",
+            "--seed",
+            "7",
+            "--canvas-size",
+            "8",
+            "--build-dir",
+            str(d / "data"),
+            "--num-aug",
+            "3",
+            "--no-progress",
+        ]
+    )
     return str(d / "data")
 
 
@@ -162,10 +208,15 @@ def _feed_split(ev, data_dir, token_fn, batch_size=7):
     for s in range(0, len(inputs), batch_size):
         r = np.arange(s, min(s + batch_size, len(inputs)))
         lab = torch.from_numpy(labels[r])
-        ev.update({"inputs": torch.from_numpy(inputs[r].astype(np.int32)), "labels": lab,
-                   "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
-                   "example_index": torch.from_numpy(r.astype(np.int64))},
-                  {"preds": token_fn(lab), "q_halt_logits": torch.zeros(len(r))})
+        ev.update(
+            {
+                "inputs": torch.from_numpy(inputs[r].astype(np.int32)),
+                "labels": lab,
+                "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
+                "example_index": torch.from_numpy(r.astype(np.int64)),
+            },
+            {"preds": token_fn(lab), "q_halt_logits": torch.zeros(len(r))},
+        )
     return ev.result(None)
 
 
@@ -182,26 +233,70 @@ def test_true_labels_through_the_inverse_path_score_one_at_canvas_8(built8):
     assert _feed_split(ARCEvaluator(built8, None, None, num_pictures=0), built8, wrong_tokens)["ARC/pass@2"] == 0.0
 
 
-TINY = ["arch.hidden_size=32", "arch.num_heads=2", "arch.expansion=2", "arch.L_layers=1", "arch.H_cycles=1",
-        "arch.L_cycles=1", "arch.halt_max_steps=2", "arch.puzzle_emb_len=2", "arch.forward_dtype=float32",
-        "encoder.hidden_size=32", "encoder.num_heads=2", "encoder.num_layers=1", "global_batch_size=16",
-        "evaluators=[]", "ema=false", "lr_warmup_steps=1", "device=cpu", "wandb.mode=disabled", "progress=false"]
+TINY = [
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "arch.expansion=2",
+    "arch.L_layers=1",
+    "arch.H_cycles=1",
+    "arch.L_cycles=1",
+    "arch.halt_max_steps=2",
+    "arch.puzzle_emb_len=2",
+    "arch.forward_dtype=float32",
+    "encoder.hidden_size=32",
+    "encoder.num_heads=2",
+    "encoder.num_layers=1",
+    "global_batch_size=16",
+    "evaluators=[]",
+    "ema=false",
+    "lr_warmup_steps=1",
+    "device=cpu",
+    "wandb.mode=disabled",
+    "progress=false",
+]
 
 
 def test_pretrain_encoder_and_evaluate_on_a_canvas_8_build(built8, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
     ck = tmp_path / "ck"
-    p = subprocess.run([sys.executable, "pretrain_encoder.py", f"data_paths=[{built8}]", f"checkpoint_path={ck}",
-                        f"hydra.run.dir={tmp_path / 'h1'}", "max_steps=2", *TINY],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "pretrain_encoder.py",
+            f"data_paths=[{built8}]",
+            f"checkpoint_path={ck}",
+            f"hydra.run.dir={tmp_path / 'h1'}",
+            "max_steps=2",
+            *TINY,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     state = torch.load(next(ck.glob("step_*.pt")), map_location="cpu", weights_only=False)
     assert (state["metadata"]["seq_len"], state["metadata"]["grid_size"]) == (64, 8)
     assert state["model"]["encoder.trunk.pos"].shape[0] == 64  # the encoder's canvas positions follow the data
     out = tmp_path / "ev"
-    p = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={built8}",
-                        f"output_dir={out}", f"hydra.run.dir={tmp_path / 'h2'}", "progress=false", "num_pictures=0"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            f"checkpoint={ck}",
+            f"data_path={built8}",
+            f"output_dir={out}",
+            f"hydra.run.dir={tmp_path / 'h2'}",
+            "progress=false",
+            "num_pictures=0",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.load(open(out / "metrics.json"))["metrics"]
     truth = json.load(open(os.path.join(built8, "test_puzzles.json")))

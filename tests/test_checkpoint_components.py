@@ -4,6 +4,7 @@ The fixture ``tests/fixtures/checkpoint_format1_step_4.pt`` (163 KB) is step 4 o
 CheckpointManager of commit 0b65cd7 (16 arguments, one line per component): model, EMA, the two optimizers, the LR
 schedules, the health monitor, the data stream's position, the ACT carry, the open log window. Its data is
 ``write_toy_dataset`` with the default seed (the content fingerprint matches a fresh copy)."""
+
 import os
 import shutil
 
@@ -11,7 +12,6 @@ import pytest
 import torch
 
 from models import parse_arch_config
-
 from tests.toy_data import toy_train_config, write_toy_dataset
 from training import checkpoint as ckpt
 from training.config import config_from_dict
@@ -25,10 +25,21 @@ FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "
 
 def _cfg(data, run, **kw):
     """The fixture run's config (8 steps, checkpoints at 4 and 8)."""
-    return toy_train_config(data, run, epochs=2, ema=True, ema_rate=0.9, checkpoint_every=4, checkpoint_keep=None,
-                            lr_warmup_steps=3, lr_min_ratio=0.1, log_interval=3, health={"stuck_steps": 50},
-                            arch={"halt_exploration_prob": 0.5, "hidden_size": 8, "num_heads": 2, "expansion": 2,
-                                  "puzzle_emb_ndim": 8}, **kw)
+    return toy_train_config(
+        data,
+        run,
+        epochs=2,
+        ema=True,
+        ema_rate=0.9,
+        checkpoint_every=4,
+        checkpoint_keep=None,
+        lr_warmup_steps=3,
+        lr_min_ratio=0.1,
+        log_interval=3,
+        health={"stuck_steps": 50},
+        arch={"halt_exploration_prob": 0.5, "hidden_size": 8, "num_heads": 2, "expansion": 2, "puzzle_emb_ndim": 8},
+        **kw,
+    )
 
 
 def _leaves(obj, prefix=""):
@@ -67,8 +78,10 @@ def test_the_current_code_writes_the_format_of_the_fixture(straight):
     assert old.keys() == new.keys()
     assert not _same_tensors(old, new)
     differ = {k for k in old if not torch.is_tensor(old[k]) and old[k] != new[k]}
-    assert all("path" in k or k.startswith("summary.") and ("dir" in k or "wall" in k or "last_checkpoint" in k)
-               for k in differ), differ
+    assert all(
+        "path" in k or k.startswith("summary.") and ("dir" in k or "wall" in k or "last_checkpoint" in k)
+        for k in differ
+    ), differ
 
 
 @pytest.mark.parametrize("older", [False, True], ids=["fixture", "without-schedulers"])
@@ -93,8 +106,9 @@ def test_a_checkpoint_of_the_earlier_code_resumes_exactly(straight, tmp_path, ol
         la, lb = _leaves(a[key]), _leaves(b[key])
         assert la.keys() == lb.keys() and not _same_tensors(la, lb), key
         # (LambdaLR's _step_count only feeds a warning: a schedule rebuilt from the step counts from the resume)
-        assert {k: v for k, v in la.items() if not torch.is_tensor(v) and not (older and "_step_count" in k)} == \
-            {k: v for k, v in lb.items() if not torch.is_tensor(v) and not (older and "_step_count" in k)}, key
+        assert {k: v for k, v in la.items() if not torch.is_tensor(v) and not (older and "_step_count" in k)} == {
+            k: v for k, v in lb.items() if not torch.is_tensor(v) and not (older and "_step_count" in k)
+        }, key
     assert a["examples_seen"] == b["examples_seen"] and a["data_state"] == b["data_state"]
     x, y = read_summary(straight_run), read_summary(str(run))
     for key in ("final", "best"):
@@ -127,8 +141,15 @@ def test_a_new_component_is_saved_under_its_name_and_an_older_file_leaves_it_as_
     try:
         extra = _Counter()
         manager = t.checkpoints
-        mgr = CheckpointManager(run, manager.info, manager.record, {**manager.components, "counter": extra},
-                                per_rank=manager.per_rank, summary=manager.summary, epochs_done=lambda: 0.0)
+        mgr = CheckpointManager(
+            run,
+            manager.info,
+            manager.record,
+            {**manager.components, "counter": extra},
+            per_rank=manager.per_rank,
+            summary=manager.summary,
+            epochs_done=lambda: 0.0,
+        )
         extra.n = 7
         path = mgr.save(Progress(step=3))
         assert ckpt.read_checkpoint(path)["counter"] == {"n": 7}
@@ -144,7 +165,14 @@ def test_a_new_component_is_saved_under_its_name_and_an_older_file_leaves_it_as_
         mgr.restore(ckpt.read_checkpoint(os.path.join(run, "step_4.pt")), p, say=lambda m: None)
         assert older.n == 5 and p.step == 4 and p.carry is not None
         with pytest.raises(ValueError, match="manager's own"):
-            CheckpointManager(run, manager.info, manager.record, {"step": extra}, per_rank={},
-                              summary=manager.summary, epochs_done=lambda: 0.0)
+            CheckpointManager(
+                run,
+                manager.info,
+                manager.record,
+                {"step": extra},
+                per_rank={},
+                summary=manager.summary,
+                epochs_done=lambda: 0.0,
+            )
     finally:
         t.close()

@@ -1,7 +1,9 @@
 """The canvas codec and augmentation primitives every dataset, model and evaluator share."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from dataset.arc_sources import validate_grid

@@ -1,5 +1,6 @@
 """python -m training.compare_runs: several run folders side by side (final / best metrics, differing config keys),
 and the one declaration of metric direction (training.metrics.metric_direction) it uses."""
+
 from __future__ import annotations
 
 import json
@@ -15,35 +16,84 @@ from training.runs import flatten, read_run_config
 
 
 def _config(lr: float, hidden: int, run: str, encoder=None) -> dict:
-    return {"run_name": run, "checkpoint_path": f"checkpoints/p/{run}", "lr": lr, "seed": 0,
-            "data_paths": ["data/arc"], "arch": {"name": "trm", "hidden_size": hidden, "L_cycles": 6},
-            "encoder": encoder}
+    return {
+        "run_name": run,
+        "checkpoint_path": f"checkpoints/p/{run}",
+        "lr": lr,
+        "seed": 0,
+        "data_paths": ["data/arc"],
+        "arch": {"name": "trm", "hidden_size": hidden, "L_cycles": 6},
+        "encoder": encoder,
+    }
 
 
 def _run(root, name: str, acc: list[float], loss: list[float], summary: bool = True) -> str:
     d = root / name
     d.mkdir(parents=True)
-    rows = [{"step": 100 * (i + 1), "train/exact_accuracy": a, "train/loss": l, "train/lr": 1e-4,
-             "train/count": 8.0, "grad/total_norm": 1.0 + i} for i, (a, l) in enumerate(zip(acc, loss))]
+    rows = [
+        {
+            "step": 100 * (i + 1),
+            "train/exact_accuracy": a,
+            "train/loss": l,
+            "train/lr": 1e-4,
+            "train/count": 8.0,
+            "grad/total_norm": 1.0 + i,
+        }
+        for i, (a, l) in enumerate(zip(acc, loss))
+    ]
     rows.append({"step": 100 * len(acc), "eval/all.exact_accuracy": acc[-1] / 2, "ARC/pass@1": acc[-1] / 4})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if summary:
-        (d / "summary.json").write_text(json.dumps({"run_name": name.upper(), "status": "finished",
-                                                    "stop_reason": "completed", "steps": 100 * len(acc),
-                                                    "total_steps": 100 * len(acc)}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "run_name": name.upper(),
+                    "status": "finished",
+                    "stop_reason": "completed",
+                    "steps": 100 * len(acc),
+                    "total_steps": 100 * len(acc),
+                }
+            )
+        )
     return str(d)
 
 
 def test_metric_direction_is_max_for_accuracies_min_for_losses_none_for_the_rest():
-    for k in ("train/exact_accuracy", "train/accuracy", "train/q_halt_accuracy", "eval/all.exact_accuracy",
-              "eval/arc.accuracy", "ARC/pass@1", "ARC/pass@1000", "train/rule_exact"):
+    for k in (
+        "train/exact_accuracy",
+        "train/accuracy",
+        "train/q_halt_accuracy",
+        "eval/all.exact_accuracy",
+        "eval/arc.accuracy",
+        "ARC/pass@1",
+        "ARC/pass@1000",
+        "train/rule_exact",
+    ):
         assert metric_direction(k) == "max", k
-    for k in ("train/loss", "train/lm_loss", "train/q_halt_loss", "train/q_continue_loss", "eval/all.lm_loss",
-              "train/kl", "train/rule_readout"):
+    for k in (
+        "train/loss",
+        "train/lm_loss",
+        "train/q_halt_loss",
+        "train/q_continue_loss",
+        "eval/all.lm_loss",
+        "train/kl",
+        "train/rule_readout",
+    ):
         assert metric_direction(k) == "min", k
-    for k in ("train/lr", "train/count", "train/epoch", "train/examples_seen", "train/steps", "eval/all.steps",
-              "grad/total_norm", "grad/encoder_norm", "train/encoder_cross_sample_var", "ARC/malformed_frac",
-              "num_params", "train/decoder_frozen"):
+    for k in (
+        "train/lr",
+        "train/count",
+        "train/epoch",
+        "train/examples_seen",
+        "train/steps",
+        "eval/all.steps",
+        "grad/total_norm",
+        "grad/encoder_norm",
+        "train/encoder_cross_sample_var",
+        "ARC/malformed_frac",
+        "num_params",
+        "train/decoder_frozen",
+    ):
         assert metric_direction(k) is None, k
 
 
@@ -61,8 +111,11 @@ def test_the_config_is_read_from_config_yaml_else_the_hydra_file_else_the_checkp
     assert read_run_config(str(b)) == (_config(2e-4, 512, "b"), str(hydra))
     assert read_run_config(str(c)) == (_config(3e-4, 256, "c"), str(c / "step_10.pt"))
     assert read_run_config(str(tmp_path / "outputs")) == (None, None)
-    assert flatten({"arch": {"hidden_size": 8, "loss": {}}, "lr": 1}) == {"arch.hidden_size": 8, "arch.loss": {},
-                                                                         "lr": 1}
+    assert flatten({"arch": {"hidden_size": 8, "loss": {}}, "lr": 1}) == {
+        "arch.hidden_size": 8,
+        "arch.loss": {},
+        "lr": 1,
+    }
 
 
 def test_compare_runs_tables_final_and_best_metrics_and_the_config_keys_that_differ(tmp_path, capsys):
@@ -70,7 +123,8 @@ def test_compare_runs_tables_final_and_best_metrics_and_the_config_keys_that_dif
     b = _run(tmp_path, "wide", acc=[0.2, 0.3, 0.5], loss=[1.5, 1.0, 0.7])
     (tmp_path / "base" / "config.yaml").write_text(yaml.safe_dump(_config(1e-4, 512, "base")))
     (tmp_path / "wide" / "config.yaml").write_text(
-        yaml.safe_dump(_config(1e-4, 1024, "wide", encoder={"name": "standard", "num_layers": 2})))
+        yaml.safe_dump(_config(1e-4, 1024, "wide", encoder={"name": "standard", "num_layers": 2}))
+    )
     md = main([a, b, "--out", str(tmp_path / "t.md")])
     assert capsys.readouterr().out == md == (tmp_path / "t.md").read_text()
     lines = md.splitlines()
@@ -81,10 +135,12 @@ def test_compare_runs_tables_final_and_best_metrics_and_the_config_keys_that_dif
     assert "| `arch.hidden_size` | 512 | 1024 |" in lines
     assert "| `encoder.name` | (encoder: null) | standard |" in lines
     assert "| `encoder.num_layers` | (encoder: null) | 2 |" in lines
-    assert not any(ln.startswith(("| `lr`", "| `seed`", "| `run_name`", "| `checkpoint_path`", "| `arch.name`"))
-                   for ln in lines)
-    assert "Config keys that differ (5 other keys the same in every run; run_name and checkpoint_path left out):" \
-        in lines
+    assert not any(
+        ln.startswith(("| `lr`", "| `seed`", "| `run_name`", "| `checkpoint_path`", "| `arch.name`")) for ln in lines
+    )
+    assert (
+        "Config keys that differ (5 other keys the same in every run; run_name and checkpoint_path left out):" in lines
+    )
     # final / best @step; best = max for accuracies, min for losses; the best run of a row in bold
     assert "| `train/exact_accuracy` | max | 0.4 / **0.6 @200** | 0.5 / 0.5 @300 |" in lines
     assert "| `train/loss` | min | 0.9 / **0.5 @200** | 0.7 / 0.7 @300 |" in lines
@@ -102,8 +158,16 @@ def test_compare_runs_without_config_or_metrics_file_and_bad_folders(tmp_path, c
     a = _run(tmp_path, "a", acc=[0.1], loss=[1.0])
     b = tmp_path / "old"  # a run from before metrics.jsonl: its summary.json's final / best
     b.mkdir()
-    (b / "summary.json").write_text(json.dumps({"run_name": "old", "final": {"train/loss": 0.8, "train/lr": 1e-4},
-                                                "best": {"train/loss": 0.6}, "best_step": {"train/loss": 50}}))
+    (b / "summary.json").write_text(
+        json.dumps(
+            {
+                "run_name": "old",
+                "final": {"train/loss": 0.8, "train/lr": 1e-4},
+                "best": {"train/loss": 0.6},
+                "best_step": {"train/loss": 50},
+            }
+        )
+    )
     rows = load_runs([a, str(b)])
     assert [r.label for r in rows] == ["A", "old"] and config_differences(rows) == ([], 0)
     md = main([a, str(b)])
@@ -120,5 +184,9 @@ def test_compare_runs_without_config_or_metrics_file_and_bad_folders(tmp_path, c
 
 
 def test_markdown_table_is_shared_by_the_comparison_commands():
-    assert markdown_table(["a", "b"], [[1, "x"], [2, "y"]], right=[True]) == \
-        ["| a | b |", "|---:|---|", "| 1 | x |", "| 2 | y |"]
+    assert markdown_table(["a", "b"], [[1, "x"], [2, "y"]], right=[True]) == [
+        "| a | b |",
+        "|---:|---|",
+        "| 1 | x |",
+        "| 2 | y |",
+    ]

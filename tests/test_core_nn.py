@@ -1,6 +1,7 @@
 """core.nn: the one SwiGLU, RMSNorm and truncated-normal initialiser, with the two conventions its callers keep
 (models/: the TRM core's published layout; encoders/: their own) -- widths, parameter names, initialisation and
 numbers each equal to what the caller computed before the primitives were shared."""
+
 import math
 
 import pytest
@@ -31,15 +32,19 @@ def test_the_two_swiglu_layouts_parameter_names_and_initialisation():
     core = SwiGLU(64, 4.0)
     torch.manual_seed(0)
     ref = (CastedLinear(64, 512, bias=False), CastedLinear(256, 64, bias=False))
-    assert [(n, tuple(p.shape)) for n, p in core.named_parameters()] == \
-        [("gate_up_proj.weight", (512, 64)), ("down_proj.weight", (64, 256))]
+    assert [(n, tuple(p.shape)) for n, p in core.named_parameters()] == [
+        ("gate_up_proj.weight", (512, 64)),
+        ("down_proj.weight", (64, 256)),
+    ]
     assert torch.equal(core.gate_up_proj.weight, ref[0].weight) and torch.equal(core.down_proj.weight, ref[1].weight)
     torch.manual_seed(0)
     enc = swiglu(64, 4.0)
     torch.manual_seed(0)
     ref = (nn.Linear(64, 384, bias=False), nn.Linear(192, 64, bias=False))
-    assert [(n, tuple(p.shape)) for n, p in enc.named_parameters()] == \
-        [("gate_up.weight", (384, 64)), ("down.weight", (64, 192))]
+    assert [(n, tuple(p.shape)) for n, p in enc.named_parameters()] == [
+        ("gate_up.weight", (384, 64)),
+        ("down.weight", (64, 192)),
+    ]
     assert torch.equal(enc.gate_up.weight, ref[0].weight) and torch.equal(enc.down.weight, ref[1].weight)
     with pytest.raises(ValueError, match="init"):
         SwiGLU(8, 2.0, init="xavier")

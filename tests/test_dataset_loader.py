@@ -1,5 +1,6 @@
 """dataset.loader: DDP sharding, test-mode exactly-once, max_groups, resume, encoder mode, translation,
 multiple data paths, original-TRM directories, worker processes."""
+
 import gc
 import json
 import multiprocessing as mp
@@ -22,11 +23,19 @@ from tests.toy_data import write_toy_dataset
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("synth")
-    paths = generate_synthetic_arc(str(root / "raw"), "syn", num_train=24, num_test=6, max_grid=7, seed=3,
-                                   progress=False)
+    paths = generate_synthetic_arc(
+        str(root / "raw"), "syn", num_train=24, num_test=6, max_grid=7, seed=3, progress=False
+    )
     out = str(root / "built")
-    build_arc_dataset(out, load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
-                      test_set_name="evaluation", num_aug=3, seed=0, mode="etrm", progress=False)
+    build_arc_dataset(
+        out,
+        load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=3,
+        seed=0,
+        mode="etrm",
+        progress=False,
+    )
     return out
 
 
@@ -105,8 +114,9 @@ def test_test_mode_exactly_once_in_order(synth_dir, world_size, gbs):
     n_examples = int(np.load(os.path.join(synth_dir, "test", "all__puzzle_indices.npy"))[-1])
     seen, per_rank_batches = [], []
     for rank in range(world_size):
-        ds = PuzzleDataset(cfg(synth_dir, global_batch_size=gbs, test_mode=True, rank=rank, world_size=world_size),
-                           "test")
+        ds = PuzzleDataset(
+            cfg(synth_dir, global_batch_size=gbs, test_mode=True, rank=rank, world_size=world_size), "test"
+        )
         batches = list(ds)
         per_rank_batches.append(len(batches))
         for j, (_, b, eff) in enumerate(batches):
@@ -215,7 +225,7 @@ def test_encoder_mode_demos_masks_no_self(synth_dir):
                     assert not b["demo_mask"][k].any()
                     continue
                 p = int(np.searchsorted(pidx, e, side="right") - 1)
-                own = demo_in[demo_idx[p]:demo_idx[p + 1]]
+                own = demo_in[demo_idx[p] : demo_idx[p + 1]]
                 n_avail = len(own) - (1 if split == "train" else 0)
                 nreal = int(b["demo_mask"][k].sum())
                 assert nreal == min(m, n_avail)
@@ -276,9 +286,20 @@ def test_loads_original_trm_directory(tmp_path):
         np.save(d / split / "all__puzzle_identifiers.npy", np.arange(1, n_puz + 1, dtype=np.int32))
         np.save(d / split / "all__puzzle_indices.npy", pidx)
         np.save(d / split / "all__group_indices.npy", np.arange(0, n_puz + 1, 1, dtype=np.int32))
-        json.dump({"pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": 12, "seq_len": 900,
-                   "num_puzzle_identifiers": 7, "total_groups": n_puz, "mean_puzzle_examples": float(sizes.mean()),
-                   "sets": ["all"]}, open(d / split / "dataset.json", "w"))
+        json.dump(
+            {
+                "pad_id": 0,
+                "ignore_label_id": 0,
+                "blank_identifier_id": 0,
+                "vocab_size": 12,
+                "seq_len": 900,
+                "num_puzzle_identifiers": 7,
+                "total_groups": n_puz,
+                "mean_puzzle_examples": float(sizes.mean()),
+                "sets": ["all"],
+            },
+            open(d / split / "dataset.json", "w"),
+        )
     json.dump(["<blank>"] + [f"p{i}" for i in range(6)], open(d / "identifiers.json", "w"))
     loader, meta = create_dataloader(cfg(str(d), global_batch_size=4, test_mode=True), "test")
     assert meta.total_puzzles == 3 and not meta.has_demos
@@ -387,19 +408,31 @@ def _reference_demos(ds, s, ex, real, key, row0):
             else:
                 r = np.random.default_rng(list(key) + [row0 + int(k), 0xDE40])
                 cand = np.sort(r.choice(cand, size=m, replace=False))
-        din[k, :len(cand)] = s.demo_inputs.take(cand)
-        dlab[k, :len(cand)] = s.demo_labels.take(cand)
-        mask[k, :len(cand)] = True
+        din[k, : len(cand)] = s.demo_inputs.take(cand)
+        dlab[k, : len(cand)] = s.demo_labels.take(cand)
+        mask[k, : len(cand)] = True
     return din, dlab, mask
 
 
-@pytest.mark.parametrize("split, test_mode, max_demos, rank", [("train", False, 2, 1), ("train", False, None, 0),
-                                                               ("test", True, 1, 0), ("test", True, None, 1)])
+@pytest.mark.parametrize(
+    "split, test_mode, max_demos, rank",
+    [("train", False, 2, 1), ("train", False, None, 0), ("test", True, 1, 0), ("test", True, None, 1)],
+)
 def test_vectorised_demo_packing_equals_per_row_reference(synth_dir, split, test_mode, max_demos, rank):
-    ds = PuzzleDataset(cfg(synth_dir, encoder_mode=True, test_mode=test_mode, max_demos=max_demos, rank=rank,
-                           world_size=2, translate_augment=False), split)
+    ds = PuzzleDataset(
+        cfg(
+            synth_dir,
+            encoder_mode=True,
+            test_mode=test_mode,
+            max_demos=max_demos,
+            rank=rank,
+            world_size=2,
+            translate_augment=False,
+        ),
+        split,
+    )
     s = ds.sets[0]
-    for pos in ([(0, 0, b) for b in range(ds.num_batches())] if test_mode else [(0, 0, 0), (1, 0, 1), (2, 0, 0)]):
+    for pos in [(0, 0, b) for b in range(ds.num_batches())] if test_mode else [(0, 0, 0), (1, 0, 1), (2, 0, 0)]:
         _, b, _ = ds._make_batch(pos)
         rows = b["example_index"].numpy()
         real = rows >= 0
@@ -417,8 +450,11 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_load(tmp_path):
     arr[3, 2] = 12  # vocab_size is 12: ids 0..11
     np.save(path, arr)
     cfg = PuzzleDatasetConfig(data_paths=[data], global_batch_size=4)
-    with pytest.raises(DatasetError, match=r"all__inputs\.npy: token id 12 at index \[3, 2\] is outside the "
-                                           r"vocabulary \[0, 12\)"):
+    with pytest.raises(
+        DatasetError,
+        match=r"all__inputs\.npy: token id 12 at index \[3, 2\] is outside the "
+        r"vocabulary \[0, 12\)",
+    ):
         PuzzleDataset(cfg, "train")
     arr[3, 2] = 5
     np.save(path, arr)
@@ -460,8 +496,10 @@ def test_group_pattern_keeps_the_matching_groups_only(synth_dir):
     few = PuzzleDataset(cfg(synth_dir, group_pattern="gravity|translate", max_groups=2, test_mode=True), "train")
     assert len(few.active_groups[0]) == 2 and set(few.active_groups[0].tolist()) <= want
     # two data paths: names offset like the identifiers, both copies match
-    two = PuzzleDataset(PuzzleDatasetConfig(data_paths=[synth_dir, synth_dir], global_batch_size=8,
-                                            group_pattern="gravity|translate"), "train")
+    two = PuzzleDataset(
+        PuzzleDatasetConfig(data_paths=[synth_dir, synth_dir], global_batch_size=8, group_pattern="gravity|translate"),
+        "train",
+    )
     assert len(two.active_groups[0]) == 2 * len(want)
 
 
@@ -480,7 +518,11 @@ def test_train_group_pattern_reaches_the_training_loader(synth_dir, tmp_path):
 
     base = toy_train_config(synth_dir, str(tmp_path / "run"), global_batch_size=8)
     full = build_run_data(config_from_dict(base), DistInfo(), str(tmp_path / "e1"), say=lambda *_: None)
-    part = build_run_data(config_from_dict(dict(base, train_group_pattern="gravity")), DistInfo(),
-                          str(tmp_path / "e2"), say=lambda *_: None)
+    part = build_run_data(
+        config_from_dict(dict(base, train_group_pattern="gravity")),
+        DistInfo(),
+        str(tmp_path / "e2"),
+        say=lambda *_: None,
+    )
     assert set(part.train_dataset.active_groups[0].tolist()) == _family_groups(synth_dir, ("gravity",))
     assert part.total_steps < full.total_steps  # an epoch (and the step count) is of the matching groups only

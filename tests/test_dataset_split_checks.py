@@ -1,6 +1,7 @@
 """dataset.json that disagrees with its .npy arrays is refused when the data is loaded (dataset.split_checks), with
 one line naming the file, the field and both values; a training run on such data ends with one ``error:`` line
 and leaves no summary.json saying "running"; a run whose first batch fails records status "failed"."""
+
 import json
 import os
 import shutil
@@ -46,8 +47,11 @@ def test_token_arrays_must_be_2d_integer_and_demo_rows_match(toy_copy, tmp_path)
     split = os.path.join(toy_copy, "train")
     labels = np.load(os.path.join(split, "all__labels.npy"))
     np.save(os.path.join(split, "all__labels.npy"), labels.reshape(-1))
-    with pytest.raises(DatasetError, match=r"all__labels\.npy: expected a 2-D token array \[examples, seq_len\], "
-                                           rf"got shape \({labels.size},\)"):
+    with pytest.raises(
+        DatasetError,
+        match=r"all__labels\.npy: expected a 2-D token array \[examples, seq_len\], "
+        rf"got shape \({labels.size},\)",
+    ):
         _load(toy_copy)
     np.save(os.path.join(split, "all__labels.npy"), labels.astype(np.float32))
     with pytest.raises(DatasetError, match=r"all__labels\.npy: dtype float32 is not an integer token type"):
@@ -55,9 +59,12 @@ def test_token_arrays_must_be_2d_integer_and_demo_rows_match(toy_copy, tmp_path)
     np.save(os.path.join(split, "all__labels.npy"), labels)
     # demo store (encoder mode) with rows of another width than seq_len
     n = len(labels)
-    for k, v in {"demo_inputs": labels[:, :6], "demo_labels": labels[:, :6],
-                 "demo_indices": np.load(os.path.join(split, "all__puzzle_indices.npy")),
-                 "example_demo_slot": np.zeros(n, np.int32)}.items():
+    for k, v in {
+        "demo_inputs": labels[:, :6],
+        "demo_labels": labels[:, :6],
+        "demo_indices": np.load(os.path.join(split, "all__puzzle_indices.npy")),
+        "example_demo_slot": np.zeros(n, np.int32),
+    }.items():
         np.save(os.path.join(split, f"all__{k}.npy"), v)
     _set_meta(toy_copy, "train", has_demos=True, max_demos=4)
     _load(toy_copy)  # without encoder mode the demo store is not read
@@ -65,15 +72,19 @@ def test_token_arrays_must_be_2d_integer_and_demo_rows_match(toy_copy, tmp_path)
         _load(toy_copy, encoder_mode=True)
 
 
-def test_pretrain_on_mismatched_data_is_one_error_line_and_no_running_summary(toy_copy, tmp_path, monkeypatch,
-                                                                               capsys):
+def test_pretrain_on_mismatched_data_is_one_error_line_and_no_running_summary(toy_copy, tmp_path, monkeypatch, capsys):
     import pretrain
 
     for split in ("train", "test"):
         _set_meta(toy_copy, split, seq_len=9)
     ck = tmp_path / "ck"
-    err = _hydra_cli(monkeypatch, capsys, pretrain.main,
-                     ["pretrain.py", *TINY_TRM, f"data_paths=[{toy_copy}]", f"checkpoint_path={ck}"], tmp_path)
+    err = _hydra_cli(
+        monkeypatch,
+        capsys,
+        pretrain.main,
+        ["pretrain.py", *TINY_TRM, f"data_paths=[{toy_copy}]", f"checkpoint_path={ck}"],
+        tmp_path,
+    )
     _one_error_line(err, os.path.join(toy_copy, "train", "dataset.json"), "seq_len 9", "rows of 8")
     summary = ck / "summary.json"
     assert not summary.exists() or json.load(open(summary))["status"] == "failed"
@@ -86,7 +97,7 @@ def test_a_first_batch_failure_marks_the_summary_failed(toy, tmp_path, monkeypat
 
     def broken(self):
         raise DatasetError("bad row 3 of all__inputs.npy")
-        yield  # noqa: unreachable - a generator, like the real __iter__
+        yield  # unreachable: a generator, like the real __iter__
 
     monkeypatch.setattr(PuzzleDataset, "__iter__", broken)
     ck = tmp_path / "ck"

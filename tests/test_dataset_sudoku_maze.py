@@ -1,5 +1,6 @@
 """Sudoku and Maze builders: generator + solver, CSV layouts, augmentation validity, BFS-checked labels,
 seeded subsampling and byte-identical rebuilds."""
+
 import csv
 import filecmp
 
@@ -67,8 +68,23 @@ def test_sudoku_subsample_seeded_and_identical_bytes(tmp_path):
     SD.generate_sudoku_csv(str(src / "test.csv"), 3, size=4, seed=1)
     outs = []
     for name, seed in (("a", 0), ("b", 0), ("c", 9)):
-        SD.main(["--source-dir", str(src), "--output-dir", str(tmp_path / name), "--size", "4", "--subsample-size", "5",
-                 "--num-aug", "3", "--seed", str(seed), "--no-progress"])
+        SD.main(
+            [
+                "--source-dir",
+                str(src),
+                "--output-dir",
+                str(tmp_path / name),
+                "--size",
+                "4",
+                "--subsample-size",
+                "5",
+                "--num-aug",
+                "3",
+                "--seed",
+                str(seed),
+                "--no-progress",
+            ]
+        )
         outs.append(tmp_path / name / "train" / "all__inputs.npy")
     assert filecmp.cmp(outs[0], outs[1], shallow=False)
     assert not filecmp.cmp(outs[0], outs[2], shallow=False)
@@ -99,8 +115,11 @@ def _check_maze_label(q, a):
     # walk: from S, each step to an unvisited path neighbour, ending next to G
     cur, seen = s, set()
     for _ in range(len(path)):
-        nxt = [(cur[0] + dy, cur[1] + dx) for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1))
-               if (cur[0] + dy, cur[1] + dx) in path - seen]
+        nxt = [
+            (cur[0] + dy, cur[1] + dx)
+            for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1))
+            if (cur[0] + dy, cur[1] + dx) in path - seen
+        ]
         assert len(nxt) == 1
         cur = nxt[0]
         seen.add(cur)
@@ -109,8 +128,20 @@ def _check_maze_label(q, a):
 
 def test_generated_mazes_bfs_shortest_and_aug(tmp_path):
     out = tmp_path / "maze"
-    s = MZ.main(["--generate-train", "3", "--generate-test", "2", "--aug", "--output-dir", str(out), "--seed", "0",
-                 "--no-progress"])
+    s = MZ.main(
+        [
+            "--generate-train",
+            "3",
+            "--generate-test",
+            "2",
+            "--aug",
+            "--output-dir",
+            str(out),
+            "--seed",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert s["train_examples"] == 24
     m = load_metadata(str(out / "train"))
     assert (m.kind, m.seq_len, m.vocab_size) == ("maze", 900, 6)
@@ -121,8 +152,7 @@ def test_generated_mazes_bfs_shortest_and_aug(tmp_path):
         assert MZ.shortest_path_cells(qi)[1] == 1  # unique shortest path: the label is unambiguous
     for t in range(8):  # group = the 8 dihedral copies of one maze
         assert np.array_equal(q[t], dihedral_transform(q[0], t))
-    assert (MZ.bfs_distances(q[0], tuple(np.argwhere(q[0] == MZ.START)[0]))[tuple(np.argwhere(q[0] == MZ.GOAL)[0])]
-            >= 60)
+    assert MZ.bfs_distances(q[0], tuple(np.argwhere(q[0] == MZ.START)[0]))[tuple(np.argwhere(q[0] == MZ.GOAL)[0])] >= 60
 
 
 def test_maze_csv_roundtrip_and_errors(tmp_path):
@@ -131,8 +161,9 @@ def test_maze_csv_roundtrip_and_errors(tmp_path):
     MZ.generate_maze_csv(str(src / "test.csv"), 1, seed=1)
     MZ.main(["--source-dir", str(src), "--output-dir", str(tmp_path / "a"), "--no-progress"])
     MZ.main(["--source-dir", str(src), "--output-dir", str(tmp_path / "b"), "--no-progress"])
-    assert filecmp.cmp(tmp_path / "a" / "train" / "all__labels.npy", tmp_path / "b" / "train" / "all__labels.npy",
-                       shallow=False)
+    assert filecmp.cmp(
+        tmp_path / "a" / "train" / "all__labels.npy", tmp_path / "b" / "train" / "all__labels.npy", shallow=False
+    )
     rows = list(csv.DictReader(open(src / "test.csv")))
     tl = np.load(tmp_path / "a" / "test" / "all__labels.npy")[0]
     assert "".join(MZ.CHARSET[int(v) - 1] for v in tl) == rows[0]["answer"]

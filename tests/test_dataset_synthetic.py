@@ -1,5 +1,6 @@
 """Synthetic rule families: rule semantics checked independently, instance split, hold-out families,
 determinism and the --build-dir path into the ARC builder and the loader."""
+
 import filecmp
 import json
 import os
@@ -17,11 +18,15 @@ from dataset.synthetic_rules import FAMILIES, _components
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     d = tmp_path_factory.mktemp("syn")
-    paths = generate_synthetic_arc(str(d), "s", num_train=64, num_test=24, min_grid=3, max_grid=8, seed=11,
-                                   progress=False)
+    paths = generate_synthetic_arc(
+        str(d), "s", num_train=64, num_test=24, min_grid=3, max_grid=8, seed=11, progress=False
+    )
     load = lambda k: json.load(open(paths[k]))  # noqa: E731
-    return paths, {s: (load(f"{s}_challenges"), load(f"{s}_solutions")) for s in ("training", "evaluation")}, \
-        json.load(open(paths["rules"]))
+    return (
+        paths,
+        {s: (load(f"{s}_challenges"), load(f"{s}_solutions")) for s in ("training", "evaluation")},
+        json.load(open(paths["rules"])),
+    )
 
 
 def _pairs(chal, sol, name):
@@ -76,7 +81,9 @@ def _check(family, params, gi, go):
         assert (gi[changed] == 0).all() and (go[changed] == params["fill"]).all() and changed.any()
     elif family == "recolour_by_size":
         assert not (go == params["src"]).any()
-        assert np.array_equal(gi == params["src"], np.isin(go, [params["big"], params["small"]]) & (gi == params["src"]))
+        assert np.array_equal(
+            gi == params["src"], np.isin(go, [params["big"], params["small"]]) & (gi == params["src"])
+        )
         assert {params["big"], params["small"]} <= set(np.unique(go).tolist())
     elif family == "copy_pattern":
         h, w = gi.shape
@@ -89,7 +96,7 @@ def _check(family, params, gi, go):
 def test_every_pair_follows_its_rule(synth):
     _, data, rules = synth
     fams = set()
-    for subset, (chal, sol) in data.items():
+    for _subset, (chal, sol) in data.items():
         for name in chal:
             r = rules[name]
             fams.add(r["family"])
@@ -116,7 +123,7 @@ def test_demos_show_every_optional_part_of_the_rule(synth):
     colour_map appear in some demo input; a wrap-around translation moves some demo content across the border; a
     size threshold t has demo objects of size t - 1 (where t > 2) and t (where t < 4), so t-1 / t+1 would differ."""
     _, data, rules = synth
-    for subset, (chal, sol) in data.items():
+    for _subset, (chal, sol) in data.items():
         for name in chal:
             fam, p = rules[name]["family"], rules[name]["params"]
             demo, _ = _pairs(chal, sol, name)
@@ -128,9 +135,10 @@ def test_demos_show_every_optional_part_of_the_rule(synth):
             if fam == "colour_map":
                 assert {int(a) for a, b in p["map"].items() if int(a) != b} <= colours, name
             if fam == "translate" and p["wrap"]:
-                assert any(not np.array_equal(
-                    o != 0, np.roll(np.pad(i != 0, 8), (p["dr"], p["dc"]), axis=(0, 1))[8:-8, 8:-8])
-                    for i, o in demo), name
+                assert any(
+                    not np.array_equal(o != 0, np.roll(np.pad(i != 0, 8), (p["dr"], p["dc"]), axis=(0, 1))[8:-8, 8:-8])
+                    for i, o in demo
+                ), name
             if fam == "recolour_by_size":
                 sizes = {len(c) for i, _ in demo for c in _components(i == p["src"])}
                 t = p["threshold"]
@@ -144,8 +152,9 @@ def test_evaluation_families_are_balanced(synth):
 
 
 def test_holdout_families(tmp_path):
-    p = generate_synthetic_arc(str(tmp_path), "h", num_train=16, num_test=8, holdout_families=["gravity"],
-                               max_grid=6, seed=0, progress=False)
+    p = generate_synthetic_arc(
+        str(tmp_path), "h", num_train=16, num_test=8, holdout_families=["gravity"], max_grid=6, seed=0, progress=False
+    )
     rules = json.load(open(p["rules"]))
     assert {r["family"] for r in rules.values() if r["subset"] == "evaluation"} == {"gravity"}
     assert "gravity" not in {r["family"] for r in rules.values() if r["subset"] == "training"}
@@ -164,8 +173,12 @@ def test_same_seed_identical_bytes_and_build_dir(tmp_path):
         assert filecmp.cmp(a[k], b[k], shallow=False)
     assert not filecmp.cmp(a["training_challenges"], c["training_challenges"], shallow=False)
     # the built directory is an etrm-mode ARC dataset the loader serves in encoder mode
-    ds = PuzzleDataset(PuzzleDatasetConfig(data_paths=[str(tmp_path / "built")], global_batch_size=4, test_mode=True,
-                                           encoder_mode=True), "test")
+    ds = PuzzleDataset(
+        PuzzleDatasetConfig(
+            data_paths=[str(tmp_path / "built")], global_batch_size=4, test_mode=True, encoder_mode=True
+        ),
+        "test",
+    )
     assert ds.metadata.test_demos_in_train is False
     _, batch, _ = next(iter(ds))
     assert batch["demo_mask"].any(dim=1).all()

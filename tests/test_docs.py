@@ -4,6 +4,7 @@ exists. Runs on README.md and every .md under docs/ (the record included); nothi
 standard-library modules, and modules outside the repo are looked up with importlib.util.find_spec on their top
 package and the files under it (so `python -m torch.distributed.run` does not import torch). And the other way
 round: every docs/<file>.md that the repo's .py / .yaml / .sh files cite exists, with the section they name."""
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -109,8 +110,9 @@ def _has_submodule(locations, name: str) -> "list[str] | None":
         d = Path(loc)
         if (d / name).is_dir():
             return [str(d / name)]
-        if (d / f"{name}.py").is_file() or any((d / f"{name}{suf}").is_file()
-                                               for suf in importlib.machinery.EXTENSION_SUFFIXES):
+        if (d / f"{name}.py").is_file() or any(
+            (d / f"{name}{suf}").is_file() for suf in importlib.machinery.EXTENSION_SUFFIXES
+        ):
             return []
     return None
 
@@ -155,8 +157,11 @@ def module_problems(text: str, path: Path, root: Path = ROOT) -> list[str]:
 
 
 def path_problems(text: str, path: Path, root: Path = ROOT) -> list[str]:
-    return [f"{path.name}: mentions {p}, which does not exist" for p in sorted(set(DOCS_PATH.findall(text)))
-            if not (root / p).is_file()]
+    return [
+        f"{path.name}: mentions {p}, which does not exist"
+        for p in sorted(set(DOCS_PATH.findall(text)))
+        if not (root / p).is_file()
+    ]
 
 
 def doc_problems(path: Path, root: Path = ROOT) -> list[str]:
@@ -182,12 +187,17 @@ def test_doc_links_modules_and_paths_resolve(doc):
 
 # ---------------------------------------------------------------------------------------------- the checker itself
 
+
 def test_slug_follows_github():
-    assert slug("8. ETRM science: held-out rule instances, one command") == \
-        "8-etrm-science-held-out-rule-instances-one-command"
+    assert (
+        slug("8. ETRM science: held-out rule instances, one command")
+        == "8-etrm-science-held-out-rule-instances-one-command"
+    )
     assert slug("How flip_rotate's bottleneck was read, in order") == "how-flip_rotates-bottleneck-was-read-in-order"
-    assert slug("The demo (`python -m training.demo`, `config/cfg_demo.yaml`)") == \
-        "the-demo-python--m-trainingdemo-configcfg_demoyaml"
+    assert (
+        slug("The demo (`python -m training.demo`, `config/cfg_demo.yaml`)")
+        == "the-demo-python--m-trainingdemo-configcfg_demoyaml"
+    )
     text = "# A\n\n```\n# not a heading\n```\n\n## A\n## B: c\n"
     assert anchors(text) == {"a", "a-1", "b-c"}
 
@@ -206,15 +216,23 @@ def test_checker_finds_broken_links_anchors_modules_and_paths(tmp_path):
         "[gone](nowhere.md), [bad anchor](target.md#no-such-section); `[not a link](nowhere.md)` in code.\n\n"
         "Run `python -m pkg.tool` or `python -m json`, not `python -m pkg.absent` nor\n"
         "```bash\nOMP_NUM_THREADS=1 python -m surely_absent_module_xyz --out x\n[also](not-a-link.md)\n```\n"
-        "Read docs/target.md and docs/record/2026-01-01-missing.md.\n")
+        "Read docs/target.md and docs/record/2026-01-01-missing.md.\n"
+    )
     problems = doc_problems(page, root=tmp_path)
     text = "\n".join(problems)
     assert len(problems) == 6, text
     assert "missing.png" in text and "nowhere.md" in text and "#no-such-section" in text
     assert "pkg.absent" in text and "surely_absent_module_xyz" in text
     assert "docs/record/2026-01-01-missing.md" in text
-    for fine in ("good-section", "#intro", "example.com", "pkg.tool", "`python -m json`", "not-a-link",
-                 "mentions docs/target.md"):
+    for fine in (
+        "good-section",
+        "#intro",
+        "example.com",
+        "pkg.tool",
+        "`python -m json`",
+        "not-a-link",
+        "mentions docs/target.md",
+    ):
         assert fine not in text, (fine, text)
 
 
@@ -249,13 +267,30 @@ def test_every_record_is_indexed_and_has_its_header():
 # (training/checkpoint.py)"). A stated fact with its commit and record file beats a pointer to a section.
 
 CODE_SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".sbatch", ".toml")
-SKIP_DIRS = {".git", ".venv", ".venv-ci", ".hypothesis", ".pytest_cache", ".ruff_cache", "__pycache__", "build",
-             "data", "checkpoints", "outputs", "multirun", "wandb", "runs", "logs", "node_modules"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    ".venv-ci",
+    ".hypothesis",
+    ".pytest_cache",
+    ".ruff_cache",
+    "__pycache__",
+    "build",
+    "data",
+    "checkpoints",
+    "outputs",
+    "multirun",
+    "wandb",
+    "runs",
+    "logs",
+    "node_modules",
+}
 CITATION = re.compile(
     r"(?<![\w./-])(docs/[\w./-]+?\.md)\b"  # the file
     r"(?:[ \t]*§[ \t]*(\d+))?"  # §N
     r"(?:,?[ \t]*\(?(\\?)([\"'])"  # the opening quote of a title (escaped inside a Python string, or not)
-    r"([A-Za-z0-9](?:(?!\4)[^\n\\]|\n[ \t]*#*[ \t]*){0,200}?)\3\4)?")  # the title, up to the same closing quote
+    r"([A-Za-z0-9](?:(?!\4)[^\n\\]|\n[ \t]*#*[ \t]*){0,200}?)\3\4)?"
+)  # the title, up to the same closing quote
 OPEN_TITLE = re.compile(r",?[ \t]*\(?\\?[\"'][A-Za-z0-9]")  # a title that opens where CITATION read none
 NUMBERED = re.compile(r"^(\d+)\.\s+")
 
@@ -298,12 +333,14 @@ def citation_problems(path: Path, root: Path = ROOT, cache: dict[Path, list[str]
         if number and not any(h.startswith(f"{number}.") for h in heads):
             problems.append(f"{where} §{number}: {doc} has no heading numbered {number}.")
         if title is None and OPEN_TITLE.match(text, m.end()):
-            problems.append(f"{where}: a quoted section title that does not close on the quote it opened with (split "
-                            f"across string literals?): keep the title in one piece")
+            problems.append(
+                f"{where}: a quoted section title that does not close on the quote it opened with (split "
+                f"across string literals?): keep the title in one piece"
+            )
         if title:
             plain = " ".join(re.sub(r"\n[ \t]*#*", " ", title).split()).lower().rstrip(" .…:;,")
             if not any(title_matches(plain, h) for h in heads):
-                problems.append(f"{where}, \"{' '.join(title.split())}\": {doc} has no such heading")
+                problems.append(f'{where}, "{" ".join(title.split())}": {doc} has no such heading')
     return problems
 
 
@@ -337,18 +374,21 @@ def test_reference_docs_citations_of_other_docs_sections_resolve():
 def test_citation_checker_catches_stale_sections_and_files(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
-    (docs / "target.md").write_text("# Target\n\n## 2. Good section: more (`x.py`)\n\n```\n## Fenced title\n```\n"
-                                    "### The recipe\n")
+    (docs / "target.md").write_text(
+        "# Target\n\n## 2. Good section: more (`x.py`)\n\n```\n## Fenced title\n```\n### The recipe\n"
+    )
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "ok.py").write_text(
         '"""See docs/target.md, "Good section" and docs/target.md §2, docs/target.md ("the recipe").\n'
         'Also docs/target.md "Good\n    section: more" and docs/target.md \'good section: more (x.py)\'."""\n'
-        'MSG = "(docs/target.md, \\"The recipe\\")"  # docs/target.md, "Good\n# section"; docs/target.md.\n')
+        'MSG = "(docs/target.md, \\"The recipe\\")"  # docs/target.md, "Good\n# section"; docs/target.md.\n'
+    )
     (tmp_path / "pkg" / "stale.py").write_text(
         'X = 1  # docs/target.md, "Stale section"\n'
         'MSG = "see docs/target.md, \\"Fenced title\\""\n'
         '"""docs/target.md §7 and docs/target.md "Good sect" and docs/gone.md."""\n'
-        'MSG2 = ("see docs/target.md, \\"Good "\n       "section\\"")\n')
+        'MSG2 = ("see docs/target.md, \\"Good "\n       "section\\"")\n'
+    )
     (tmp_path / "cfg.yaml").write_text("a: 1  # docs/target.md 'Recipe'\n")
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv" / "skip.py").write_text('# docs/target.md, "Not checked"\n')
@@ -358,7 +398,13 @@ def test_citation_checker_catches_stale_sections_and_files(tmp_path):
     problems = [m for p in files for m in citation_problems(p, root=tmp_path)]
     text = "\n".join(problems)
     assert len(problems) == 7, text
-    for stale in ("cfg.yaml:1: docs/target.md, \"Recipe\"", "stale.py:1: docs/target.md, \"Stale section\"",
-                  "\"Fenced title\"", "§7", "\"Good sect\"", "docs/gone.md: no such file",
-                  "stale.py:4: docs/target.md: a quoted section title that does not close"):
+    for stale in (
+        'cfg.yaml:1: docs/target.md, "Recipe"',
+        'stale.py:1: docs/target.md, "Stale section"',
+        '"Fenced title"',
+        "§7",
+        '"Good sect"',
+        "docs/gone.md: no such file",
+        "stale.py:4: docs/target.md: a quoted section title that does not close",
+    ):
         assert stale in text, (stale, text)

@@ -8,6 +8,7 @@ upgrade_encoder_config): every checkpoint loads, or is refused in one line namin
 * ``encoder.context_codes=K`` and ``encoder.pointer=dihedral`` (measured negative, removed) are refused in one line
   that names the option, why, and the commit that has it -- by evaluate.py too.
 """
+
 import hashlib
 import os
 import subprocess
@@ -21,8 +22,13 @@ from encoders import ENCODER_REGISTRY, EncoderConfigError, RemovedOptionError, b
 from training.config import load_config
 
 SMALL = {"hidden_size": 32, "num_heads": 4}
-OPTIONS = {"grid_coords": True, "pointer": "identity", "context_scale": "gate", "rule_readout": 1.0,
-           "oracle_context": True}
+OPTIONS = {
+    "grid_coords": True,
+    "pointer": "identity",
+    "context_scale": "gate",
+    "rule_readout": 1.0,
+    "oracle_context": True,
+}
 # sha256 of the sorted "name shape" lines of each encoder's state_dict (hidden 32, 4 heads, seq_len 16, vocab 12,
 # context 4 x 16), computed with the code before the split (commit 0b65cd7): a checkpoint of then loads now
 STATE_DICT_DIGESTS = {
@@ -69,8 +75,12 @@ def test_a_stored_config_of_before_the_change_gives_the_same_encoder(name):
 
 
 def test_dihedral_views_of_an_old_config_load_as_the_variant():
-    old = dict(ENCODER_REGISTRY["standard"].config(name="standard", **SMALL).model_dump(mode="json"),
-               context_codes=0, dihedral_views=True, rule_readout=1.0)
+    old = dict(
+        ENCODER_REGISTRY["standard"].config(name="standard", **SMALL).model_dump(mode="json"),
+        context_codes=0,
+        dihedral_views=True,
+        rule_readout=1.0,
+    )
     cfg = parse_encoder_config(old)
     assert cfg.name == "dihedral_views" and cfg.rule_readout == 1.0 and "dihedral_views" not in cfg.model_dump()
     enc = build(old)
@@ -82,8 +92,13 @@ def test_dihedral_views_of_an_old_config_load_as_the_variant():
         parse_encoder_config({"name": "dihedral_views", "dihedral_views": False})
 
 
-@pytest.mark.parametrize("over,what", [({"context_codes": 32}, "encoder.context_codes=32 was removed"),
-                                       ({"pointer": "dihedral"}, "encoder.pointer=dihedral was removed")])
+@pytest.mark.parametrize(
+    "over,what",
+    [
+        ({"context_codes": 32}, "encoder.context_codes=32 was removed"),
+        ({"pointer": "dihedral"}, "encoder.pointer=dihedral was removed"),
+    ],
+)
 def test_a_removed_option_is_refused_in_one_line_naming_why_and_the_commit(over, what):
     with pytest.raises(RemovedOptionError) as e:
         parse_encoder_config({"name": "standard", **over})
@@ -104,12 +119,31 @@ def test_old_checkpoints_load_or_are_refused_through_evaluate(tmp_path):
     from training.loop import train  # noqa: PLC0415
 
     data = tmp_path / "data"
-    write_recolour_dataset(str(data), grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2,
-                           test_puzzles_per_instance=1)
-    cfg = load_config("cfg_science", [f"data_paths=[{data}]", "encoder=dihedral_views",
-                                      f"checkpoint_path={tmp_path / 'ck'}", "arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32",
-                                      "encoder.num_heads=2", "encoder.num_layers=1", "encoder.grid_coords=false",
-                                      "global_batch_size=8", "max_steps=2", "device=cpu"])
+    write_recolour_dataset(
+        str(data),
+        grid=2,
+        num_colours=4,
+        num_test_instances=2,
+        train_puzzles_per_instance=2,
+        test_puzzles_per_instance=1,
+    )
+    cfg = load_config(
+        "cfg_science",
+        [
+            f"data_paths=[{data}]",
+            "encoder=dihedral_views",
+            f"checkpoint_path={tmp_path / 'ck'}",
+            "arch.hidden_size=32",
+            "arch.num_heads=2",
+            "encoder.hidden_size=32",
+            "encoder.num_heads=2",
+            "encoder.num_layers=1",
+            "encoder.grid_coords=false",
+            "global_batch_size=8",
+            "max_steps=2",
+            "device=cpu",
+        ],
+    )
     summary = train(cfg)
     raw = read_checkpoint(summary["last_checkpoint"])
     new, _, _ = load_model_for_inference(raw, use_ema=False)
@@ -123,8 +157,21 @@ def test_old_checkpoints_load_or_are_refused_through_evaluate(tmp_path):
     save_checkpoint_atomic(raw, str(tmp_path / "codes.pt"))
     with pytest.raises(RemovedOptionError, match="context_codes=4 was removed"):
         load_model_for_inference(str(tmp_path / "codes.pt"))
-    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={tmp_path / 'codes.pt'}", f"data_path={data}",
-                        f"output_dir={tmp_path / 'ev'}", "device=cpu"], cwd=ROOT, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            f"checkpoint={tmp_path / 'codes.pt'}",
+            f"data_path={data}",
+            f"output_dir={tmp_path / 'ev'}",
+            "device=cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: encoder.context_codes=4 was removed (measured")

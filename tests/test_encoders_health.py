@@ -1,4 +1,5 @@
 """Context statistics on hand-made tensors and the HealthMonitor rules."""
+
 import math
 
 import pydantic
@@ -18,8 +19,7 @@ def test_identical_contexts_have_zero_cross_sample_var():
 
 def test_statistics_hand_computed():
     # two samples, two tokens, hidden 2
-    ctx = torch.tensor([[[1.0, 1.0], [3.0, 3.0]],
-                        [[3.0, 3.0], [3.0, 3.0]]])
+    ctx = torch.tensor([[[1.0, 1.0], [3.0, 3.0]], [[3.0, 3.0], [3.0, 3.0]]])
     # cross-sample variance per coordinate: token0: var(1,3)=1, token1: var(3,3)=0 -> mean 0.5
     assert cross_sample_var(ctx).item() == pytest.approx(0.5)
     assert output_mean(ctx).item() == pytest.approx(2.5)
@@ -32,9 +32,13 @@ def test_statistics_hand_computed():
     # mask drops sample 0 -> single sample -> cross-sample var 0, mean 3
     st = context_statistics(ctx, mask=torch.tensor([False, True]))
     assert st["train/encoder_cross_sample_var"] == 0.0 and st["train/encoder_output_mean"] == pytest.approx(3.0)
-    assert set(context_statistics(ctx)) == {"train/encoder_cross_sample_var", "train/encoder_output_mean",
-                                            "train/encoder_output_norm", "train/encoder_output_std",
-                                            "train/encoder_token_std"}
+    assert set(context_statistics(ctx)) == {
+        "train/encoder_cross_sample_var",
+        "train/encoder_output_mean",
+        "train/encoder_output_norm",
+        "train/encoder_output_std",
+        "train/encoder_token_std",
+    }
 
 
 def test_broadcast_context_has_zero_token_std():
@@ -116,8 +120,9 @@ def test_diverged_rule():
 
 
 def test_missing_metrics_make_rules_inactive():
-    mon = HealthMonitor(HealthConfig(grad_starvation_patience=1, collapse_patience=1, stuck_steps=1,
-                                     encoder_rules_min_step=0))
+    mon = HealthMonitor(
+        HealthConfig(grad_starvation_patience=1, collapse_patience=1, stuck_steps=1, encoder_rules_min_step=0)
+    )
     for s in range(0, 1000, 100):  # a TRM run: no encoder metrics, no accuracy logged
         assert mon.update(s, {"train/lm_loss": 1.0, "train/lr": 1e-4}) == []
     assert mon.stop_reason is None

@@ -1,4 +1,5 @@
 """Encoder variants: shapes, padding / empty-slot invariance, demo-order invariance, gradients, KL, configs."""
+
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ def demos(b=3, d=3, s=S, seed=1):
     g = torch.Generator().manual_seed(seed)
     di = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
     dl = torch.randint(2, V, (b, d, s), generator=g, dtype=torch.int32)
-    di[..., s // 2:] = 0  # PAD tail, as on a canvas
+    di[..., s // 2 :] = 0  # PAD tail, as on a canvas
     dl[..., -3:] = 0
     dl[..., -4] = 1  # an EOS token
     mask = torch.ones(b, d, dtype=torch.bool)
@@ -182,17 +183,30 @@ def test_yaml_configs_hold_only_what_differs_from_the_class_defaults():
         assert raw == {"defaults": [{"defaults@_here_": name}, "_self_"]}, f"config/encoder/{name}.yaml sets values"
         cfg = load_config("cfg_pretrain_encoder_arc_agi_1", ["data_paths=[x]", f"encoder={name}"]).encoder
         assert cfg == ENCODER_REGISTRY[name].config(name=name)
-        over = load_config("cfg_pretrain_encoder_arc_agi_1", ["data_paths=[x]", f"encoder={name}",
-                                                               "encoder.grid_coords=true", "encoder.num_layers=1"])
+        over = load_config(
+            "cfg_pretrain_encoder_arc_agi_1",
+            ["data_paths=[x]", f"encoder={name}", "encoder.grid_coords=true", "encoder.num_layers=1"],
+        )
         assert over.encoder.grid_coords is True and over.encoder.num_layers == 1
-        enc = build_encoder(dict(cfg.model_dump(), hidden_size=32, num_heads=4), hidden_size=H, vocab_size=V,
-                            seq_len=16, puzzle_emb_len=L, verbose=False)
+        enc = build_encoder(
+            dict(cfg.model_dump(), hidden_size=32, num_heads=4),
+            hidden_size=H,
+            vocab_size=V,
+            seq_len=16,
+            puzzle_emb_len=L,
+            verbose=False,
+        )
         assert type(enc) is ENCODER_REGISTRY[name].cls
 
 
 def test_parameter_count_printed(capsys):
-    build_encoder({"name": "standard", "hidden_size": 32, "num_heads": 4}, hidden_size=H, vocab_size=V,
-                  seq_len=S, puzzle_emb_len=L)
+    build_encoder(
+        {"name": "standard", "hidden_size": 32, "num_heads": 4},
+        hidden_size=H,
+        vocab_size=V,
+        seq_len=S,
+        puzzle_emb_len=L,
+    )
     assert "trainable parameters" in capsys.readouterr().out
 
 
@@ -205,8 +219,9 @@ def test_mean_aggregation_is_padding_and_order_invariant(name):
     torch.testing.assert_close(enc(di[:, perm], dl[:, perm], m[:, perm]).context, ref, atol=1e-5, rtol=1e-5)
     extra = torch.zeros(3, 2, S, dtype=di.dtype)
     m2 = torch.cat([m, torch.zeros(3, 2, dtype=torch.bool)], 1)
-    torch.testing.assert_close(enc(torch.cat([di, extra + 5], 1), torch.cat([dl, extra], 1), m2).context, ref,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        enc(torch.cat([di, extra + 5], 1), torch.cat([dl, extra], 1), m2).context, ref, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_context_scale_gate_and_scalar_scale_the_context():
@@ -230,9 +245,10 @@ def test_context_scale_norm_puts_every_context_token_at_token_embedding_scale():
         ctx = enc(di, dl, m).context
         hidden = ctx.shape[-1]
         rms = ctx.square().mean(-1).sqrt()
-        torch.testing.assert_close(rms, torch.full_like(rms, 2.0 / hidden ** 0.5), atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(ctx, plain / plain.square().mean(-1, keepdim=True).sqrt() * 2.0 / hidden ** 0.5,
-                                   atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(rms, torch.full_like(rms, 2.0 / hidden**0.5), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(
+            ctx, plain / plain.square().mean(-1, keepdim=True).sqrt() * 2.0 / hidden**0.5, atol=1e-5, rtol=1e-4
+        )
         for mod in (base, enc):
             mod.head.proj.weight.mul_(100.0)
         torch.testing.assert_close(enc(di, dl, m).context, ctx, atol=1e-5, rtol=1e-4)
@@ -250,10 +266,15 @@ def test_activation_checkpointing_gives_the_same_gradients():
         torch.testing.assert_close(grads[0][n], grads[1][n], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name,over,field", [("lpn", {"aggregation": "mean"}, "aggregation"),
-                                             ("lpn", {"num_queries": 4}, "num_queries"),
-                                             ("lpn", {"kl_weight": 0.5}, "kl_weight"),
-                                             ("recurrent", {"aggregation": "mean"}, "aggregation")])
+@pytest.mark.parametrize(
+    "name,over,field",
+    [
+        ("lpn", {"aggregation": "mean"}, "aggregation"),
+        ("lpn", {"num_queries": 4}, "num_queries"),
+        ("lpn", {"kl_weight": 0.5}, "kl_weight"),
+        ("recurrent", {"aggregation": "mean"}, "aggregation"),
+    ],
+)
 def test_settings_an_encoder_does_not_use_are_refused_not_ignored(name, over, field):
     """Pitfall 8: a shared base-config key the chosen encoder never reads (lpn always mean-pools its pair latents
     into one latent; recurrent aggregates by its own z_E cross-attention; lpn's KL exists only with
@@ -268,9 +289,11 @@ def test_settings_an_encoder_does_not_use_are_refused_not_ignored(name, over, fi
 # ------------------------------------------------------------------ trunk options: token aggregation, aligned pairs
 # (name, overrides): every encoder with the aligned per-cell pair layout; every encoder that aggregates with
 # cross-attention with ``aggregation: tokens`` (lpn always mean-pools its pair latents)
-OPTIONS = [(n, {"pair_layout": "aligned"}) for n in NAMES] + \
-          [(n, {"aggregation": "tokens"}) for n in NAMES if n != "lpn"] + \
-          [("standard", {"aggregation": "tokens", "pair_layout": "aligned"})]
+OPTIONS = (
+    [(n, {"pair_layout": "aligned"}) for n in NAMES]
+    + [(n, {"aggregation": "tokens"}) for n in NAMES if n != "lpn"]
+    + [("standard", {"aggregation": "tokens", "pair_layout": "aligned"})]
+)
 OPTION_IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in OPTIONS]
 
 
@@ -295,11 +318,12 @@ def test_options_shapes_padding_order_and_gradients(name, over):
     nc = make_opt(name, over, seq_len=S + 5, crop_padding=False, pack_tokens=False).eval()
     nc.load_state_dict(enc.state_dict())
     perm = torch.tensor([2, 0, 3, 1])
-    for out in (run(enc, torch.cat([di, pad], -1), torch.cat([dl, pad], -1), m).context,
-                run(enc, torch.cat([di, g, torch.zeros_like(g)], 1), torch.cat([dl, g, torch.zeros_like(g)], 1),
-                    m2).context,
-                run(nc, di, dl, m).context,
-                run(enc, di[:, perm], dl[:, perm], m[:, perm]).context):
+    for out in (
+        run(enc, torch.cat([di, pad], -1), torch.cat([dl, pad], -1), m).context,
+        run(enc, torch.cat([di, g, torch.zeros_like(g)], 1), torch.cat([dl, g, torch.zeros_like(g)], 1), m2).context,
+        run(nc, di, dl, m).context,
+        run(enc, di[:, perm], dl[:, perm], m[:, perm]).context,
+    ):
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     di4 = di.clone()
     di4[0, 0, 0] = 2 if di[0, 0, 0] != 2 else 3
@@ -368,12 +392,16 @@ def ragged_demos(b=4, d=5, s=40, seed=3):
     return di, dl, mask
 
 
-PACK_CASES = OPTIONS + [("standard", {"pair_layout": "sequence"}), ("lpn", {"pair_layout": "sequence"}),
-                        ("standard", {"aggregation": "tokens", "activation_checkpointing": True})]
+PACK_CASES = OPTIONS + [
+    ("standard", {"pair_layout": "sequence"}),
+    ("lpn", {"pair_layout": "sequence"}),
+    ("standard", {"aggregation": "tokens", "activation_checkpointing": True}),
+]
 
 
-@pytest.mark.parametrize("name,over", PACK_CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}"
-                                                       for n, o in PACK_CASES])
+@pytest.mark.parametrize(
+    "name,over", PACK_CASES, ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in PACK_CASES]
+)
 def test_packed_tokens_match_the_padded_path(name, over):
     """pack_tokens (the default) runs the per-demo blocks on the real tokens only, attention per length bucket:
     the context, the KL and every parameter's gradient equal the padded reference (pack_tokens=false, no cropping)
@@ -399,7 +427,7 @@ def test_packed_tokens_match_the_padded_path(name, over):
     if a.kl is not None:
         torch.testing.assert_close(a.kl, b.kl, atol=2e-5, rtol=1e-5)
     for n in ga:
-        torch.testing.assert_close(ga[n], gb[n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+        torch.testing.assert_close(ga[n], gb[n], atol=2e-5, rtol=1e-4, msg=lambda s, n=n: f"{n}: {s}")
 
 
 def test_cross_attention_projects_only_attended_keys_with_the_same_numbers():
@@ -420,8 +448,8 @@ def test_cross_attention_projects_only_attended_keys_with_the_same_numbers():
     s = (q @ k.transpose(-1, -2) / 2.0).masked_fill(~mask[:, None, None, :], float("-inf"))
     ref = F.linear((s.softmax(-1) @ v).transpose(1, 2).reshape(3, 2, 16), att.o.weight)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-5)
-    g, = torch.autograd.grad(out.square().sum(), ctx)
-    g_ref, = torch.autograd.grad(ref.square().sum(), ctx)
+    (g,) = torch.autograd.grad(out.square().sum(), ctx)
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), ctx)
     torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-5)
     assert (g[~mask] == 0).all() and (g[mask] != 0).any()
 
@@ -474,7 +502,7 @@ def packed_equals_padded(demo_batch, name="standard", **over):
         outs.append((out.context, {n: p.grad.clone() for n, p in e.named_parameters()}))
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
     for n in outs[0][1]:
-        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s, n=n: f"{n}: {s}")
     return outs[0][1]
 
 
@@ -492,8 +520,15 @@ def test_grid_coords_in_the_encoder_add_grid_offsets_and_keep_the_packed_path_ex
         make("standard", seq_len=40, grid_coords=True)
 
 
-@pytest.mark.parametrize("name,layout,init", [("standard", "aligned", "identity"), ("standard", "sequence", "identity"),
-                                              ("lpn", "sequence", "identity"), ("recurrent", "aligned", "identity")])
+@pytest.mark.parametrize(
+    "name,layout,init",
+    [
+        ("standard", "aligned", "identity"),
+        ("standard", "sequence", "identity"),
+        ("lpn", "sequence", "identity"),
+        ("recurrent", "aligned", "identity"),
+    ],
+)
 def test_pointer_rope_in_the_encoder_is_wired_and_keeps_the_packed_path_exact(name, layout, init):
     """encoder.pointer: every per-demo self-attention layer gets a pointer projection (zero weights, the bias at the
     starting pointers) and rotates queries / keys by pointer RoPE relative to each demo's input grid. It changes the
@@ -518,7 +553,7 @@ def test_pointer_rope_in_the_encoder_is_wired_and_keeps_the_packed_path_exact(na
     torch.testing.assert_close(outs[0][0], outs[1][0], atol=2e-5, rtol=1e-5)
     assert outs[0][1].keys() == outs[1][1].keys()
     for n in outs[0][1]:
-        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s: f"{n}: {s}")
+        torch.testing.assert_close(outs[0][1][n], outs[1][1][n], atol=2e-5, rtol=1e-4, msg=lambda s, n=n: f"{n}: {s}")
     assert all(outs[0][1][f"trunk.blocks.{i}.attn.pointer.weight"].abs().sum() > 0 for i in range(len(pointers)))
 
 
@@ -549,9 +584,9 @@ def test_encoder_pointer_features_are_relative_to_each_demos_input_grid(name, la
     P = 1 if trunk.cls is not None else 0
     if P:
         assert torch.equal(got.feats[:, 0], torch.tensor([0.0, 0, 0, 0, 1]).expand(inp.shape[0], 5))
-    assert torch.equal(got.feats[:, P:P + li], ref[:, :li])
+    assert torch.equal(got.feats[:, P : P + li], ref[:, :li])
     if layout == "sequence":
-        assert got.feats.shape[1] == P + li + lo and torch.equal(got.feats[:, P + li:], ref[:, :lo])
+        assert got.feats.shape[1] == P + li + lo and torch.equal(got.feats[:, P + li :], ref[:, :lo])
     else:
         assert got.feats.shape[1] == P + li
     assert got.k_cos.shape == (inp.shape[0], got.feats.shape[1], 1, 8)
@@ -620,6 +655,7 @@ def test_dihedral_views_are_wired_and_keep_the_packed_path_exact():
     enc = zeroed_tables_give_the_plain_encoder((di, dl, m), "trunk.view_", name="dihedral_views", pair_layout="aligned")
     assert enc.trunk.view_tok.shape == (8, V, 32) and enc.trunk.view_eq.shape == (8, 3, 32)
     from core.ops import dihedral_agreement
+
     with torch.no_grad():  # the bag of 16 rows per cell = the sum over maps of the two tables' rows
         enc.trunk.view_tok.normal_()
         enc.trunk.view_eq.normal_()

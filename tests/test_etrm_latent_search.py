@@ -1,4 +1,5 @@
 """LPN test-time latent search: improves the fit of the demos, runs under inference_mode, eval-only."""
+
 import torch
 import torch.nn.functional as F
 
@@ -24,8 +25,9 @@ def test_latent_search_reduces_demo_loss_and_keeps_weights():
         ctx0 = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
         torch.testing.assert_close(ctx0, m.encoder(b["demo_inputs"], b["demo_labels"], b["demo_mask"]).context)
     with torch.inference_mode():  # the evaluation path runs under inference_mode
-        ctx = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=6, lr=0.5,
-                                    leave_one_out=False)
+        ctx = latent_search_context(
+            m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=6, lr=0.5, leave_one_out=False
+        )
     with torch.no_grad():
         assert _demo_loss(m, b, ctx) < _demo_loss(m, b, ctx0) - 1e-3
     for k, v in m.state_dict().items():
@@ -53,8 +55,8 @@ def test_evaluate_cli_switch_sets_search_and_refuses_models_without_encoder():
     """evaluate.py latent_search_steps/lr reach the ETRM model; a TRM checkpoint is refused by name."""
     import pytest
 
-    from training.evaluation import EvaluateConfig, EvaluateError, _configure_latent_search
     from models import build_model
+    from training.evaluation import EvaluateConfig, EvaluateError, _configure_latent_search
 
     m = build("lpn").eval()
     assert m.latent_search_steps == 0
@@ -66,13 +68,34 @@ def test_evaluate_cli_switch_sets_search_and_refuses_models_without_encoder():
     b["demo_mask"][:] = True
     with torch.inference_mode():
         plain = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
-        searched = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"],
-                                         steps=m.latent_search_steps, lr=m.latent_search_lr, leave_one_out=False)
+        searched = latent_search_context(
+            m,
+            b["demo_inputs"],
+            b["demo_labels"],
+            b["demo_mask"],
+            steps=m.latent_search_steps,
+            lr=m.latent_search_lr,
+            leave_one_out=False,
+        )
     assert (plain - searched).abs().max() > 1e-4
 
-    trm = build_model({"name": "trm", "hidden_size": 16, "num_heads": 2, "H_cycles": 1, "L_cycles": 1,
-                       "L_layers": 1, "puzzle_emb_ndim": 0, "puzzle_emb_len": 0, "halt_max_steps": 2},
-                      vocab_size=12, seq_len=16, num_puzzle_identifiers=1, batch_size=2)
+    trm = build_model(
+        {
+            "name": "trm",
+            "hidden_size": 16,
+            "num_heads": 2,
+            "H_cycles": 1,
+            "L_cycles": 1,
+            "L_layers": 1,
+            "puzzle_emb_ndim": 0,
+            "puzzle_emb_len": 0,
+            "halt_max_steps": 2,
+        },
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=1,
+        batch_size=2,
+    )
     with pytest.raises(EvaluateError, match="latent_search_steps=5"):
         _configure_latent_search(trm, cfg)
 
@@ -95,8 +118,9 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
 
     monkeypatch.setattr(ttt, "decode_logits", spy)
     with torch.inference_mode():
-        latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=1, lr=0.5,
-                              leave_one_out=True)
+        latent_search_context(
+            m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=1, lr=0.5, leave_one_out=True
+        )
     inputs, ctx = seen[0]
     exp_inputs, exp_ctx = [], []
     with torch.no_grad():
@@ -104,9 +128,9 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
             for j in range(b["demo_inputs"].shape[1]):
                 if not b["demo_mask"][i, j]:
                     continue
-                loo = b["demo_mask"][i:i + 1].clone()
+                loo = b["demo_mask"][i : i + 1].clone()
                 loo[0, j] = False
-                z, _ = m.encoder.encode_latent(b["demo_inputs"][i:i + 1], b["demo_labels"][i:i + 1], loo)
+                z, _ = m.encoder.encode_latent(b["demo_inputs"][i : i + 1], b["demo_labels"][i : i + 1], loo)
                 exp_ctx.append(m.encoder.context_from_latent(z)[0])
                 exp_inputs.append(b["demo_inputs"][i, j])
     assert inputs.shape[0] == len(exp_inputs) == int(b["demo_mask"].sum())

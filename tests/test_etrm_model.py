@@ -16,22 +16,48 @@ NAMES = sorted(ENCODER_REGISTRY)
 
 
 def meta():
-    return DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=V, seq_len=S,
-                           num_puzzle_identifiers=5, total_groups=4, mean_puzzle_examples=2.0, sets=["all"],
-                           has_demos=True, max_demos=D)
+    return DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=V,
+        seq_len=S,
+        num_puzzle_identifiers=5,
+        total_groups=4,
+        mean_puzzle_examples=2.0,
+        sets=["all"],
+        has_demos=True,
+        max_demos=D,
+    )
 
 
 def arch(**kw):
-    a = dict(name="trm", hidden_size=HID, num_heads=4, expansion=2, puzzle_emb_ndim=HID, puzzle_emb_len=L,
-             H_cycles=2, L_cycles=1, L_layers=1, halt_max_steps=3, halt_exploration_prob=0.0, forward_dtype="float32")
+    a = dict(
+        name="trm",
+        hidden_size=HID,
+        num_heads=4,
+        expansion=2,
+        puzzle_emb_ndim=HID,
+        puzzle_emb_len=L,
+        H_cycles=2,
+        L_cycles=1,
+        L_layers=1,
+        halt_max_steps=3,
+        halt_exploration_prob=0.0,
+        forward_dtype="float32",
+    )
     a.update(kw)
     return a
 
 
 def build(name="standard", *, encoder_cache=False, arch_kw=None, **enc_kw):
     torch.manual_seed(0)
-    cfg = {"arch": arch(**(arch_kw or {})), "encoder": {"name": name, "hidden_size": 32, "num_heads": 4, **enc_kw},
-           "encoder_cache": encoder_cache, "global_batch_size": B}
+    cfg = {
+        "arch": arch(**(arch_kw or {})),
+        "encoder": {"name": name, "hidden_size": 32, "num_heads": 4, **enc_kw},
+        "encoder_cache": encoder_cache,
+        "global_batch_size": B,
+    }
     return build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
 
 
@@ -43,10 +69,14 @@ def batch(seed=0, same_demos=False):
         di, dl = di[:1].expand(B, -1, -1).clone(), dl[:1].expand(B, -1, -1).clone()
     mask = torch.ones(B, D, dtype=torch.bool)
     mask[0, 2] = False
-    return {"inputs": torch.randint(2, V, (B, S), generator=g, dtype=torch.int32),
-            "labels": torch.randint(2, V, (B, S), generator=g).long(),
-            "puzzle_identifiers": torch.zeros(B, dtype=torch.int32),
-            "demo_inputs": di, "demo_labels": dl, "demo_mask": mask}
+    return {
+        "inputs": torch.randint(2, V, (B, S), generator=g, dtype=torch.int32),
+        "labels": torch.randint(2, V, (B, S), generator=g).long(),
+        "puzzle_identifiers": torch.zeros(B, dtype=torch.int32),
+        "demo_inputs": di,
+        "demo_labels": dl,
+        "demo_mask": mask,
+    }
 
 
 def test_build_names_and_shapes():
@@ -65,6 +95,7 @@ def test_build_names_and_shapes():
 
 def test_unknown_encoder_key_is_an_error():
     from encoders import EncoderConfigError
+
     with pytest.raises(EncoderConfigError, match="kl_wieght"):
         build("variational", kl_wieght=1.0)
 
@@ -165,8 +196,13 @@ def test_diagnostics_on_identical_and_different_demos():
     b = batch(same_demos=True)
     _, out = m(m.initial_carry(b), b)
     d = m.diagnostics(out)
-    assert set(d) >= {"train/encoder_cross_sample_var", "train/encoder_output_mean", "train/encoder_output_norm",
-                      "train/encoder_output_std", "train/encoder_token_std"}
+    assert set(d) >= {
+        "train/encoder_cross_sample_var",
+        "train/encoder_output_mean",
+        "train/encoder_output_norm",
+        "train/encoder_output_std",
+        "train/encoder_token_std",
+    }
     # sample 0 has one masked slot, the others the same three demos: compare samples 1..3 only
     b["demo_mask"][0, 2] = True
     _, out = m(m.initial_carry(b), b)
@@ -195,8 +231,12 @@ def test_load_pretrained_decoder_ours_and_arch_check(tmp_path):
     with pytest.raises(Exception, match="L_cycles"):
         load_pretrained_decoder(m6, str(path), verbose=False)
     # the same through the config key
-    cfg = {"arch": arch(), "encoder": {"name": "standard", "hidden_size": 32, "num_heads": 4},
-           "load_pretrained_decoder": str(path), "global_batch_size": B}
+    cfg = {
+        "arch": arch(),
+        "encoder": {"name": "standard", "hidden_size": 32, "num_heads": 4},
+        "load_pretrained_decoder": str(path),
+        "global_batch_size": B,
+    }
     m2 = build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
     torch.testing.assert_close(m2.inner.state_dict()["lm_head.weight"], trm.inner.state_dict()["lm_head.weight"])
 
@@ -209,12 +249,14 @@ def test_load_pretrained_decoder_original_layout(tmp_path):
     torch.save(sd, path)
     (tmp_path / "all_config.yaml").write_text(
         "arch:\n  hidden_size: %d\n  num_heads: 4\n  expansion: 2\n  L_layers: 1\n  H_cycles: 2\n  L_cycles: 3\n"
-        "  puzzle_emb_ndim: %d\n  puzzle_emb_len: %d\n  pos_encodings: rope\n" % (HID, HID, L))
+        "  puzzle_emb_ndim: %d\n  puzzle_emb_len: %d\n  pos_encodings: rope\n" % (HID, HID, L)
+    )
     m = build()
     with pytest.raises(Exception, match="L_cycles"):
         load_pretrained_decoder(m, str(path), verbose=False)
-    (tmp_path / "all_config.yaml").write_text((tmp_path / "all_config.yaml").read_text().replace("L_cycles: 3",
-                                                                                                 "L_cycles: 1"))
+    (tmp_path / "all_config.yaml").write_text(
+        (tmp_path / "all_config.yaml").read_text().replace("L_cycles: 3", "L_cycles: 1")
+    )
     load_pretrained_decoder(m, str(path), verbose=False)
     torch.testing.assert_close(m.inner.state_dict()["lm_head.weight"], trm.inner.state_dict()["lm_head.weight"])
 
@@ -275,6 +317,7 @@ def test_eval_encodes_once_per_refill_and_matches_re_encoding(name):
         _, out = m(carry, b2)
         assert len(calls) == 1
         if name != "recurrent":
-            torch.testing.assert_close(out["encoder_context"][1],
-                                       orig(b2["demo_inputs"], b2["demo_labels"], b2["demo_mask"]).context[1])
+            torch.testing.assert_close(
+                out["encoder_context"][1], orig(b2["demo_inputs"], b2["demo_labels"], b2["demo_mask"]).context[1]
+            )
             torch.testing.assert_close(out["encoder_context"][0], outs[-1]["encoder_context"][0])

@@ -2,8 +2,10 @@
 
 The science command (``python -m experiments.science``): builder ->
 pretrain_encoder.py -> evaluate.py -> per-family table, end to end on a tiny setting; the table's arithmetic by hand;
-the zero-demo control's predictions do not depend on the demos. And the older recolour check: a small ETRM with the standard encoder, trained by the real
-loop, solves held-out rule instances well above chance and clearly above the zero-demo control."""
+the zero-demo control's predictions do not depend on the demos. And the older recolour check: a small ETRM with the
+standard encoder, trained by the real loop, solves held-out rule instances well above chance and clearly above the
+zero-demo control."""
+
 import json
 import os
 import shutil
@@ -54,12 +56,20 @@ def test_standard_encoder_beats_zero_demo_control_on_heldout_rules(tmp_path):
 
 
 def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
-    info = write_recolour_dataset(str(tmp_path / "d"), grid=3, num_colours=5, num_test_instances=4,
-                                  train_puzzles_per_instance=2, test_puzzles_per_instance=2, seed=3)
+    info = write_recolour_dataset(
+        str(tmp_path / "d"),
+        grid=3,
+        num_colours=5,
+        num_test_instances=4,
+        train_puzzles_per_instance=2,
+        test_puzzles_per_instance=2,
+        seed=3,
+    )
     assert not set(map(tuple, info["train_instances"])) & set(map(tuple, info["test_instances"]))
     assert info["chance"] == pytest.approx(1 / 16)  # a in 1..4, b in 0..4, b != a
-    loader, meta = create_dataloader(dict(data_paths=[str(tmp_path / "d")], global_batch_size=4, test_mode=True,
-                                          encoder_mode=True), "test")
+    loader, meta = create_dataloader(
+        dict(data_paths=[str(tmp_path / "d")], global_batch_size=4, test_mode=True, encoder_mode=True), "test"
+    )
     assert meta.seq_len == 16 and meta.has_demos
     n = 0
     for _, batch, _ in loader:
@@ -71,7 +81,7 @@ def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
             y = canvas_to_grid(np.where(batch["labels"][i].numpy() < 0, 0, batch["labels"][i].numpy()), size=4)
             changed = {(int(a), int(b)) for a, b in zip(x.ravel(), y.ravel()) if a != b}
             assert len(changed) == 1  # exactly one colour a is repainted b
-            (a, b), = changed
+            ((a, b),) = changed
             assert (a, b) in set(map(tuple, info["test_instances"]))
             for d in range(int(batch["demo_mask"][i].sum())):  # the demos show the same rule
                 dx = canvas_to_grid(batch["demo_inputs"][i, d].numpy(), size=4)
@@ -84,16 +94,26 @@ def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):
 # The science command
 # ---------------------------------------------------------------------------------------------------------------
 def test_family_table_by_hand():
-    rules = {"a1": {"subset": "evaluation", "family": "fa"}, "a2": {"subset": "evaluation", "family": "fa"},
-             "b1": {"subset": "evaluation", "family": "fb"}, "t1": {"subset": "training", "family": "fa"},
-             "t2": {"subset": "training", "family": "fc"}}  # fc: no held-out instance left
+    rules = {
+        "a1": {"subset": "evaluation", "family": "fa"},
+        "a2": {"subset": "evaluation", "family": "fa"},
+        "b1": {"subset": "evaluation", "family": "fb"},
+        "t1": {"subset": "training", "family": "fa"},
+        "t2": {"subset": "training", "family": "fc"},
+    }  # fc: no held-out instance left
     row = lambda *ranks: [{"test_index": i, "correct_rank": r} for i, r in enumerate(ranks)]  # noqa: E731
-    pred = {"x": {"a1": row(1), "a2": row(2, None), "b1": row(3)},
-            "y": {"a1": row(None), "a2": row(1, 1), "b1": row(2)}}
+    pred = {
+        "x": {"a1": row(1), "a2": row(2, None), "b1": row(3)},
+        "y": {"a1": row(None), "a2": row(1, 1), "b1": row(2)},
+    }
     assert puzzle_scores(row(2, None)) == (0.0, 0.5) and puzzle_scores(row(1, 2)) == (0.5, 1.0)
     t = family_table(rules, pred, holdout_families=["fb"])
-    assert [(f, t[f]["count"], t[f]["heldout_family"]) for f in ("fa", "fb", "fc", "all")] == \
-        [("fa", 2, False), ("fb", 1, True), ("fc", 0, False), ("all", 3, False)]
+    assert [(f, t[f]["count"], t[f]["heldout_family"]) for f in ("fa", "fb", "fc", "all")] == [
+        ("fa", 2, False),
+        ("fb", 1, True),
+        ("fc", 0, False),
+        ("all", 3, False),
+    ]
     assert t["fa"]["runs"]["x"] == {"pass@1": 0.5, "pass@2": 0.75}  # (1 + 0) / 2, (1 + 0.5) / 2
     assert t["fb"]["runs"]["x"] == {"pass@1": 0.0, "pass@2": 0.0}
     assert t["all"]["runs"]["x"] == {"pass@1": pytest.approx(1 / 3), "pass@2": pytest.approx(1.5 / 3)}
@@ -113,21 +133,35 @@ def test_science_config_builds_every_run(name):
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
     assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_grid"
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=64,
-                           num_puzzle_identifiers=5, total_groups=1, mean_puzzle_examples=1.0, sets=["all"],
-                           grid_size=8, has_demos=True, max_demos=3)
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=12,
+        seq_len=64,
+        num_puzzle_identifiers=5,
+        total_groups=1,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
+        grid_size=8,
+        has_demos=True,
+        max_demos=3,
+    )
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--override", "+encoder.nope=1"], "unknown key 'encoder.nope' (value 1)"),
-    (["--override", "+arch.nope=1"], "unknown key 'arch.nope'"),
-    (["--override", "nope=1"], "Could not override 'nope'"),
-    (["--encoders", "standard", "lpm"], "unknown run 'lpm'"),
-    (["--families", "gravity", "gravitee"], "unknown family 'gravitee'"),
-    (["--steps", "0"], "--steps must be > 0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--override", "+encoder.nope=1"], "unknown key 'encoder.nope' (value 1)"),
+        (["--override", "+arch.nope=1"], "unknown key 'arch.nope'"),
+        (["--override", "nope=1"], "Could not override 'nope'"),
+        (["--encoders", "standard", "lpm"], "unknown run 'lpm'"),
+        (["--families", "gravity", "gravitee"], "unknown family 'gravitee'"),
+        (["--steps", "0"], "--steps must be > 0"),
+    ],
+)
 def test_bad_input_fails_at_once_and_writes_nothing(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "out")] + args)
@@ -144,15 +178,60 @@ def test_the_command_line_becomes_one_settings_object():
     from experiments.science.settings import ScienceSettings
 
     assert settings_from_args(build_parser().parse_args(["--out", "o"])) == ScienceSettings(out="o")
-    argv = ["--out", "o", "--encoders", "lpn", CONTROL, "--input-file-prefix", "p", "--groups", "g.json", "--steps",
-            "3", "--canvas-size", "9", "--num-aug", "2", "--train-fit-puzzles", "4", "--no-train", "--curve",
-            "--rule-readout", "0.5", "--halting-step", "--seed", "3", "--override", "lr=1", "--override", "ema=true",
-            "--eval-override", "batch_size=8", "--config", "cfg_pretrain"]
+    argv = [
+        "--out",
+        "o",
+        "--encoders",
+        "lpn",
+        CONTROL,
+        "--input-file-prefix",
+        "p",
+        "--groups",
+        "g.json",
+        "--steps",
+        "3",
+        "--canvas-size",
+        "9",
+        "--num-aug",
+        "2",
+        "--train-fit-puzzles",
+        "4",
+        "--no-train",
+        "--curve",
+        "--rule-readout",
+        "0.5",
+        "--halting-step",
+        "--seed",
+        "3",
+        "--override",
+        "lr=1",
+        "--override",
+        "ema=true",
+        "--eval-override",
+        "batch_size=8",
+        "--config",
+        "cfg_pretrain",
+    ]
     s = settings_from_args(build_parser().parse_args(argv), "the command")
-    assert s == ScienceSettings(out="o", encoders=["lpn", CONTROL], input_file_prefix="p", groups_file="g.json",
-                                steps=3, canvas_size=9, num_aug=2, train_fit_puzzles=4, no_train=True, curve=True,
-                                rule_readout=0.5, halting_step=True, seed=3, overrides=["lr=1", "ema=true"],
-                                eval_overrides=["batch_size=8"], config="cfg_pretrain", command="the command")
+    assert s == ScienceSettings(
+        out="o",
+        encoders=["lpn", CONTROL],
+        input_file_prefix="p",
+        groups_file="g.json",
+        steps=3,
+        canvas_size=9,
+        num_aug=2,
+        train_fit_puzzles=4,
+        no_train=True,
+        curve=True,
+        rule_readout=0.5,
+        halting_step=True,
+        seed=3,
+        overrides=["lr=1", "ema=true"],
+        eval_overrides=["batch_size=8"],
+        config="cfg_pretrain",
+        command="the command",
+    )
     assert s.encoders == ("lpn", CONTROL) and s.files_num_aug == 2 and s.check()[1] == ["lpn", CONTROL]
     with pytest.raises(ScienceError, match="--input-file-prefix and --holdout-families are mutually exclusive"):
         ScienceSettings(out="o", input_file_prefix="p", holdout_families=["gravity"]).check()
@@ -161,10 +240,30 @@ def test_the_command_line_becomes_one_settings_object():
 
 
 FAMS = ["colour_map", "flip_rotate"]
-TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
-        "encoder.num_layers=1", "global_batch_size=16"]
-ARGS = ["--families", *FAMS, "--num-train", "16", "--num-test", "6", "--num-aug", "2", "--steps", "4",
-        "--canvas-size", "8", "--max-grid", "5"] + [a for o in TINY for a in ("--override", o)]
+TINY = [
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "encoder.hidden_size=32",
+    "encoder.num_heads=2",
+    "encoder.num_layers=1",
+    "global_batch_size=16",
+]
+ARGS = [
+    "--families",
+    *FAMS,
+    "--num-train",
+    "16",
+    "--num-test",
+    "6",
+    "--num-aug",
+    "2",
+    "--steps",
+    "4",
+    "--canvas-size",
+    "8",
+    "--max-grid",
+    "5",
+] + [a for o in TINY for a in ("--override", o)]
 
 
 @pytest.fixture(scope="module")
@@ -190,22 +289,22 @@ def test_science_command_table_counts_every_heldout_puzzle_once(science_out, cap
     assert sum(res["families"][f]["count"] for f in FAMS) == res["families"]["all"]["count"] == 6
     for f in FAMS:
         assert res["families"][f]["count"] == sum(rules[p]["family"] == f for p in heldout)
-    for run in ("standard", CONTROL):
-        r = res["runs"][run]
+    for name in ("standard", CONTROL):
+        r = res["runs"][name]
         assert r["status"] == "ok" and r["steps"] == 4 and r["metrics"]["ARC/num_puzzles"] == 6
-        assert r["zero_demos"] == (run == CONTROL)
+        assert r["zero_demos"] == (name == CONTROL)
         # independent recount from evaluate.py's predictions.json, family from the puzzle name's suffix
-        pred = json.load(open(os.path.join(out, "runs", run, "eval", "predictions.json")))
+        pred = json.load(open(os.path.join(out, "runs", name, "eval", "predictions.json")))
         assert sorted(pred) == sorted(heldout)
         for f in FAMS:
             names = [p for p in pred if p.endswith("-" + f)]
             p1 = np.mean([np.mean([row["correct_rank"] == 1 for row in pred[p]]) for p in names])
-            row = res["families"][f]["runs"][run]
+            row = res["families"][f]["runs"][name]
             assert row["pass@1"] == pytest.approx(p1) and row["pass@2"] >= row["pass@1"]
         # the run really went through pretrain_encoder.py with the control's override and the user's overrides
-        log = open(os.path.join(out, "runs", run, "train.log")).read()
+        log = open(os.path.join(out, "runs", name, "train.log")).read()
         assert "pretrain_encoder.py --config-name cfg_science" in log and "arch.hidden_size=32" in log
-        assert ("encoder.zero_demos=true" in log) == (run == CONTROL)
+        assert ("encoder.zero_demos=true" in log) == (name == CONTROL)
     # resumable: nothing is trained or evaluated again; other settings in the same --out are refused
     mtimes = {run: os.path.getmtime(os.path.join(out, "runs", run, "train.log")) for run in ("standard", CONTROL)}
     capsys.readouterr()
@@ -264,8 +363,17 @@ def test_zero_demo_control_predictions_do_not_depend_on_the_demos(science_out, t
 
     def predictions(data):
         d = str(tmp_path / f"pred-{os.path.basename(data)}")
-        run(EvaluateConfig(checkpoint=ck(CONTROL), data_path=data, output_dir=d, device="cpu", progress=False,
-                           num_pictures=0, rank_malformed=True))
+        run(
+            EvaluateConfig(
+                checkpoint=ck(CONTROL),
+                data_path=data,
+                output_dir=d,
+                device="cpu",
+                progress=False,
+                num_pictures=0,
+                rank_malformed=True,
+            )
+        )
         return json.load(open(os.path.join(d, "predictions.json")))
 
     assert predictions(built) == predictions(other)
@@ -294,8 +402,10 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     assert len(rows) == 2 and "control" not in md  # --runs standard
     fam = res["families"]
     cells = [c.strip() for c in rows[0].split("|")[1:-1]]
-    want = {f: f"{fam[f]['runs']['standard']['pass@1']:.2f} / {fam[f]['train_runs']['standard']['pass@1']:.2f}"
-            for f in ("all", "colour_map", "flip_rotate")}
+    want = {
+        f: f"{fam[f]['runs']['standard']['pass@1']:.2f} / {fam[f]['train_runs']['standard']['pass@1']:.2f}"
+        for f in ("all", "colour_map", "flip_rotate")
+    }
     assert cells[5] == f"**{want['all']}**" and cells[6:] == [want["colour_map"], want["flip_rotate"]]
     assert cells[1] == "(baseline) " + " ".join(f"`{o}`" for o in res["settings"]["overrides"]) and cells[2] == "0, 0"
     r = res["runs"]["standard"]
@@ -335,10 +445,21 @@ def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_pa
     ev = lambda sub: json.load(open(os.path.join(copy, "runs", "standard", sub, "metrics.json")))["metrics"]  # noqa
     assert ev("eval-halt")["all.steps"] == 1.0 and ev("eval")["all.steps"] == 2.0
     direct = str(tmp_path / "direct")
-    run(EvaluateConfig(checkpoint=ck_dir, data_path=os.path.join(copy, "data", "built"), output_dir=direct,
-                       device="cpu", progress=False, num_pictures=0, pass_ks=[1, 2], halt_early=True))
+    run(
+        EvaluateConfig(
+            checkpoint=ck_dir,
+            data_path=os.path.join(copy, "data", "built"),
+            output_dir=direct,
+            device="cpu",
+            progress=False,
+            num_pictures=0,
+            pass_ks=[1, 2],
+            halt_early=True,
+        )
+    )
     assert json.load(open(os.path.join(direct, "predictions.json"))) == json.load(
-        open(os.path.join(copy, "runs", "standard", "eval-halt", "predictions.json")))
+        open(os.path.join(copy, "runs", "standard", "eval-halt", "predictions.json"))
+    )
     m = json.load(open(os.path.join(direct, "metrics.json")))["metrics"]
     assert halt["all"]["runs"]["standard"]["pass@1"] == pytest.approx(m["ARC/pass@1"])
     assert res["runs"]["standard"]["halting_step"]["metrics"]["ARC/pass@1"] == pytest.approx(m["ARC/pass@1"])
@@ -359,8 +480,9 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
     spath = os.path.join(copy, "runs", "standard", "run.json")
     spec = json.load(open(spath))
     assert spec["recipe"]["arch"]["name"] == "trm_grid"
-    spec["recipe"]["arch"].update(name="trm", grid_coords=True, pointer_init="identity", pointer_source="token",
-                                  context_broadcast=False)
+    spec["recipe"]["arch"].update(
+        name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False
+    )
     json.dump(spec, open(spath, "w"))
     capsys.readouterr()
     main(["--out", copy] + ARGS)

@@ -1,4 +1,5 @@
 """ARC evaluator: voting, ranking, pass@K, inverse path, malformed predictions, denominators, outputs."""
+
 from __future__ import annotations
 
 import json
@@ -13,17 +14,18 @@ from dataset.canvas import canvas_to_grid, grid_hash, grid_to_canvas
 from dataset.tokens import EOS_ID, IGNORE_LABEL_ID
 from evaluators import EVALUATOR_REGISTRY, ARCEvaluator, EvaluatorError, build_evaluators
 from evaluators.arc import MALFORMED, Candidate, build_submission, pass_at_k, rank_candidates
-from tests.doubles import (malformed_tokens, oracle_tokens, wrong_tokens,
-                                write_tiny_arc_test_split)
+from tests.doubles import malformed_tokens, oracle_tokens, write_tiny_arc_test_split, wrong_tokens
 
-AUGS = [Augmentation(),
-        Augmentation(1, (0, 2, 3, 4, 5, 6, 7, 8, 9, 1)),
-        Augmentation(4, (0, 9, 8, 7, 6, 5, 4, 3, 2, 1)),
-        Augmentation(6, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
-        Augmentation(2, (0, 3, 1, 2, 5, 4, 7, 6, 9, 8)),
-        Augmentation(7, (0, 5, 6, 7, 8, 9, 1, 2, 3, 4)),
-        Augmentation(5, (0, 1, 3, 2, 4, 5, 6, 8, 7, 9)),
-        Augmentation(3, (0, 4, 3, 2, 1, 9, 8, 7, 6, 5))]
+AUGS = [
+    Augmentation(),
+    Augmentation(1, (0, 2, 3, 4, 5, 6, 7, 8, 9, 1)),
+    Augmentation(4, (0, 9, 8, 7, 6, 5, 4, 3, 2, 1)),
+    Augmentation(6, (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)),
+    Augmentation(2, (0, 3, 1, 2, 5, 4, 7, 6, 9, 8)),
+    Augmentation(7, (0, 5, 6, 7, 8, 9, 1, 2, 3, 4)),
+    Augmentation(5, (0, 1, 3, 2, 4, 5, 6, 8, 7, 9)),
+    Augmentation(3, (0, 4, 3, 2, 1, 9, 8, 7, 6, 5)),
+]
 
 
 def _g(rows):
@@ -33,10 +35,13 @@ def _g(rows):
 # A hand-written puzzle set: asymmetric grids so every dihedral transform changes them.
 PUZZLES = {
     "p_one": {"train": [], "test": [{"input": [[1, 2, 0], [0, 3, 0]], "output": [[1, 2], [3, 4], [5, 0]]}]},
-    "p_two": {"train": [], "test": [
-        {"input": [[4, 0], [0, 5], [6, 6]], "output": [[7, 8, 9]]},
-        {"input": [[1, 1, 2]], "output": [[2, 0], [0, 1]]},
-    ]},
+    "p_two": {
+        "train": [],
+        "test": [
+            {"input": [[4, 0], [0, 5], [6, 6]], "output": [[7, 8, 9]]},
+            {"input": [[1, 1, 2]], "output": [[2, 0], [0, 1]]},
+        ],
+    },
     "p_three": {"train": [], "test": [{"input": [[3]], "output": [[6, 1, 1], [0, 0, 2]]}]},
 }
 
@@ -57,14 +62,17 @@ def _run(ev: ARCEvaluator, data_dir: str, token_fn, *, q=None, rows=None, batch_
     rows = np.arange(len(inputs)) if rows is None else np.asarray(rows)
     ev.begin_eval()
     for s in range(0, len(rows), batch_size):
-        r = rows[s:s + batch_size]
+        r = rows[s : s + batch_size]
         pad = batch_size - len(r)
         ex = np.concatenate([r, -np.ones(pad, np.int64)])
         take = np.where(ex >= 0, ex, 0)
         lab = torch.from_numpy(labels[take])
-        batch = {"inputs": torch.from_numpy(inputs[take].astype(np.int32)), "labels": lab,
-                 "puzzle_identifiers": torch.from_numpy(np.where(ex >= 0, pids[ex_puz[take]], 0).astype(np.int32)),
-                 "example_index": torch.from_numpy(ex.astype(np.int64))}
+        batch = {
+            "inputs": torch.from_numpy(inputs[take].astype(np.int32)),
+            "labels": lab,
+            "puzzle_identifiers": torch.from_numpy(np.where(ex >= 0, pids[ex_puz[take]], 0).astype(np.int32)),
+            "example_index": torch.from_numpy(ex.astype(np.int64)),
+        }
         preds = token_fn(lab)
         qv = torch.zeros(batch_size) if q is None else torch.as_tensor([q(int(e)) for e in ex], dtype=torch.float32)
         ev.update(batch, {"preds": preds, "q_halt_logits": qv})
@@ -75,9 +83,9 @@ def _run(ev: ARCEvaluator, data_dir: str, token_fn, *, q=None, rows=None, batch_
 def test_hand_built_ranking_votes_ties_and_q():
     sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
     a = Candidate("a", [[1]], votes=3, q_sum=3 * sig(-2.0))  # most votes, low q
-    b = Candidate("b", [[2]], votes=2, q_sum=2 * sig(1.0))   # tie with c on votes; higher mean q
+    b = Candidate("b", [[2]], votes=2, q_sum=2 * sig(1.0))  # tie with c on votes; higher mean q
     c = Candidate("c", [[3]], votes=2, q_sum=2 * sig(0.5))
-    d = Candidate("d", [[4]], votes=1, q_sum=sig(5.0))        # best q but one vote
+    d = Candidate("d", [[4]], votes=1, q_sum=sig(5.0))  # best q but one vote
     m = Candidate(MALFORMED, None, votes=4, q_sum=4 * sig(3.0))
     ranked = rank_candidates([d, c, m, b, a])
     assert [x.hash for x in ranked] == ["a", "b", "c", "d"]
@@ -144,15 +152,19 @@ def test_pass_at_k_by_hand_through_the_evaluator(tiny_data):
     labels = np.load(os.path.join(tiny_data, "test", "all__labels.npy")).astype(np.int64)
     labels[labels == 0] = IGNORE_LABEL_ID
     ex_puz = np.searchsorted(pidx, np.arange(len(inputs)), side="right") - 1
+
     def feed(qf):
         ev.begin_eval()
         order = np.random.default_rng(0).permutation(len(inputs))  # order must not matter
         for s in range(0, len(order), 7):
-            r = order[s:s + 7]
+            r = order[s : s + 7]
             lab = torch.from_numpy(labels[r])
-            batch = {"inputs": torch.from_numpy(inputs[r].astype(np.int32)), "labels": lab,
-                     "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
-                     "example_index": torch.from_numpy(r.astype(np.int64))}
+            batch = {
+                "inputs": torch.from_numpy(inputs[r].astype(np.int32)),
+                "labels": lab,
+                "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
+                "example_index": torch.from_numpy(r.astype(np.int64)),
+            }
             ev.update(batch, {"preds": token_fn_rows(lab, r), "q_halt_logits": torch.tensor([qf(int(e)) for e in r])})
         return ev.result(None)
 
@@ -254,9 +266,15 @@ def test_denominator_is_puzzles_evaluated(tiny_data):
     pidx = np.load(os.path.join(tiny_data, "test", "all__puzzle_indices.npy"))
     ids = json.load(open(os.path.join(tiny_data, "identifiers.json")))
     pids = np.load(os.path.join(tiny_data, "test", "all__puzzle_identifiers.npy"))
-    rows = [e for p in range(len(pids)) if Augmentation.parse_name(ids[pids[p]])[0] in ("p_one", "p_three")
-            for e in range(pidx[p], pidx[p + 1])]
-    name_of = {e: Augmentation.parse_name(ids[pids[p]])[0] for p in range(len(pids)) for e in range(pidx[p], pidx[p + 1])}
+    rows = [
+        e
+        for p in range(len(pids))
+        if Augmentation.parse_name(ids[pids[p]])[0] in ("p_one", "p_three")
+        for e in range(pidx[p], pidx[p + 1])
+    ]
+    name_of = {
+        e: Augmentation.parse_name(ids[pids[p]])[0] for p in range(len(pids)) for e in range(pidx[p], pidx[p + 1])
+    }
     ev = ARCEvaluator(tiny_data, None, None, num_pictures=0)
 
     def fn_rows(lab):
@@ -271,9 +289,15 @@ def test_denominator_is_puzzles_evaluated(tiny_data):
     r = np.asarray(rows)
     lab = torch.from_numpy(labels[r])
     preds = torch.stack([oracle_tokens(l) if name_of[int(e)] == "p_one" else wrong_tokens(l) for l, e in zip(lab, r)])
-    ev.update({"inputs": torch.from_numpy(inputs[r].astype(np.int32)), "labels": lab,
-               "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
-               "example_index": torch.from_numpy(r)}, {"preds": preds, "q_halt_logits": torch.zeros(len(r))})
+    ev.update(
+        {
+            "inputs": torch.from_numpy(inputs[r].astype(np.int32)),
+            "labels": lab,
+            "puzzle_identifiers": torch.from_numpy(pids[ex_puz[r]].astype(np.int32)),
+            "example_index": torch.from_numpy(r),
+        },
+        {"preds": preds, "q_halt_logits": torch.zeros(len(r))},
+    )
     m = ev.result(None)
     assert m["ARC/num_puzzles"] == 2 and m["ARC/num_test_inputs"] == 2
     assert m["ARC/pass@1"] == 0.5
@@ -315,10 +339,22 @@ def test_missing_test_input_counts_as_unsolved(tiny_data):
 
 
 def test_submission_fallbacks():
-    sub = build_submission({"x": [[Candidate("h1", [[1]], 3), Candidate("h2", [[2]], 1)], [],
-                                  [Candidate(MALFORMED, None, 5), Candidate("h3", [[3]], 1)]]})
-    assert sub == {"x": [{"attempt_1": [[1]], "attempt_2": [[2]]}, {"attempt_1": [[0]], "attempt_2": [[0]]},
-                         {"attempt_1": [[3]], "attempt_2": [[3]]}]}
+    sub = build_submission(
+        {
+            "x": [
+                [Candidate("h1", [[1]], 3), Candidate("h2", [[2]], 1)],
+                [],
+                [Candidate(MALFORMED, None, 5), Candidate("h3", [[3]], 1)],
+            ]
+        }
+    )
+    assert sub == {
+        "x": [
+            {"attempt_1": [[1]], "attempt_2": [[2]]},
+            {"attempt_1": [[0]], "attempt_2": [[0]]},
+            {"attempt_1": [[3]], "attempt_2": [[3]]},
+        ]
+    }
 
 
 def test_registry_and_loud_construction_errors(tiny_data, tmp_path):
@@ -355,8 +391,9 @@ def test_q_halt_probability_in_float64_ranks_confident_candidates(tmp_path):
     """Two candidates with one vote each: the tie is broken by sigmoid(q_halt). With logits 18 and 20 an fp32
     sigmoid gives exactly 1.0 for both (a tie settled by hash, i.e. the same order both ways); the published
     evaluator's float64 sigmoid keeps them apart, so swapping the logits must swap the ranking."""
-    data = write_tiny_arc_test_split(str(tmp_path / "d"), {"p": PUZZLES["p_one"]},
-                                     [Augmentation(), Augmentation(2)])  # dihedral only: wrong_tokens commutes
+    data = write_tiny_arc_test_split(
+        str(tmp_path / "d"), {"p": PUZZLES["p_one"]}, [Augmentation(), Augmentation(2)]
+    )  # dihedral only: wrong_tokens commutes
 
     def preds(lab):  # example 0 (identity copy) predicts the truth, example 1 a wrong grid
         return torch.stack([oracle_tokens(lab[0]), wrong_tokens(lab[1])])
@@ -413,8 +450,10 @@ def test_prediction_picture_panels_show_demos_input_truth_and_candidates():
 
     demos = [{"input": [[d, 1], [2, 3]], "output": [[3, 2], [1, d]]} for d in range(4)]
     tests = [{"input": [[5, 6]], "output": [[6, 5]]}, {"input": [[7]], "output": [[8]]}]
-    ranked = [[Candidate("a", _g([[6, 5]]), votes=4, q_sum=3.6), Candidate("b", _g([[1, 1]]), votes=1, q_sum=0.1)],
-              [Candidate("c", _g([[9]]), votes=2, q_sum=0.2)]]
+    ranked = [
+        [Candidate("a", _g([[6, 5]]), votes=4, q_sum=3.6), Candidate("b", _g([[1, 1]]), votes=1, q_sum=0.1)],
+        [Candidate("c", _g([[9]]), votes=2, q_sum=0.2)],
+    ]
     fig = puzzle_figure("p", {"train": demos, "test": tests}, ranked, top_k=2)
     shown = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
 
@@ -449,14 +488,21 @@ def test_prediction_picture_cells_have_one_size_and_empty_slots_say_why():
     small, big = [[1, 2], [3, 4]], [[(r + c) % 10 for c in range(6)] for r in range(6)]
     tests = [{"input": small, "output": big}, {"input": [[5]], "output": [[5, 5], [5, 5]]}]
     ranked = [[Candidate("a", _g(big), votes=5, q_sum=4.0)], []]
-    fig = puzzle_figure("p", {"train": [{"input": small, "output": big}], "test": tests}, ranked, top_k=2,
-                        copies=[Copies(8, 3), Copies(8, 8)])
+    fig = puzzle_figure(
+        "p",
+        {"train": [{"input": small, "output": big}], "test": tests},
+        ranked,
+        top_k=2,
+        copies=[Copies(8, 3), Copies(8, 8)],
+    )
     fig.canvas.draw()
     shown = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     drawn = [ax for ax in shown.values() if ax.images]
     assert {(ax.get_xlim(), ax.get_ylim()) for ax in drawn} == {((0.0, 6.0), (6.0, 0.0))}
-    widths = {t: shown[t].get_window_extent().width for t in ("demo 0: input 2x2", "demo 0: output 6x6",
-                                                              "test 0: input 2x2", "ground truth 6x6")}
+    widths = {
+        t: shown[t].get_window_extent().width
+        for t in ("demo 0: input 2x2", "demo 0: output 6x6", "test 0: input 2x2", "ground truth 6x6")
+    }
     assert len({round(w) for w in widths.values()}) == 1  # same panel size, same limits: same cell size
     left, right, _, _ = shown["test 0: input 2x2"].images[0].get_extent()
     assert right - left == 2  # two cells of the six the panel spans
@@ -475,8 +521,11 @@ def test_evaluator_pictures_count_the_malformed_copies(tiny_data, tmp_path, monk
 
     def spy(path, name, puzzle, ranked, top_k=2, copies=None):  # draw_puzzle without the PNG
         fig = puzzle_figure(name, puzzle, ranked, top_k, copies)
-        drawn[name] = [ax.texts[0].get_text().replace("\n", " ") for ax in fig.axes
-                       if ax.get_title().startswith("top-") and ax.texts]
+        drawn[name] = [
+            ax.texts[0].get_text().replace("\n", " ")
+            for ax in fig.axes
+            if ax.get_title().startswith("top-") and ax.texts
+        ]
         return path
 
     monkeypatch.setattr(pictures, "draw_puzzle", spy)

@@ -1,4 +1,5 @@
 """benchmarks/eval_throughput.py on a tiny model (arithmetic of the projection; CPU only)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,16 @@ TINY = dict(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1, L_layers=1, puz
 
 
 def test_projection_arithmetic_and_step_extrapolation():
-    r = measure_eval_throughput(device="cpu", batch_size=4, num_batches=1, measure_steps=2, halt_max_steps=8,
-                                arch_overrides=TINY, seq_len=64, include_evaluator_cost=False)
+    r = measure_eval_throughput(
+        device="cpu",
+        batch_size=4,
+        num_batches=1,
+        measure_steps=2,
+        halt_max_steps=8,
+        arch_overrides=TINY,
+        seq_len=64,
+        include_evaluator_cost=False,
+    )
     assert r["total_copies"] == ARC1_EVAL_TEST_INPUTS * 1001 == 419419
     assert r["measure_steps"] == 2 and r["halt_max_steps"] == 8
     # 2 of 8 steps measured on 4 copies -> per-copy time scaled by 4

@@ -1,4 +1,5 @@
 """evaluate.py: our checkpoints, the original TRM layout, strict config, and parity with the training hook."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,21 @@ def trained(tmp_path_factory, arc_kaggle_dir):
     training loop's own eval hook running at the end)."""
     from dataset.arc_sources import load_kaggle_subset
     from dataset.build_arc_dataset import build_arc_dataset
-    from training.loop import train
     from tests.toy_data import toy_train_config
+    from training.loop import train
 
     root = tmp_path_factory.mktemp("evalcli")
     data = str(root / "data")
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:6]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=3, seed=0, num_workers=1, progress=False)
-    cfg = toy_train_config(data, str(root / "ck"), max_steps=2, epochs=1, global_batch_size=8,
-                           evaluators=[{"name": "arc", "kwargs": {"num_pictures": 0}}])
+    cfg = toy_train_config(
+        data,
+        str(root / "ck"),
+        max_steps=2,
+        epochs=1,
+        global_batch_size=8,
+        evaluators=[{"name": "arc", "kwargs": {"num_pictures": 0}}],
+    )
     summary = train(cfg)
     n_inputs = sum(len(p.test) for p in puzzles)
     return data, summary["last_checkpoint"], summary, n_inputs, root
@@ -68,8 +75,17 @@ def test_evaluate_subset_of_augmentations(trained):
 
     data, ck, _, n_inputs, root = trained
     # run directory + batch size from the checkpoint's config
-    m = evaluate.run(_cfg(checkpoint=os.path.dirname(ck), data_path=data, output_dir=str(root / "out_sub"),
-                          num_augmentations=1, num_pictures=0, halt_early=True, batch_size=None))
+    m = evaluate.run(
+        _cfg(
+            checkpoint=os.path.dirname(ck),
+            data_path=data,
+            output_dir=str(root / "out_sub"),
+            num_augmentations=1,
+            num_pictures=0,
+            halt_early=True,
+            batch_size=None,
+        )
+    )
     assert m["ARC/num_examples"] == n_inputs and m["ARC/num_puzzles"] == 6
     saved = json.load(open(root / "out_sub" / "metrics.json"))
     assert saved["checkpoint_info"]["global_batch_size"] == 8
@@ -91,15 +107,31 @@ def test_original_trm_layout_gives_the_same_numbers(trained):
     torch.save(orig, path)
     arch = dict(state["config"]["arch"])
     ours = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "o1"), use_ema=False, num_pictures=0))
-    theirs = evaluate.run(_cfg(checkpoint=path, data_path=data, output_dir=str(root / "o2"), num_pictures=0,
-                               original_trm_checkpoint=True, arch=arch))
+    theirs = evaluate.run(
+        _cfg(
+            checkpoint=path,
+            data_path=data,
+            output_dir=str(root / "o2"),
+            num_pictures=0,
+            original_trm_checkpoint=True,
+            arch=arch,
+        )
+    )
     for k in ("all.accuracy", "all.lm_loss", "ARC/pass@1", "ARC/num_examples"):
         assert theirs[k] == pytest.approx(ours[k], rel=1e-5), k
     # a structurally different arch is refused, naming the shapes
     bad = dict(arch, hidden_size=arch["hidden_size"] * 2, puzzle_emb_ndim=arch["hidden_size"] * 2)
     with pytest.raises(Exception, match="does not fit|hidden_size"):
-        evaluate.run(_cfg(checkpoint=path, data_path=data, output_dir=str(root / "o3"), num_pictures=0,
-                          original_trm_checkpoint=True, arch=bad))
+        evaluate.run(
+            _cfg(
+                checkpoint=path,
+                data_path=data,
+                output_dir=str(root / "o3"),
+                num_pictures=0,
+                original_trm_checkpoint=True,
+                arch=bad,
+            )
+        )
 
 
 def test_strict_config_and_clear_errors(trained):
@@ -123,15 +155,23 @@ def test_arch_is_the_validated_arch_config():
     from models import ArchConfigError
     from models.trm import TRMConfig
 
-    cfg = evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d", original_trm_checkpoint=True,
-                                  arch={"name": "trm", "L_cycles": 4})
+    cfg = evaluate.EvaluateConfig(
+        checkpoint="c.pt", data_path="d", original_trm_checkpoint=True, arch={"name": "trm", "L_cycles": 4}
+    )
     assert isinstance(cfg.arch, TRMConfig) and cfg.arch.L_cycles == 4 and cfg.arch.H_cycles == TRMConfig().H_cycles
     assert cfg.model_dump()["arch"] == cfg.arch.model_dump()
     assert evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d").arch is None
     with pytest.raises(pydantic.ValidationError, match="arch.bogus"):
         evaluate.EvaluateConfig(checkpoint="c.pt", data_path="d", arch={"name": "trm", "bogus": 1})
-    composed = OmegaConf.create({**evaluate.evaluate_defaults(), "checkpoint": "c.pt", "data_path": "d",
-                                 "original_trm_checkpoint": True, "arch": {"name": "trm", "bogus": 1}})
+    composed = OmegaConf.create(
+        {
+            **evaluate.evaluate_defaults(),
+            "checkpoint": "c.pt",
+            "data_path": "d",
+            "original_trm_checkpoint": True,
+            "arch": {"name": "trm", "bogus": 1},
+        }
+    )
     with pytest.raises(ArchConfigError, match="unknown key 'arch.bogus'"):
         evaluate.check_config(composed, ["+arch.bogus=1"])
 
@@ -141,18 +181,46 @@ def test_cli_end_to_end_and_unknown_key(trained):
     data, ck, _, n_inputs, root = trained
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
     out = str(root / "cli_out")
-    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "device=cpu",
-                        "num_augmentations=2", "batch_size=8", f"output_dir={out}", "progress=false", "num_pictures=0"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            f"checkpoint={ck}",
+            f"data_path={data}",
+            "device=cpu",
+            "num_augmentations=2",
+            "batch_size=8",
+            f"output_dir={out}",
+            "progress=false",
+            "num_pictures=0",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    printed = json.loads(r.stdout[r.stdout.index("{"):])
+    printed = json.loads(r.stdout[r.stdout.index("{") :])
     assert printed["ARC/num_puzzles"] == 6.0
     assert json.load(open(os.path.join(out, "metrics.json")))["metrics"]["ARC/num_examples"] == 2 * n_inputs
-    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "bogus_key=1"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "bogus_key=1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode != 0 and "bogus_key" in r.stderr
-    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "arch.L_cycles=6",
-                        "device=cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "evaluate.py", f"checkpoint={ck}", f"data_path={data}", "arch.L_cycles=6", "device=cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1 and "original_trm_checkpoint" in r.stderr
 
 
@@ -171,15 +239,19 @@ def test_max_groups_picks_the_groups_of_the_runs_eval_hook(trained):
     ids = json.load(open(os.path.join(data, "identifiers.json")))
 
     def hook_names(seed):  # what the training loop's eval loader (seed=cfg.seed) would serve
-        ds = PuzzleDataset(PuzzleDatasetConfig(data_paths=[data], global_batch_size=8, seed=seed, test_mode=True,
-                                               max_groups=2), "test")
-        return {Augmentation.parse_name(ids[int(p)])[0] for _, b, _ in ds for p, e in
-                zip(b["puzzle_identifiers"], b["example_index"]) if e >= 0}
+        ds = PuzzleDataset(
+            PuzzleDatasetConfig(data_paths=[data], global_batch_size=8, seed=seed, test_mode=True, max_groups=2), "test"
+        )
+        return {
+            Augmentation.parse_name(ids[int(p)])[0]
+            for _, b, _ in ds
+            for p, e in zip(b["puzzle_identifiers"], b["example_index"])
+            if e >= 0
+        }
 
     assert hook_names(5) != hook_names(0)  # the check below can tell the seeds apart
     out = str(root / "out_groups")
-    m = evaluate.run(_cfg(checkpoint=ck5, data_path=data, output_dir=out, use_ema=False, max_groups=2,
-                          num_pictures=0))
+    m = evaluate.run(_cfg(checkpoint=ck5, data_path=data, output_dir=out, use_ema=False, max_groups=2, num_pictures=0))
     assert m["ARC/num_puzzles"] == 2
     assert set(json.load(open(os.path.join(out, "submission.json")))) == hook_names(5)
 
@@ -192,13 +264,50 @@ def sudoku_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("sudoku")
     data = str(root / "sud")
-    build_sudoku(["--output-dir", data, "--generate-train", "64", "--generate-test", "8", "--size", "4",
-                  "--num-aug", "1", "--no-progress"])
+    build_sudoku(
+        [
+            "--output-dir",
+            data,
+            "--generate-train",
+            "64",
+            "--generate-test",
+            "8",
+            "--size",
+            "4",
+            "--num-aug",
+            "1",
+            "--no-progress",
+        ]
+    )
     run = str(root / "run")
-    arch = dict(name="trm", hidden_size=32, num_heads=2, expansion=2, puzzle_emb_ndim=32, puzzle_emb_len=1, H_cycles=1,
-                L_cycles=1, L_layers=1, halt_max_steps=2, loss={"loss_type": "softmax_cross_entropy"})
-    s = train(dict(arch=arch, data_paths=[data], global_batch_size=16, epochs=1, max_steps=4, eval_interval=None,
-                   eval_at_end=False, evaluators=[], checkpoint_path=run, progress=False, wandb={"mode": "disabled"}))
+    arch = dict(
+        name="trm",
+        hidden_size=32,
+        num_heads=2,
+        expansion=2,
+        puzzle_emb_ndim=32,
+        puzzle_emb_len=1,
+        H_cycles=1,
+        L_cycles=1,
+        L_layers=1,
+        halt_max_steps=2,
+        loss={"loss_type": "softmax_cross_entropy"},
+    )
+    s = train(
+        dict(
+            arch=arch,
+            data_paths=[data],
+            global_batch_size=16,
+            epochs=1,
+            max_steps=4,
+            eval_interval=None,
+            eval_at_end=False,
+            evaluators=[],
+            checkpoint_path=run,
+            progress=False,
+            wandb={"mode": "disabled"},
+        )
+    )
     assert s["exit_status"] == 0
     return data, run, root
 
@@ -230,8 +339,11 @@ def test_evaluate_a_sudoku_checkpoint_and_a_failed_call_leaves_no_output_dir(sud
     from evaluators import EvaluatorError
 
     with pytest.raises(EvaluatorError, match="test_puzzles.json: expected"):
-        evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=broken, device="cpu", output_dir=str(bad_out),
-                                             progress=False))
+        evaluate.run(
+            evaluate.EvaluateConfig(
+                checkpoint=run, data_path=broken, device="cpu", output_dir=str(bad_out), progress=False
+            )
+        )
     assert not (tmp_path / "fresh").exists()
 
 
@@ -241,18 +353,28 @@ def test_arc_voting_can_be_turned_off_and_is_refused_on_non_arc_data(trained, su
     import evaluate
 
     data, ck, _, n_inputs, root = trained
-    voted = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_voted"), use_ema=False,
-                              num_pictures=0))
-    plain = evaluate.run(_cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_plain"), use_ema=False,
-                              arc_voting=False))
+    voted = evaluate.run(
+        _cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_voted"), use_ema=False, num_pictures=0)
+    )
+    plain = evaluate.run(
+        _cfg(checkpoint=ck, data_path=data, output_dir=str(root / "out_plain"), use_ema=False, arc_voting=False)
+    )
     assert any(k.startswith("ARC/") for k in voted) and not any(k.startswith("ARC/") for k in plain)
     for k in ("all.accuracy", "all.exact_accuracy", "all.steps"):
         assert plain[k] == pytest.approx(voted[k]), k
     assert plain["eval/num_examples"] == 4 * n_inputs
     s_data, run, _ = sudoku_run
     with pytest.raises(evaluate.EvaluateError, match="arc_voting=true: .* is not ARC-format data"):
-        evaluate.run(evaluate.EvaluateConfig(checkpoint=run, data_path=s_data, device="cpu", progress=False,
-                                             arc_voting=True, output_dir=str(tmp_path / "none" / "out")))
+        evaluate.run(
+            evaluate.EvaluateConfig(
+                checkpoint=run,
+                data_path=s_data,
+                device="cpu",
+                progress=False,
+                arc_voting=True,
+                output_dir=str(tmp_path / "none" / "out"),
+            )
+        )
     assert not (tmp_path / "none").exists()
 
 
@@ -291,6 +413,7 @@ def test_arc_voting_is_chosen_from_the_datasets_kind(tmp_path):
         d.mkdir()
         for name in files:
             (d / name).write_text("{}")
+
     def kind(k):
         return SimpleNamespace(kind=k)
 
@@ -302,14 +425,41 @@ def test_arc_voting_is_chosen_from_the_datasets_kind(tmp_path):
 def test_printed_metrics_are_the_headline_ones():
     from evaluate import printed_metrics
 
-    m = {"all.accuracy": 0.5, "all.exact_accuracy": 0.25, "all.steps": 3.0, "all.lm_loss": 1.0,
-         "all.q_halt_accuracy": 0.9, "eval/num_examples": 8.0, "eval/seconds": 1.0, "eval/examples_per_second": 8.0}
-    assert list(printed_metrics(m)) == ["all.accuracy", "all.exact_accuracy", "all.steps", "eval/num_examples",
-                                        "eval/seconds"]
-    arc = dict(m, **{"ARC/pass@1": 0.1, "ARC/pass@2": 0.2, "ARC/num_puzzles": 6.0, "ARC/num_test_inputs": 7.0,
-                     "ARC/malformed_frac": 0.0, "hard.exact_accuracy": 0.0})
-    assert list(printed_metrics(arc))[:5] == ["ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs",
-                                              "all.accuracy"]
+    m = {
+        "all.accuracy": 0.5,
+        "all.exact_accuracy": 0.25,
+        "all.steps": 3.0,
+        "all.lm_loss": 1.0,
+        "all.q_halt_accuracy": 0.9,
+        "eval/num_examples": 8.0,
+        "eval/seconds": 1.0,
+        "eval/examples_per_second": 8.0,
+    }
+    assert list(printed_metrics(m)) == [
+        "all.accuracy",
+        "all.exact_accuracy",
+        "all.steps",
+        "eval/num_examples",
+        "eval/seconds",
+    ]
+    arc = dict(
+        m,
+        **{
+            "ARC/pass@1": 0.1,
+            "ARC/pass@2": 0.2,
+            "ARC/num_puzzles": 6.0,
+            "ARC/num_test_inputs": 7.0,
+            "ARC/malformed_frac": 0.0,
+            "hard.exact_accuracy": 0.0,
+        },
+    )
+    assert list(printed_metrics(arc))[:5] == [
+        "ARC/pass@1",
+        "ARC/pass@2",
+        "ARC/num_puzzles",
+        "ARC/num_test_inputs",
+        "all.accuracy",
+    ]
     assert "hard.exact_accuracy" in printed_metrics(arc) and "ARC/malformed_frac" not in printed_metrics(arc)
 
 
@@ -321,11 +471,17 @@ def test_cli_evaluates_a_sudoku_checkpoint(sudoku_run):
     data, run, root = sudoku_run
     out = str(root / "cli_out")
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
-    r = subprocess.run([sys.executable, "evaluate.py", f"checkpoint={run}", f"data_path={data}", "device=cpu",
-                        f"output_dir={out}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, "evaluate.py", f"checkpoint={run}", f"data_path={data}", "device=cpu", f"output_dir={out}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    printed = json.loads(r.stdout[r.stdout.index("{"):])
+    printed = json.loads(r.stdout[r.stdout.index("{") :])
     assert set(printed) == {"all.exact_accuracy", "all.accuracy", "all.steps", "eval/num_examples", "eval/seconds"}
     assert printed["eval/num_examples"] == 8.0 and printed["all.steps"] == 2.0
     assert "\r" not in r.stderr and "no ARC voting" in r.stdout  # Hydra logs to stdout
@@ -343,16 +499,22 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
     from dataset.arc_sources import load_kaggle_subset
     from dataset.build_arc_dataset import build_arc_dataset
     from models.layers import RotaryEmbedding2D
+    from tests.toy_data import toy_train_config
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
     from training.loop import train
-    from tests.toy_data import toy_train_config
 
     data = str(tmp_path / "data")
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
-    cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
-                           arch={"name": "trm_grid", "pos_encodings": "rope2d", "hidden_size": 32, "num_heads": 2})
+    cfg = toy_train_config(
+        data,
+        str(tmp_path / "ck"),
+        max_steps=3,
+        epochs=1,
+        global_batch_size=8,
+        arch={"name": "trm_grid", "pos_encodings": "rope2d", "hidden_size": 32, "num_heads": 2},
+    )
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
     assert state["config"]["arch"]["pos_encodings"] == "rope2d" and state["config"]["arch"]["name"] == "trm_grid"
@@ -362,24 +524,44 @@ def test_rope2d_and_grid_coords_are_wired_from_config_to_checkpoint_to_evaluate(
     assert isinstance(rot, RotaryEmbedding2D) and rot.cos_cached.shape[0] == meta.seq_len + 1  # + 1 context slot
     side = math.isqrt(meta.seq_len)
     assert inner.embed_grid.embedding_weight.shape == (4, 2 * side + 1, 32)
-    m = evaluate.run(_cfg(checkpoint=summary["last_checkpoint"], data_path=data, output_dir=str(tmp_path / "o2d"),
-                          use_ema=False, num_pictures=0))
+    m = evaluate.run(
+        _cfg(
+            checkpoint=summary["last_checkpoint"],
+            data_path=data,
+            output_dir=str(tmp_path / "o2d"),
+            use_ema=False,
+            num_pictures=0,
+        )
+    )
     for k in ("all.accuracy", "all.lm_loss"):
         assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
     raw = read_checkpoint(summary["last_checkpoint"])
     raw["config"]["arch"]["pos_encodings"] = "rope"  # same weights, 1D tables
     save_checkpoint_atomic(raw, str(tmp_path / "as_rope.pt"))
-    m1 = evaluate.run(_cfg(checkpoint=str(tmp_path / "as_rope.pt"), data_path=data,
-                           output_dir=str(tmp_path / "o1d"), use_ema=False, num_pictures=0))
+    m1 = evaluate.run(
+        _cfg(
+            checkpoint=str(tmp_path / "as_rope.pt"),
+            data_path=data,
+            output_dir=str(tmp_path / "o1d"),
+            use_ema=False,
+            num_pictures=0,
+        )
+    )
     assert m1["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
     raw = read_checkpoint(summary["last_checkpoint"])
     key = next(k for k in raw["model"] if k.endswith("embed_grid.embedding_weight"))
     raw["model"][key] = torch.zeros_like(raw["model"][key])  # same weights, no grid offsets
     save_checkpoint_atomic(raw, str(tmp_path / "no_grid.pt"))
-    m0 = evaluate.run(_cfg(checkpoint=str(tmp_path / "no_grid.pt"), data_path=data,
-                           output_dir=str(tmp_path / "o0"), use_ema=False, num_pictures=0))
+    m0 = evaluate.run(
+        _cfg(
+            checkpoint=str(tmp_path / "no_grid.pt"),
+            data_path=data,
+            output_dir=str(tmp_path / "o0"),
+            use_ema=False,
+            num_pictures=0,
+        )
+    )
     assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
-
 
 
 def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, arc_kaggle_dir):
@@ -389,21 +571,33 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     evaluate.py rebuilds the same model (same numbers as the training hook), and the learned pointers matter (the
     same weights with every head's pointer reset to the identity give another loss)."""
     import evaluate
+    from core.ops import DIHEDRAL_POINTERS
     from dataset.arc_sources import load_kaggle_subset
     from dataset.build_arc_dataset import build_arc_dataset
-    from core.ops import DIHEDRAL_POINTERS
     from models.variants.trm_pointer import PointerRoPE
+    from tests.toy_data import toy_train_config
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
     from training.loop import train
-    from tests.toy_data import toy_train_config
 
     data = str(tmp_path / "data")
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
     build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
-    cfg = toy_train_config(data, str(tmp_path / "ck"), max_steps=3, epochs=1, global_batch_size=8,
-                           arch={"name": "trm_pointer", "pos_encodings": "pointer", "pointer_init": "dihedral",
-                                 "pointer_source": "context", "hidden_size": 32, "num_heads": 4})
+    cfg = toy_train_config(
+        data,
+        str(tmp_path / "ck"),
+        max_steps=3,
+        epochs=1,
+        global_batch_size=8,
+        arch={
+            "name": "trm_pointer",
+            "pos_encodings": "pointer",
+            "pointer_init": "dihedral",
+            "pointer_source": "context",
+            "hidden_size": 32,
+            "num_heads": 4,
+        },
+    )
     summary = train(cfg)
     state = load_checkpoint_file(summary["last_checkpoint"])
     assert state["config"]["arch"]["pos_encodings"] == "pointer"
@@ -417,8 +611,15 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     start = torch.tensor([DIHEDRAL_POINTERS[m] for m in range(4)], dtype=torch.float32).flatten()
     for k in pointer_keys:  # trained for 3 steps from the dihedral start: moved, but not far
         assert not torch.equal(state["model"][k], start) and torch.allclose(state["model"][k], start, atol=0.1)
-    m = evaluate.run(_cfg(checkpoint=summary["last_checkpoint"], data_path=data, output_dir=str(tmp_path / "op"),
-                          use_ema=False, num_pictures=0))
+    m = evaluate.run(
+        _cfg(
+            checkpoint=summary["last_checkpoint"],
+            data_path=data,
+            output_dir=str(tmp_path / "op"),
+            use_ema=False,
+            num_pictures=0,
+        )
+    )
     for k in ("all.accuracy", "all.lm_loss"):
         assert m[k] == pytest.approx(summary["final"][f"eval/{k}"], rel=1e-5), k
     raw = read_checkpoint(summary["last_checkpoint"])
@@ -426,6 +627,13 @@ def test_pointer_rope_is_wired_from_config_to_checkpoint_to_evaluate(tmp_path, a
     for k in pointer_keys:
         raw["model"][k] = identity.clone()
     save_checkpoint_atomic(raw, str(tmp_path / "identity.pt"))
-    m0 = evaluate.run(_cfg(checkpoint=str(tmp_path / "identity.pt"), data_path=data,
-                           output_dir=str(tmp_path / "oi"), use_ema=False, num_pictures=0))
+    m0 = evaluate.run(
+        _cfg(
+            checkpoint=str(tmp_path / "identity.pt"),
+            data_path=data,
+            output_dir=str(tmp_path / "oi"),
+            use_ema=False,
+            num_pictures=0,
+        )
+    )
     assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)

@@ -1,4 +1,5 @@
 """The shared inference path: real loader + test-double ACT models, exactly-once, halting, subsets, DDP."""
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,9 @@ def arc_data(tmp_path_factory, arc_kaggle_dir):
     puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")
     chosen = puzzles[:4] + [p for p in puzzles[4:] if len(p.test) > 1][:1]  # one with two test inputs
     d = str(tmp_path_factory.mktemp("arc") / "data")
-    build_arc_dataset(d, chosen, test_set_name="evaluation", num_aug=NUM_COPIES - 1, seed=0, num_workers=1,
-                      progress=False)
+    build_arc_dataset(
+        d, chosen, test_set_name="evaluation", num_aug=NUM_COPIES - 1, seed=0, num_workers=1, progress=False
+    )
     n_inputs = sum(len(p.test) for p in chosen)
     assert sum(1 for p in chosen if len(p.test) > 1) == 1
     return d, len(chosen), n_inputs
@@ -90,8 +92,9 @@ def test_halt_early_stops_when_all_halted(arc_data):
     loader, meta = build_eval_loader(d, global_batch_size=64)
     n_batches = -(-n_inputs * NUM_COPIES // 64)
     model = FakeACT(oracle_tokens, halt_max_steps=5, q_positive_from=2)
-    m = evaluate(model, loader, [ARCEvaluator(d, meta, None, num_pictures=0)], device="cpu", progress=False,
-                 halt_early=True)
+    m = evaluate(
+        model, loader, [ARCEvaluator(d, meta, None, num_pictures=0)], device="cpu", progress=False, halt_early=True
+    )
     assert model.calls == 2 * n_batches and m["all.steps"] == 2.0 and m["ARC/pass@1"] == 1.0
     assert model.halt_early_in_eval is False  # restored
     model.calls = 0
@@ -115,8 +118,9 @@ def test_outputs_frozen_at_each_samples_own_halting_step(arc_data):
 
     loader, meta = build_eval_loader(d, global_batch_size=8)
     rec = Recorder()
-    m = evaluate(Model(oracle_tokens, halt_max_steps=4, q_fn=q_fn), loader, [rec], device="cpu", progress=False,
-                 halt_early=True)
+    m = evaluate(
+        Model(oracle_tokens, halt_max_steps=4, q_fn=q_fn), loader, [rec], device="cpu", progress=False, halt_early=True
+    )
     assert m["all.steps"] == pytest.approx(2.0, abs=0.15)  # ~half at 1, half at 3
     assert m["all.exact_accuracy"] == pytest.approx(0.5, abs=0.1)
 
@@ -202,16 +206,31 @@ def test_ddp_gather_two_gloo_processes(arc_data, tmp_path):
 
 # ---------------------------------------------------------------- the real model + loss head
 def _tiny_trm(meta, batch_size):
-    import models
     from omegaconf import OmegaConf
 
-    arch = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch",
-                                                              "trm_tiny.yaml")))
-    arch.update(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1, L_layers=1, halt_max_steps=2,
-                puzzle_emb_ndim=32, puzzle_emb_len=2)
+    import models
+
+    arch = OmegaConf.to_container(
+        OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch", "trm_tiny.yaml"))
+    )
+    arch.update(
+        hidden_size=32,
+        num_heads=2,
+        H_cycles=1,
+        L_cycles=1,
+        L_layers=1,
+        halt_max_steps=2,
+        puzzle_emb_ndim=32,
+        puzzle_emb_len=2,
+    )
     torch.manual_seed(0)
-    model = models.build_model(arch, vocab_size=meta.vocab_size, seq_len=meta.seq_len,
-                               num_puzzle_identifiers=meta.num_puzzle_identifiers, batch_size=batch_size)
+    model = models.build_model(
+        arch,
+        vocab_size=meta.vocab_size,
+        seq_len=meta.seq_len,
+        num_puzzle_identifiers=meta.num_puzzle_identifiers,
+        batch_size=batch_size,
+    )
     return model, models.build_loss_head(model)
 
 
@@ -235,8 +254,15 @@ def test_real_trm_head_metrics_equal_recomputed_metrics(arc_data):
 def test_return_keys_are_saved_without_padding_rows(arc_data, tmp_path):
     d, _, n_inputs = arc_data
     loader, meta = build_eval_loader(d, global_batch_size=5, num_augmentations=1)
-    evaluate(FakeACT(oracle_tokens), loader, [], device="cpu", progress=False,
-             return_keys=("inputs", "preds", "steps", "not_there"), save_path=str(tmp_path))
+    evaluate(
+        FakeACT(oracle_tokens),
+        loader,
+        [],
+        device="cpu",
+        progress=False,
+        return_keys=("inputs", "preds", "steps", "not_there"),
+        save_path=str(tmp_path),
+    )
     out = torch.load(tmp_path / "outputs.rank0.pt")
     assert sorted(out) == ["example_index", "inputs", "preds", "steps"]
     assert out["preds"].shape == (n_inputs, meta.seq_len) and (out["steps"] == 3).all()
@@ -246,24 +272,40 @@ def test_return_keys_are_saved_without_padding_rows(arc_data, tmp_path):
 
 def test_etrm_model_in_encoder_mode(arc_data):
     """The same path serves ETRM: encoder-mode batches (demos) through models.etrm + the ARC evaluator."""
+    from omegaconf import OmegaConf
+
     import models
     from training.build import build_etrm_model
     from training.config import config_from_dict
-    from omegaconf import OmegaConf
 
     d, n_puz, n_inputs = arc_data
     loader, meta = build_eval_loader(d, global_batch_size=8, num_augmentations=1, encoder_mode=True, max_demos=3)
-    arch = OmegaConf.to_container(OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch",
-                                                              "trm_tiny.yaml")))
-    arch.update(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1, L_layers=1, halt_max_steps=2, puzzle_emb_ndim=0,
-                puzzle_emb_len=2)
+    arch = OmegaConf.to_container(
+        OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch", "trm_tiny.yaml"))
+    )
+    arch.update(
+        hidden_size=32,
+        num_heads=2,
+        H_cycles=1,
+        L_cycles=1,
+        L_layers=1,
+        halt_max_steps=2,
+        puzzle_emb_ndim=0,
+        puzzle_emb_len=2,
+    )
     enc = dict(name="standard", hidden_size=32, num_layers=1, num_heads=2)
     torch.manual_seed(0)
-    model = build_etrm_model(config_from_dict({"arch": arch, "encoder": enc, "global_batch_size": 8}), meta,
-                             verbose=False)
+    model = build_etrm_model(
+        config_from_dict({"arch": arch, "encoder": enc, "global_batch_size": 8}), meta, verbose=False
+    )
     rec = Recorder()
-    m = evaluate(models.build_loss_head(model), loader, [ARCEvaluator(d, meta, None, num_pictures=0), rec],
-                 device="cpu", progress=False)
+    m = evaluate(
+        models.build_loss_head(model),
+        loader,
+        [ARCEvaluator(d, meta, None, num_pictures=0), rec],
+        device="cpu",
+        progress=False,
+    )
     assert sorted(rec.seen) == sorted(set(rec.seen)) and len(rec.seen) == n_inputs
     assert m["ARC/num_examples"] == n_inputs and m["ARC/num_puzzles"] == n_puz and m["all.steps"] == 2.0
 

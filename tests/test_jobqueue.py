@@ -1,4 +1,5 @@
 """jobs.txt format, gates, command checks and the SLURM bridge (no subprocesses; fast)."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,17 @@ import os
 import pytest
 
 from experiments.queue.gates import evaluate_gates, lookup_metric, parse_requirement, summary_path
-from experiments.queue.jobfile import DONE, FAILED, PENDING, RUNNING, SKIPPED, JobFile, JobFileError, JobStore, parse_job_line
+from experiments.queue.jobfile import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SKIPPED,
+    JobFile,
+    JobFileError,
+    JobStore,
+    parse_job_line,
+)
 from experiments.queue.runner import deliberate_stop, resume_command
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,8 +68,7 @@ def test_status_change_rewrites_only_that_line():
     orig = SAMPLE.split("\n")
     changed = [i for i, (x, y) in enumerate(zip(out, orig)) if x != y]
     assert changed == [4]
-    assert out[4] == ("[!] python pretrain.py +run_name=b   # id=b  # free comment  "
-                      "# failed: exit code 1 second line")
+    assert out[4] == ("[!] python pretrain.py +run_name=b   # id=b  # free comment  # failed: exit code 1 second line")
     again = JobFile.parse(jf.render()).jobs[1]
     assert again.mark == FAILED and again.id == "b" and again.note == "failed: exit code 1 second line"
     # a '#' in a note cannot break the line's structure
@@ -78,22 +88,28 @@ def test_find_by_token_survives_edits():
     assert jf2.find(key=("echo dup", 1)).mark == PENDING  # the key alone would now name the wrong line
 
 
-@pytest.mark.parametrize("line, msg", [
-    ("[?] echo x", "bad job line"),
-    ("[] echo x", "bad job line"),
-    ("echo x", "not a job"),
-    ("[ ]   ", "without a command"),
-    ("[ ] echo x  # id=a retires=2", "unknown job tag 'retires=2'"),
-    ("[ ] echo x  # id=a id=b", "given twice"),
-    ("[ ] echo x  # id=a retries=two", "non-negative integer"),
-    ("[ ] echo x  # id=a/b", "may only contain"),
-    ("[ ] echo x  # requires: a b c", "expected '# requires:"),
-    ("[ ] echo x  # id=a first try", "mixes tags with free words"),
-    # a tag segment with a misspelt key used to be a free comment (the gate silently dropped)
-    ("[ ] echo x  # requirs=base", r"unknown job tag 'requirs=base' \(did you mean 'requires='\?\); known tags: id, "),
-    ("[ ] echo x  # lr=1e-4", "unknown job tag 'lr=1e-4'; known tags"),
-    ("[ ] echo x  # then Retries=2 if it crashes", "unknown job tag 'Retries=2' \\(did you mean 'retries='"),
-])
+@pytest.mark.parametrize(
+    "line, msg",
+    [
+        ("[?] echo x", "bad job line"),
+        ("[] echo x", "bad job line"),
+        ("echo x", "not a job"),
+        ("[ ]   ", "without a command"),
+        ("[ ] echo x  # id=a retires=2", "unknown job tag 'retires=2'"),
+        ("[ ] echo x  # id=a id=b", "given twice"),
+        ("[ ] echo x  # id=a retries=two", "non-negative integer"),
+        ("[ ] echo x  # id=a/b", "may only contain"),
+        ("[ ] echo x  # requires: a b c", "expected '# requires:"),
+        ("[ ] echo x  # id=a first try", "mixes tags with free words"),
+        # a tag segment with a misspelt key used to be a free comment (the gate silently dropped)
+        (
+            "[ ] echo x  # requirs=base",
+            r"unknown job tag 'requirs=base' \(did you mean 'requires='\?\); known tags: id, ",
+        ),
+        ("[ ] echo x  # lr=1e-4", "unknown job tag 'lr=1e-4'; known tags"),
+        ("[ ] echo x  # then Retries=2 if it crashes", "unknown job tag 'Retries=2' \\(did you mean 'retries='"),
+    ],
+)
 def test_malformed_lines_name_file_and_line(line, msg):
     with pytest.raises(JobFileError, match=msg) as ei:
         JobFile.parse("# header\n" + line + "\n", path="q.txt")
@@ -230,11 +246,24 @@ def test_slurm_env_and_hostlist():
     assert first_hostname("gpu[03-05,9],cpu1") == "gpu03"
     assert first_hostname("a1,b2") == "a1"
     assert first_hostname("node[7]") == "node7"
-    env = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
-           "SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "gpu[11-12]", "SLURM_JOB_NUM_NODES": "2"}
+    env = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_NTASKS": "8",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "1234",
+        "SLURM_JOB_NODELIST": "gpu[11-12]",
+        "SLURM_JOB_NUM_NODES": "2",
+    }
     out = slurm_torch_env(env)
-    assert out == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-                   "MASTER_ADDR": "gpu11", "MASTER_PORT": str(20000 + 1234)}
+    assert out == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "gpu11",
+        "MASTER_PORT": str(20000 + 1234),
+    }
     assert slurm_torch_env({**env, "RANK": "0"}) is None  # under torchrun: leave alone
     assert slurm_torch_env({**env, "SLURM_NTASKS": "1"}) is None
     assert slurm_torch_env({k: v for k, v in env.items() if k != "SUBMITIT_EXECUTOR"}) is None
@@ -263,8 +292,14 @@ def test_submitit_slurm_launcher_config_composes(monkeypatch):
         pytest.skip("config/cfg_pretrain.yaml not there yet")
     from hydra.utils import instantiate
 
-    cfg = _compose_with_launcher(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
-                                  "hydra.launcher.gpus_per_node=2", "hydra.launcher.tasks_per_node=2"])
+    cfg = _compose_with_launcher(
+        [
+            "hydra/launcher=submitit_slurm",
+            "hydra.launcher.partition=gpu",
+            "hydra.launcher.gpus_per_node=2",
+            "hydra.launcher.tasks_per_node=2",
+        ]
+    )
     lc = cfg.hydra.launcher
     assert lc._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert (lc.partition, lc.gpus_per_node, lc.tasks_per_node, lc.nodes) == ("gpu", 2, 2, 1)
@@ -273,12 +308,22 @@ def test_submitit_slurm_launcher_config_composes(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(k, "unset")  # recorded, so the callback's exports are undone after the test
         monkeypatch.delenv(k)
-    for k, v in {"SUBMITIT_EXECUTOR": "slurm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
-                 "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n01"}.items():
+    for k, v in {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "n01",
+    }.items():
         monkeypatch.setenv(k, v)
     cb.on_job_start(config=cfg)
-    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"]) == \
-        ("1", "2", "1", "n01")
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"], os.environ["MASTER_ADDR"]) == (
+        "1",
+        "2",
+        "1",
+        "n01",
+    )
     # a typo in a launcher field fails (validated against the plugin's schema)
     with pytest.raises(Exception, match="gpus_per_nod"):
         _compose_with_launcher(["hydra/launcher=submitit_slurm", "hydra.launcher.gpus_per_nod=2"])
@@ -298,10 +343,12 @@ def test_expand_sweeps_covers_each_value():
 def test_parse_hydra_command(tmp_path):
     from experiments.queue.check import parse_hydra_command
 
-    (tmp_path / "app.py").write_text('import hydra\n@hydra.main(config_path="conf", config_name="c", version_base=None)\n'
-                                     "def main(cfg):\n    pass\n")
-    hc = parse_hydra_command("CUDA_VISIBLE_DEVICES=0 torchrun --nproc-per-node 4 app.py --multirun a=1,2 "
-                             "data_paths=\"[d/x]\"", str(tmp_path))
+    (tmp_path / "app.py").write_text(
+        'import hydra\n@hydra.main(config_path="conf", config_name="c", version_base=None)\ndef main(cfg):\n    pass\n'
+    )
+    hc = parse_hydra_command(
+        'CUDA_VISIBLE_DEVICES=0 torchrun --nproc-per-node 4 app.py --multirun a=1,2 data_paths="[d/x]"', str(tmp_path)
+    )
     assert hc.config_name == "c" and hc.config_dir == str(tmp_path / "conf")
     assert hc.overrides == ["a=1,2", "data_paths=[d/x]"] and hc.multirun
     assert parse_hydra_command("echo hi", str(tmp_path)) is None
@@ -345,7 +392,9 @@ def test_shipped_research_queue_content():
     assert "load_pretrained_decoder" not in ov["scratch_overfit"] and "load_pretrained_decoder" in ov["std_overfit"]
     assert ov["etrm2_full"]["encoder"] == "recurrent"
     assert {ov[f"std_L{n}_full"]["encoder.num_layers"] for n in (3, 4)} == {"3", "4"}
-    halting = {(o["arch.halt_max_steps"], o["arch.halt_exploration_prob"]) for k, o in ov.items() if k.startswith("halt_")}
+    halting = {
+        (o["arch.halt_max_steps"], o["arch.halt_exploration_prob"]) for k, o in ov.items() if k.startswith("halt_")
+    }
     assert halting == {(m, e) for m in ("8", "32") for e in ("0.0", "0.3", "0.7")}
     assert ov["std_meanpool_overfit"]["encoder.aggregation"] == "mean"
 
@@ -374,23 +423,42 @@ def test_dashboard_spec_and_clear_failure_without_api(monkeypatch):
     assert r.returncode == 0, r.stderr
     sections = {s["section"]: {m for p in s["panels"] for m in p["y"]} for s in json.loads(r.stdout)}
     assert list(sections) == ["Success metrics", "Encoder health", "Learning dynamics", "Encoder statistics"]
-    assert {"ARC/pass@1", "ARC/pass@2", "train/exact_accuracy", "eval/all.exact_accuracy"} <= sections["Success metrics"]
+    assert {"ARC/pass@1", "ARC/pass@2", "train/exact_accuracy", "eval/all.exact_accuracy"} <= sections[
+        "Success metrics"
+    ]
     assert {"grad/encoder_norm", "train/encoder_cross_sample_var"} <= sections["Encoder health"]
-    assert {"train/lm_loss", "train/q_halt_loss", "train/lr", "grad/total_norm", "train/steps"} <= sections["Learning dynamics"]
-    assert all(m.startswith("train/encoder_output_") or m == "train/encoder_token_std"
-               for m in sections["Encoder statistics"])
+    assert {"train/lm_loss", "train/q_halt_loss", "train/lr", "grad/total_norm", "train/steps"} <= sections[
+        "Learning dynamics"
+    ]
+    assert all(
+        m.startswith("train/encoder_output_") or m == "train/encoder_token_std" for m in sections["Encoder statistics"]
+    )
     # every metric on the dashboard is one the platform documents (docs/metrics.md), modulo the eval/ prefix
     with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
         documented = f.read()
-    undocumented = [m for ms in sections.values() for m in ms
-                    if m.replace("eval/", "", 1) not in documented and not m.startswith("ARC/pass@")]
+    undocumented = [
+        m
+        for ms in sections.values()
+        for m in ms
+        if m.replace("eval/", "", 1) not in documented and not m.startswith("ARC/pass@")
+    ]
     assert not undocumented, undocumented
     # without the API package / key / network: a clear error, status 2, no traceback
     env = dict(os.environ, WANDB_API_KEY="", WANDB_MODE="offline", HOME=os.environ.get("HOME", "/tmp"))
-    r = subprocess.run([sys.executable, script, "--entity", "e", "--project", "p"], capture_output=True, text=True,
-                       timeout=120, env=env)
+    r = subprocess.run(
+        [sys.executable, script, "--entity", "e", "--project", "p"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
     assert "wandb-workspaces" in r.stderr or "API key" in r.stderr or "refused" in r.stderr
-    r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60,
-                       env={k: v for k, v in os.environ.items() if k not in ("WANDB_ENTITY", "WANDB_PROJECT")})
+    r = subprocess.run(
+        [sys.executable, script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("WANDB_ENTITY", "WANDB_PROJECT")},
+    )
     assert r.returncode == 2 and "--entity and --project are required" in r.stderr

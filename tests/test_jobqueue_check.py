@@ -1,5 +1,6 @@
 """``run_jobs.py --check``: a queued line is read with Hydra's own argument parser and composed / validated exactly as
 its entry point would (composition only; no training, no data)."""
+
 from __future__ import annotations
 
 import io
@@ -38,11 +39,15 @@ def test_config_name_forms_compose_cfg_demo(form):
 
 
 def test_torchrun_prefix_and_multirun_with_config_name():
-    st, msg = check_command("CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 pretrain.py -cn cfg_demo "
-                            "--multirun lr=1e-3,2e-3 +run_name=x", ROOT)
+    st, msg = check_command(
+        "CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node 2 pretrain.py -cn cfg_demo "
+        "--multirun lr=1e-3,2e-3 +run_name=x",
+        ROOT,
+    )
     assert st == "ok" and msg.startswith("cfg_demo (pretrain.py)") and "2 sweep variants" in msg, msg
-    st, msg = check_command("torchrun --nproc-per-node 2 pretrain.py -cn cfg_demo --multirun lr=1e-3,abc "
-                            "+run_name=x", ROOT)
+    st, msg = check_command(
+        "torchrun --nproc-per-node 2 pretrain.py -cn cfg_demo --multirun lr=1e-3,abc +run_name=x", ROOT
+    )
     assert st == "error" and "lr='abc'" in msg and "lr=abc" in msg, msg
 
 
@@ -51,8 +56,9 @@ def test_missing_config_name_fails_naming_it_and_the_job_line(tmp_path):
     assert st == "error" and msg.startswith("config 'cfg_nope' not found (--config-name cfg_nope) in "), msg
     assert "cfg_demo" in msg  # what is there
     jobs = tmp_path / "jobs.txt"
-    jobs.write_text("[ ] python pretrain.py -cn cfg_demo +run_name=ok\n"
-                    "[ ] python pretrain.py -cn cfg_nope +run_name=bad\n")
+    jobs.write_text(
+        "[ ] python pretrain.py -cn cfg_demo +run_name=ok\n[ ] python pretrain.py -cn cfg_nope +run_name=bad\n"
+    )
     out = io.StringIO()
     assert check_jobs(str(jobs), workdir=ROOT, out=out) == 1
     lines = out.getvalue().splitlines()
@@ -62,8 +68,9 @@ def test_missing_config_name_fails_naming_it_and_the_job_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ values / keys
-@pytest.mark.parametrize("override, named", [("lr=abc", "lr='abc'"), ("lr_typo=1", "lr_typo"),
-                                             ("arch.L_cyclez=2", "arch.L_cyclez")])
+@pytest.mark.parametrize(
+    "override, named", [("lr=abc", "lr='abc'"), ("lr_typo=1", "lr_typo"), ("arch.L_cyclez=2", "arch.L_cyclez")]
+)
 def test_bad_value_or_unknown_key_fails_with_a_config_name(override, named):
     st, msg = check_command(f"python pretrain.py --config-name=cfg_demo {override} +run_name=x", ROOT)
     assert st == "error" and msg.startswith("cfg_demo (pretrain.py): ") and named in msg, msg
@@ -88,14 +95,17 @@ def test_cfg_job_is_still_checked():
     assert "WARNING" not in check_command("python pretrain.py --cfg=job", ROOT)[1]  # prints: nothing to resume
 
 
-@pytest.mark.parametrize("args, expected", [
-    ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
-    ("--cfg job --multirun", "Only one of --run, --multirun, --cfg"),
-    ("--cfg nonsense", "invalid choice: 'nonsense'"),
-    ("--resolve", "--resolve flag can only be used"),
-    ("a=1 --multirun b=2", "unrecognized arguments: b=2"),  # argparse takes one run of overrides, as Hydra's
-    ("--config-dir no/such/dir", "Additional config directory"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ("--no-such-flag", "unrecognized arguments: --no-such-flag"),
+        ("--cfg job --multirun", "Only one of --run, --multirun, --cfg"),
+        ("--cfg nonsense", "invalid choice: 'nonsense'"),
+        ("--resolve", "--resolve flag can only be used"),
+        ("a=1 --multirun b=2", "unrecognized arguments: b=2"),  # argparse takes one run of overrides, as Hydra's
+        ("--config-dir no/such/dir", "Additional config directory"),
+    ],
+)
 def test_arguments_hydra_refuses_fail_the_check(args, expected):
     with pytest.raises(CommandError, match=expected.replace("(", r"\(")):
         parse_hydra_command(f"python pretrain.py {args}", ROOT)
@@ -119,7 +129,8 @@ def _app(tmp_path):
         "import hydra\n\n\nclass Checked:\n    pass\n\n\ndef check_config(cfg, overrides):\n"
         "    if cfg.x <= 0:\n        raise ValueError(f'x must be positive, got {cfg.x} ({overrides})')\n"
         "    return Checked()\n\n\n"
-        '@hydra.main(config_path="conf", config_name="c", version_base=None)\ndef main(cfg):\n    pass\n')
+        '@hydra.main(config_path="conf", config_name="c", version_base=None)\ndef main(cfg):\n    pass\n'
+    )
     return sub
 
 
@@ -147,12 +158,15 @@ def test_evaluate_line_is_checked_as_an_evaluation():
     assert st == "ok" and "WARNING" not in msg and "resume" not in msg, msg
 
 
-@pytest.mark.parametrize("overrides, named", [
-    ("use_emma=false", "use_emma"),  # not an evaluate key
-    ("num_augmentations=0", "num_augmentations"),  # EvaluateConfig: >= 1
-    ("lr=1e-3", "'lr'"),  # a training key
-    ("arch.L_cycles=4", "original_trm_checkpoint=true"),  # evaluate.py refuses arch overrides for our checkpoints
-])
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        ("use_emma=false", "use_emma"),  # not an evaluate key
+        ("num_augmentations=0", "num_augmentations"),  # EvaluateConfig: >= 1
+        ("lr=1e-3", "'lr'"),  # a training key
+        ("arch.L_cycles=4", "original_trm_checkpoint=true"),  # evaluate.py refuses arch overrides for our checkpoints
+    ],
+)
 def test_evaluate_line_fails_on_a_bad_evaluate_key(overrides, named):
     st, msg = check_command(f"python evaluate.py checkpoint=ck data_path=d {overrides}", ROOT)
     assert st == "error" and msg.startswith("cfg_evaluate (evaluate.py): ") and named in msg, msg
@@ -161,6 +175,7 @@ def test_evaluate_line_fails_on_a_bad_evaluate_key(overrides, named):
 def test_evaluate_line_needs_checkpoint_and_data_path():
     st, msg = check_command("python evaluate.py checkpoint=ck", ROOT)
     assert st == "error" and msg.startswith("cfg_evaluate (evaluate.py): data_path= required"), msg
-    st, msg = check_command("python evaluate.py checkpoint=ck data_path=d original_trm_checkpoint=true "
-                            "arch.L_cycles=4", ROOT)
+    st, msg = check_command(
+        "python evaluate.py checkpoint=ck data_path=d original_trm_checkpoint=true arch.L_cycles=4", ROOT
+    )
     assert st == "ok" and msg == "cfg_evaluate (evaluate.py): composes and validates as EvaluateConfig", msg

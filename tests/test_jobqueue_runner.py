@@ -1,4 +1,5 @@
 """The runner on jobs files of tiny real commands (CPU, subprocesses of a helper script)."""
+
 from __future__ import annotations
 
 import io
@@ -18,7 +19,7 @@ from experiments.queue.runner import Runner, RunnerConfig
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 
-HELPER = r'''
+HELPER = r"""
 import json, os, signal, sys, time
 mode, args = sys.argv[1], sys.argv[2:]
 resume = "resume=true" in args
@@ -110,7 +111,7 @@ elif mode == "edit":        # edit JOBS: a human inserts lines above (incl. a co
     with open(tmp, "w") as f:
         f.write("".join(lines))
     os.replace(tmp, p)
-'''
+"""
 
 
 @pytest.fixture()
@@ -139,23 +140,30 @@ def jobs_of(d):
 
 
 def test_success_failure_gates_and_logs(qdir):
-    write_jobs(qdir, (
-        "# Phase 1: overfit 32 groups\n"
-        "[ ] HELPER ok ck/good 0.95  # id=good summary=ck/good\n"
-        "[ ] HELPER ok ck/weak 0.42  # id=weak summary=ck/weak\n"
-        "[ ] HELPER fail  # id=bad retries=0\n"
-        "\n# Phase 2: full data, gated\n"
-        "[ ] HELPER ok ck/full_good 0.1  # requires=good:train/exact_accuracy>0.90\n"
-        "[ ] HELPER ok ck/full_weak 0.1  # requires: weak train/exact_accuracy>0.90\n"
-        "[ ] HELPER ok ck/after_bad 0.1  # requires=bad\n"
-        "[ ] HELPER ok ck/weak_low 0.1  # requires=weak:train/exact_accuracy>0.40\n"
-    ))
+    write_jobs(
+        qdir,
+        (
+            "# Phase 1: overfit 32 groups\n"
+            "[ ] HELPER ok ck/good 0.95  # id=good summary=ck/good\n"
+            "[ ] HELPER ok ck/weak 0.42  # id=weak summary=ck/weak\n"
+            "[ ] HELPER fail  # id=bad retries=0\n"
+            "\n# Phase 2: full data, gated\n"
+            "[ ] HELPER ok ck/full_good 0.1  # requires=good:train/exact_accuracy>0.90\n"
+            "[ ] HELPER ok ck/full_weak 0.1  # requires: weak train/exact_accuracy>0.90\n"
+            "[ ] HELPER ok ck/after_bad 0.1  # requires=bad\n"
+            "[ ] HELPER ok ck/weak_low 0.1  # requires=weak:train/exact_accuracy>0.40\n"
+        ),
+    )
     rc, out = run(qdir)
     assert rc == 1  # one job failed
     good, weak, bad, full_good, full_weak, after_bad, weak_low = jobs_of(qdir)
     assert [j.mark for j in (good, weak, full_good, weak_low)] == [DONE] * 4
     assert bad.mark == FAILED
-    assert "exit code 3" in bad.note and "ValueError: bad data path data/nowhere" in bad.note and "logs/bad.log" in bad.note
+    assert (
+        "exit code 3" in bad.note
+        and "ValueError: bad data path data/nowhere" in bad.note
+        and "logs/bad.log" in bad.note
+    )
     assert full_weak.mark == SKIPPED
     assert "train/exact_accuracy=0.42" in full_weak.note and "> 0.9" in full_weak.note
     assert after_bad.mark == SKIPPED and "bad, which failed" in after_bad.note
@@ -203,12 +211,15 @@ def test_deterministic_errors_are_not_retried_crashes_are(qdir, monkeypatch):
     """Bad input (core.errors records its one line), 'command not found' and a usage error fail at once
     with the reason on the line; an exit 1 without such a record (a traceback) is still a crash and retried."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
-    write_jobs(qdir, (
-        "[ ] HELPER badinput ck/b  # id=b retries=3\n"
-        "[ ] no_such_command_for_the_queue_test  # id=nf retries=3\n"
-        f"[ ] {PY} -c 'import sys; sys.exit(2)'  # id=usage retries=3\n"
-        "[ ] HELPER exit1 ck/c  # id=c retries=1\n"
-    ))
+    write_jobs(
+        qdir,
+        (
+            "[ ] HELPER badinput ck/b  # id=b retries=3\n"
+            "[ ] no_such_command_for_the_queue_test  # id=nf retries=3\n"
+            f"[ ] {PY} -c 'import sys; sys.exit(2)'  # id=usage retries=3\n"
+            "[ ] HELPER exit1 ck/c  # id=c retries=1\n"
+        ),
+    )
     rc, out = run(qdir)
     b, nf, usage, c = jobs_of(qdir)
     assert rc == 1 and [j.mark for j in (b, nf, usage, c)] == [FAILED] * 4, out
@@ -224,8 +235,11 @@ def test_real_pretrain_config_error_is_failed_not_retried(tmp_path, monkeypatch)
     """A real pretrain.py line with a misspelt key: one attempt, the key in the failure note."""
     monkeypatch.setenv("PYTHONPATH", ROOT)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    write_jobs(tmp_path, f"[ ] {PY} {os.path.join(ROOT, 'pretrain.py')} data_paths=[nowhere] +lrr=1e-3 "
-                         "hydra.run.dir=h  # id=typo retries=2\n")
+    write_jobs(
+        tmp_path,
+        f"[ ] {PY} {os.path.join(ROOT, 'pretrain.py')} data_paths=[nowhere] +lrr=1e-3 "
+        "hydra.run.dir=h  # id=typo retries=2\n",
+    )
     rc, out = run(tmp_path)
     (job,) = jobs_of(tmp_path)
     assert rc == 1 and job.mark == FAILED
@@ -239,8 +253,13 @@ def test_unknown_tag_is_rejected_by_runner_and_check(qdir):
     """A misspelt tag used to turn its segment into a free comment, silently dropping the gate."""
     text = write_jobs(qdir, "[ ] echo a  # id=a\n[ ] echo b  # requirs=a\n").read_text()
     for extra in ([], ["--check"], ["--dry-run"]):
-        r = subprocess.run([PY, os.path.join(ROOT, "run_jobs.py"), *extra], cwd=qdir, capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=ROOT))
+        r = subprocess.run(
+            [PY, os.path.join(ROOT, "run_jobs.py"), *extra],
+            cwd=qdir,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
         assert r.returncode == 2, (extra, r.stderr)
         assert "jobs.txt:2: unknown job tag 'requirs=a' (did you mean 'requires='?)" in r.stderr
         assert "known tags: id, requires" in r.stderr and "Traceback" not in r.stderr
@@ -253,8 +272,10 @@ def test_concurrent_runners_never_take_the_same_line(qdir):
     write_jobs(qdir, "".join(f"[ ] HELPER record out.txt j{i}\n" for i in range(n)))
     cmd = [PY, os.path.join(ROOT, "run_jobs.py"), "jobs.txt"]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    procs = [subprocess.Popen(cmd, cwd=qdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(3)]
+    procs = [
+        subprocess.Popen(cmd, cwd=qdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     recorded = (qdir / "out.txt").read_text().split()
@@ -278,14 +299,17 @@ def test_job_env_has_gpus_and_no_inherited_torch_distributed_vars(qdir, monkeypa
 
 
 def test_parallel_gpu_assignment(qdir):
-    write_jobs(qdir, "".join(f"[ ] HELPER gpu g{i}.json\n" for i in range(4))
-               + "[ ] HELPER gpu big.json  # gpus=2\n[ ] HELPER gpu huge.json  # gpus=3\n")
+    write_jobs(
+        qdir,
+        "".join(f"[ ] HELPER gpu g{i}.json\n" for i in range(4))
+        + "[ ] HELPER gpu big.json  # gpus=2\n[ ] HELPER gpu huge.json  # gpus=3\n",
+    )
     rc, out = run(qdir, parallel=2, gpus=["0", "1"])
     jobs = jobs_of(qdir)
     assert rc == 1 and jobs[-1].mark == FAILED and "needs 3 GPUs" in jobs[-1].note
     recs = [json.loads((qdir / f"g{i}.json").read_text()) for i in range(4)]
     assert all(r["gpus"] in ("0", "1") for r in recs)
-    overlapping = [(a, b) for i, a in enumerate(recs) for b in recs[i + 1:] if a["t0"] < b["t1"] and b["t0"] < a["t1"]]
+    overlapping = [(a, b) for i, a in enumerate(recs) for b in recs[i + 1 :] if a["t0"] < b["t1"] and b["t0"] < a["t1"]]
     assert overlapping, "with --parallel 2 some jobs must run at the same time"
     assert all(a["gpus"] != b["gpus"] for a, b in overlapping)
     assert json.loads((qdir / "big.json").read_text())["gpus"] in ("0,1", "1,0")
@@ -294,14 +318,17 @@ def test_parallel_gpu_assignment(qdir):
 def test_dry_run_changes_nothing(qdir):
     os.makedirs(qdir / "ck/weak")
     (qdir / "ck/weak/summary.json").write_text(json.dumps({"best": {"train/exact_accuracy": 0.5}}))
-    p = write_jobs(qdir, (
-        "# header\n"
-        "[x] HELPER ok ck/weak 0.5  # id=weak summary=ck/weak\n"
-        "[ ] HELPER ok ck/a 1  # id=a\n"
-        "[ ] HELPER ok ck/b 1  # requires=weak:train/exact_accuracy>0.9\n"
-        "[ ] HELPER ok ck/c 1  # requires=a\n"
-        "[ ] HELPER ok ck/d 1  # interrupted: earlier; resumes when taken again\n"
-    ))
+    p = write_jobs(
+        qdir,
+        (
+            "# header\n"
+            "[x] HELPER ok ck/weak 0.5  # id=weak summary=ck/weak\n"
+            "[ ] HELPER ok ck/a 1  # id=a\n"
+            "[ ] HELPER ok ck/b 1  # requires=weak:train/exact_accuracy>0.9\n"
+            "[ ] HELPER ok ck/c 1  # requires=a\n"
+            "[ ] HELPER ok ck/d 1  # interrupted: earlier; resumes when taken again\n"
+        ),
+    )
     before = p.read_bytes()
     listing = sorted(os.listdir(qdir))
     out = io.StringIO()
@@ -313,16 +340,27 @@ def test_dry_run_changes_nothing(qdir):
     assert "CUDA_VISIBLE_DEVICES=3" in text and "waits for a (pending)" in text
     assert "ck/d 1 resume=true" in text  # the interrupted job would resume
     # the CLI too
-    r = subprocess.run([PY, os.path.join(ROOT, "run_jobs.py"), "--dry-run"], cwd=qdir, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+    r = subprocess.run(
+        [PY, os.path.join(ROOT, "run_jobs.py"), "--dry-run"],
+        cwd=qdir,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert r.returncode == 0 and "would run" in r.stdout and p.read_bytes() == before
 
 
 def test_ctrl_c_kills_children_and_leaves_file_consistent(qdir):
     p = write_jobs(qdir, "# q\n[ ] HELPER sleep ck/s  # id=s\n[ ] HELPER ok ck/next 1\n")
     env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.Popen([PY, os.path.join(ROOT, "run_jobs.py"), "--kill-grace", "1"], cwd=qdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PY, os.path.join(ROOT, "run_jobs.py"), "--kill-grace", "1"],
+        cwd=qdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     pidfile = qdir / "ck/s/pid"
     deadline = time.time() + 30
     while not pidfile.exists() or not pidfile.read_text():
@@ -351,8 +389,11 @@ def test_stale_running_line_of_dead_runner_is_resumed(qdir):
     dead = subprocess.Popen(["true"])
     dead.wait()
     host = socket.gethostname()
-    write_jobs(qdir, f"[~] HELPER crash ck/r  # id=r  # running: pid {dead.pid} on {host}, since x, "
-                     f"attempt 1/2, log logs/r.log [t=deadbeef00]\n")
+    write_jobs(
+        qdir,
+        f"[~] HELPER crash ck/r  # id=r  # running: pid {dead.pid} on {host}, since x, "
+        f"attempt 1/2, log logs/r.log [t=deadbeef00]\n",
+    )
     os.makedirs(qdir / "ck/r")
     (qdir / "ck/r/ckpt.json").write_text(json.dumps({"step": 7}))
     rc, out = run(qdir)
@@ -395,11 +436,21 @@ def test_once_takes_a_single_job(qdir):
 
 def test_cli_errors_are_clear(qdir):
     write_jobs(qdir, "[ ] echo a  # requires=nobody\n")
-    r = subprocess.run([PY, os.path.join(ROOT, "run_jobs.py")], cwd=qdir, capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=ROOT))
+    r = subprocess.run(
+        [PY, os.path.join(ROOT, "run_jobs.py")],
+        cwd=qdir,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert r.returncode == 2 and "jobs.txt:1: requires unknown job id 'nobody'" in r.stderr
-    r = subprocess.run([PY, os.path.join(ROOT, "run_jobs.py"), "missing.txt"], cwd=qdir, capture_output=True,
-                       text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+    r = subprocess.run(
+        [PY, os.path.join(ROOT, "run_jobs.py"), "missing.txt"],
+        cwd=qdir,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert r.returncode == 2 and "jobs file not found: missing.txt" in r.stderr
 
 
@@ -412,17 +463,22 @@ def test_real_pretrain_jobs_with_gates(tmp_path):
     from tests.toy_data import write_toy_dataset
 
     write_toy_dataset(str(tmp_path / "toy"), seq_len=8)
-    tiny = ("arch=trm_tiny arch.hidden_size=32 arch.num_heads=2 arch.puzzle_emb_ndim=32 arch.puzzle_emb_len=1 "
-            "arch.H_cycles=1 arch.L_cycles=1 arch.L_layers=1 arch.halt_max_steps=2 arch.halt_exploration_prob=0 "
-            "global_batch_size=16 evaluators=[] lr=1e-3 lr_warmup_steps=10 weight_decay=0.0 "
-            "puzzle_emb_weight_decay=0.0 eval_interval=null progress=false wandb.mode=disabled "
-            "data_paths=[toy] +project_name=q")
+    tiny = (
+        "arch=trm_tiny arch.hidden_size=32 arch.num_heads=2 arch.puzzle_emb_ndim=32 arch.puzzle_emb_len=1 "
+        "arch.H_cycles=1 arch.L_cycles=1 arch.L_layers=1 arch.halt_max_steps=2 arch.halt_exploration_prob=0 "
+        "global_batch_size=16 evaluators=[] lr=1e-3 lr_warmup_steps=10 weight_decay=0.0 "
+        "puzzle_emb_weight_decay=0.0 eval_interval=null progress=false wandb.mode=disabled "
+        "data_paths=[toy] +project_name=q"
+    )
     pre = f"{PY} {os.path.join(ROOT, 'pretrain.py')} {tiny}"
-    write_jobs(tmp_path, (
-        f"[ ] {pre} epochs=150 +run_name=overfit  # id=overfit\n"
-        f"[ ] {pre} epochs=1 eval_at_end=false +run_name=full  # requires=overfit:train/exact_accuracy>0.90\n"
-        f"[ ] {pre} epochs=1 eval_at_end=false +run_name=never  # requires=overfit:train/lm_loss<0.0\n"
-    ))
+    write_jobs(
+        tmp_path,
+        (
+            f"[ ] {pre} epochs=150 +run_name=overfit  # id=overfit\n"
+            f"[ ] {pre} epochs=1 eval_at_end=false +run_name=full  # requires=overfit:train/exact_accuracy>0.90\n"
+            f"[ ] {pre} epochs=1 eval_at_end=false +run_name=never  # requires=overfit:train/lm_loss<0.0\n"
+        ),
+    )
     env_before = dict(os.environ)
     os.environ.update(OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=ROOT)
     try:

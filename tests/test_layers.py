@@ -1,6 +1,7 @@
 """The layer rule of docs/architecture.md, checked in the test command: each package imports only packages below
 it (core < dataset < encoders < models < evaluators < training < experiments), and no module imports itself back
 through a cycle. Entry points (pretrain.py, evaluate.py, ...), benchmarks/ and scripts/ sit on top."""
+
 from __future__ import annotations
 
 import ast
@@ -37,7 +38,7 @@ def _imports(name: str, path: str, known: set[str]) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
@@ -57,8 +58,9 @@ def graph() -> dict[str, set[str]]:
 
 def test_no_package_imports_a_layer_above_it(graph):
     rank = {p: i for i, p in enumerate(LAYERS)}
-    upward = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
-                    if rank[t.split(".")[0]] > rank[m.split(".")[0]])
+    upward = sorted(
+        f"{m} -> {t}" for m, ts in graph.items() for t in ts if rank[t.split(".")[0]] > rank[m.split(".")[0]]
+    )
     assert upward == []
 
 
@@ -85,8 +87,10 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path):
     (tmp_path / "a.py").write_text("from models import b\n")
     (tmp_path / "b.py").write_text("import training.loop\nfrom . import a\n")
     known = {"models", "models.a", "models.b", "training", "training.loop"}
-    g = {"models.a": _imports("models.a", str(tmp_path / "a.py"), known),
-         "models.b": _imports("models.b", str(tmp_path / "b.py"), known)}
+    g = {
+        "models.a": _imports("models.a", str(tmp_path / "a.py"), known),
+        "models.b": _imports("models.b", str(tmp_path / "b.py"), known),
+    }
     assert g == {"models.a": {"models.b"}, "models.b": {"training.loop", "models.a"}}
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter({k: v & {"models.a", "models.b"} for k, v in g.items()}).prepare()

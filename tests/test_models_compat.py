@@ -1,23 +1,52 @@
 """Original TRM checkpoints load into our TRM; structural arch mismatches are refused (pitfall 10)."""
+
 import warnings
 
 import pytest
 import torch
 
 from models import build_loss_head, build_model
-from models.compat import (ArchMismatchError, check_arch_compat, load_original_trm_checkpoint, normalise_original_keys,
-                           original_arch_to_ours)
+from models.compat import (
+    ArchMismatchError,
+    check_arch_compat,
+    load_original_trm_checkpoint,
+    normalise_original_keys,
+    original_arch_to_ours,
+)
 
-CFG = dict(name="trm", hidden_size=16, num_heads=2, H_cycles=2, L_cycles=2, L_layers=2, halt_max_steps=3,
-           puzzle_emb_ndim=16, puzzle_emb_len=4, forward_dtype="float32")
+CFG = dict(
+    name="trm",
+    hidden_size=16,
+    num_heads=2,
+    H_cycles=2,
+    L_cycles=2,
+    L_layers=2,
+    halt_max_steps=3,
+    puzzle_emb_ndim=16,
+    puzzle_emb_len=4,
+    forward_dtype="float32",
+)
 DIMS = dict(vocab_size=12, seq_len=6, num_puzzle_identifiers=5, batch_size=2)
 
 # The original code's key layout for L_layers=2, rope, attention (see models/compat.py docstring).
 ORIGINAL_KEYS = {
-    "model.inner.embed_tokens.embedding_weight", "model.inner.lm_head.weight", "model.inner.q_head.weight",
-    "model.inner.q_head.bias", "model.inner.puzzle_emb.weights", "model.inner.H_init", "model.inner.L_init",
-    *[f"model.inner.L_level.layers.{i}.{m}" for i in range(2) for m in (
-        "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight")],
+    "model.inner.embed_tokens.embedding_weight",
+    "model.inner.lm_head.weight",
+    "model.inner.q_head.weight",
+    "model.inner.q_head.bias",
+    "model.inner.puzzle_emb.weights",
+    "model.inner.H_init",
+    "model.inner.L_init",
+    *[
+        f"model.inner.L_level.layers.{i}.{m}"
+        for i in range(2)
+        for m in (
+            "self_attn.qkv_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_up_proj.weight",
+            "mlp.down_proj.weight",
+        )
+    ],
 }
 
 
@@ -52,11 +81,27 @@ def test_load_original_checkpoint_reproduces_outputs(tmp_path):
     torch.save(to_original_layout(src), path)
     dst = make(2)
     assert not torch.equal(dst.inner.lm_head.weight, src.inner.lm_head.weight)
-    report = load_original_trm_checkpoint(dst, str(path), original_arch={
-        "name": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1", "loss": {"name": "losses@ACTLossHead"},
-        "hidden_size": 16, "num_heads": 2, "H_cycles": 2, "L_cycles": 2, "L_layers": 2, "H_layers": 0,
-        "puzzle_emb_ndim": 16, "puzzle_emb_len": 4, "halt_max_steps": 3, "pos_encodings": "rope",
-        "expansion": 4, "mlp_t": False, "forward_dtype": "float32"})
+    report = load_original_trm_checkpoint(
+        dst,
+        str(path),
+        original_arch={
+            "name": "recursive_reasoning.trm@TinyRecursiveReasoningModel_ACTV1",
+            "loss": {"name": "losses@ACTLossHead"},
+            "hidden_size": 16,
+            "num_heads": 2,
+            "H_cycles": 2,
+            "L_cycles": 2,
+            "L_layers": 2,
+            "H_layers": 0,
+            "puzzle_emb_ndim": 16,
+            "puzzle_emb_len": 4,
+            "halt_max_steps": 3,
+            "pos_encodings": "rope",
+            "expansion": 4,
+            "mlp_t": False,
+            "forward_dtype": "float32",
+        },
+    )
     assert report["missing"] == [] and report["unexpected"] == []
     for k, v in src.state_dict().items():
         if k.endswith(("H_init", "L_init")):
@@ -64,12 +109,16 @@ def test_load_original_checkpoint_reproduces_outputs(tmp_path):
         else:
             assert torch.equal(dst.state_dict()[k], v), k
     # Same predictions (up to the bf16 rounding of the initial states, which we load as stored)
-    batch = {"inputs": torch.randint(0, 12, (2, 6), dtype=torch.int32), "labels": torch.randint(0, 12, (2, 6)),
-             "puzzle_identifiers": torch.tensor([1, 3], dtype=torch.int32)}
+    batch = {
+        "inputs": torch.randint(0, 12, (2, 6), dtype=torch.int32),
+        "labels": torch.randint(0, 12, (2, 6)),
+        "puzzle_identifiers": torch.tensor([1, 3], dtype=torch.int32),
+    }
     with torch.no_grad():
         src.inner.H_init.copy_(src.inner.H_init.bfloat16().float())
         src.inner.L_init.copy_(src.inner.L_init.bfloat16().float())
-    src.eval(); dst.eval()
+    src.eval()
+    dst.eval()
     _, a = src(src.initial_carry(batch), batch)
     _, b = dst(dst.initial_carry(batch), batch)
     assert torch.allclose(a["logits"], b["logits"], atol=1e-6)
@@ -90,8 +139,15 @@ def test_key_normalisation():
 def test_l_cycles_mismatch_refused_unless_allowed():
     src = make(1)
     dst = make(2, L_cycles=6)
-    original = {"hidden_size": 16, "num_heads": 2, "H_cycles": 2, "L_cycles": 4, "L_layers": 2,
-                "puzzle_emb_ndim": 16, "puzzle_emb_len": 4}
+    original = {
+        "hidden_size": 16,
+        "num_heads": 2,
+        "H_cycles": 2,
+        "L_cycles": 4,
+        "L_layers": 2,
+        "puzzle_emb_ndim": 16,
+        "puzzle_emb_len": 4,
+    }
     with pytest.raises(ArchMismatchError, match="L_cycles: original TRM checkpoint has 4, model has 6"):
         load_original_trm_checkpoint(dst, to_original_layout(src), original_arch=original)
     with warnings.catch_warnings(record=True) as w:
@@ -104,7 +160,9 @@ def test_l_cycles_mismatch_refused_unless_allowed():
 def test_shape_mismatch_names_key_and_shapes():
     src = make(1)
     dst = build_model({**CFG, "hidden_size": 32}, **DIMS)
-    with pytest.raises(ArchMismatchError, match=r"inner\.embed_tokens\.embedding_weight: checkpoint \(12, 16\) vs model \(12, 32\)"):
+    with pytest.raises(
+        ArchMismatchError, match=r"inner\.embed_tokens\.embedding_weight: checkpoint \(12, 16\) vs model \(12, 32\)"
+    ):
         load_original_trm_checkpoint(dst, to_original_layout(src))
     dst2 = build_model(CFG, **{**DIMS, "num_puzzle_identifiers": 9})
     with pytest.raises(ArchMismatchError, match="puzzle_emb.weights"):
@@ -136,6 +194,13 @@ def test_check_arch_compat_fields():
 
 
 def test_original_arch_translation():
-    ours = original_arch_to_ours({"name": "recursive_reasoning.trm@X", "loss": {"loss_type": "stablemax_cross_entropy"},
-                                  "hidden_size": 512, "L_cycles": 4, "unknown_original_key": 1})
+    ours = original_arch_to_ours(
+        {
+            "name": "recursive_reasoning.trm@X",
+            "loss": {"loss_type": "stablemax_cross_entropy"},
+            "hidden_size": 512,
+            "L_cycles": 4,
+            "unknown_original_key": 1,
+        }
+    )
     assert ours == {"name": "trm", "hidden_size": 512, "L_cycles": 4, "loss": {"loss_type": "stablemax_cross_entropy"}}

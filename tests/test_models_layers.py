@@ -1,13 +1,25 @@
 """Blocks: init statistics, casting, RoPE properties, attention numerics, SwiGLU width, norms, mlp_t."""
+
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models.layers import (Attention, CastedEmbedding, CastedLinear, RotaryEmbedding, SwiGLU, TransformerBlock,
-                           apply_rotary_pos_emb, resolve_dtype, rms_norm, rotate_half, swiglu_intermediate_size,
-                           trunc_normal_init_)
+from models.layers import (
+    Attention,
+    CastedEmbedding,
+    CastedLinear,
+    RotaryEmbedding,
+    SwiGLU,
+    TransformerBlock,
+    apply_rotary_pos_emb,
+    resolve_dtype,
+    rms_norm,
+    rotate_half,
+    swiglu_intermediate_size,
+    trunc_normal_init_,
+)
 
 
 def test_trunc_normal_has_requested_std_and_bounds():
@@ -30,7 +42,7 @@ def test_casted_linear_init_and_dtype():
     x = torch.randn(3, 256, dtype=torch.bfloat16)
     y = lin(x)
     assert y.dtype == torch.bfloat16
-    ref = F.linear(x.float(), lin.weight.bfloat16().float(), lin.bias) .bfloat16()
+    ref = F.linear(x.float(), lin.weight.bfloat16().float(), lin.bias).bfloat16()
     assert torch.allclose(y.float(), ref.float(), atol=0.05)
 
 
@@ -44,7 +56,10 @@ def test_casted_embedding_casts():
 def test_resolve_dtype():
     assert resolve_dtype("float32") is torch.float32
     # "auto" follows the device the model runs on, not the machine: fp32 on CPU even where CUDA is available
-    assert resolve_dtype("auto", "cuda") is torch.bfloat16 and resolve_dtype("auto", torch.device("cuda", 1)) is torch.bfloat16
+    assert (
+        resolve_dtype("auto", "cuda") is torch.bfloat16
+        and resolve_dtype("auto", torch.device("cuda", 1)) is torch.bfloat16
+    )
     assert resolve_dtype("auto", "cpu") is torch.float32 and resolve_dtype("auto") is torch.float32
     assert resolve_dtype("bfloat16", "cpu") is torch.bfloat16
     with pytest.raises(ValueError, match="forward_dtype"):
@@ -162,7 +177,7 @@ def test_split_projections_match_one_fused_matmul(monkeypatch, kind):
 
 
 # ---------------------------------------------------------------------------------------------- grid coordinates
-def _reference_coords(canvas: "np.ndarray", side: int) -> "np.ndarray":
+def _reference_coords(canvas, side: int):
     """Offsets of every cell from the edges of the bounding box of the colour cells (tokens >= 2), numpy."""
     import numpy as np
 
@@ -193,7 +208,8 @@ def test_grid_coordinates_are_offsets_from_the_grid_edges_wherever_the_grid_sits
     got = grid_coordinates(t, side)
     assert got.shape == (41, side * side, 4) and got.dtype == torch.long
     assert np.array_equal(got.numpy(), np.stack([_reference_coords(c, side) for c in canvases]))
-    # a 3x2 grid at (1, 2): cell (2, 3) is 1 below the top, 1 above the bottom, 1 right of the left edge, 0 from the right
+    # a 3x2 grid at (1, 2): cell (2, 3) is 1 below the top, 1 above the bottom, 1 right of the left edge, 0 from the
+    # right
     one = grid_to_canvas(np.ones((3, 2), dtype=int), offset=(1, 2), size=side)
     assert (grid_coordinates(torch.from_numpy(one)[None].long(), side)[0, 2 * side + 3] - side).tolist() == [1, 1, 1, 0]
     # a cropped tail (the encoders keep a prefix of the canvas) counts as empty canvas

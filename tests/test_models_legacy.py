@@ -2,6 +2,7 @@
 config (a checkpoint's config.arch / arch, a science run.json record) either reads as today's variant with the
 very same parameters, or is refused with one line naming the switch, why it went, and the commit that builds it.
 End to end through a checkpoint and evaluate.py: tests/test_context_head_wiring.py."""
+
 import pytest
 import torch
 
@@ -14,19 +15,51 @@ from models.variants.trm_pointer import TRMPointerConfig
 
 SEQ = 16  # a square canvas (4 x 4)
 # what a stored config of commit 0b65cd7 holds: every field, the four switches at their defaults
-OLD = dict(name="trm", hidden_size=16, num_heads=2, expansion=2.0, puzzle_emb_ndim=0, puzzle_emb_len=2,
-           pos_encodings="rope", grid_coords=False, pointer_init="identity", pointer_source="token",
-           context_broadcast=False, rms_norm_eps=1e-5, rope_theta=10000.0, forward_dtype="float32",
-           loss={"name": "ACTLossHead", "loss_type": "softmax_cross_entropy", "q_loss_weight": 0.5,
-                 "extra_loss_weights": {}},
-           halt_max_steps=2, halt_exploration_prob=0.0, halt_early_in_eval=False, no_ACT_continue=True, H_cycles=2,
-           L_cycles=2, L_layers=1, H_layers=0, mlp_t=False)
+OLD = dict(
+    name="trm",
+    hidden_size=16,
+    num_heads=2,
+    expansion=2.0,
+    puzzle_emb_ndim=0,
+    puzzle_emb_len=2,
+    pos_encodings="rope",
+    grid_coords=False,
+    pointer_init="identity",
+    pointer_source="token",
+    context_broadcast=False,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    forward_dtype="float32",
+    loss={"name": "ACTLossHead", "loss_type": "softmax_cross_entropy", "q_loss_weight": 0.5, "extra_loss_weights": {}},
+    halt_max_steps=2,
+    halt_exploration_prob=0.0,
+    halt_early_in_eval=False,
+    no_ACT_continue=True,
+    H_cycles=2,
+    L_cycles=2,
+    L_layers=1,
+    H_layers=0,
+    mlp_t=False,
+)
 SWITCHES = ("grid_coords", "pointer_init", "pointer_source", "context_broadcast")
 # the parameter names an arch=trm model had at commit 0b65cd7 with these switches (L_layers 1, no puzzle embedding)
-TRM_KEYS = {"inner.embed_tokens.embedding_weight", "inner.lm_head.weight", "inner.q_head.weight", "inner.q_head.bias",
-            "inner.H_init", "inner.L_init", *[f"inner.L_level.layers.0.{m}" for m in (
-                "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
-                "mlp.down_proj.weight")]}
+TRM_KEYS = {
+    "inner.embed_tokens.embedding_weight",
+    "inner.lm_head.weight",
+    "inner.q_head.weight",
+    "inner.q_head.bias",
+    "inner.H_init",
+    "inner.L_init",
+    *[
+        f"inner.L_level.layers.0.{m}"
+        for m in (
+            "self_attn.qkv_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_up_proj.weight",
+            "mlp.down_proj.weight",
+        )
+    ],
+}
 GRID_KEYS = TRM_KEYS | {"inner.embed_grid.embedding_weight"}
 POINTER_KEYS = GRID_KEYS | {f"inner.L_level.layers.0.self_attn.pointer.{w}" for w in ("weight", "bias")}
 
@@ -41,14 +74,21 @@ def state(cfg, seed=0):
     return build_model(cfg, vocab_size=12, seq_len=SEQ, num_puzzle_identifiers=3, batch_size=2).state_dict()
 
 
-@pytest.mark.parametrize("old,cls,keys", [
-    ({}, TRMConfig, TRM_KEYS),
-    ({"grid_coords": True}, TRMGridConfig, GRID_KEYS),
-    ({"grid_coords": True, "pos_encodings": "rope2d"}, TRMGridConfig, GRID_KEYS),
-    ({"grid_coords": True, "pos_encodings": "pointer", "pointer_init": "dihedral", "pointer_source": "context"},
-     TRMPointerConfig, POINTER_KEYS),
-    ({"grid_coords": True, "pos_encodings": "pointer"}, TRMPointerConfig, POINTER_KEYS),
-], ids=["trm", "grid", "grid-rope2d", "pointer-dihedral-context", "pointer-identity-token"])
+@pytest.mark.parametrize(
+    "old,cls,keys",
+    [
+        ({}, TRMConfig, TRM_KEYS),
+        ({"grid_coords": True}, TRMGridConfig, GRID_KEYS),
+        ({"grid_coords": True, "pos_encodings": "rope2d"}, TRMGridConfig, GRID_KEYS),
+        (
+            {"grid_coords": True, "pos_encodings": "pointer", "pointer_init": "dihedral", "pointer_source": "context"},
+            TRMPointerConfig,
+            POINTER_KEYS,
+        ),
+        ({"grid_coords": True, "pos_encodings": "pointer"}, TRMPointerConfig, POINTER_KEYS),
+    ],
+    ids=["trm", "grid", "grid-rope2d", "pointer-dihedral-context", "pointer-identity-token"],
+)
 def test_a_stored_trm_config_reads_as_its_variant_with_the_same_parameter_names(old, cls, keys):
     """name trm + grid_coords=true is arch=trm_grid, + pos_encodings=pointer is arch=trm_pointer (with the stored
     pointer_init / pointer_source, whatever today's defaults): every other field as stored, the state-dict keys
@@ -56,9 +96,12 @@ def test_a_stored_trm_config_reads_as_its_variant_with_the_same_parameter_names(
     stored = {**OLD, **old}
     cfg = parse_arch_config(stored)
     assert type(cfg) is cls
-    assert {k: v for k, v in cfg.model_dump().items() if k != "name"} == \
-        {k: v for k, v in stored.items() if k not in ("name", "grid_coords", "context_broadcast")
-         and (cls is TRMPointerConfig or k not in ("pointer_init", "pointer_source"))}
+    assert {k: v for k, v in cfg.model_dump().items() if k != "name"} == {
+        k: v
+        for k, v in stored.items()
+        if k not in ("name", "grid_coords", "context_broadcast")
+        and (cls is TRMPointerConfig or k not in ("pointer_init", "pointer_source"))
+    }
     sd = state(stored)
     assert set(sd) == keys
     pointer = {k: stored[k] for k in ("pointer_init", "pointer_source")} if cls is TRMPointerConfig else {}
@@ -68,25 +111,48 @@ def test_a_stored_trm_config_reads_as_its_variant_with_the_same_parameter_names(
 
 def test_hrm_and_transformer_configs_drop_the_switches_at_their_defaults():
     for name, extra in (("hrm", {"H_layers": 1}), ("transformer", {"num_layers": 1})):
-        stored = {k: v for k, v in OLD.items() if k not in ("H_cycles", "L_cycles", "L_layers", "H_layers", "mlp_t",
-                                                            "halt_max_steps", "halt_exploration_prob",
-                                                            "halt_early_in_eval", "no_ACT_continue")}
+        stored = {
+            k: v
+            for k, v in OLD.items()
+            if k
+            not in (
+                "H_cycles",
+                "L_cycles",
+                "L_layers",
+                "H_layers",
+                "mlp_t",
+                "halt_max_steps",
+                "halt_exploration_prob",
+                "halt_early_in_eval",
+                "no_ACT_continue",
+            )
+        }
         cfg = parse_arch_config({**stored, **extra, "name": name})
         assert cfg.name == name and not set(SWITCHES) & set(cfg.model_dump())
 
 
-@pytest.mark.parametrize("stored,match", [
-    ({"context_broadcast": True}, r"arch\.context_broadcast=true was removed \(measured negative: run f8-bc .*0\.08"),
-    ({"name": "hrm", "grid_coords": True, "H_layers": 1},
-     r"arch\.grid_coords=true on arch=hrm was removed \(.*arch=trm_grid"),
-    ({"pos_encodings": "pointer"}, r"arch\.pos_encodings=pointer without arch\.grid_coords=true was removed"),
-], ids=["context_broadcast", "grid-on-hrm", "pointer-without-grid"])
+@pytest.mark.parametrize(
+    "stored,match",
+    [
+        (
+            {"context_broadcast": True},
+            r"arch\.context_broadcast=true was removed \(measured negative: run f8-bc .*0\.08",
+        ),
+        (
+            {"name": "hrm", "grid_coords": True, "H_layers": 1},
+            r"arch\.grid_coords=true on arch=hrm was removed \(.*arch=trm_grid",
+        ),
+        ({"pos_encodings": "pointer"}, r"arch\.pos_encodings=pointer without arch\.grid_coords=true was removed"),
+    ],
+    ids=["context_broadcast", "grid-on-hrm", "pointer-without-grid"],
+)
 def test_a_removed_switch_is_refused_with_one_line_naming_why_and_the_commit(stored, match):
     """Refused wherever a stored config is read: parsing it, validating a whole training config from a checkpoint
     (pydantic passes the error through unwrapped: the user sees this line, not a validation dump), and the
     resume / pretrained-decoder check (naming the file)."""
     from training.checkpoint import CheckpointError, check_arch_compatible
     from training.config import PretrainConfig
+
     old = {**OLD, **stored}
     if old["name"] == "hrm":
         old = {k: v for k, v in old.items() if k not in ("H_cycles", "L_cycles", "L_layers", "mlp_t")}
@@ -116,6 +182,7 @@ def test_resume_and_decoder_checks_compare_an_old_arch_with_today_s():
     """The structural check of a resume / load reads the stored arch as today's (same model: accepted) and still
     refuses a real difference, naming it."""
     from training.checkpoint import check_arch_compatible
+
     old, new = {**OLD, "grid_coords": True}, {**today(), "name": "trm_grid"}
     assert normalise_arch(old) == normalise_arch(new)
     check_arch_compat(old, new)

@@ -1,12 +1,20 @@
 """ACTLossHead: hand-computed loss and metrics, stablemax vs softmax, labels from the carry, extra-term scale."""
+
 import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from models.losses import (IGNORE_LABEL_ID, ACTLossHead, get_loss_fn, log_stablemax, softmax_cross_entropy,
-                           stable_max_cross_entropy, stablemax)
+from models.losses import (
+    IGNORE_LABEL_ID,
+    ACTLossHead,
+    get_loss_fn,
+    log_stablemax,
+    softmax_cross_entropy,
+    stable_max_cross_entropy,
+    stablemax,
+)
 
 
 def test_stablemax_values():
@@ -50,8 +58,9 @@ class FakeACT(torch.nn.Module):
 
 def hand_case(extra=None):
     # 2 samples, 3 tokens, vocab 2. Sample 0: labels [1, 0, -100]; sample 1: labels [1, 1, 1].
-    logits = torch.tensor([[[0.0, 2.0], [1.0, 0.0], [5.0, -5.0]],
-                           [[0.0, 1.0], [3.0, 0.0], [0.0, 0.5]]], requires_grad=True)
+    logits = torch.tensor(
+        [[[0.0, 2.0], [1.0, 0.0], [5.0, -5.0]], [[0.0, 1.0], [3.0, 0.0], [0.0, 0.5]]], requires_grad=True
+    )
     labels = torch.tensor([[1, 0, IGNORE_LABEL_ID], [1, 1, 1]])
     q_halt = torch.tensor([0.5, -1.0], requires_grad=True)
     q_cont = torch.tensor([0.0, 0.0])
@@ -139,13 +148,32 @@ def test_extra_per_sample_term_scale():
 
 def test_loss_head_on_real_model_uses_carry_labels():
     from models import build_loss_head, build_model
+
     torch.manual_seed(0)
-    model = build_model(dict(name="trm", hidden_size=16, num_heads=2, H_cycles=1, L_cycles=1, halt_max_steps=4,
-                             puzzle_emb_ndim=16, puzzle_emb_len=1, forward_dtype="float32", halt_exploration_prob=0.0),
-                        vocab_size=5, seq_len=4, num_puzzle_identifiers=3, batch_size=2)
+    model = build_model(
+        dict(
+            name="trm",
+            hidden_size=16,
+            num_heads=2,
+            H_cycles=1,
+            L_cycles=1,
+            halt_max_steps=4,
+            puzzle_emb_ndim=16,
+            puzzle_emb_len=1,
+            forward_dtype="float32",
+            halt_exploration_prob=0.0,
+        ),
+        vocab_size=5,
+        seq_len=4,
+        num_puzzle_identifiers=3,
+        batch_size=2,
+    )
     head = build_loss_head(model)
-    b1 = {"inputs": torch.ones(2, 4, dtype=torch.int32), "labels": torch.full((2, 4), 2),
-          "puzzle_identifiers": torch.ones(2, dtype=torch.int32)}
+    b1 = {
+        "inputs": torch.ones(2, 4, dtype=torch.int32),
+        "labels": torch.full((2, 4), 2),
+        "puzzle_identifiers": torch.ones(2, dtype=torch.int32),
+    }
     b2 = {**b1, "labels": torch.full((2, 4), 3)}
     carry = head.initial_carry(b1)
     carry, loss1, _, _, _ = head(carry, b1)

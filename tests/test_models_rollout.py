@@ -1,5 +1,6 @@
 """The one ACT rollout (models/rollout.py): per-sample outputs frozen at the halting step, halting rules, metric
 sums and their exactness, gradient when asked."""
+
 import pytest
 import torch
 
@@ -9,8 +10,12 @@ from tests.doubles import FakeACT, FakeLossHead
 
 def _batch(b=4, s=6):
     labels = torch.randint(2, 12, (b, s))
-    return {"inputs": labels.clone().int(), "labels": labels, "puzzle_identifiers": torch.ones(b, dtype=torch.int32),
-            "example_index": torch.arange(b)}
+    return {
+        "inputs": labels.clone().int(),
+        "labels": labels,
+        "puzzle_identifiers": torch.ones(b, dtype=torch.int32),
+        "example_index": torch.arange(b),
+    }
 
 
 def test_eval_rollout_runs_max_steps_and_freezes_at_the_last_step():
@@ -28,8 +33,9 @@ def test_q_halt_rule_freezes_each_sample_at_its_own_step_and_stops_when_done():
     q = lambda data, steps: torch.where(steps >= data["example_index"] + 1, 1.0, -1.0)  # noqa: E731
     model = FakeACT(halt_max_steps=10, q_fn=q).eval()
     batch = _batch()
-    r = rollout(lambda c: model(c, batch), model.initial_carry(batch), max_steps=10, q_halt_rule=True,
-                stop_when_done=True)
+    r = rollout(
+        lambda c: model(c, batch), model.initial_carry(batch), max_steps=10, q_halt_rule=True, stop_when_done=True
+    )
     assert r.steps.tolist() == [1, 2, 3, 4]
     assert r.num_steps == 4  # stopped once every sample had halted, not at max_steps
     assert r.outputs["q_halt_logits"].tolist() == [1.0, 1.0, 1.0, 1.0]  # frozen at the halting step

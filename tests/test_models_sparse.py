@@ -1,4 +1,5 @@
 """SparsePuzzleEmbedding + SignSGDSparse: exact update, lazy decay on touched rows, 2-process gloo equality."""
+
 import os
 
 import pytest
@@ -79,7 +80,9 @@ def test_local_weights_stay_a_grad_leaf_after_to():
     assert emb.local_weights.is_leaf and emb.local_weights.requires_grad
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str, ids_all: torch.Tensor, coeff_all: torch.Tensor) -> None:
+def _worker(
+    rank: int, world: int, init_file: str, out_dir: str, ids_all: torch.Tensor, coeff_all: torch.Tensor
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
@@ -93,11 +96,17 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, ids_all: torch.
 
 def test_two_gloo_processes_equal_one_process_on_concatenated_batch(tmp_path):
     ids_all = torch.tensor([2, 5, 1, 5, 2, 0], dtype=torch.int32)  # row 5 and 2 appear on both ranks
-    coeff_all = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.3, -0.3], [-3.0, 1.0, 0.25],
-                              [-1.0, -1.0, 1.0], [-2.0, 3.0, -1.0], [1.0, 1.0, 1.0]])
+    coeff_all = torch.tensor(
+        [[1.0, -2.0, 0.5], [0.3, 0.3, -0.3], [-3.0, 1.0, 0.25], [-1.0, -1.0, 1.0], [-2.0, 3.0, -1.0], [1.0, 1.0, 1.0]]
+    )
     single = _one_step(ids_all, coeff_all, world_size=1).weights
-    mp.start_processes(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), ids_all, coeff_all), nprocs=2,
-                       join=True, start_method="fork")  # fork: no re-import of torch in the children
+    mp.start_processes(
+        _worker,
+        args=(2, str(tmp_path / "init"), str(tmp_path), ids_all, coeff_all),
+        nprocs=2,
+        join=True,
+        start_method="fork",
+    )  # fork: no re-import of torch in the children
     w0 = torch.load(tmp_path / "rank0.pt")
     w1 = torch.load(tmp_path / "rank1.pt")
     assert torch.equal(w0, w1)  # every rank applies the same update

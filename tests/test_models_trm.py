@@ -1,4 +1,5 @@
 """TRM / HRM / transformer: shapes, ACT semantics, gradient flow, puzzle prefix, config strictness."""
+
 from typing import Any, Dict
 
 import pytest
@@ -10,12 +11,39 @@ from models.layers import rms_norm
 VOCAB, SEQ, NPUZ = 12, 8, 6
 
 TINY: Dict[str, Dict[str, Any]] = {
-    "trm": dict(name="trm", hidden_size=16, num_heads=2, H_cycles=3, L_cycles=2, L_layers=2, halt_max_steps=4,
-                puzzle_emb_ndim=16, puzzle_emb_len=3, forward_dtype="float32"),
-    "hrm": dict(name="hrm", hidden_size=16, num_heads=2, H_cycles=2, L_cycles=2, H_layers=1, L_layers=1,
-                halt_max_steps=4, puzzle_emb_ndim=16, forward_dtype="float32"),
-    "transformer": dict(name="transformer", hidden_size=16, num_heads=2, num_layers=2, puzzle_emb_ndim=16,
-                        puzzle_emb_len=2, forward_dtype="float32"),
+    "trm": dict(
+        name="trm",
+        hidden_size=16,
+        num_heads=2,
+        H_cycles=3,
+        L_cycles=2,
+        L_layers=2,
+        halt_max_steps=4,
+        puzzle_emb_ndim=16,
+        puzzle_emb_len=3,
+        forward_dtype="float32",
+    ),
+    "hrm": dict(
+        name="hrm",
+        hidden_size=16,
+        num_heads=2,
+        H_cycles=2,
+        L_cycles=2,
+        H_layers=1,
+        L_layers=1,
+        halt_max_steps=4,
+        puzzle_emb_ndim=16,
+        forward_dtype="float32",
+    ),
+    "transformer": dict(
+        name="transformer",
+        hidden_size=16,
+        num_heads=2,
+        num_layers=2,
+        puzzle_emb_ndim=16,
+        puzzle_emb_len=2,
+        forward_dtype="float32",
+    ),
 }
 
 
@@ -27,9 +55,11 @@ def make(name="trm", batch_size=4, **over):
 
 def batch_of(b=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {"inputs": torch.randint(0, VOCAB, (b, SEQ), generator=g, dtype=torch.int32),
-            "labels": torch.randint(0, VOCAB, (b, SEQ), generator=g).long(),
-            "puzzle_identifiers": torch.randint(1, NPUZ, (b,), generator=g, dtype=torch.int32)}
+    return {
+        "inputs": torch.randint(0, VOCAB, (b, SEQ), generator=g, dtype=torch.int32),
+        "labels": torch.randint(0, VOCAB, (b, SEQ), generator=g).long(),
+        "puzzle_identifiers": torch.randint(1, NPUZ, (b,), generator=g, dtype=torch.int32),
+    }
 
 
 def set_q_bias(model, halt: float, cont: float = -5.0):
@@ -55,15 +85,36 @@ def test_trm_config_holds_the_paper_s_fields_only():
     """TRMConfig reads like the paper (sizes, puzzle embedding, positions, recursion depth, halting, loss): a
     research switch goes into a variant module with its own name (models/variants/), not into the core."""
     from models import TRMConfig
+
     assert set(TRMConfig.model_fields) == {
-        "name", "vocab_size", "seq_len", "hidden_size", "num_heads", "expansion", "puzzle_emb_ndim", "puzzle_emb_len",
-        "pos_encodings", "rms_norm_eps", "rope_theta", "forward_dtype", "loss", "halt_max_steps",
-        "halt_exploration_prob", "halt_early_in_eval", "no_ACT_continue", "H_cycles", "L_cycles", "L_layers",
-        "H_layers", "mlp_t"}
+        "name",
+        "vocab_size",
+        "seq_len",
+        "hidden_size",
+        "num_heads",
+        "expansion",
+        "puzzle_emb_ndim",
+        "puzzle_emb_len",
+        "pos_encodings",
+        "rms_norm_eps",
+        "rope_theta",
+        "forward_dtype",
+        "loss",
+        "halt_max_steps",
+        "halt_exploration_prob",
+        "halt_early_in_eval",
+        "no_ACT_continue",
+        "H_cycles",
+        "L_cycles",
+        "L_layers",
+        "H_layers",
+        "mlp_t",
+    }
 
 
 def test_registry_and_build_model_types():
     from models import HRM, TRM, TransformerBaseline
+
     assert {"trm", "hrm", "transformer"} <= set(ARCH_REGISTRY)
     assert isinstance(make("trm"), TRM) and isinstance(make("hrm"), HRM)
     assert isinstance(make("transformer"), TransformerBaseline)
@@ -131,7 +182,7 @@ def test_trm_recursion_order_and_gradient_only_in_last_cycle():
             z_L = net(z_L, z_H + x)
         z_H = net(z_H, z_L)
     assert torch.allclose(new_carry.inner_carry.z_H, z_H, atol=1e-5)
-    assert torch.allclose(out["logits"], inner.lm_head(z_H)[:, inner.puzzle_emb_len:], atol=1e-5)
+    assert torch.allclose(out["logits"], inner.lm_head(z_H)[:, inner.puzzle_emb_len :], atol=1e-5)
 
     # The gradient equals that of the reference with the first two cycles detached ...
     w = model.inner.L_level.layers[0].mlp.down_proj.weight
@@ -145,7 +196,7 @@ def test_trm_recursion_order_and_gradient_only_in_last_cycle():
     for _ in range(2):
         z_L = net(z_L, z_H + x)
     z_H = net(z_H, z_L)
-    g_ref = torch.autograd.grad(inner.lm_head(z_H)[:, inner.puzzle_emb_len:].square().sum(), w)[0]
+    g_ref = torch.autograd.grad(inner.lm_head(z_H)[:, inner.puzzle_emb_len :].square().sum(), w)[0]
     assert torch.allclose(g_model, g_ref, atol=1e-5)
 
 
@@ -261,7 +312,7 @@ def test_puzzle_embedding_fills_first_prefix_token_only():
     batch = batch_of()
     emb = model.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"])
     assert emb.shape == (4, 3 + SEQ, 16)
-    scale = 16 ** 0.5
+    scale = 16**0.5
     expected = scale * model.inner.puzzle_emb.weights[batch["puzzle_identifiers"].long()]
     assert torch.allclose(emb[:, 0], expected)
     assert torch.count_nonzero(emb[:, 1:3]) == 0  # pitfall 23: the other prefix tokens are zeros
@@ -273,7 +324,7 @@ def test_prefix_context_replaces_puzzle_prefix():
     batch = batch_of()
     ctx = torch.randn(4, 3, 16, requires_grad=True)
     emb = model.inner.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context=ctx)
-    assert torch.allclose(emb[:, :3], 16 ** 0.5 * ctx)
+    assert torch.allclose(emb[:, :3], 16**0.5 * ctx)
     carry = model.initial_carry(batch)
     _, out_plain = model(carry, batch)
     _, out_ctx = model(carry, batch, prefix_context=ctx)
@@ -341,12 +392,19 @@ def test_rope2d_needs_a_square_canvas_and_a_head_dim_divisible_by_4():
     with pytest.raises(ValueError, match="square canvas"):
         make("trm", pos_encodings="rope2d")  # this file's toy sequence (8) is not a square
     torch.manual_seed(0)
-    model = build_model({**TINY["trm"], "pos_encodings": "rope2d"}, vocab_size=VOCAB, seq_len=9,
-                        num_puzzle_identifiers=NPUZ, batch_size=4)
+    model = build_model(
+        {**TINY["trm"], "pos_encodings": "rope2d"},
+        vocab_size=VOCAB,
+        seq_len=9,
+        num_puzzle_identifiers=NPUZ,
+        batch_size=4,
+    )
     g = torch.Generator().manual_seed(0)
-    batch = {"inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
-             "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
-             "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32)}
+    batch = {
+        "inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
+        "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
+        "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32),
+    }
     _, out = model(model.initial_carry(batch), batch)
     assert out["logits"].shape == (4, 9, VOCAB) and torch.isfinite(out["logits"]).all()
 
@@ -375,6 +433,7 @@ def test_omegaconf_input_and_yaml_files():
     from pathlib import Path
 
     from omegaconf import OmegaConf
+
     root = Path(__file__).resolve().parents[1] / "config" / "arch"
     names = {f.stem: parse_arch_config(OmegaConf.load(f)) for f in sorted(root.glob("*.yaml"))}
     assert names["trm"].L_cycles == 4 and names["trm"].hidden_size == 512 and names["trm"].puzzle_emb_len == 16
@@ -427,8 +486,17 @@ def test_tiny_trm_fits_a_fixed_batch_with_adamatan2_and_sign_sgd():
     """End-to-end sanity of model + loss head + both optimizers: the loss on one fixed batch collapses."""
     from models.sparse_embedding import SignSGDSparse
     from training.optim import AdamATan2
-    model = make("trm", H_cycles=2, L_cycles=1, L_layers=1, halt_max_steps=1, hidden_size=32, puzzle_emb_ndim=32,
-                 puzzle_emb_len=1)
+
+    model = make(
+        "trm",
+        H_cycles=2,
+        L_cycles=1,
+        L_layers=1,
+        halt_max_steps=1,
+        hidden_size=32,
+        puzzle_emb_ndim=32,
+        puzzle_emb_len=1,
+    )
     model.train()
     head = build_loss_head(model)
     opt = AdamATan2(model.parameters(), lr=3e-3, weight_decay=0.0)
@@ -439,7 +507,10 @@ def test_tiny_trm_fits_a_fixed_batch_with_adamatan2_and_sign_sgd():
         carry = head.initial_carry(batch)
         carry, loss, metrics, _, _ = head(carry, batch)
         loss.backward()
-        opt.step(); emb_opt.step(); opt.zero_grad(); emb_opt.zero_grad()
+        opt.step()
+        emb_opt.step()
+        opt.zero_grad()
+        emb_opt.zero_grad()
         losses.append(metrics["lm_loss"].item() / 4)
     assert losses[-1] < 0.2 * losses[0]
     assert metrics["exact_accuracy"].item() == 4

@@ -1,6 +1,7 @@
 """TRM's research variants (models/variants/): trm_grid (grid offsets) and trm_pointer (pointer RoPE) -- each is TRM
 plus its own parameters, trains every parameter (pitfall 1), compiles without graph breaks, and checks its own
 config. Configs written before the variants had modules: tests/test_models_legacy.py."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,8 +12,18 @@ from models.variants.trm_pointer import PointerAttention, PointerRoPE
 
 VOCAB, SIDE, NPUZ = 12, 4, 6
 SEQ = SIDE * SIDE  # the variants read grid coordinates: a square canvas
-TRM = dict(name="trm", hidden_size=16, num_heads=2, H_cycles=2, L_cycles=2, L_layers=2, halt_max_steps=3,
-           puzzle_emb_ndim=16, puzzle_emb_len=2, forward_dtype="float32")
+TRM = dict(
+    name="trm",
+    hidden_size=16,
+    num_heads=2,
+    H_cycles=2,
+    L_cycles=2,
+    L_layers=2,
+    halt_max_steps=3,
+    puzzle_emb_ndim=16,
+    puzzle_emb_len=2,
+    forward_dtype="float32",
+)
 VARIANTS = {"trm_grid": {**TRM, "name": "trm_grid"}, "trm_pointer": {**TRM, "name": "trm_pointer"}}
 
 
@@ -27,14 +38,18 @@ def grid_batch(b=4, seed=0):
     inputs = torch.zeros(b, SIDE, SIDE, dtype=torch.int32)
     for i in range(b):
         r, c = torch.randint(0, 2, (2,), generator=g).tolist()
-        inputs[i, r:r + 3, c:c + 3] = torch.randint(2, VOCAB, (3, 3), generator=g, dtype=torch.int32)
-    return {"inputs": inputs.view(b, SEQ), "labels": torch.randint(0, VOCAB, (b, SEQ), generator=g).long(),
-            "puzzle_identifiers": torch.randint(1, NPUZ, (b,), generator=g, dtype=torch.int32)}
+        inputs[i, r : r + 3, c : c + 3] = torch.randint(2, VOCAB, (3, 3), generator=g, dtype=torch.int32)
+    return {
+        "inputs": inputs.view(b, SEQ),
+        "labels": torch.randint(0, VOCAB, (b, SEQ), generator=g).long(),
+        "puzzle_identifiers": torch.randint(1, NPUZ, (b,), generator=g, dtype=torch.int32),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- every variant
 def test_every_registered_architecture_has_a_tiny_config_here_or_in_test_models_trm():
     from tests.test_models_trm import TINY
+
     assert set(ARCH_REGISTRY) == set(TINY) | set(VARIANTS)
 
 
@@ -76,8 +91,9 @@ def test_a_variant_is_trm_plus_its_own_parameters():
     shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
     assert set(shapes(grid)) - set(shapes(trm)) == {"inner.embed_grid.embedding_weight"}
     assert shapes(grid)["inner.embed_grid.embedding_weight"] == (4, 2 * SIDE + 1, 16)
-    assert set(shapes(ptr)) - set(shapes(grid)) == {f"inner.L_level.layers.{i}.self_attn.pointer.{w}"
-                                                    for i in range(2) for w in ("weight", "bias")}
+    assert set(shapes(ptr)) - set(shapes(grid)) == {
+        f"inner.L_level.layers.{i}.self_attn.pointer.{w}" for i in range(2) for w in ("weight", "bias")
+    }
     assert all(shapes(trm)[k] == s for k, s in shapes(grid).items() if k in shapes(trm))
     assert set(type(ptr.config).model_fields) - set(type(trm.config).model_fields) == {"pointer_init", "pointer_source"}
     assert set(type(grid.config).model_fields) == set(type(trm.config).model_fields)
@@ -97,6 +113,7 @@ def test_pointer_variant_builds_pointer_rope_and_trains_its_pointers():
     layer, starting at the configured maps; the pointer weights get gradient (from their zero start), and changing
     them changes the output. Refused without a square canvas."""
     from core.ops import DIHEDRAL_POINTERS
+
     model = make({**VARIANTS["trm_pointer"], "pointer_source": "token"})
     assert isinstance(model.inner.rotary_emb, PointerRoPE) and model.inner.rotary_emb.source == "token"
     pointers = [m.pointer for m in model.modules() if isinstance(m, PointerAttention)]
@@ -170,7 +187,7 @@ def _canvas(side, grid, r0, c0):
     """Tokens of a side x side canvas with ``grid`` (colours 0..9 -> tokens 2..11) at (r0, c0), PAD elsewhere."""
     canvas = torch.zeros(side, side, dtype=torch.int32)
     h, w = grid.shape
-    canvas[r0:r0 + h, c0:c0 + w] = torch.as_tensor(grid, dtype=torch.int32) + 2
+    canvas[r0 : r0 + h, c0 : c0 + w] = torch.as_tensor(grid, dtype=torch.int32) + 2
     return canvas.view(1, -1)
 
 
@@ -209,6 +226,7 @@ def test_pointer_rope_expresses_every_dihedral_map_as_a_linear_pointer(d):
     one linear pointer per map serves every grid size. A wrong coefficient fails it."""
     from core.ops import DIHEDRAL_POINTERS
     from dataset.dihedral import dihedral_transform
+
     side, P = 8, 2
     attn = _pointer_attention(heads=2)
     rope = PointerRoPE(attn.head_dim, side, prefix=P)
@@ -250,6 +268,8 @@ def test_pointer_source_context_gives_every_query_of_a_sample_the_pointer_of_its
     assert not torch.allclose(attn.pointed_positions(h2, PointerRoPE(attn.head_dim, side, P)(inputs)), tok)
     h3 = h.clone()
     h3[:, 0] += 1.0
-    assert not torch.allclose(attn.pointed_positions(h3, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx)
+    assert not torch.allclose(
+        attn.pointed_positions(h3, PointerRoPE(attn.head_dim, side, P, source="context")(inputs)), ctx
+    )
     with pytest.raises(ValueError, match="context slot"):
         PointerRoPE(attn.head_dim, side, 0, source="context")

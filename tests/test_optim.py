@@ -3,6 +3,7 @@ step size), hand-computed and in an independent numpy reference over 40 steps; l
 state round trip; implementation selection (auto / fused / triton / torch) and its errors; on CUDA, the fused
 kernel of the adam-atan2 package against its own formula and against the torch path, and the Triton kernel against
 the torch path (skipped without CUDA). The Triton kernel on CPU tensors (interpreter): tests/test_optim_triton.py."""
+
 import copy
 import math
 
@@ -25,8 +26,8 @@ def manual_adam_atan2(p0, grads, lrs, beta1=0.9, beta2=0.999, wd=1e-2, a=1.0, b=
             p[i] *= 1 - lr * wd
             m[i] = beta1 * m[i] + (1 - beta1) * g[i]
             v[i] = beta2 * v[i] + (1 - beta2) * g[i] ** 2
-            v_hat = v[i] / (1 - beta2 ** t)
-            p[i] -= lr * a / (1 - beta1 ** t) * math.atan2(m[i], b * math.sqrt(v_hat))
+            v_hat = v[i] / (1 - beta2**t)
+            p[i] -= lr * a / (1 - beta1**t) * math.atan2(m[i], b * math.sqrt(v_hat))
     return torch.tensor(p, dtype=torch.float64)
 
 
@@ -77,7 +78,7 @@ def numpy_package_formula(p0, grads, lrs, beta1, beta2, wd, a=1.0, b=1.0, bc1_in
         p = p * (1 - lr * wd)
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g * g
-        bc1, bc2 = 1 - beta1 ** t, 1 - beta2 ** t
+        bc1, bc2 = 1 - beta1**t, 1 - beta2**t
         den = b * np.sqrt(v / bc2)
         if bc1_inside:
             p = p - lr * a * np.arctan2(m / bc1, den)
@@ -86,8 +87,9 @@ def numpy_package_formula(p0, grads, lrs, beta1, beta2, wd, a=1.0, b=1.0, bc1_in
     return p
 
 
-@pytest.mark.parametrize("hp", [dict(beta1=0.9, beta2=0.95, wd=0.1),
-                                dict(beta1=0.8, beta2=0.999, wd=0.0, a=1.27, b=0.5)])
+@pytest.mark.parametrize(
+    "hp", [dict(beta1=0.9, beta2=0.95, wd=0.1), dict(beta1=0.8, beta2=0.999, wd=0.0, a=1.27, b=0.5)]
+)
 def test_torch_path_matches_numpy_package_formula_over_many_steps(hp):
     """40 steps, random gradients over six orders of magnitude (with exact zeros), a warmup-then-decay lr: the
     torch path is the package's formula to float64 rounding, and measurably not the bias-inside-atan2 one."""
@@ -97,8 +99,15 @@ def test_torch_path_matches_numpy_package_formula_over_many_steps(hp):
     grads = [rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1, n) * (rng.random(n) > 0.05) for _ in range(steps)]
     lrs = [1e-2 * min(1.0, (k + 1) / 10) * (1 - 0.5 * k / steps) for k in range(steps)]
     p = torch.nn.Parameter(torch.tensor(p0))
-    opt = AdamATan2([p], lr=lrs[0], betas=(hp["beta1"], hp["beta2"]), weight_decay=hp["wd"], a=hp.get("a", 1.0),
-                    b=hp.get("b", 1.0), impl="torch")
+    opt = AdamATan2(
+        [p],
+        lr=lrs[0],
+        betas=(hp["beta1"], hp["beta2"]),
+        weight_decay=hp["wd"],
+        a=hp.get("a", 1.0),
+        b=hp.get("b", 1.0),
+        impl="torch",
+    )
     for g, lr in zip(grads, lrs):
         opt.param_groups[0]["lr"] = lr
         p.grad = torch.tensor(g)
@@ -235,7 +244,7 @@ def _package_formula(p, grads, lrs, beta1, beta2, wd):
         p.mul_(1 - lr * wd)
         m.lerp_(g, 1 - beta1)
         v.lerp_(g * g, 1 - beta2)
-        p.add_(torch.atan2(m, v.sqrt() / math.sqrt(1 - beta2 ** t)), alpha=-lr / (1 - beta1 ** t))
+        p.add_(torch.atan2(m, v.sqrt() / math.sqrt(1 - beta2**t)), alpha=-lr / (1 - beta1**t))
     return p
 
 
@@ -288,8 +297,9 @@ def test_fused_matches_torch_path_on_cuda():
     """The torch path computes the package's formula: fp32 rounding-level agreement with its kernel over 20
     steps (the kernel's fma lerp / contraction vs separate torch ops: an ulp or so of |p| per step at most, so
     20 ulps of |p| after 20 steps; an absolute 1e-6 failed on an H100 at 1.43e-6, |p| up to ~4)."""
-    _against_torch_path_on_cuda("fused", [(64, 32), (7,), (3, 5, 2)], torch.float32, 1e-8,
-                                20 * torch.finfo(torch.float32).eps)
+    _against_torch_path_on_cuda(
+        "fused", [(64, 32), (7,), (3, 5, 2)], torch.float32, 1e-8, 20 * torch.finfo(torch.float32).eps
+    )
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and O.triton_module() is not None), reason="needs CUDA and triton")

@@ -4,6 +4,7 @@ multiples of the block, weight decay on / off, custom betas / a / b, lr changed 
 non-contiguous gradients); its atan2 against torch's; and the same kernel compiles for CUDA targets (sm_80,
 sm_90) without a GPU, so a compile-only failure cannot hide behind the interpreter. Skipped without triton
 (the ``test`` extra installs it on Linux x86-64)."""
+
 import contextlib
 import importlib
 import math
@@ -48,8 +49,9 @@ with _interpret_mode():
     def _atan2_kernel(y_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        tl.store(out_ptr + offs, OT._atan2(tl.load(y_ptr + offs, mask=mask), tl.load(x_ptr + offs, mask=mask)),
-                 mask=mask)
+        tl.store(
+            out_ptr + offs, OT._atan2(tl.load(y_ptr + offs, mask=mask), tl.load(x_ptr + offs, mask=mask)), mask=mask
+        )
 
     @triton.jit
     def _downcast_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
@@ -152,9 +154,26 @@ def test_bf16_parameters_round_to_nearest_like_the_torch_path():
 
 
 def test_kernel_downcast_is_torchs_round_to_nearest():
-    x = torch.cat([torch.randn(5000) * torch.exp(3 * torch.randn(5000)),
-                   torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.3895e38, -3.3895e38,
-                                 1e-40, 1.00390625, 1.01171875, 1.0 + 2 ** -8 + 2 ** -20])])  # ties, sticky bit
+    x = torch.cat(
+        [
+            torch.randn(5000) * torch.exp(3 * torch.randn(5000)),
+            torch.tensor(
+                [
+                    float("nan"),
+                    float("inf"),
+                    -float("inf"),
+                    0.0,
+                    -0.0,
+                    3.3895e38,
+                    -3.3895e38,
+                    1e-40,
+                    1.00390625,
+                    1.01171875,
+                    1.0 + 2**-8 + 2**-20,
+                ]
+            ),
+        ]
+    )  # ties, sticky bit
     out = torch.empty(len(x), dtype=torch.bfloat16)
     with _no_warnings():
         _downcast_kernel[(triton.cdiv(len(x), 1024),)](x, out, len(x), BLOCK=1024)
@@ -165,8 +184,7 @@ def test_kernel_downcast_is_torchs_round_to_nearest():
 
 def test_triton_kernel_custom_hyperparameters_and_lr_per_step():
     lrs = [0.05 * (k + 1) / 6 for k in range(6)]
-    ps_t, ps_r, opt_t, opt_r = _pair(SHAPES[:4], seed=1, lr=0.05, betas=(0.8, 0.99), weight_decay=0.3, a=1.27,
-                                     b=0.5)
+    ps_t, ps_r, opt_t, opt_r = _pair(SHAPES[:4], seed=1, lr=0.05, betas=(0.8, 0.99), weight_decay=0.3, a=1.27, b=0.5)
     _run(ps_t, ps_r, opt_t, opt_r, steps=6, lrs=lrs)
     _assert_same(ps_t, ps_r, opt_t, opt_r)
     # beta1 >= 0.5: torch.lerp's other branch (g - (g - m)(1 - w))
@@ -269,8 +287,7 @@ def test_kernel_compiles_for_cuda_targets_without_a_gpu(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     if r.stdout.startswith("SKIP"):
         pytest.skip(r.stdout.strip()[6:])

@@ -10,6 +10,7 @@
 - pitfall 21: the ACT carry takes new data only into halted slots, and ``examples_seen`` counts exactly those;
 - pitfall 24: the training loop and a default (``forward_dtype: auto``) model run in fp32 on CPU.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,16 +36,24 @@ def test_freezing_the_decoder_keeps_training_the_encoder_with_a_single_optimizer
     from experiments.science.recolour import science_config, write_recolour_dataset
     from training import checkpoint as ckpt
     from training import distributed as D
-    from training.config import config_from_dict
     from training.build import build_act_model
+    from training.config import config_from_dict
     from training.loop import train
 
     data = str(tmp_path / "data")
-    write_recolour_dataset(data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2,
-                           test_puzzles_per_instance=1)
-    cfg = science_config(data, str(tmp_path / "frz"), steps=2, global_batch_size=8, freeze_decoder_steps=2,
-                         log_interval=1, arch=dict(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1),
-                         encoder={"hidden_size": 32, "num_heads": 2, "num_layers": 1})
+    write_recolour_dataset(
+        data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2, test_puzzles_per_instance=1
+    )
+    cfg = science_config(
+        data,
+        str(tmp_path / "frz"),
+        steps=2,
+        global_batch_size=8,
+        freeze_decoder_steps=2,
+        log_interval=1,
+        arch=dict(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1),
+        encoder={"hidden_size": 32, "num_heads": 2, "num_layers": 1},
+    )
     s = train(cfg)
     assert s["steps"] == 2 and s["final"]["train/decoder_frozen"] == 1.0
     D.seed_everything(cfg["seed"], 0)  # the loop's construction seed: the same initial weights
@@ -74,8 +83,9 @@ def test_clip_is_applied_to_the_global_gradient_after_the_all_reduce(toy, tmp_pa
 
     def fake_reduce(params):
         params = list(params)
-        seen["at_reduce"] = float(torch.linalg.vector_norm(
-            torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        seen["at_reduce"] = float(
+            torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        )
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(2.0)  # the sum over two ranks holding the same gradient
@@ -89,8 +99,17 @@ def test_clip_is_applied_to_the_global_gradient_after_the_all_reduce(toy, tmp_pa
 
     monkeypatch.setattr(D, "all_reduce_grads_", fake_reduce)
     monkeypatch.setattr(O.AdamATan2, "step", spy_step)
-    s = train(toy_train_config(toy, str(tmp_path / "clip"), max_steps=1, grad_clip=clip, log_interval=1,
-                               eval_at_end=False, arch=_no_explore()))
+    s = train(
+        toy_train_config(
+            toy,
+            str(tmp_path / "clip"),
+            max_steps=1,
+            grad_clip=clip,
+            log_interval=1,
+            eval_at_end=False,
+            arch=_no_explore(),
+        )
+    )
     assert s["steps"] == 1
     assert seen["at_reduce"] > 10 * clip  # the reduce received the raw (unclipped) local gradient
     assert s["final"]["grad/total_norm"] == pytest.approx(2 * seen["at_reduce"], rel=1e-4)  # logged pre-clip
@@ -113,12 +132,24 @@ def _write_uneven(path: str, sizes=(5, 9, 2, 7), seq_len: int = 8) -> str:
                     inputs.append(x)
                 pidx.append(pidx[-1] + n)
                 gidx.append(gidx[-1] + 1)
-            arr = {"inputs": np.stack(inputs), "labels": np.stack(inputs),
-                   "puzzle_identifiers": np.arange(1, len(sizes) + 1, dtype=np.int32),
-                   "puzzle_indices": np.asarray(pidx, dtype=np.int32), "group_indices": np.asarray(gidx, dtype=np.int32)}
-            meta = DatasetMetadata(pad_id=PAD_ID, ignore_label_id=PAD_ID, blank_identifier_id=0, vocab_size=12,
-                                   seq_len=seq_len, num_puzzle_identifiers=len(sizes) + 1, total_groups=len(sizes),
-                                   mean_puzzle_examples=1.0, sets=["all"])
+            arr = {
+                "inputs": np.stack(inputs),
+                "labels": np.stack(inputs),
+                "puzzle_identifiers": np.arange(1, len(sizes) + 1, dtype=np.int32),
+                "puzzle_indices": np.asarray(pidx, dtype=np.int32),
+                "group_indices": np.asarray(gidx, dtype=np.int32),
+            }
+            meta = DatasetMetadata(
+                pad_id=PAD_ID,
+                ignore_label_id=PAD_ID,
+                blank_identifier_id=0,
+                vocab_size=12,
+                seq_len=seq_len,
+                num_puzzle_identifiers=len(sizes) + 1,
+                total_groups=len(sizes),
+                mean_puzzle_examples=1.0,
+                sets=["all"],
+            )
             save_split(os.path.join(tmp, split), arr, meta)
         with open(os.path.join(tmp, "identifiers.json"), "w") as f:
             json.dump(["<blank>"] + [f"u{i}" for i in range(len(sizes))], f)
@@ -149,8 +180,11 @@ def test_steps_come_from_served_batches_and_no_batch_is_drawn_after_the_last_ste
         return orig(self, pos)
 
     monkeypatch.setattr(PuzzleDataset, "_make_batch", counting)
-    s = train(toy_train_config(data, str(tmp_path / "run"), global_batch_size=gbs, epochs=epochs, eval_at_end=False,
-                               arch=_no_explore()))
+    s = train(
+        toy_train_config(
+            data, str(tmp_path / "run"), global_batch_size=gbs, epochs=epochs, eval_at_end=False, arch=_no_explore()
+        )
+    )
     assert s["total_steps"] == s["steps"] == epochs * per_epoch
     assert len(served) == s["steps"]  # one batch per optimizer step, none loaded and thrown away at the end
     assert s["epochs_completed"] == pytest.approx(epochs)
@@ -162,8 +196,11 @@ def test_group_subset_smaller_than_a_batch_trains_and_epochs_stay_passes(tmp_pat
     from training.loop import train
 
     data = _write_uneven(str(tmp_path / "uneven"))  # 23 examples in one pass
-    s = train(toy_train_config(data, str(tmp_path / "run"), global_batch_size=32, epochs=6, eval_at_end=False,
-                               arch=_no_explore()))
+    s = train(
+        toy_train_config(
+            data, str(tmp_path / "run"), global_batch_size=32, epochs=6, eval_at_end=False, arch=_no_explore()
+        )
+    )
     # 2 passes (46 examples) fill one batch of 32 per loader epoch -> 6 passes = 3 steps
     assert s["total_steps"] == s["steps"] == 3
     assert s["epochs_completed"] == pytest.approx(6)
@@ -176,14 +213,28 @@ TINY_ARCH = ["arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32
 @pytest.mark.parametrize("arch", ["trm", "trm_tiny", "trm_mlp_t", "hrm", "transformer"])
 def test_the_model_built_is_the_arch_the_config_names(arch):
     import models
-    from training.config import load_config
     from training.build import build_act_model, resolve_arch
+    from training.config import load_config
 
-    extra = {"trm": ["arch.L_cycles=3"], "trm_tiny": ["arch.L_cycles=3"], "trm_mlp_t": ["arch.L_cycles=3"],
-             "hrm": ["arch.L_cycles=3"], "transformer": ["arch.num_layers=1"]}[arch]
+    extra = {
+        "trm": ["arch.L_cycles=3"],
+        "trm_tiny": ["arch.L_cycles=3"],
+        "trm_mlp_t": ["arch.L_cycles=3"],
+        "hrm": ["arch.L_cycles=3"],
+        "transformer": ["arch.num_layers=1"],
+    }[arch]
     cfg = load_config("cfg_pretrain", [f"arch={arch}", *TINY_ARCH, *extra])
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=16,
-                           num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"])
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=3,
+        total_groups=2,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
+    )
     model = build_act_model(cfg, meta, batch_size=2)
     name = cfg.arch.name
     assert type(model) is models.ARCH_REGISTRY[name].cls
@@ -201,16 +252,36 @@ def test_the_model_built_is_the_arch_the_config_names(arch):
 def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
     from encoders import ENCODER_REGISTRY
     from models.etrm import ETRM
-    from training.config import load_config
     from training.build import build_act_model
+    from training.config import load_config
 
-    cfg = load_config("cfg_pretrain_encoder_arc_agi_1", [
-        f"encoder={encoder}", "encoder.hidden_size=16", "encoder.num_heads=2", "encoder.num_layers=1",
-        "arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_len=2", "arch.L_cycles=3",
-        "arch.forward_dtype=float32"])
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=16,
-                           num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"],
-                           has_demos=True, max_demos=3)
+    cfg = load_config(
+        "cfg_pretrain_encoder_arc_agi_1",
+        [
+            f"encoder={encoder}",
+            "encoder.hidden_size=16",
+            "encoder.num_heads=2",
+            "encoder.num_layers=1",
+            "arch.hidden_size=32",
+            "arch.num_heads=2",
+            "arch.puzzle_emb_len=2",
+            "arch.L_cycles=3",
+            "arch.forward_dtype=float32",
+        ],
+    )
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=3,
+        total_groups=2,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
+        has_demos=True,
+        max_demos=3,
+    )
     model = build_act_model(cfg, meta, batch_size=2)
     assert isinstance(model, ETRM) and model.puzzle_emb_len == 2 and model.config.L_cycles == 3
     assert type(model.encoder) is ENCODER_REGISTRY[encoder].cls
@@ -225,11 +296,20 @@ def arc_like(tmp_path_factory):
     from dataset.build_synthetic_dataset import generate_synthetic_arc
 
     root = tmp_path_factory.mktemp("arcish")
-    paths = generate_synthetic_arc(str(root / "raw"), "syn", num_train=8, num_test=2, max_grid=6, seed=3,
-                                   progress=False)
+    paths = generate_synthetic_arc(
+        str(root / "raw"), "syn", num_train=8, num_test=2, max_grid=6, seed=3, progress=False
+    )
     out = str(root / "built")
-    build_arc_dataset(out, load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
-                      test_set_name="evaluation", num_aug=1, seed=0, mode="trm", progress=False, num_workers=1)
+    build_arc_dataset(
+        out,
+        load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=1,
+        seed=0,
+        mode="trm",
+        progress=False,
+        num_workers=1,
+    )
     return out
 
 
@@ -260,8 +340,9 @@ def test_translation_is_drawn_at_load_time_and_redrawn_every_epoch(arc_like):
     assert redrawn >= 0.6 * len(seen_twice)  # a baked-in offset would give the same one every epoch
     again = iter(PuzzleDataset(PuzzleDatasetConfig(data_paths=[arc_like], global_batch_size=4, seed=0), "train"))
     _, b2, _ = next(again)
-    _, b1, _ = next(iter(PuzzleDataset(PuzzleDatasetConfig(data_paths=[arc_like], global_batch_size=4, seed=0),
-                                       "train")))
+    _, b1, _ = next(
+        iter(PuzzleDataset(PuzzleDatasetConfig(data_paths=[arc_like], global_batch_size=4, seed=0), "train"))
+    )
     assert torch.equal(b1["inputs"], b2["inputs"])  # ...and seeded (same seed -> same offsets)
 
 
@@ -283,8 +364,16 @@ def test_only_halted_slots_take_new_data_and_examples_seen_counts_them(toy, tmp_
         return orig_step(self, batch)
 
     monkeypatch.setattr(Trainer, "train_step", spy)
-    s = train(toy_train_config(toy, str(tmp_path / "carry"), max_steps=4, log_interval=1, eval_at_end=False,
-                               arch=_no_explore(halt_max_steps=2)))
+    s = train(
+        toy_train_config(
+            toy,
+            str(tmp_path / "carry"),
+            max_steps=4,
+            log_interval=1,
+            eval_at_end=False,
+            arch=_no_explore(halt_max_steps=2),
+        )
+    )
     assert refills == [16, 0, 16, 0]
     assert len(served) == 4  # the loader still served a full batch for every step (TRM parity)
     assert s["examples_seen"] == 32 and s["final"]["train/examples_seen"] == 32.0
@@ -295,21 +384,33 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16(monkeypatch):
     """Also on a machine with a GPU: a CPU run there once computed in bf16 (forward_dtype auto asked whether CUDA
     was available, not where the model runs; found on the first GPU run, 2026-11-26)."""
     from training import distributed as D
-    from training.config import load_config
     from training.build import build_act_model
+    from training.config import load_config
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert D.autocast_dtype(cpu) is None and D.autocast_dtype(cuda) is torch.bfloat16  # the loop's autocast
     assert D.should_compile(None, cpu) is False
     cfg = load_config("cfg_pretrain", ["arch=trm_tiny"])
     assert cfg.arch.forward_dtype == "auto"
-    meta = DatasetMetadata(pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=12, seq_len=16,
-                           num_puzzle_identifiers=3, total_groups=2, mean_puzzle_examples=1.0, sets=["all"])
+    meta = DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=3,
+        total_groups=2,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
+    )
     model = build_act_model(cfg, meta, batch_size=2)
-    batch = {"inputs": torch.randint(2, 12, (2, 16), dtype=torch.int32), "labels": torch.randint(2, 12, (2, 16)),
-             "puzzle_identifiers": torch.ones(2, dtype=torch.int32)}
+    batch = {
+        "inputs": torch.randint(2, 12, (2, 16), dtype=torch.int32),
+        "labels": torch.randint(2, 12, (2, 16)),
+        "puzzle_identifiers": torch.ones(2, dtype=torch.int32),
+    }
     for gpu_machine in (False, True):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu_machine)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda gpu_machine=gpu_machine: gpu_machine)
         model = build_act_model(cfg, meta, batch_size=2).to(cpu)
         with D.autocast(cpu):
             carry, out = model(model.initial_carry(batch), batch)
@@ -318,8 +419,12 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16(monkeypatch):
     # .to(device) re-resolves "auto" from the device the weights move to, for the stem and the embeddings that
     # cast to it (the meta device stands in for CUDA here; tests/test_cuda.py runs the real one)
     import models.act
-    monkeypatch.setattr(models.act, "resolve_dtype",
-                        lambda name, device=None: torch.bfloat16 if torch.device(device).type == "meta" else torch.float32)
+
+    monkeypatch.setattr(
+        models.act,
+        "resolve_dtype",
+        lambda name, device=None: torch.bfloat16 if torch.device(device).type == "meta" else torch.float32,
+    )
     model.to("meta")
     assert model.inner.forward_dtype is torch.bfloat16
     assert {m.cast_to for m in model.modules() if hasattr(m, "cast_to")} == {torch.bfloat16}
@@ -340,9 +445,15 @@ def test_etrm_refuses_trm_mode_data_with_test_demos_in_train(arc_kaggle_dir, tmp
     data = str(tmp_path / "trm_mode")
     build_arc_dataset(data, small, test_set_name="evaluation", num_aug=1, seed=0, mode="trm", progress=False)
     enc = {"name": "standard", "hidden_size": 16, "num_heads": 2, "num_layers": 1}
-    cfg = toy_train_config(data, str(tmp_path / "run"), global_batch_size=4, epochs=1, eval_at_end=False,
-                           encoder=enc, arch={"puzzle_emb_ndim": 0, "puzzle_emb_len": 1, "hidden_size": 16,
-                                              "num_heads": 2})
+    cfg = toy_train_config(
+        data,
+        str(tmp_path / "run"),
+        global_batch_size=4,
+        epochs=1,
+        eval_at_end=False,
+        encoder=enc,
+        arch={"puzzle_emb_ndim": 0, "puzzle_emb_len": 1, "hidden_size": 16, "num_heads": 2},
+    )
     with pytest.raises(ConfigError, match="test_demos_in_train"):
         train(cfg)
     s = train({**cfg, "allow_test_demos_in_train": True, "max_steps": 1})

@@ -2,6 +2,7 @@
 
 The metrics.jsonl here is written by the test (the format training/logging.py appends: one JSON object per log
 call, ``{"step": N, "<metric>": value, ...}``); tests/test_training_loop.py draws a real run's file."""
+
 from __future__ import annotations
 
 import json
@@ -18,17 +19,44 @@ def _write_run(run_dir, extra_lines=()) -> str:
     os.makedirs(run_dir, exist_ok=True)
     rows = [{"step": 0, "num_params": 1000.0}]
     for step in (10, 20, 30, 40):
-        rows.append({"step": step, "train/loss": 3.0 - step / 20, "train/lm_loss": 2.9 - step / 20,
-                     "train/q_halt_loss": 0.1, "train/kl": 0.5, "train/count": 0.0 if step == 10 else 12.0,
-                     "train/accuracy": 0.0 if step == 10 else 0.5 + step / 100,
-                     "train/exact_accuracy": 0.0 if step == 10 else step / 100, "train/lr": 1e-4 * step,
-                     "grad/total_norm": 1.0, "grad/encoder_norm": 0.2, "grad/inner_norm": 0.9})
+        rows.append(
+            {
+                "step": step,
+                "train/loss": 3.0 - step / 20,
+                "train/lm_loss": 2.9 - step / 20,
+                "train/q_halt_loss": 0.1,
+                "train/kl": 0.5,
+                "train/count": 0.0 if step == 10 else 12.0,
+                "train/accuracy": 0.0 if step == 10 else 0.5 + step / 100,
+                "train/exact_accuracy": 0.0 if step == 10 else step / 100,
+                "train/lr": 1e-4 * step,
+                "grad/total_norm": 1.0,
+                "grad/encoder_norm": 0.2,
+                "grad/inner_norm": 0.9,
+            }
+        )
     for step in (20, 40):
-        rows.append({"step": step, "eval/all.accuracy": 0.6, "eval/all.exact_accuracy": step / 200,
-                     "eval/all.lm_loss": 1.5, "eval/all.steps": 4.0, "eval/num_examples": 60.0, "ARC/pass@1": 0.1,
-                     "ARC/pass@2": 0.2, "ARC/pass@10": 0.3})
-        rows.append({"step": step, "train/encoder_cross_sample_var": 0.2, "train/encoder_output_std": 1.0,
-                     "train/encoder_context_scale": 0.9})
+        rows.append(
+            {
+                "step": step,
+                "eval/all.accuracy": 0.6,
+                "eval/all.exact_accuracy": step / 200,
+                "eval/all.lm_loss": 1.5,
+                "eval/all.steps": 4.0,
+                "eval/num_examples": 60.0,
+                "ARC/pass@1": 0.1,
+                "ARC/pass@2": 0.2,
+                "ARC/pass@10": 0.3,
+            }
+        )
+        rows.append(
+            {
+                "step": step,
+                "train/encoder_cross_sample_var": 0.2,
+                "train/encoder_output_std": 1.0,
+                "train/encoder_context_scale": 0.9,
+            }
+        )
     path = os.path.join(run_dir, "metrics.jsonl")
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -49,24 +77,35 @@ def test_curves_have_labelled_panels_for_loss_accuracy_lr_gradients_and_encoder_
     assert legend["loss"] == ["eval/all.lm_loss", "train/kl", "train/lm_loss", "train/loss", "train/q_halt_loss"]
     assert panels["loss"].get_yscale() == "log" and panels["loss"].get_ylabel() == "loss (log scale)"
     # pass@1 / pass@2 only (not pass@10)
-    assert legend["accuracy"] == ["ARC/pass@1", "ARC/pass@2", "eval/all.accuracy", "eval/all.exact_accuracy",
-                                  "train/accuracy", "train/exact_accuracy"]
+    assert legend["accuracy"] == [
+        "ARC/pass@1",
+        "ARC/pass@2",
+        "eval/all.accuracy",
+        "eval/all.exact_accuracy",
+        "train/accuracy",
+        "train/exact_accuracy",
+    ]
     lines = {ln.get_label(): ln for ln in panels["accuracy"].get_lines()}
     # the window without a halted sample (step 10) has no accuracy: not drawn as a dive to 0
     assert list(lines["train/accuracy"].get_xdata()) == [20, 30, 40]
     assert list(panels["learning rate"].get_lines()[0].get_ydata()) == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
     assert "grad/encoder_norm starvation threshold" in legend["gradient norms"]
-    assert legend["encoder health"] == ["train/encoder_context_scale", "train/encoder_cross_sample_var",
-                                        "train/encoder_output_std",
-                                        "train/encoder_cross_sample_var collapse threshold"]
+    assert legend["encoder health"] == [
+        "train/encoder_context_scale",
+        "train/encoder_cross_sample_var",
+        "train/encoder_output_std",
+        "train/encoder_cross_sample_var collapse threshold",
+    ]
 
 
 def test_a_trm_run_has_no_encoder_panel_and_the_cli_writes_the_png(tmp_path, capsys):
     run = str(tmp_path / "trm")
     path = _write_run(run)
     with open(path) as f:  # drop the encoder metrics: a TRM run
-        rows = [{k: v for k, v in r.items() if not k.startswith(("train/encoder", "grad/encoder"))} for r in map(
-            json.loads, f)]
+        rows = [
+            {k: v for k, v in r.items() if not k.startswith(("train/encoder", "grad/encoder"))}
+            for r in map(json.loads, f)
+        ]
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows if len(r) > 1)
     titles = [ax.get_title() for ax in curves_figure(read_metrics(run), "trm").axes if ax.get_title()]
@@ -110,8 +149,17 @@ def test_curves_on_the_same_values_stay_visible_and_the_title_is_the_run_name(tm
     marker, and the lines drawn first are wider. The figure is titled with summary.json's run_name, not the
     folder's name."""
     run = str(tmp_path / "folder-name")
-    rows = [{"step": s, "train/loss": 2.0 / s, "train/lm_loss": 2.0 / s, "train/exact_accuracy": s / 100,
-             "train/count": 8.0, "eval/all.exact_accuracy": s / 100} for s in range(10, 210, 10)]
+    rows = [
+        {
+            "step": s,
+            "train/loss": 2.0 / s,
+            "train/lm_loss": 2.0 / s,
+            "train/exact_accuracy": s / 100,
+            "train/count": 8.0,
+            "eval/all.exact_accuracy": s / 100,
+        }
+        for s in range(10, 210, 10)
+    ]
     os.makedirs(run)
     with open(os.path.join(run, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -5,6 +5,7 @@ range; an augmented copy is labelled with the rule it *shows* (the conjugate und
 the copy's own demo pairs; held-out puzzles are never labelled. The head (encoders.probes.RuleReadout): mean
 cross-entropy over the labelled slots only. The loop: the labels reach the loss through the ACT carry, the readout
 trains the encoder, and the checkpoint evaluates without labels."""
+
 import json
 import os
 
@@ -16,8 +17,7 @@ import torch.nn.functional as F
 from dataset.arc_sources import load_puzzles
 from dataset.build_arc_dataset import build_arc_dataset, read_identifiers_map
 from dataset.build_synthetic_dataset import generate_synthetic_arc
-from dataset.rule_labels import UNLABELLED, rule_label_table
-from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, rule_targets
+from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, UNLABELLED, rule_label_table, rule_targets
 from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule_apply
 from encoders.probes import RuleReadout
 from experiments.science.common import ScienceError
@@ -35,8 +35,7 @@ def test_rule_targets_fill_every_family_in_range():
             assert t["family"] == i and len(t) > 1
             assert all(0 <= v < RULE_SLOTS[k] for k, v in t.items())
         assert rule_targets(fam, None) == {"family": i}
-    assert rule_targets("translate", {"dr": -3, "dc": 2, "wrap": True}) == {
-        "family": 2, "dr": 0, "dc": 5, "wrap": 1}
+    assert rule_targets("translate", {"dr": -3, "dc": 2, "wrap": True}) == {"family": 2, "dr": 0, "dc": 5, "wrap": 1}
     lut = rule_targets("colour_map", {"map": {"3": 7, "7": 3}})
     assert [lut[f"lut_{c}"] for c in range(10)] == [0, 1, 2, 7, 4, 5, 6, 3, 8, 9]
     assert rule_targets("flip_rotate", {"dihedral": 5, "recolour": None})["colour_a"] == NO_COLOUR
@@ -56,19 +55,34 @@ def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
     if fam == "translate":
         return fam, {"dr": t["dr"] - 3, "dc": t["dc"] - 3, "wrap": bool(t["wrap"])}
     if fam == "gravity":
-        return fam, {"direction": next(d for d, k in GRAVITY_DIRECTIONS.items() if k == t["direction"]),
-                     "wall": col("colour_a")}
+        return fam, {
+            "direction": next(d for d, k in GRAVITY_DIRECTIONS.items() if k == t["direction"]),
+            "wall": col("colour_a"),
+        }
     assert fam == "colour_map"
     return fam, {"map": {str(c): t[f"lut_{c}"] for c in range(10)}}
 
 
 def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_path):
     fams = ["flip_rotate", "translate", "gravity", "colour_map"]
-    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=fams, num_train=16, num_test=8, min_grid=3,
-                                   max_grid=6, seed=3, canvas_size=10, num_aug=4, progress=False)
+    paths = generate_synthetic_arc(
+        str(tmp_path / "raw"),
+        "s",
+        families=fams,
+        num_train=16,
+        num_test=8,
+        min_grid=3,
+        max_grid=6,
+        seed=3,
+        canvas_size=10,
+        num_aug=4,
+        progress=False,
+    )
     built = str(tmp_path / "built")
     puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
-    build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=4, seed=0, canvas_size=10, mode="etrm", progress=False)
+    build_arc_dataset(
+        built, puzzles, test_set_name="evaluation", num_aug=4, seed=0, canvas_size=10, mode="etrm", progress=False
+    )
     table = rule_label_table(built, paths["rules"])
     ids = read_identifiers_map(built)
     rules = json.load(open(paths["rules"]))
@@ -88,23 +102,50 @@ def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_
             got = f(aug.apply(x))
             assert got is not None and np.array_equal(got, aug.apply(y)), (entry, fam, params)
         checked += 1
-        changed += not np.array_equal(table[i], table[ids.index(next(e for e in ids if e and e["name"] == entry["name"]
-                                                                     and e["augmentation"].is_identity))])
+        changed += not np.array_equal(
+            table[i],
+            table[
+                ids.index(next(e for e in ids if e and e["name"] == entry["name"] and e["augmentation"].is_identity))
+            ],
+        )
     assert checked == 16 * 5 and changed > 16  # the copies' labels differ from their puzzle's: conjugated
 
 
 def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in_train(tmp_path):
     """A TRM-mode build shows the test puzzles' demo pairs in train/ under the test identifiers: the training
     labels still leave every held-out puzzle unlabelled (its rule would otherwise reach the readout / oracle)."""
-    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=["gravity"], num_train=6, num_test=4,
-                                   min_grid=3, max_grid=5, seed=1, canvas_size=8, progress=False)
+    paths = generate_synthetic_arc(
+        str(tmp_path / "raw"),
+        "s",
+        families=["gravity"],
+        num_train=6,
+        num_test=4,
+        min_grid=3,
+        max_grid=5,
+        seed=1,
+        canvas_size=8,
+        progress=False,
+    )
     built = str(tmp_path / "built")
-    build_arc_dataset(built, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-                      test_set_name="evaluation", num_aug=1, seed=0, canvas_size=8, mode="trm", progress=False)
+    build_arc_dataset(
+        built,
+        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=1,
+        seed=0,
+        canvas_size=8,
+        mode="trm",
+        progress=False,
+    )
     ids = read_identifiers_map(built)
     in_train = set(np.load(os.path.join(built, "train", "all__puzzle_identifiers.npy")).tolist())
-    held = [i for i in in_train if ids[i] and ids[i]["name"].endswith("gravity") and
-            json.load(open(paths["rules"]))[ids[i]["name"]]["subset"] == "evaluation"]
+    held = [
+        i
+        for i in in_train
+        if ids[i]
+        and ids[i]["name"].endswith("gravity")
+        and json.load(open(paths["rules"]))[ids[i]["name"]]["subset"] == "evaluation"
+    ]
     assert held  # not vacuous: the held-out puzzles' demos are in train/
     table = rule_label_table(built, paths["rules"])
     assert all((table[i] == UNLABELLED).all() for i in held)
@@ -114,11 +155,29 @@ def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in
 
 
 def test_rule_label_table_errors_name_the_file_and_puzzle(tmp_path):
-    paths = generate_synthetic_arc(str(tmp_path / "raw"), "s", families=["translate"], num_train=4, num_test=2,
-                                   min_grid=3, max_grid=5, seed=1, canvas_size=8, progress=False)
+    paths = generate_synthetic_arc(
+        str(tmp_path / "raw"),
+        "s",
+        families=["translate"],
+        num_train=4,
+        num_test=2,
+        min_grid=3,
+        max_grid=5,
+        seed=1,
+        canvas_size=8,
+        progress=False,
+    )
     built = str(tmp_path / "built")
-    build_arc_dataset(built, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-                      test_set_name="evaluation", num_aug=0, seed=0, canvas_size=8, mode="etrm", progress=False)
+    build_arc_dataset(
+        built,
+        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=0,
+        seed=0,
+        canvas_size=8,
+        mode="etrm",
+        progress=False,
+    )
     rules = json.load(open(paths["rules"]))
     name = sorted(n for n, r in rules.items() if r["subset"] == "training")[0]
     bad = tmp_path / "bad.json"
@@ -143,14 +202,16 @@ def test_readout_loss_is_the_mean_cross_entropy_of_the_labelled_slots():
     loss, exact = head(ctx, targets)
     logits = head.proj(ctx.flatten(1))
     parts = dict(zip(SLOTS, torch.split(logits, list(RULE_SLOTS.values()), dim=-1)))
-    want0 = (F.cross_entropy(parts["family"][:1], torch.tensor([1])) +
-             F.cross_entropy(parts["dihedral"][:1], torch.tensor([6]))) / 2
+    want0 = (
+        F.cross_entropy(parts["family"][:1], torch.tensor([1]))
+        + F.cross_entropy(parts["dihedral"][:1], torch.tensor([6]))
+    ) / 2
     want1 = F.cross_entropy(parts["family"][1:2], torch.tensor([2]))
     assert torch.allclose(loss, torch.stack([want0, want1, torch.tensor(0.0)]), atol=1e-6)
     assert exact[2] == 0
     # unlabelled slots do not matter; exact = every labelled slot named right
     with torch.no_grad():
-        head.proj.bias[sum(list(RULE_SLOTS.values())[:3]):] += 100.0  # slots after family / dihedral
+        head.proj.bias[sum(list(RULE_SLOTS.values())[:3]) :] += 100.0  # slots after family / dihedral
         head.proj.bias[1] += 100.0  # family 1
         head.proj.bias[len(FAMILIES) + 6] += 100.0  # dihedral 6
     loss2, exact2 = head(ctx, targets)
@@ -173,27 +234,58 @@ def test_config_refuses_a_readout_without_labels_and_labels_without_a_readout():
     cfg = load_config("cfg_science", ["encoder=standard", "encoder.rule_readout=0.5", "rule_labels=r.json"])
     assert cfg.encoder.rule_readout == 0.5 and cfg.rule_labels == "r.json"
     assert _rule_readout_overrides("/o", 0.0, None) == []
-    assert _rule_readout_overrides("/o", 2.0, None) == ["encoder.rule_readout=2.0",
-                                                        "rule_labels=/o/data/raw/synth_rules.json"]
+    assert _rule_readout_overrides("/o", 2.0, None) == [
+        "encoder.rule_readout=2.0",
+        "rule_labels=/o/data/raw/synth_rules.json",
+    ]
     with pytest.raises(ScienceError, match="your own puzzles have no rule labels"):
         _rule_readout_overrides("/o", 1.0, "my/prefix")
     with pytest.raises(ScienceError, match=">= 0"):
         _rule_readout_overrides("/o", -1.0, None)
 
 
-TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
-        "encoder.num_layers=1", "global_batch_size=16", "log_interval=10", "diag_interval=10", "device=cpu",
-        "checkpoint_every=null", "lr=3e-3", "lr_warmup_steps=1"]
+TINY = [
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "encoder.hidden_size=32",
+    "encoder.num_heads=2",
+    "encoder.num_layers=1",
+    "global_batch_size=16",
+    "log_interval=10",
+    "diag_interval=10",
+    "device=cpu",
+    "checkpoint_every=null",
+    "lr=3e-3",
+    "lr_warmup_steps=1",
+]
 
 
 @pytest.fixture(scope="module")
 def tiny_synthetic(tmp_path_factory):
     d = tmp_path_factory.mktemp("rule readout")
-    paths = generate_synthetic_arc(str(d / "raw"), "s", families=["flip_rotate", "gravity"], num_train=12, num_test=4,
-                                   min_grid=3, max_grid=5, seed=2, canvas_size=8, num_aug=2, progress=False)
-    build_arc_dataset(str(d / "built"), load_puzzles(["training", "evaluation"], "evaluation",
-                                                     input_file_prefix=paths["prefix"]),
-                      test_set_name="evaluation", num_aug=2, seed=0, canvas_size=8, mode="etrm", progress=False)
+    paths = generate_synthetic_arc(
+        str(d / "raw"),
+        "s",
+        families=["flip_rotate", "gravity"],
+        num_train=12,
+        num_test=4,
+        min_grid=3,
+        max_grid=5,
+        seed=2,
+        canvas_size=8,
+        num_aug=2,
+        progress=False,
+    )
+    build_arc_dataset(
+        str(d / "built"),
+        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=2,
+        seed=0,
+        canvas_size=8,
+        mode="etrm",
+        progress=False,
+    )
     return d, str(d / "built"), paths["rules"]
 
 
@@ -203,6 +295,7 @@ def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
     the initialisation of the rest of the model (same seed, same weights: runs with and without it compare)."""
     from dataset.loader import create_dataloader  # noqa: PLC0415 - test-only imports
     from training.build import build_etrm_model, build_loss_head  # noqa: PLC0415
+
     d, built, rules = tiny_synthetic
     loader, meta = create_dataloader(dict(data_paths=[built], global_batch_size=8, encoder_mode=True))
     batch = {k: torch.as_tensor(v) for k, v in next(iter(loader))[1].items()}
@@ -211,8 +304,11 @@ def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
     assert (batch["rule_targets"][:, 0] >= 0).all()
     losses = {}
     for w in (0.0, 2.5):
-        cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]"] +
-                          ([f"encoder.rule_readout={w}", f"rule_labels={rules}"] if w else []))
+        cfg = load_config(
+            "cfg_science",
+            ["encoder=standard", *TINY, f"data_paths=[{built}]"]
+            + ([f"encoder.rule_readout={w}", f"rule_labels={rules}"] if w else []),
+        )
         torch.manual_seed(0)
         model = build_etrm_model(cfg, meta, batch_size=8, verbose=False)
         head = build_loss_head(model)
@@ -230,6 +326,7 @@ def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
 
 def test_within_class_share_is_zero_for_one_context_per_class_and_near_one_for_a_context_that_ignores_it():
     from experiments.science.readout import within_class_share  # noqa: PLC0415 - test-only import
+
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (400,), generator=g)
     codes = torch.randn(4, 6, generator=g)
@@ -237,8 +334,10 @@ def test_within_class_share_is_zero_for_one_context_per_class_and_near_one_for_a
     noise = torch.randn(400, 6, generator=g)
     assert 0.97 < within_class_share(noise, labels) <= 1.0  # ignores the class: ~1 - (classes - 1) / n
     mixed = codes[labels] + 0.1 * noise
-    want = sum((mixed[labels == c] - mixed[labels == c].mean(0)).square().sum() for c in range(4)) \
+    want = (
+        sum((mixed[labels == c] - mixed[labels == c].mean(0)).square().sum() for c in range(4))
         / (mixed - mixed.mean(0)).square().sum()
+    )
     assert abs(within_class_share(mixed, labels) - float(want)) < 1e-9 and within_class_share(mixed, labels) < 0.05
 
 
@@ -246,23 +345,38 @@ def test_within_class_share_is_zero_for_one_context_per_class_and_near_one_for_a
 def test_a_run_with_the_readout_learns_to_name_the_rules_and_evaluates_without_labels(tiny_synthetic, tmp_path):
     from evaluate import EvaluateConfig, run  # noqa: PLC0415 - test-only import
     from training.loop import train  # noqa: PLC0415
+
     d, built, rules = tiny_synthetic
     ck = tmp_path / "ck"
-    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={ck}",
-                                      "max_steps=200", "encoder.rule_readout=1.0", f"rule_labels={rules}"])
+    cfg = load_config(
+        "cfg_science",
+        [
+            "encoder=standard",
+            *TINY,
+            f"data_paths=[{built}]",
+            f"checkpoint_path={ck}",
+            "max_steps=200",
+            "encoder.rule_readout=1.0",
+            f"rule_labels={rules}",
+        ],
+    )
     summary = train(cfg)
     rows = [json.loads(line) for line in open(ck / "metrics.jsonl") if '"train/rule_readout"' in line]
     assert [r["step"] for r in rows] == list(range(10, 201, 10))
     # 12 puzzles x 3 copies: the head learns to name them (family, map / direction, colours)
     assert rows[-1]["train/rule_readout"] < 0.5 * rows[0]["train/rule_readout"]
     assert rows[-1]["train/rule_exact"] > rows[0]["train/rule_exact"] + 0.2
-    m = run(EvaluateConfig(checkpoint=str(ck), data_path=built, output_dir=str(tmp_path / "ev"), device="cpu",
-                           progress=False))
+    m = run(
+        EvaluateConfig(
+            checkpoint=str(ck), data_path=built, output_dir=str(tmp_path / "ev"), device="cpu", progress=False
+        )
+    )
     assert m["ARC/num_puzzles"] == 4 and 0.0 <= m["ARC/pass@1"] <= 1.0
     assert summary["exit_status"] == 0
     # the context carries every slot the head learned to name (a context that ignored a slot, or contexts paired
     # with the wrong labels, leave ~all of its variance inside the slot's classes); the maps most clearly (0.23)
     from experiments.science.readout import main as readout_main  # noqa: PLC0415 - test-only import
+
     sep = readout_main([str(ck), "--data", built, "--rules", rules, "--split", "train", "--separation"])
     assert sep["n"] > 36 and set(sep["slots"]) >= {"family", "dihedral", "direction"}
     assert sep["slots"]["family"]["classes"] == 2 and all(r["within"] < 0.85 for r in sep["slots"].values()), sep
@@ -275,9 +389,29 @@ def test_science_command_with_the_readout_reports_what_the_context_names(tmp_pat
     per-family readout table; experiments.science.readout gives the same numbers from the command line."""
     from experiments.science.cli import main  # noqa: PLC0415 - test-only imports
     from experiments.science.readout import main as readout_main  # noqa: PLC0415
+
     out = tmp_path / "s"
-    args = ["--families", "flip_rotate", "gravity", "--num-train", "12", "--num-test", "4", "--num-aug", "1",
-            "--steps", "6", "--canvas-size", "8", "--max-grid", "5", "--encoders", "standard", "--rule-readout", "0.5"]
+    args = [
+        "--families",
+        "flip_rotate",
+        "gravity",
+        "--num-train",
+        "12",
+        "--num-test",
+        "4",
+        "--num-aug",
+        "1",
+        "--steps",
+        "6",
+        "--canvas-size",
+        "8",
+        "--max-grid",
+        "5",
+        "--encoders",
+        "standard",
+        "--rule-readout",
+        "0.5",
+    ]
     res = main(["--out", str(out)] + args + [a for o in TINY[:6] for a in ("--override", o)])
     run = res["runs"]["standard"]
     log = open(out / "runs" / "standard" / "train.log").read()
@@ -291,8 +425,15 @@ def test_science_command_with_the_readout_reports_what_the_context_names(tmp_pat
     md = open(out / "science.md").read()
     assert "**Rule readout, standard**" in md and "| gravity | " in md
     capsys.readouterr()
-    cli = readout_main([str(out / "runs" / "standard" / "checkpoint"), "--data", str(out / "data" / "built"),
-                        "--rules", str(out / "data" / "raw" / "synth_rules.json")])
+    cli = readout_main(
+        [
+            str(out / "runs" / "standard" / "checkpoint"),
+            "--data",
+            str(out / "data" / "built"),
+            "--rules",
+            str(out / "data" / "raw" / "synth_rules.json"),
+        ]
+    )
     assert cli == json.loads(json.dumps(held)) and "rule named" in capsys.readouterr().out
     saved = json.load(open(out / "science.json"))
     assert saved["runs"]["standard"]["rule_readout"]["heldout"] == cli
@@ -304,12 +445,15 @@ def test_oracle_context_is_the_embedding_of_the_true_rule_and_ignores_the_demos(
     nothing, and a batch without labels (evaluation) gets a zero context."""
     from dataset.loader import create_dataloader  # noqa: PLC0415 - test-only imports
     from training.build import build_etrm_model, build_loss_head, with_rule_targets  # noqa: PLC0415
+
     d, built, rules = tiny_synthetic
     loader, meta = create_dataloader(dict(data_paths=[built], global_batch_size=8, encoder_mode=True))
     batch = {k: torch.as_tensor(v) for k, v in next(iter(loader))[1].items()}
     labelled = with_rule_targets(batch, torch.as_tensor(rule_label_table(built, rules)))
-    cfg = load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]",
-                                      "encoder.oracle_context=true", f"rule_labels={rules}"])
+    cfg = load_config(
+        "cfg_science",
+        ["encoder=standard", *TINY, f"data_paths=[{built}]", "encoder.oracle_context=true", f"rule_labels={rules}"],
+    )
     model = build_etrm_model(cfg, meta, batch_size=8, verbose=False)
     head = build_loss_head(model)
 
@@ -334,15 +478,34 @@ def test_an_oracle_run_is_evaluated_on_the_labels_of_the_evaluated_puzzles(tiny_
     """evaluate.py rule_labels=...: an oracle_context checkpoint's evaluation batches carry the rule labels of the
     held-out puzzles (each augmented copy's own), so its context is the oracle's embedding of their rule; evaluating
     an oracle run without labels, or giving labels to another run, is refused by name."""
-    from training import evaluation as ev  # noqa: PLC0415 - test-only imports (evaluate.py's body)
     from evaluators.data import build_eval_loader  # noqa: PLC0415
+    from training import evaluation as ev  # noqa: PLC0415 - test-only imports (evaluate.py's body)
     from training.loop import train  # noqa: PLC0415
+
     d, built, rules = tiny_synthetic
     ck = tmp_path / "oracle"
-    train(load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={ck}",
-                                      "max_steps=2", "encoder.oracle_context=true", f"rule_labels={rules}"]))
-    cfg = ev.EvaluateConfig(checkpoint=str(ck), data_path=built, output_dir=str(tmp_path / "ev"), device="cpu",
-                            progress=False, rule_labels=rules)
+    train(
+        load_config(
+            "cfg_science",
+            [
+                "encoder=standard",
+                *TINY,
+                f"data_paths=[{built}]",
+                f"checkpoint_path={ck}",
+                "max_steps=2",
+                "encoder.oracle_context=true",
+                f"rule_labels={rules}",
+            ],
+        )
+    )
+    cfg = ev.EvaluateConfig(
+        checkpoint=str(ck),
+        data_path=built,
+        output_dir=str(tmp_path / "ev"),
+        device="cpu",
+        progress=False,
+        rule_labels=rules,
+    )
     seen = []
 
     class Spy(ev._LabelledLoader):
@@ -350,14 +513,19 @@ def test_an_oracle_run_is_evaluated_on_the_labels_of_the_evaluated_puzzles(tiny_
             for item in super().__iter__():
                 seen.append(item[1]["rule_targets"])
                 yield item
+
     monkeypatch.setattr(ev, "_LabelledLoader", Spy)
     m = ev.run(cfg)
     assert m["ARC/num_puzzles"] == 4 and seen and all((t[:, 0] >= 0).any() for t in seen)  # every batch labelled
     with pytest.raises(ev.EvaluateError, match="oracle_context run .*needs rule_labels"):
         ev.run(cfg.model_copy(update={"rule_labels": None, "output_dir": str(tmp_path / "ev2")}))
     plain = tmp_path / "plain"
-    train(load_config("cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={plain}",
-                                      "max_steps=1"]))
+    train(
+        load_config(
+            "cfg_science",
+            ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={plain}", "max_steps=1"],
+        )
+    )
     with pytest.raises(ev.EvaluateError, match="only an encoder.oracle_context run reads rule labels"):
         ev.run(cfg.model_copy(update={"checkpoint": str(plain), "output_dir": str(tmp_path / "ev3")}))
     # what the evaluation feeds the model: the test split's labels, and the context is their embedding

@@ -1,6 +1,7 @@
 """What a run leaves for a researcher to read and trust: the resolved config.yaml, the run's name kept on resume,
 pace (s/step, elapsed, ETA) in every train line, schedule warnings, nothing behind a refused config, one line for a
 checkpoint that cannot be written (disk full, a file-size limit) or a file that is not a torch checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -16,20 +17,26 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from tests.toy_data import toy_train_config
 from training import checkpoint as ckpt
 from training.config import config_from_dict, config_from_hydra
 from training.logging import Pace, train_line
 from training.loop import train
 from training.summary import read_summary
-from tests.toy_data import toy_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _python(code: str, cwd: str, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
-    return subprocess.run([sys.executable, *args] if not code else [sys.executable, "-c", code, *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args] if not code else [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_config_yaml_is_the_resolved_config_and_its_path_is_printed(toy, tmp_path, capsys):
@@ -78,11 +85,13 @@ def test_every_piped_train_line_has_pace(toy, tmp_path, capsys):
 def test_schedule_warnings_when_max_steps_is_not_reached_or_the_run_ends_in_warmup(toy, tmp_path):
     s = train(toy_train_config(toy, str(tmp_path / "a"), epochs=2, max_steps=50, lr_warmup_steps=2))
     assert s["steps"] == 8
-    assert s["warnings"] == ["max_steps=50 is not reached: epochs=2 ends the run first, at step 8 (raise epochs= "
-                             "to train longer)"]
+    assert s["warnings"] == [
+        "max_steps=50 is not reached: epochs=2 ends the run first, at step 8 (raise epochs= to train longer)"
+    ]
     s = train(toy_train_config(toy, str(tmp_path / "b"), epochs=5, max_steps=6, lr_warmup_steps=6))
-    assert len(s["warnings"]) == 1 and s["warnings"][0].startswith("the run ends inside its lr warmup (6 steps <= "
-                                                                    "lr_warmup_steps=6)")
+    assert len(s["warnings"]) == 1 and s["warnings"][0].startswith(
+        "the run ends inside its lr warmup (6 steps <= lr_warmup_steps=6)"
+    )
     s = train(toy_train_config(toy, str(tmp_path / "c"), epochs=5, max_steps=6, lr_warmup_steps=5))
     assert s["warnings"] == []
 
@@ -128,12 +137,19 @@ def test_a_run_that_cannot_write_its_checkpoint_stops_with_one_line(toy, tmp_pat
         with user_errors():
             train(toy_train_config({toy!r}, {run!r}, epochs=1, checkpoint_every=2))
         """)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TRM_JOB_ERROR_FILE=err))
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", TRM_JOB_ERROR_FILE=err),
+    )
     line = r.stderr.strip().splitlines()[-1]
-    assert r.returncode == 1 and line == (f"error: saving step 2 failed: {run}/step_2.pt: File too large (no earlier "
-                                          "checkpoint)"), r.stderr[-2000:]
-    assert open(err).read().strip() == line[len("error: "):]
+    assert r.returncode == 1 and line == (
+        f"error: saving step 2 failed: {run}/step_2.pt: File too large (no earlier checkpoint)"
+    ), r.stderr[-2000:]
+    assert open(err).read().strip() == line[len("error: ") :]
     s = read_summary(run)
     assert s["status"] == "failed" and "File too large" in s["message"]
     assert ckpt.list_checkpoints(run) == []
@@ -148,6 +164,6 @@ def test_convert_refuses_files_that_are_not_torch_checkpoints(tmp_path, capsys):
         z.writestr("a.txt", "not a checkpoint")
     for path in (raw, legacy, other):
         assert ckpt.main(["convert", path]) == 1
-        line, = capsys.readouterr().err.strip().splitlines()
+        (line,) = capsys.readouterr().err.strip().splitlines()
         assert line.startswith(f"error: {path}: not a torch checkpoint") and "refused" in line
     assert json.loads(json.dumps(pickle.load(open(raw, "rb")))) == {"format": ckpt.FORMAT}  # untouched

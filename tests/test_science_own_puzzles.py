@@ -4,6 +4,7 @@ Your kaggle-layout files go through the same builder -> pretrain_encoder.py -> e
 synthetic families, with the zero-demo control; the table is per group (a ``--groups`` file, else the id prefix);
 no augmentation unless asked for. A run cut short (summary.json not finished, a checkpoint present) is evaluated at
 its last checkpoint and flagged, ``--no-train`` evaluates without training, and a plain re-run resumes it."""
+
 import json
 import os
 import shutil
@@ -21,9 +22,16 @@ from training.checkpoint import read_checkpoint
 FAMS = ["colour_map", "flip_rotate"]
 SHORT = {"colour_map": "cmap-", "flip_rotate": "flip_"}  # ids "cmap-003", "flip_004": both separators
 STEPS = 4
-TINY = ["arch.hidden_size=32", "arch.num_heads=2", "encoder.hidden_size=32", "encoder.num_heads=2",
-        "encoder.num_layers=1", "global_batch_size=16",
-        "checkpoint_every=2", "checkpoint_keep=2"]  # step_2.pt stays next to the final step_4.pt
+TINY = [
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "encoder.hidden_size=32",
+    "encoder.num_heads=2",
+    "encoder.num_layers=1",
+    "global_batch_size=16",
+    "checkpoint_every=2",
+    "checkpoint_keep=2",
+]  # step_2.pt stays next to the final step_4.pt
 ARGS = ["--steps", str(STEPS), "--train-fit-puzzles", "6"] + [a for o in TINY for a in ("--override", o)]
 
 
@@ -31,8 +39,17 @@ def write_own_puzzles(d: str, *, num_train: int = 12, num_test: int = 6) -> tupl
     """Kaggle-layout files ``<d>/mine_{training,evaluation}_{challenges,solutions}.json`` of two rule families with
     ids ``cmap-NNN`` / ``flip_NNN`` (made by the synthetic builder, held-out instances never in training) and a
     groups file (id -> family). Returns (prefix, groups file, groups)."""
-    paths = generate_synthetic_arc(os.path.join(d, "gen"), "g", num_train=num_train, num_test=num_test, families=FAMS,
-                                   canvas_size=6, max_grid=4, num_aug=0, progress=False)
+    paths = generate_synthetic_arc(
+        os.path.join(d, "gen"),
+        "g",
+        num_train=num_train,
+        num_test=num_test,
+        families=FAMS,
+        canvas_size=6,
+        max_grid=4,
+        num_aug=0,
+        progress=False,
+    )
     with open(paths["rules"]) as f:
         rules = json.load(f)
     rename = {old: f"{SHORT[r['family']]}{i:03d}" for i, (old, r) in enumerate(sorted(rules.items()))}
@@ -62,8 +79,14 @@ def _heldout_ids(prefix: str) -> list[str]:
 # Grouping, the table, bad input (no training)
 # ---------------------------------------------------------------------------------------------------------------
 def test_id_prefix_is_the_part_before_the_first_separator():
-    assert [id_prefix(i) for i in ("flip_003", "recol-12-b", "a_b-c", "007bbfb7", "_odd", "x-")] == \
-        ["flip", "recol", "a", "007bbfb7", "_odd", "x"]
+    assert [id_prefix(i) for i in ("flip_003", "recol-12-b", "a_b-c", "007bbfb7", "_odd", "x-")] == [
+        "flip",
+        "recol",
+        "a",
+        "007bbfb7",
+        "_odd",
+        "x",
+    ]
 
 
 def test_groups_file_accepts_names_or_rules_objects(tmp_path):
@@ -74,15 +97,22 @@ def test_groups_file_accepts_names_or_rules_objects(tmp_path):
 
 
 def test_family_table_with_train_fit_and_a_cut_short_run():
-    rules = {"a1": {"subset": "evaluation", "family": "fa"}, "b1": {"subset": "evaluation", "family": "fb"},
-             "t1": {"subset": "training", "family": "fa"}, "t2": {"subset": "training", "family": "fa"},
-             "t3": {"subset": "training", "family": "fb"}}
+    rules = {
+        "a1": {"subset": "evaluation", "family": "fa"},
+        "b1": {"subset": "evaluation", "family": "fb"},
+        "t1": {"subset": "training", "family": "fa"},
+        "t2": {"subset": "training", "family": "fa"},
+        "t3": {"subset": "training", "family": "fb"},
+    }
+
     def row(*ranks):
         return [{"test_index": i, "correct_rank": r} for i, r in enumerate(ranks)]
 
     pred = {"standard": {"a1": row(1), "b1": row(None)}, CONTROL: {"a1": row(None), "b1": row(None)}}
-    fit = {"standard": {"t1": row(1), "t2": row(2), "t3": row(None)}, CONTROL: {"t1": row(None), "t2": row(None),
-                                                                               "t3": row(None)}}
+    fit = {
+        "standard": {"t1": row(1), "t2": row(2), "t3": row(None)},
+        CONTROL: {"t1": row(None), "t2": row(None), "t3": row(None)},
+    }
     t = family_table(rules, pred, train_fit=(["t1", "t2", "t3"], fit))
     assert [t[f]["train_count"] for f in ("fa", "fb", "all")] == [2, 1, 3]
     assert t["fa"]["train_runs"]["standard"] == {"pass@1": 0.5, "pass@2": 1.0}
@@ -92,14 +122,30 @@ def test_family_table_with_train_fit_and_a_cut_short_run():
         family_table(rules, pred, train_fit=(["a1"], {}))
     with pytest.raises(ScienceError, match="exactly the train-fit set"):
         family_table(rules, pred, train_fit=(["t1", "t2", "t3"], {"standard": {"t1": row(1)}}))
-    result = {"command": "c", "wall_seconds": 1.0, "families": t,
-              "settings": {"data": {"files": {}, "num_train": 3, "num_test": 2, "canvas_size": 5, "seed": 0,
-                                    "num_aug": 0},
-                           "input_file_prefix": "/p/mine", "grouping": "id prefix", "config": "cfg_science",
-                           "overrides": [], "steps": 4, "train_fit_puzzles": 3},
-              "runs": {"standard": {"status": "cut_short", "steps": 2, "total_steps": 4, "train_exact": None,
-                                    "cut_short": {"step": 2, "message": "killed, last checkpoint step 2"}},
-                       CONTROL: {"status": "ok", "steps": 4, "train_exact": 0.0}}}
+    result = {
+        "command": "c",
+        "wall_seconds": 1.0,
+        "families": t,
+        "settings": {
+            "data": {"files": {}, "num_train": 3, "num_test": 2, "canvas_size": 5, "seed": 0, "num_aug": 0},
+            "input_file_prefix": "/p/mine",
+            "grouping": "id prefix",
+            "config": "cfg_science",
+            "overrides": [],
+            "steps": 4,
+            "train_fit_puzzles": 3,
+        },
+        "runs": {
+            "standard": {
+                "status": "cut_short",
+                "steps": 2,
+                "total_steps": 4,
+                "train_exact": None,
+                "cut_short": {"step": 2, "message": "killed, last checkpoint step 2"},
+            },
+            CONTROL: {"status": "ok", "steps": 4, "train_exact": 0.0},
+        },
+    }
     md = render_markdown(result)
     assert "| group | n | n train | standard (cut short, step 2) | standard: train | control | control: train |" in md
     assert "| fa | 1 | 2 | 1.00 / 1.00 | 0.50 / 1.00 | 0.00 / 0.00 | 0.00 / 0.00 |" in md
@@ -125,11 +171,15 @@ def _edit(src_prefix: str, dst: str, subset: str, kind: str, fn) -> str:
 
 
 BAD = [  # (extra arguments, message); "{P}": the prefix of the files, "{G}": the groups file, "{T}": tmp_path
-    (["--input-file-prefix", "{P}", "--families", "gravity"],
-     "--input-file-prefix and --families are mutually exclusive"),
+    (
+        ["--input-file-prefix", "{P}", "--families", "gravity"],
+        "--input-file-prefix and --families are mutually exclusive",
+    ),
     (["--input-file-prefix", "{P}", "--num-test", "5"], "--input-file-prefix and --num-test are mutually exclusive"),
-    (["--input-file-prefix", "{P}", "--holdout-families", "gravity"],
-     "--input-file-prefix and --holdout-families are mutually exclusive"),
+    (
+        ["--input-file-prefix", "{P}", "--holdout-families", "gravity"],
+        "--input-file-prefix and --holdout-families are mutually exclusive",
+    ),
     (["--input-file-prefix", "{P}", "--recolour"], "--recolour and --input-file-prefix are mutually exclusive"),
     (["--groups", "{G}"], "--groups needs --input-file-prefix"),
     (["--input-file-prefix", "{T}/nope"], "nope_training_challenges.json: no such file"),
@@ -154,14 +204,17 @@ def test_bad_input_fails_at_once_and_writes_nothing(own_files, tmp_path, capsys,
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("case, message", [
-    ("groups_missing", "--groups {G2}: 1 of the 12 training puzzles have no group, e.g. '{MISSING}'"),
-    ("groups_value", "the group must be a non-empty string (or an object with a 'group' / 'family' string), got 3"),
-    ("groups_all", "group name 'all' is reserved"),
-    ("no_solutions", "mine_evaluation_solutions.json: no such file"),
-    ("overlap", "is in both mine_training_challenges.json and _evaluation_challenges.json"),
-    ("bad_grid", "field train[0].input"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("groups_missing", "--groups {G2}: 1 of the 12 training puzzles have no group, e.g. '{MISSING}'"),
+        ("groups_value", "the group must be a non-empty string (or an object with a 'group' / 'family' string), got 3"),
+        ("groups_all", "group name 'all' is reserved"),
+        ("no_solutions", "mine_evaluation_solutions.json: no such file"),
+        ("overlap", "is in both mine_training_challenges.json and _evaluation_challenges.json"),
+        ("bad_grid", "field train[0].input"),
+    ],
+)
 def test_bad_files_fail_at_once_naming_file_and_field(own_files, tmp_path, capsys, case, message):
     prefix, _, groups = own_files
     train_ids = sorted(i for i in groups if i not in _heldout_ids(prefix))
@@ -187,9 +240,11 @@ def test_bad_files_fail_at_once_naming_file_and_field(own_files, tmp_path, capsy
         p2 = _edit(p2, str(tmp_path / "f"), "training", "solutions", lambda o: dict(o, **{heldout: sol}))
         args = ["--input-file-prefix", p2]
     else:
+
         def bad_grid(obj):
             obj[train_ids[1]]["train"][0]["input"] = [[1, 2], [3]]  # ragged
             return obj
+
         args = ["--input-file-prefix", _edit(prefix, str(tmp_path / "f"), "training", "challenges", bad_grid)]
     with pytest.raises(SystemExit) as e:
         main(["--out", str(tmp_path / "out")] + args + ARGS)  # ARGS: tiny, should the validation not fail
@@ -254,11 +309,23 @@ def test_own_puzzles_end_to_end_with_groups_then_by_id_prefix(own_files, own_out
     assert again["families"]["cmap"]["count"] == t["colour_map"]["count"]
     assert "id prefix (the part of the puzzle id before its first '_' or '-')" in _read(os.path.join(out, "science.md"))
     # other settings in the same --out are refused: augmentation, edited files, the synthetic families
-    for args, message in ((["--input-file-prefix", prefix, "--num-aug", "2"], "num_aug=0"),
-                          (["--input-file-prefix", _edit(prefix, str(tmp_path / "edited"), "evaluation", "solutions",
-                                                         lambda o: {k: [[[0]] for _ in v] for k, v in o.items()})],
-                           "the data was made with files.mine_evaluation_solutions.json="),
-                          ([], "holds data of your files (--input-file-prefix), this command asks for the synthetic")):
+    for args, message in (
+        (["--input-file-prefix", prefix, "--num-aug", "2"], "num_aug=0"),
+        (
+            [
+                "--input-file-prefix",
+                _edit(
+                    prefix,
+                    str(tmp_path / "edited"),
+                    "evaluation",
+                    "solutions",
+                    lambda o: {k: [[[0]] for _ in v] for k, v in o.items()},
+                ),
+            ],
+            "the data was made with files.mine_evaluation_solutions.json=",
+        ),
+        ([], "holds data of your files (--input-file-prefix), this command asks for the synthetic"),
+    ):
         with pytest.raises(SystemExit) as e:
             main(["--out", out] + args + ARGS)
         err = capsys.readouterr().err
@@ -353,14 +420,17 @@ def test_curve_evaluates_every_kept_checkpoint_and_plots_them(own_files, own_out
         assert last["fit"]["all"] == pytest.approx(res["runs"][run]["train_fit_metrics"]["ARC/pass@1"])
         step2 = json.loads(_read(os.path.join(out, "runs", run, "curve", "step_2", "heldout", "metrics.json")))
         assert step2["checkpoint_step"] == 2 and points[0]["heldout"]["all"] == pytest.approx(
-            step2["metrics"]["ARC/pass@1"])
+            step2["metrics"]["ARC/pass@1"]
+        )
     md = _read(os.path.join(out, "curve.md"))
     assert "| step | all | colour_map | flip_rotate |" in md and md.count("\n| 2 | ") == 2
     with open(os.path.join(out, "curve.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
     main(args)
-    assert capsys.readouterr().out.count("exists, reused") == 4 + 8  # the report's 4, the curve's 8 (4 of them the report's)
+    assert (
+        capsys.readouterr().out.count("exists, reused") == 4 + 8
+    )  # the report's 4, the curve's 8 (4 of them the report's)
     fig = curve.main([out, out, "--out", str(tmp_path / "both.png")])
     assert os.path.getsize(fig) > 10_000
 
@@ -372,10 +442,21 @@ def test_the_report_flags_a_run_that_halts_before_the_step_it_is_scored_on():
     from experiments.science.report import _run_lines  # noqa: PLC0415 - test-only import
 
     def lines(steps, eval_overrides=()):
-        result = {"settings": {"eval_overrides": list(eval_overrides)},
-                  "runs": {"standard": {"status": "ok", "steps": 10, "train_exact": 0.99, "train_steps": steps,
-                                        "halt_max_steps": 2, "run_dir": "/o/runs/standard"}}}
+        result = {
+            "settings": {"eval_overrides": list(eval_overrides)},
+            "runs": {
+                "standard": {
+                    "status": "ok",
+                    "steps": 10,
+                    "train_exact": 0.99,
+                    "train_steps": steps,
+                    "halt_max_steps": 2,
+                    "run_dir": "/o/runs/standard",
+                }
+            },
+        }
         return "\n".join(_run_lines(result))
+
     md = lines(1.02)
     assert "**Halts early**: standard halts its training samples after 1.02 of 2 ACT steps" in md
     assert "checkpoint=/o/runs/standard/checkpoint data_path=<out>/data/built halt_early=true" in md

@@ -1,4 +1,5 @@
 """experiments.science.probes: the core-fit probe data (076a67b, docs/record/2026-11-25-spatial-core-fit-probes.md)."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,24 @@ from experiments.science.probes import main
 
 
 def test_probe_puzzles_follow_their_map_and_oracle_ids_name_it(tmp_path):
-    built = main(["--out", str(tmp_path), "--dihedral", "1", "4", "6", "--num-train", "12", "--num-eval", "4",
-                  "--sizes", "2", "5", "--oracle"])
+    built = main(
+        [
+            "--out",
+            str(tmp_path),
+            "--dihedral",
+            "1",
+            "4",
+            "6",
+            "--num-train",
+            "12",
+            "--num-eval",
+            "4",
+            "--sizes",
+            "2",
+            "5",
+            "--oracle",
+        ]
+    )
     rules = json.load(open(tmp_path / "probe_rules.json"))
     assert set(rules.values()) <= {1, 4, 6} and len(set(rules.values())) > 1
     ch = json.load(open(tmp_path / "probe_training_challenges.json"))
@@ -21,8 +38,23 @@ def test_probe_puzzles_follow_their_map_and_oracle_ids_name_it(tmp_path):
         for pair in p["train"]:
             assert np.array_equal(dihedral_transform(np.array(pair["input"]), rules[pid]), np.array(pair["output"]))
     # the same build without --oracle: every puzzle identifier is replaced by its puzzle's map id
-    plain = main(["--out", str(tmp_path / "plain"), "--dihedral", "1", "4", "6", "--num-train", "12",
-                  "--num-eval", "4", "--sizes", "2", "5"])
+    plain = main(
+        [
+            "--out",
+            str(tmp_path / "plain"),
+            "--dihedral",
+            "1",
+            "4",
+            "6",
+            "--num-train",
+            "12",
+            "--num-eval",
+            "4",
+            "--sizes",
+            "2",
+            "5",
+        ]
+    )
     names = json.load(open(os.path.join(plain, "identifiers.json")))
     for split in ("train", "test"):
         ids = np.load(os.path.join(plain, split, "all__puzzle_identifiers.npy"))
@@ -47,8 +79,28 @@ def test_shift_probe_moves_every_cell_by_its_shift(tmp_path):
     k = np.where(np.arange(12).reshape(3, 4) == 0, 9, 0)  # content at the top-left corner: nothing falls off
     assert shift(2, 3, False)(k).tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 9]]
     assert shift(1, -1, False)(g) is None and shift(3, 0, False)(k) is None  # content would leave the grid
-    main(["--out", str(tmp_path), "--shift", "1", "2", "--shift", "-2", "0", "--shift", "0", "-4", "--num-train",
-          "24", "--num-eval", "4", "--sizes", "2", "5"])
+    main(
+        [
+            "--out",
+            str(tmp_path),
+            "--shift",
+            "1",
+            "2",
+            "--shift",
+            "-2",
+            "0",
+            "--shift",
+            "0",
+            "-4",
+            "--num-train",
+            "24",
+            "--num-eval",
+            "4",
+            "--sizes",
+            "2",
+            "5",
+        ]
+    )
     rules = json.load(open(tmp_path / "probe_rules.json"))
     assert set(rules.values()) == {1, 2, 3}
     shifts = {1: (1, 2), 2: (-2, 0), 3: (0, -4)}

@@ -1,9 +1,9 @@
 """experiments.science.read_probe: the encoder readout probe (can an encoder read the map from the demos?)."""
+
 import json
 
 import numpy as np
 import pytest
-import torch
 
 from dataset.canvas import canvas_to_grid
 from dataset.dihedral import dihedral_transform
@@ -35,13 +35,40 @@ def test_readout_learns_a_map_that_changes_the_grid_shape(tmp_path):
     """Identity against a quarter turn on non-square grids (the output's extent tells them apart): a small encoder
     with its readout goes well above chance within a few dozen steps, and the CLI writes the curve."""
     cfg = read_probe.recipe_encoder("standard", ["hidden_size=32", "num_layers=1"])
-    res = read_probe.train_readout(cfg, maps=[0, 1], steps=60, batch=32, lr=3e-3, side=6, sizes=(2, 5),
-                                   num_eval=128, eval_every=30, hidden_size=32, log=False)
+    res = read_probe.train_readout(
+        cfg,
+        maps=[0, 1],
+        steps=60,
+        batch=32,
+        lr=3e-3,
+        side=6,
+        sizes=(2, 5),
+        num_eval=128,
+        eval_every=30,
+        hidden_size=32,
+        log=False,
+    )
     assert [c["step"] for c in res["curve"]] == [30, 60] and res["chance"] == 0.5
     assert res["curve"][-1]["heldout_acc"] > 0.75
     out = tmp_path / "r.json"
-    read_probe.main(["--maps", "0", "1", "--steps", "2", "--batch", "4", "--canvas-size", "6", "--sizes", "2", "4",
-                     "--json", str(out)])
+    read_probe.main(
+        [
+            "--maps",
+            "0",
+            "1",
+            "--steps",
+            "2",
+            "--batch",
+            "4",
+            "--canvas-size",
+            "6",
+            "--sizes",
+            "2",
+            "4",
+            "--json",
+            str(out),
+        ]
+    )
     saved = json.loads(out.read_text())
     assert saved["maps"] == [0, 1] and saved["curve"][-1]["step"] == 2
     with pytest.raises(ValueError, match="do not fit"):

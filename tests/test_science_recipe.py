@@ -3,6 +3,7 @@
 training without ever showing a held-out one: with K = 4, 76 distinct training instances instead of 20 (50842d3,
 docs/record/2026-11-23-recolour-ablations.md); copies whose queries are permuted apart from their demos give held-out
 0.00 (41f1351, docs/record/2026-11-23-recolour-one-factor-at-a-time.md)."""
+
 import numpy as np
 import pytest
 
@@ -18,8 +19,9 @@ def _changed(x, y):
 def _puzzle_rules(path, split, demos_agree=True):
     """The instance of every example from the loader's encoder-mode batches; with ``demos_agree`` its demos must
     show the same instance, else (instance, instance its demos show) pairs are returned."""
-    loader, meta = create_dataloader(dict(data_paths=[path], global_batch_size=16, test_mode=True,
-                                          encoder_mode=True), split)
+    loader, meta = create_dataloader(
+        dict(data_paths=[path], global_batch_size=16, test_mode=True, encoder_mode=True), split
+    )
     rules = []
     for _, batch, _ in loader:
         for i in range(batch["inputs"].shape[0]):
@@ -30,7 +32,7 @@ def _puzzle_rules(path, split, demos_agree=True):
             y = canvas_to_grid(np.where(lab < 0, 0, lab), size=4)
             changed = _changed(x, y)
             assert len(changed) == 1
-            (a, b), = changed
+            ((a, b),) = changed
             shown = set()
             for d in range(int(batch["demo_mask"][i].sum())):
                 dx = canvas_to_grid(batch["demo_inputs"][i, d].numpy(), size=4)
@@ -44,8 +46,9 @@ def _puzzle_rules(path, split, demos_agree=True):
 
 
 def test_colour_aug_multiplies_train_instances_and_never_shows_a_heldout_one(tmp_path):
-    kw = dict(grid=3, num_colours=5, num_test_instances=4, train_puzzles_per_instance=3, test_puzzles_per_instance=2,
-              seed=3)
+    kw = dict(
+        grid=3, num_colours=5, num_test_instances=4, train_puzzles_per_instance=3, test_puzzles_per_instance=2, seed=3
+    )
     plain = write_recolour_dataset(str(tmp_path / "plain"), **kw)
     aug = write_recolour_dataset(str(tmp_path / "aug"), colour_aug=3, **kw)
     assert aug["test_instances"] == plain["test_instances"]  # the held-out instances do not move
@@ -60,8 +63,10 @@ def test_colour_aug_multiplies_train_instances_and_never_shows_a_heldout_one(tmp
     assert max(max(r) for r in rules) >= 5
     # the held-out split is the same data with and without augmentation
     for name in ("inputs", "labels", "demo_inputs", "demo_labels"):
-        np.testing.assert_array_equal(np.load(tmp_path / "plain" / "test" / f"all__{name}.npy"),
-                                      np.load(tmp_path / "aug" / "test" / f"all__{name}.npy"))
+        np.testing.assert_array_equal(
+            np.load(tmp_path / "plain" / "test" / f"all__{name}.npy"),
+            np.load(tmp_path / "aug" / "test" / f"all__{name}.npy"),
+        )
     with pytest.raises(ValueError, match="colour_aug"):
         write_recolour_dataset(str(tmp_path / "bad"), colour_aug=-1, **kw)
 
@@ -69,8 +74,15 @@ def test_colour_aug_multiplies_train_instances_and_never_shows_a_heldout_one(tmp
 def test_inconsistent_colour_aug_ablation(tmp_path):
     """colour_aug_consistent=False (the ablation): a copy's queries follow another instance than its demos, and
     still no held-out instance appears in training."""
-    kw = dict(grid=3, num_colours=5, num_test_instances=4, train_puzzles_per_instance=3, test_puzzles_per_instance=2,
-              seed=3, colour_aug=3)
+    kw = dict(
+        grid=3,
+        num_colours=5,
+        num_test_instances=4,
+        train_puzzles_per_instance=3,
+        test_puzzles_per_instance=2,
+        seed=3,
+        colour_aug=3,
+    )
     info = write_recolour_dataset(str(tmp_path / "inc"), colour_aug_consistent=False, **kw)
     pairs, _ = _puzzle_rules(str(tmp_path / "inc"), "train", demos_agree=False)
     heldout = set(map(tuple, info["test_instances"]))

@@ -7,6 +7,7 @@ themselves, and (2) end to end, on the copies the ARC builder really wrote, that
 reproduces any augmented training copy -- and that the same check does find such copies when the generator
 does not account for the augmentation.
 """
+
 import json
 import os
 
@@ -70,8 +71,9 @@ def test_rule_key_is_the_mapping():
     m = {"map": {"1": 7, "3": 1, "6": 6, "7": 3}}  # 6 -> 6 is a no-op
     assert rule_key("colour_map", m) == rule_key("colour_map", {"map": {"1": 7, "3": 1, "7": 3}})
     g = np.arange(10, dtype=np.uint8).reshape(2, 5)
-    assert np.array_equal(rule_apply("colour_map", m)(g), rule_apply("colour_map", {"map": {"1": 7, "3": 1,
-                                                                                            "7": 3}})(g))
+    assert np.array_equal(
+        rule_apply("colour_map", m)(g), rule_apply("colour_map", {"map": {"1": 7, "3": 1, "7": 3}})(g)
+    )
 
 
 def _copies(build_dir: str) -> dict[str, list[Augmentation]]:
@@ -101,13 +103,17 @@ def _leaks(raw_prefix: str, build_dir: str) -> list[tuple[str, str]]:
         for g in copies[tname]:
             pairs = [(g.apply(i), g.apply(o)) for i, o in puzzle.train + puzzle.test]
 
-            def copy_rule(x, g=g):
+            def copy_rule(x, g=g, rule=rule):
                 y = rule(g.invert(x))
                 return None if y is None else g.apply(y)
+
             for hname, hp in held.items():
                 r = rules[hname]
-                if r["family"] == fam and all(_same(rule_apply(fam, r["params"])(i), o) for i, o in pairs) and \
-                        all(_same(copy_rule(i), o) for i, o in hp.train + hp.test):
+                if (
+                    r["family"] == fam
+                    and all(_same(rule_apply(fam, r["params"])(i), o) for i, o in pairs)
+                    and all(_same(copy_rule(i), o) for i, o in hp.train + hp.test)
+                ):
                     found.append((hname, f"{tname} under {g.tag()}"))
     return found
 
@@ -115,9 +121,31 @@ def _leaks(raw_prefix: str, build_dir: str) -> list[tuple[str, str]]:
 def test_no_heldout_instance_in_the_augmented_training_copies(tmp_path):
     kw = dict(num_train=64, num_test=24, max_grid=5, seed=3)
     raw = str(tmp_path / "raw")
-    main(["--output-dir", raw, "--output-prefix", "s", "--num-train", "64", "--num-test", "24", "--max-grid", "5",
-          "--seed", "3", "--canvas-size", "10", "--build-dir", str(tmp_path / "built"), "--num-aug", "8",
-          "--mode", "etrm", "--no-progress"])
+    main(
+        [
+            "--output-dir",
+            raw,
+            "--output-prefix",
+            "s",
+            "--num-train",
+            "64",
+            "--num-test",
+            "24",
+            "--max-grid",
+            "5",
+            "--seed",
+            "3",
+            "--canvas-size",
+            "10",
+            "--build-dir",
+            str(tmp_path / "built"),
+            "--num-aug",
+            "8",
+            "--mode",
+            "etrm",
+            "--no-progress",
+        ]
+    )
     assert _leaks(os.path.join(raw, "s"), str(tmp_path / "built")) == []
     rules = json.load(open(os.path.join(raw, "s_rules.json")))
     assert sum(r["subset"] == "evaluation" for r in rules.values()) == 24
@@ -125,9 +153,16 @@ def test_no_heldout_instance_in_the_augmented_training_copies(tmp_path):
     # the check itself: data drawn without telling the generator about the augmentation (num_aug=0: training
     # puzzles avoid the held-out instances, their copies do not), built with 8 copies, leaks
     paths = generate_synthetic_arc(str(tmp_path / "raw0"), "s", progress=False, canvas_size=10, **kw)
-    build_arc_dataset(str(tmp_path / "built0"), load_puzzles(["training", "evaluation"], "evaluation",
-                                                             paths["prefix"]),
-                      test_set_name="evaluation", num_aug=8, seed=3, mode="etrm", progress=False, canvas_size=10)
+    build_arc_dataset(
+        str(tmp_path / "built0"),
+        load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=8,
+        seed=3,
+        mode="etrm",
+        progress=False,
+        canvas_size=10,
+    )
     leaks = _leaks(paths["prefix"], str(tmp_path / "built0"))
     assert leaks, "the leak check found nothing on data built without the exclusion"
 
@@ -141,13 +176,17 @@ def test_parameter_shift_notes_flag_a_value_common_held_out_and_rare_in_training
 
     rules = {f"t{i}": rule("training", "translate", dr=1, dc=0, wrap=i >= 4) for i in range(40)}  # 4 of 40 = 10%
     rules.update({f"e{i}": rule("evaluation", "translate", dr=1, dc=0, wrap=i >= 6) for i in range(10)})  # 60%
-    rules.update({f"g{i}": rule("training" if i < 30 else "evaluation", "gravity", direction="up", wall=None)
-                  for i in range(36)})  # every value as common in both: nothing to say
-    rules.update({f"f{i}": rule("evaluation" if i < 3 else "training", "scale_up", ky=2 if i < 3 else 3)
-                  for i in range(10)})  # 3 held-out puzzles: too few to say anything
+    rules.update(
+        {f"g{i}": rule("training" if i < 30 else "evaluation", "gravity", direction="up", wall=None) for i in range(36)}
+    )  # every value as common in both: nothing to say
+    rules.update(
+        {f"f{i}": rule("evaluation" if i < 3 else "training", "scale_up", ky=2 if i < 3 else 3) for i in range(10)}
+    )  # 3 held-out puzzles: too few to say anything
     notes = parameter_shift_notes(rules)
-    assert notes == ["translate: `wrap=False` is 6 of its 10 held-out puzzles (60%) but 4 of its 40 training "
-                     "puzzles (10%): its held-out score also measures this shift"]
+    assert notes == [
+        "translate: `wrap=False` is 6 of its 10 held-out puzzles (60%) but 4 of its 40 training "
+        "puzzles (10%): its held-out score also measures this shift"
+    ]
     assert parameter_shift_notes(rules, train_share=0.09) == []  # 10% of training is over the bound
     lines = _data_note_lines({"settings": {"data_notes": notes}})
     assert lines[0].startswith("**Held-out puzzles unlike the training ones**") and lines[2] == "- " + notes[0]
@@ -160,8 +199,16 @@ def test_the_leak_free_split_leaves_translate_training_few_unwrapped_shifts(tmp_
     e68a4fc, docs/record/2026-11-26-translate-wrap.md)."""
     from experiments.science.data import parameter_shift_notes
 
-    kw = dict(num_train=160, num_test=40, seed=0, progress=False, canvas_size=8, families=["translate"],
-              min_grid=3, max_grid=6)
+    kw = dict(
+        num_train=160,
+        num_test=40,
+        seed=0,
+        progress=False,
+        canvas_size=8,
+        families=["translate"],
+        min_grid=3,
+        max_grid=6,
+    )
     notes = {}
     for aug in (8, 0):
         paths = generate_synthetic_arc(str(tmp_path / f"aug{aug}"), "s", num_aug=aug, **kw)

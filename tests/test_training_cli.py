@@ -1,4 +1,5 @@
 """pretrain.py as a command: Hydra overrides, torchrun (2-process gloo) == 1 process, --multirun, exit codes."""
+
 import glob
 import json
 import os
@@ -11,10 +12,26 @@ import torch
 from tests.toy_data import write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["arch=trm_tiny", "arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32", "arch.puzzle_emb_len=1",
-        "arch.H_cycles=1", "arch.L_cycles=1", "arch.L_layers=1", "arch.halt_max_steps=2",
-        "arch.halt_exploration_prob=0", "global_batch_size=16", "epochs=3", "evaluators=[]", "lr=1e-3",
-        "lr_warmup_steps=2", "progress=false", "wandb.mode=disabled", "+project_name=t"]
+TINY = [
+    "arch=trm_tiny",
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "arch.puzzle_emb_ndim=32",
+    "arch.puzzle_emb_len=1",
+    "arch.H_cycles=1",
+    "arch.L_cycles=1",
+    "arch.L_layers=1",
+    "arch.halt_max_steps=2",
+    "arch.halt_exploration_prob=0",
+    "global_batch_size=16",
+    "epochs=3",
+    "evaluators=[]",
+    "lr=1e-3",
+    "lr_warmup_steps=2",
+    "progress=false",
+    "wandb.mode=disabled",
+    "+project_name=t",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +52,25 @@ def _run(cmd, cwd, timeout=300):
 def test_torchrun_two_process_gloo_equals_one_process(toy, tmp_path):
     """Same global batch of 16: 1 process (16 rows) vs torchrun 2 x gloo (8 rows each) -> same weights."""
     args = TINY + [f"data_paths=[{toy}]", "+run_name=ddp", "hydra.run.dir=" + str(tmp_path / "hydra")]
-    one = _run([sys.executable, os.path.join(ROOT, "pretrain.py"), *args, f"checkpoint_path={tmp_path / 'one'}"],
-               cwd=str(tmp_path))
+    one = _run(
+        [sys.executable, os.path.join(ROOT, "pretrain.py"), *args, f"checkpoint_path={tmp_path / 'one'}"],
+        cwd=str(tmp_path),
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                os.path.join(ROOT, "pretrain.py"), *args, f"checkpoint_path={tmp_path / 'two'}"], cwd=str(tmp_path))
+    two = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            os.path.join(ROOT, "pretrain.py"),
+            *args,
+            f"checkpoint_path={tmp_path / 'two'}",
+        ],
+        cwd=str(tmp_path),
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world size 2" in two.stdout + two.stderr
     a = torch.load(tmp_path / "one" / "step_12.pt", weights_only=False)
@@ -56,8 +87,14 @@ def test_torchrun_two_process_gloo_equals_one_process(toy, tmp_path):
 @pytest.mark.slow
 def test_multirun_sweep_writes_one_run_per_value(toy, tmp_path):
     args = [a for a in TINY if not a.startswith("lr=")] + [
-        f"data_paths=[{toy}]", "epochs=1", "eval_at_end=false", "hydra.sweep.dir=" + str(tmp_path / "sweep")]
-    p = _run([sys.executable, os.path.join(ROOT, "pretrain.py"), "--multirun", "lr=1e-3,2e-3", *args], cwd=str(tmp_path))
+        f"data_paths=[{toy}]",
+        "epochs=1",
+        "eval_at_end=false",
+        "hydra.sweep.dir=" + str(tmp_path / "sweep"),
+    ]
+    p = _run(
+        [sys.executable, os.path.join(ROOT, "pretrain.py"), "--multirun", "lr=1e-3,2e-3", *args], cwd=str(tmp_path)
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     summaries = sorted(glob.glob(str(tmp_path / "checkpoints" / "t" / "*" / "summary.json")))
     assert len(summaries) == 2, p.stdout[-3000:] + p.stderr[-3000:]
@@ -69,7 +106,11 @@ def test_a_failing_sweep_point_does_not_stop_the_sweep(toy, tmp_path):
     """--multirun lr=-1,1e-3: the bad point is reported (one line) and the next point still trains; the process
     exits 1 naming the failed point."""
     args = [a for a in TINY if not a.startswith("lr=")] + [
-        f"data_paths=[{toy}]", "epochs=1", "eval_at_end=false", "hydra.sweep.dir=" + str(tmp_path / "sweep")]
+        f"data_paths=[{toy}]",
+        "epochs=1",
+        "eval_at_end=false",
+        "hydra.sweep.dir=" + str(tmp_path / "sweep"),
+    ]
     p = _run([sys.executable, os.path.join(ROOT, "pretrain.py"), "--multirun", "lr=-1,1e-3", *args], cwd=str(tmp_path))
     assert p.returncode == 1, p.stderr[-3000:]
     assert "lr=-1: " in p.stderr and "[sweep] point failed, continuing: lr=-1" in p.stderr, p.stderr[-3000:]
@@ -83,8 +124,13 @@ def test_cli_exit_codes(toy, tmp_path, monkeypatch):
     process exit status."""
     import pretrain
 
-    base = ["pretrain.py", f"data_paths=[{toy}]", "hydra.run.dir=" + str(tmp_path / "h"), "hydra/job_logging=disabled",
-            "hydra/hydra_logging=disabled"]
+    base = [
+        "pretrain.py",
+        f"data_paths=[{toy}]",
+        "hydra.run.dir=" + str(tmp_path / "h"),
+        "hydra/job_logging=disabled",
+        "hydra/hydra_logging=disabled",
+    ]
     monkeypatch.setattr(sys, "argv", base + ["+lrr=1"])
     with pytest.raises(SystemExit) as e:
         pretrain.main()

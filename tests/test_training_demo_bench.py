@@ -1,4 +1,5 @@
 """The README demo pipeline (training.demo) and the train-step benchmark, in tiny sizes."""
+
 import json
 import os
 
@@ -10,8 +11,16 @@ def test_demo_builds_data_trains_evaluates_and_reports(tmp_path, capsys):
     from training import demo
 
     data, run = str(tmp_path / "sud4"), str(tmp_path / "run")
-    summary = demo.main([f"data_paths=[{data}]", f"checkpoint_path={run}", "epochs=2", "progress=false",
-                         "wandb.mode=disabled", "+run_name=demo_test"])
+    summary = demo.main(
+        [
+            f"data_paths=[{data}]",
+            f"checkpoint_path={run}",
+            "epochs=2",
+            "progress=false",
+            "wandb.mode=disabled",
+            "+run_name=demo_test",
+        ]
+    )
     out = capsys.readouterr().out
     assert os.path.isfile(os.path.join(data, "train", "dataset.json"))  # built because it was missing
     assert summary["stop_reason"] == "completed" and summary["steps"] == summary["total_steps"] > 0
@@ -24,8 +33,16 @@ def test_demo_builds_data_trains_evaluates_and_reports(tmp_path, capsys):
     # the same run directory again without resume=true: one line naming it, exit 1, the first run untouched
     before = sorted(os.listdir(run))
     with pytest.raises(SystemExit) as e:
-        demo.main([f"data_paths=[{data}]", f"checkpoint_path={run}", "epochs=2", "progress=false",
-                   "wandb.mode=disabled", "+run_name=demo_test"])
+        demo.main(
+            [
+                f"data_paths=[{data}]",
+                f"checkpoint_path={run}",
+                "epochs=2",
+                "progress=false",
+                "wandb.mode=disabled",
+                "+run_name=demo_test",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and err.startswith("error: ") and run in err and "resume=true" in err
     assert "\n" not in err and sorted(os.listdir(run)) == before
@@ -34,8 +51,7 @@ def test_demo_builds_data_trains_evaluates_and_reports(tmp_path, capsys):
 def test_train_step_benchmark_reports_throughput_and_flops():
     from benchmarks import train_step
 
-    tiny = dict(hidden_size=32, num_heads=2, puzzle_emb_ndim=32, puzzle_emb_len=2, H_cycles=1, L_cycles=1,
-                L_layers=1)
+    tiny = dict(hidden_size=32, num_heads=2, puzzle_emb_ndim=32, puzzle_emb_len=2, H_cycles=1, L_cycles=1, L_layers=1)
     out = train_step.run(batch=2, steps=1, warmup=0, device="cpu", compile="eager", arch_overrides=tiny)
     r = out["eager"]
     assert out["seq_len"] == 902 and out["batch"] == 2 and out["dtype"] == "fp32"
@@ -64,8 +80,9 @@ def test_science_step_benchmark_times_the_real_training_step_with_a_phase_split(
     assert ph["encoder_forward"] > 0 and ph["core_forward"] > 0 and ph["optimizer"] > 0 and ph["loss_backward_rest"] > 0
     assert sum(v for k, v in ph.items() if k != "step") == pytest.approx(r["seconds_per_step"], rel=1e-6)
     assert r["samples_per_s"] == pytest.approx(64 / r["seconds_per_step"])
-    assert r["flops_per_step_counted"] > 1e9 and r["flops_per_s"] == pytest.approx(r["flops_per_step_counted"] /
-                                                                                  r["seconds_per_step"])
+    assert r["flops_per_step_counted"] > 1e9 and r["flops_per_s"] == pytest.approx(
+        r["flops_per_step_counted"] / r["seconds_per_step"]
+    )
 
 
 def test_science_benchmark_reports_the_fp32_matmul_ceiling_and_the_step_floor(monkeypatch):
@@ -75,8 +92,15 @@ def test_science_benchmark_reports_the_fp32_matmul_ceiling_and_the_step_floor(mo
 
     rate = trainer_step.fp32_matmul_flops(m=256, k=64, n=128, iters=5)
     assert 1e8 < rate < 1e13
-    fake = {"config": "science", "mode": "eager", "seconds_per_step": 0.3, "flops_per_step_counted": 12e9,
-            "flops_per_s": 40e9, "phases_s": {}, "samples_per_s": 1.0}
+    fake = {
+        "config": "science",
+        "mode": "eager",
+        "seconds_per_step": 0.3,
+        "flops_per_step_counted": 12e9,
+        "flops_per_s": 40e9,
+        "phases_s": {},
+        "samples_per_s": 1.0,
+    }
     monkeypatch.setattr(trainer_step, "measure", lambda *a, **k: dict(fake))
     monkeypatch.setattr(trainer_step, "fp32_matmul_flops", lambda: 80e9)
     out = trainer_step.run("science", steps=1, warmup=0, compile="eager", device="cpu")
@@ -130,19 +154,27 @@ def test_science_fast_path_gives_the_reference_loss_curve(tmp_path, monkeypatch)
     runs = {}
     for fast in (True, False):
         monkeypatch.setattr(ops, "split_projections", lambda x, fast=fast: fast and not x.is_cuda)
-        tr = trainer_step.make_trainer("science", data, str(tmp_path / f"run-{fast}"), False, "cpu",
-                                       [] if fast else ["encoder.pack_tokens=false", "encoder.crop_padding=false"])
+        tr = trainer_step.make_trainer(
+            "science",
+            data,
+            str(tmp_path / f"run-{fast}"),
+            False,
+            "cpu",
+            [] if fast else ["encoder.pack_tokens=false", "encoder.crop_padding=false"],
+        )
         assert tr.model.encoder.trunk.cfg.pack_tokens is fast
         it = iter(tr.data.train_loader)
         curve = [tr.train_step(next(it)[1]) for _ in range(5)]
-        runs[fast] = ([v for m in curve for v in (m["loss"], m["grad/total_norm"])],
-                      {k: v.detach().clone() for k, v in tr.model.state_dict().items()})
+        runs[fast] = (
+            [v for m in curve for v in (m["loss"], m["grad/total_norm"])],
+            {k: v.detach().clone() for k, v in tr.model.state_dict().items()},
+        )
         tr.close()
     (fast_curve, fast_w), (ref_curve, ref_w) = runs[True], runs[False]
     assert fast_curve == pytest.approx(ref_curve, rel=2e-5)
     assert len({round(loss, 3) for loss in ref_curve[::2]}) > 1  # the weights moved: a curve, not one point
     for k in ref_w:
-        torch.testing.assert_close(fast_w[k], ref_w[k], atol=2e-5, rtol=1e-4, msg=lambda s: f"{k}: {s}")
+        torch.testing.assert_close(fast_w[k], ref_w[k], atol=2e-5, rtol=1e-4, msg=lambda s, k=k: f"{k}: {s}")
 
 
 def test_compare_commits_alternates_old_and_new_and_reports_the_median_ratio(capsys, monkeypatch):

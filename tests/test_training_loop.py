@@ -1,4 +1,5 @@
 """End-to-end behaviour of training.loop on a tiny on-disk task (CPU, seconds per run)."""
+
 import json
 import os
 import subprocess
@@ -8,11 +9,11 @@ import textwrap
 import pytest
 import torch
 
+from tests.toy_data import toy_train_config
 from training import checkpoint as ckpt
 from training.config import config_from_dict
 from training.loop import Trainer, train
 from training.summary import read_summary
-from tests.toy_data import toy_train_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,9 +62,20 @@ def test_tiny_trm_learns_toy_task_and_writes_summary(learned_run):
 def _resume_cfg(toy, run, init=None, **kw):
     # Starting from the learned weights makes the ACT halting (q_halt > 0) and hence the random
     # exploration matter: a resume that lost the RNG state, the carry or the data position diverges.
-    return toy_train_config(toy, run, epochs=3, ema=True, ema_rate=0.9, checkpoint_every=4, checkpoint_keep=None,
-                            lr_warmup_steps=3, lr_min_ratio=0.1, arch={"halt_exploration_prob": 0.5},
-                            load_checkpoint=init, **kw)
+    return toy_train_config(
+        toy,
+        run,
+        epochs=3,
+        ema=True,
+        ema_rate=0.9,
+        checkpoint_every=4,
+        checkpoint_keep=None,
+        lr_warmup_steps=3,
+        lr_min_ratio=0.1,
+        arch={"halt_exploration_prob": 0.5},
+        load_checkpoint=init,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +117,9 @@ def test_resume_after_hard_kill_is_exact(toy, learned_run, straight_run, tmp_pat
     assert a["examples_seen"] == b["examples_seen"]
     assert a["per_rank"][0]["data_state"] == b["per_rank"][0]["data_state"]
     for x, y in zip(a["optimizers"]["adam"]["state"].values(), b["optimizers"]["adam"]["state"].values()):
-        _assert_same_weights({k: v for k, v in x.items() if torch.is_tensor(v)},
-                             {k: v for k, v in y.items() if torch.is_tensor(v)})
+        _assert_same_weights(
+            {k: v for k, v in x.items() if torch.is_tensor(v)}, {k: v for k, v in y.items() if torch.is_tensor(v)}
+        )
     # the open log window (8 of the 12 steps of the only window) was checkpointed: same summary numbers
     _assert_same_summary(read_summary(straight_run), read_summary(run))
 
@@ -124,7 +137,7 @@ def _assert_same_summary(a: dict, b: dict):
 
 def _all_tensors(state: dict, prefix: str = "") -> dict:
     out = {}
-    for k, v in (state.items() if isinstance(state, dict) else enumerate(state)):
+    for k, v in state.items() if isinstance(state, dict) else enumerate(state):
         if torch.is_tensor(v):
             out[f"{prefix}{k}"] = v
         elif isinstance(v, (dict, list, tuple)):
@@ -143,13 +156,13 @@ def test_ctrl_c_resume_is_exact(toy, learned_run, straight_run, tmp_path):
         import os, signal, sys
         sys.path.insert(0, {ROOT!r})
         from training import loop
-        orig = loop.Trainer._grad_norm
-        def grad_norm(self, params):
-            if self.step == 5 and not getattr(self, "_sent", False):
-                self._sent = True
+        orig, calls = loop.global_grad_norm, []
+        def grad_norm(params, device):  # once per step (no encoder): the 6th call is inside step 6
+            calls.append(1)
+            if len(calls) == 6:
                 os.kill(os.getpid(), signal.SIGINT)  # mid-step: the carry and data have advanced already
-            return orig(self, params)
-        loop.Trainer._grad_norm = grad_norm
+            return orig(params, device)
+        loop.global_grad_norm = grad_norm
         s = loop.train({cfg!r})
         sys.exit(s["exit_status"])
     """)
@@ -179,8 +192,9 @@ def test_resume_applies_this_runs_optimizer_settings_and_says_so(toy, tmp_path, 
     run = str(tmp_path / "r")
     train(toy_train_config(toy, run, epochs=3, max_steps=4, checkpoint_every=4, weight_decay=0.0))
     capsys.readouterr()
-    summary = train(toy_train_config(toy, run, epochs=3, max_steps=8, checkpoint_every=4, weight_decay=0.25,
-                                     lr=5e-4, resume=True))
+    summary = train(
+        toy_train_config(toy, run, epochs=3, max_steps=8, checkpoint_every=4, weight_decay=0.25, lr=5e-4, resume=True)
+    )
     out = capsys.readouterr().out
     assert summary["steps"] == 8
     assert "weight_decay=0.25 (checkpoint had 0.0)" in out and "base_lr=0.0005 (checkpoint had 0.001)" in out
@@ -245,13 +259,21 @@ def test_evaluators_receive_every_test_example_and_failures_raise(toy, tmp_path,
 
     monkeypatch.setitem(evaluators.EVALUATOR_REGISTRY, "counting", _CountingEvaluator)
     _CountingEvaluator.calls = []
-    s = train(toy_train_config(toy, str(tmp_path / "ok"), epochs=2, eval_interval_steps=4,
-                               evaluators=[{"name": "counting"}]))
+    s = train(
+        toy_train_config(toy, str(tmp_path / "ok"), epochs=2, eval_interval_steps=4, evaluators=[{"name": "counting"}])
+    )
     assert _CountingEvaluator.calls == [16, 16]  # step 4 and the end (step 8)
     assert s["final"]["count/examples"] == 16.0
     with pytest.raises(RuntimeError, match="evaluator exploded"):
-        train(toy_train_config(toy, str(tmp_path / "bad"), epochs=2, eval_interval_steps=4,
-                               evaluators=[{"name": "counting", "kwargs": {"fail": True}}]))
+        train(
+            toy_train_config(
+                toy,
+                str(tmp_path / "bad"),
+                epochs=2,
+                eval_interval_steps=4,
+                evaluators=[{"name": "counting", "kwargs": {"fail": True}}],
+            )
+        )
     failed = read_summary(str(tmp_path / "bad"))
     assert (failed["status"], failed["stop_reason"], failed["exit_status"]) == ("failed", "error", 1)
     assert "evaluator exploded" in failed["message"] and failed["steps"] == 4
@@ -264,19 +286,23 @@ def test_evaluators_receive_every_test_example_and_failures_raise(toy, tmp_path,
 
 # ---------------------------------------------------------------------------------------------- step mechanics
 def test_grad_norm_logged_before_clipping_and_max_steps(toy, tmp_path):
-    s = train(toy_train_config(toy, str(tmp_path / "clip"), epochs=50, max_steps=5, grad_clip=1e-4,
-                               log_interval=1, eval_at_end=False))
+    s = train(
+        toy_train_config(
+            toy, str(tmp_path / "clip"), epochs=50, max_steps=5, grad_clip=1e-4, log_interval=1, eval_at_end=False
+        )
+    )
     assert s["stop_reason"] == "max_steps" and s["steps"] == 5 and s["total_steps"] == 5
     assert s["final"]["grad/total_norm"] > 1e-2  # pre-clip norm, far above the clip value
 
 
 def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
+    from dataset.metadata import load_metadata
     from training import distributed as D
     from training.build import build_act_model
-    from dataset.metadata import load_metadata
 
-    cfg = toy_train_config(toy, str(tmp_path / "frz"), epochs=50, max_steps=3, freeze_decoder_steps=3,
-                           log_interval=1, eval_at_end=False)
+    cfg = toy_train_config(
+        toy, str(tmp_path / "frz"), epochs=50, max_steps=3, freeze_decoder_steps=3, log_interval=1, eval_at_end=False
+    )
     s = train(cfg)
     assert s["final"]["train/decoder_frozen"] == 1.0
     D.seed_everything(0, 0)
@@ -291,8 +317,8 @@ def test_freeze_decoder_steps_freezes_every_decoder_param(toy, tmp_path):
 
 
 def test_weights_only_load_and_inference_loader(toy, straight_run, tmp_path):
-    from training.checkpoint import CheckpointError
     from training.build import load_model_for_inference
+    from training.checkpoint import CheckpointError
 
     path = os.path.join(straight_run, "step_12.pt")
     saved = _state(path)
@@ -359,8 +385,19 @@ def test_sigterm_checkpoints_and_resume_continues(toy, tmp_path, monkeypatch):
 
 def test_health_early_stop_saves_checkpoint_and_exit_status_3(toy, tmp_path):
     run = str(tmp_path / "stuck")
-    s = train(toy_train_config(toy, run, epochs=5, lr=0.0, puzzle_emb_lr=0.0, log_interval=1, early_stop=True,
-                               health={"stuck_steps": 3, "stop_on": ["stuck"]}, eval_at_end=False))
+    s = train(
+        toy_train_config(
+            toy,
+            run,
+            epochs=5,
+            lr=0.0,
+            puzzle_emb_lr=0.0,
+            log_interval=1,
+            early_stop=True,
+            health={"stuck_steps": 3, "stop_on": ["stuck"]},
+            eval_at_end=False,
+        )
+    )
     assert s["stop_reason"].startswith("early_stop: stuck") and s["exit_status"] == 3
     assert s["status"] == "finished" and s["steps"] < 20
     assert any("stuck" in w for w in s["warnings"])
@@ -387,8 +424,16 @@ def test_eval_interval_counts_passes_when_an_epoch_packs_several(toy, tmp_path):
     min_eval_interval=4 (epochs) must skip the first step (2 epochs)."""
     from training.distributed import DistInfo
 
-    cfg = toy_train_config(toy, str(tmp_path / "pp"), global_batch_size=128, epochs=8, eval_interval=2,
-                           min_eval_interval=4, checkpoint_keep=None, eval_at_end=False)
+    cfg = toy_train_config(
+        toy,
+        str(tmp_path / "pp"),
+        global_batch_size=128,
+        epochs=8,
+        eval_interval=2,
+        min_eval_interval=4,
+        checkpoint_keep=None,
+        eval_at_end=False,
+    )
     t = Trainer(config_from_dict(cfg), DistInfo())
     assert (t.passes_per_epoch, t.batches_per_epoch, t.total_steps) == (2, 1, 4)
     due = []
@@ -407,7 +452,8 @@ def test_eval_interval_counts_passes_when_an_epoch_packs_several(toy, tmp_path):
 def test_metrics_jsonl_and_training_curves(toy, tmp_path):
     """Every logged value lands in <run>/metrics.jsonl (a resumed run's file equals an uninterrupted one's), and
     `python -m training.plot_run` draws it to PNG without W&B."""
-    from training.plot_run import PlotError, main as plot_main, read_metrics
+    from training.plot_run import PlotError, read_metrics
+    from training.plot_run import main as plot_main
 
     straight, cut = str(tmp_path / "a"), str(tmp_path / "b")
     train(toy_train_config(toy, straight, epochs=3, log_interval=2, checkpoint_every=4))
@@ -479,14 +525,17 @@ def test_wandb_runs_carry_group_tags_job_type_and_best(toy, tmp_path, monkeypatc
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no login: offline, not a crash
     for ckpt_dir, group in ((run, "toy"), (queued, "overfit-32")):
-        evaluate.run(evaluate.EvaluateConfig(checkpoint=ckpt_dir, data_path=toy, device="cpu", progress=False,
-                                             wandb_project="p", num_pictures=0))
+        evaluate.run(
+            evaluate.EvaluateConfig(
+                checkpoint=ckpt_dir, data_path=toy, device="cpu", progress=False, wandb_project="p", num_pictures=0
+            )
+        )
         ev = runs[-1].kw
         assert (ev["group"], ev["job_type"], ev["mode"]) == (group, "eval", "offline")
         assert ev["tags"][:2] == ["arch:trm", "encoder:none"]
     # the evaluation lands on the training run's eval charts: its keys, the checkpoint's step, the run's name and
     # the checkpoint's real config (not the evaluation config's unused arch group)
-    (step, logged), = runs[-1].logged
+    ((step, logged),) = runs[-1].logged
     q = read_summary(queued)
     assert step == q["steps"] and set(q["final"]) >= set(logged) - {"eval/wall_seconds"}
     assert "eval/all.exact_accuracy" in logged and not any(k.startswith("all.") for k in logged)
@@ -518,6 +567,7 @@ def test_metrics_jsonl_of_a_run_resumed_after_a_crash_equals_the_uninterrupted_o
     def rows(run):
         with open(os.path.join(run, "metrics.jsonl")) as f:
             return [{k: v for k, v in json.loads(x).items() if "second" not in k} for x in f]
+
     assert rows(crashed) == rows(straight) and [r["step"] for r in rows(straight)][:3] == [0, 1, 2]
     for name in os.listdir(crashed):  # no checkpoint left: resume=true starts fresh, and so does the file
         if name.startswith("step_"):

@@ -1,5 +1,6 @@
 """Run directories that never mix, checkpoints that never execute code or go missing, metric lines off a TTY
 (issue 9 items 2, 4 and 7). Tiny toy runs on CPU (a second or two each)."""
+
 import os
 import subprocess
 import sys
@@ -66,8 +67,7 @@ def test_second_concurrent_run_is_refused_and_the_lock_dies_with_its_process(toy
         loop.train({_cfg(toy, run, resume=True)!r})
     """)
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 90
         while not marker.exists():
@@ -143,8 +143,7 @@ def test_truncated_newest_checkpoint_falls_back_loudly(toy, tmp_path, capsys):
     with pytest.raises(ckpt.CheckpointError, match=r"step_8\.pt: unreadable checkpoint, truncated or corrupt"):
         ckpt.load_checkpoint_file(newest)
 
-    s = train(toy_train_config(toy, run, epochs=3, max_steps=8, checkpoint_every=4, checkpoint_keep=None,
-                               resume=True))
+    s = train(toy_train_config(toy, run, epochs=3, max_steps=8, checkpoint_every=4, checkpoint_keep=None, resume=True))
     cap = capsys.readouterr()
     assert "step_8.pt" in cap.err and "falling back" in cap.err and "Traceback" not in cap.err + cap.out
     assert "resumed from" in cap.out and "step_4.pt at step 4" in cap.out
@@ -168,8 +167,11 @@ def test_crafted_pickle_is_refused_without_executing_it(toy, tmp_path, capsys):
     evil = os.path.join(run, "step_3.pt")
     torch.save({"format": ckpt.FORMAT, "step": 3, "x": _Payload(marker)}, evil)
     for load in (ckpt.load_checkpoint_file, load_model_for_inference):
-        with pytest.raises(ckpt.CheckpointError, match=r"step_3\.pt: refused: the file holds objects other than "
-                                                       r"plain data.*nothing in it was executed"):
+        with pytest.raises(
+            ckpt.CheckpointError,
+            match=r"step_3\.pt: refused: the file holds objects other than "
+            r"plain data.*nothing in it was executed",
+        ):
             load(evil)
     assert not os.path.exists(marker)
     capsys.readouterr()
@@ -199,9 +201,14 @@ def test_plain_encoding_round_trips_carries_and_rng_states():
 
     random.seed(3)
     np.random.seed(3)
-    carry = ETRMCarry(inner_carry=TRMInnerCarry(z_H=torch.randn(2, 3), z_L=torch.randn(2, 3)),
-                      steps=torch.tensor([1, 2], dtype=torch.int32), halted=torch.tensor([True, False]),
-                      current_data={"inputs": torch.arange(4)}, z_E=torch.ones(2), cached_context=None)
+    carry = ETRMCarry(
+        inner_carry=TRMInnerCarry(z_H=torch.randn(2, 3), z_L=torch.randn(2, 3)),
+        steps=torch.tensor([1, 2], dtype=torch.int32),
+        halted=torch.tensor([True, False]),
+        current_data={"inputs": torch.arange(4)},
+        z_E=torch.ones(2),
+        cached_context=None,
+    )
     state = {"carry": carry, "rng": ckpt.get_rng_state(), "n": np.int64(7), "sizes": torch.Size([2, 3])}
     plain = ckpt.to_plain(state)
     import io
@@ -229,8 +236,9 @@ def test_plain_encoding_round_trips_carries_and_rng_states():
 # ---------------------------------------------------------------------------------------------- item 7
 def test_metric_lines_when_stdout_is_not_a_tty(toy, tmp_path, capsys):
     run = str(tmp_path / "lines")
-    s = train(toy_train_config(toy, run, epochs=3, log_interval=4, eval_interval_steps=6, eval_at_end=True,
-                               progress=True))
+    s = train(
+        toy_train_config(toy, run, epochs=3, log_interval=4, eval_interval_steps=6, eval_at_end=True, progress=True)
+    )
     cap = capsys.readouterr()
     out = cap.out
     start = [ln for ln in cap.err.splitlines() if ln.startswith("[train] run ")]  # the start line (stderr)
@@ -302,8 +310,9 @@ def test_resume_records_changed_keys_and_refuses_other_data(toy, tmp_path):
 
     run = str(tmp_path / "r")
     train(toy_train_config(toy, run, epochs=2, max_steps=2, ema=True))
-    s = train(toy_train_config(toy, run, epochs=3, max_steps=3, ema=True, ema_rate=0.99, lr_warmup_steps=5,
-                               resume=True))
+    s = train(
+        toy_train_config(toy, run, epochs=3, max_steps=3, ema=True, ema_rate=0.99, lr_warmup_steps=5, resume=True)
+    )
     w = "\n".join(s["warnings"])
     for change in ("ema_rate: 0.999 -> 0.99", "lr_warmup_steps: 10 -> 5", "epochs: 2 -> 3", "max_steps: 2 -> 3"):
         assert f"resume: config changed since the checkpoint: {change}" in w, w
@@ -340,7 +349,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_last_checkpoint(toy, t
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert e.value.code == 1 and line.startswith("error: saving step 4 failed:") and "No space left on device" in line
     assert line.endswith("(the last complete checkpoint step_2.pt is intact)")
-    assert err_file.read_text().strip() == line[len("error: "):]
+    assert err_file.read_text().strip() == line[len("error: ") :]
     s = read_summary(run)
     assert s["status"] == "failed" and "No space left on device" in s["message"]
     assert ckpt.read_checkpoint(os.path.join(run, "step_2.pt"))["step"] == 2
@@ -380,8 +389,13 @@ def test_a_rank0_save_failure_stops_every_rank_with_the_same_error(toy, tmp_path
 
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_save_fails_on_rank0_worker, nprocs=2, join=False, start_method="fork",
-                             args=(2, str(tmp_path / "init"), toy, str(tmp_path / "run"), str(tmp_path)))
+    ctx = mp.start_processes(
+        _save_fails_on_rank0_worker,
+        nprocs=2,
+        join=False,
+        start_method="fork",
+        args=(2, str(tmp_path / "init"), toy, str(tmp_path / "run"), str(tmp_path)),
+    )
     deadline = time.time() + 120
     while not ctx.join(timeout=5):
         assert time.time() < deadline, "a rank hangs after rank 0's save failed"

@@ -1,5 +1,6 @@
 """Unit tests of the training platform's pieces: config validation, LR schedule, EMA, summary,
 checkpoint files, optimizer wiring. Each test is sub-second."""
+
 import json
 import math
 import os
@@ -12,8 +13,8 @@ from training import checkpoint as ckpt
 from training.config import ConfigError, config_from_dict, load_config
 from training.distributed import local_batch_size
 from training.ema import EMA
-from training.schedule import lr_at_step
 from training.metrics import metric_direction
+from training.schedule import lr_at_step
 from training.summary import RunSummary, read_summary
 
 BASE = {"arch": {"name": "trm"}, "data_paths": ["data/x"]}
@@ -40,12 +41,35 @@ def test_bad_value_names_key_and_value():
 
 
 def test_hydra_overrides_published_names():
-    cfg = load_config("cfg_pretrain", ["arch=trm", "data_paths=[data/arc1]", "arch.L_layers=2", "arch.H_cycles=3",
-                                       "arch.L_cycles=6", "global_batch_size=64", "epochs=7", "eval_interval=2",
-                                       "lr=3e-4", "puzzle_emb_lr=1e-3", "weight_decay=0.5", "ema=True",
-                                       "+run_name=foo", "+project_name=bar", "checkpoint_every=5", "seed=3"])
+    cfg = load_config(
+        "cfg_pretrain",
+        [
+            "arch=trm",
+            "data_paths=[data/arc1]",
+            "arch.L_layers=2",
+            "arch.H_cycles=3",
+            "arch.L_cycles=6",
+            "global_batch_size=64",
+            "epochs=7",
+            "eval_interval=2",
+            "lr=3e-4",
+            "puzzle_emb_lr=1e-3",
+            "weight_decay=0.5",
+            "ema=True",
+            "+run_name=foo",
+            "+project_name=bar",
+            "checkpoint_every=5",
+            "seed=3",
+        ],
+    )
     assert cfg.arch.L_cycles == 6 and cfg.arch.H_cycles == 3 and cfg.arch.hidden_size == 512
-    assert (cfg.run_name, cfg.project_name, cfg.lr, cfg.puzzle_emb_lr, cfg.weight_decay) == ("foo", "bar", 3e-4, 1e-3, 0.5)
+    assert (cfg.run_name, cfg.project_name, cfg.lr, cfg.puzzle_emb_lr, cfg.weight_decay) == (
+        "foo",
+        "bar",
+        3e-4,
+        1e-3,
+        0.5,
+    )
     assert (cfg.global_batch_size, cfg.epochs, cfg.eval_interval, cfg.checkpoint_every, cfg.seed) == (64, 7, 2, 5, 3)
     assert cfg.ema is True and cfg.data_paths == ["data/arc1"]
     assert cfg.run_name is not None and load_config("cfg_pretrain", []).run_name is None
@@ -151,18 +175,46 @@ def test_best_only_for_metrics_with_a_direction(tmp_path):
     """best/* holds accuracies (max) and losses (min) only: not the slowest eval, example counts or encoder
     statistics, whose "best" means nothing."""
     s = RunSummary(str(tmp_path), run_name="r", project_name="p", config_path=None, total_steps=10)
-    s.update_metrics(1, {"eval/seconds": 5.0, "eval/num_examples": 100.0, "train/encoder_output_mean": 0.3,
-                         "eval/all.exact_accuracy": 0.1, "eval/all.lm_loss": 2.0, "train/kl": 0.5,
-                         "train/q_halt_accuracy": 0.7, "eval/ARC/pass@2": 0.2, "grad/total_norm": 1.0})
-    s.update_metrics(2, {"eval/seconds": 9.0, "eval/all.exact_accuracy": 0.3, "eval/all.lm_loss": 1.0,
-                         "train/kl": 0.9, "eval/ARC/pass@2": 0.1})
+    s.update_metrics(
+        1,
+        {
+            "eval/seconds": 5.0,
+            "eval/num_examples": 100.0,
+            "train/encoder_output_mean": 0.3,
+            "eval/all.exact_accuracy": 0.1,
+            "eval/all.lm_loss": 2.0,
+            "train/kl": 0.5,
+            "train/q_halt_accuracy": 0.7,
+            "eval/ARC/pass@2": 0.2,
+            "grad/total_norm": 1.0,
+        },
+    )
+    s.update_metrics(
+        2,
+        {
+            "eval/seconds": 9.0,
+            "eval/all.exact_accuracy": 0.3,
+            "eval/all.lm_loss": 1.0,
+            "train/kl": 0.9,
+            "eval/ARC/pass@2": 0.1,
+        },
+    )
     d = s.finish("completed", 0)
-    assert d["best"] == {"eval/all.exact_accuracy": 0.3, "eval/all.lm_loss": 1.0, "train/kl": 0.5,
-                         "train/q_halt_accuracy": 0.7, "eval/ARC/pass@2": 0.2}
+    assert d["best"] == {
+        "eval/all.exact_accuracy": 0.3,
+        "eval/all.lm_loss": 1.0,
+        "train/kl": 0.5,
+        "train/q_halt_accuracy": 0.7,
+        "eval/ARC/pass@2": 0.2,
+    }
     assert d["best_step"]["train/kl"] == 1 and d["best_step"]["eval/all.lm_loss"] == 2
     assert d["final"]["eval/seconds"] == 9.0  # still reported as the final value
-    assert [metric_direction(k) for k in ("train/rule_exact", "train/steps", "train/lr", "eval/all.steps")] == \
-        ["max", None, None, None]
+    assert [metric_direction(k) for k in ("train/rule_exact", "train/steps", "train/lr", "eval/all.steps")] == [
+        "max",
+        None,
+        None,
+        None,
+    ]
 
 
 # ------------------------------------------------------------------------------------------ checkpoint files
@@ -193,8 +245,12 @@ def test_arch_compat_refuses_other_architecture():
 def test_tree_map_tensors_handles_carry_dataclass():
     from models.act import ACTCarry
 
-    c = ACTCarry(inner_carry={"z": torch.ones(2)}, steps=torch.zeros(2, dtype=torch.int32),
-                 halted=torch.ones(2, dtype=torch.bool), current_data={"inputs": torch.arange(2)})
+    c = ACTCarry(
+        inner_carry={"z": torch.ones(2)},
+        steps=torch.zeros(2, dtype=torch.int32),
+        halted=torch.ones(2, dtype=torch.bool),
+        current_data={"inputs": torch.arange(2)},
+    )
     c2 = ckpt.tree_map_tensors(c, lambda t: t * 2)
     assert isinstance(c2, ACTCarry) and torch.equal(c2.inner_carry["z"], torch.full((2,), 2.0))
     assert torch.equal(c2.current_data["inputs"], torch.tensor([0, 2])) and torch.equal(c.steps, c2.steps)
@@ -210,8 +266,18 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     from training.optim import AdamATan2
 
     data = write_toy_dataset(str(tmp_path / "toy"))
-    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "r"), lr=2e-3, beta1=0.8, beta2=0.9,
-                                            weight_decay=0.05, puzzle_emb_lr=0.5, puzzle_emb_weight_decay=0.0))
+    cfg = config_from_dict(
+        toy_train_config(
+            data,
+            str(tmp_path / "r"),
+            lr=2e-3,
+            beta1=0.8,
+            beta2=0.9,
+            weight_decay=0.05,
+            puzzle_emb_lr=0.5,
+            puzzle_emb_weight_decay=0.0,
+        )
+    )
     torch.manual_seed(0)
     model = build_act_model(cfg, load_metadata(os.path.join(data, "train")), batch_size=4)
     opts = build_optimizers(cfg, model, world_size=1)
@@ -224,9 +290,12 @@ def test_optimizer_wiring_adamatan2_and_sparse_puzzle_emb(tmp_path):
     assert {id(t) for t in opts["puzzle_emb"].param_groups[0]["params"]} == {id(t) for t in emb.buffers()}
     assert opts["puzzle_emb"].param_groups[0]["lr"] == 0.5
     head = build_loss_head(model, None)
-    batch = {"inputs": torch.randint(2, 12, (4, 8), dtype=torch.int32), "labels": torch.randint(2, 12, (4, 8)),
-             "puzzle_identifiers": torch.tensor([1, 1, 3, 3], dtype=torch.int32),
-             "example_index": torch.arange(4)}
+    batch = {
+        "inputs": torch.randint(2, 12, (4, 8), dtype=torch.int32),
+        "labels": torch.randint(2, 12, (4, 8)),
+        "puzzle_identifiers": torch.tensor([1, 1, 3, 3], dtype=torch.int32),
+        "example_index": torch.arange(4),
+    }
     carry = head.initial_carry(batch)
     _, loss, *_ = head(carry=carry, batch=batch)
     loss.backward()
@@ -256,8 +325,9 @@ def _grads_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         if rank == 0:
             only0.grad = torch.ones(3)
         D.all_reduce_grads_([both, only0, unused])
-        torch.save({"both": both.grad, "only0": only0.grad, "unused": unused.grad},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save(
+            {"both": both.grad, "only0": only0.grad, "unused": unused.grad}, os.path.join(out_dir, f"rank{rank}.pt")
+        )
     finally:
         dist.destroy_process_group()
 
@@ -267,8 +337,9 @@ def test_all_reduce_grads_sums_and_keeps_none_for_params_without_grad_anywhere(t
     skips it: no weight decay, no momentum step); one with a gradient on some ranks gets the sum."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_grads_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    mp.start_processes(
+        _grads_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True, start_method="fork"
+    )
     for rank in range(2):
         g = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.equal(g["both"], torch.full((3,), 3.0))
@@ -281,14 +352,34 @@ def test_reduce_window_uses_trm_metric_semantics():
     accuracies and steps / halted count, count and grad norms / steps (docs/metrics.md, pitfall 17)."""
     from training.metrics import reduce_window
 
-    acc = {"loss": 48.0, "lm_loss": 32.0, "q_halt_loss": 16.0, "kl": 8.0, "count": 6.0, "accuracy": 4.5,
-           "exact_accuracy": 3.0, "q_halt_accuracy": 5.0, "steps": 12.0, "grad/total_norm": 3.0,
-           "new_examples": 10.0, "train/decoder_frozen": 1.0}
+    acc = {
+        "loss": 48.0,
+        "lm_loss": 32.0,
+        "q_halt_loss": 16.0,
+        "kl": 8.0,
+        "count": 6.0,
+        "accuracy": 4.5,
+        "exact_accuracy": 3.0,
+        "q_halt_accuracy": 5.0,
+        "steps": 12.0,
+        "grad/total_norm": 3.0,
+        "new_examples": 10.0,
+        "train/decoder_frozen": 1.0,
+    }
     out = reduce_window(acc, 2, global_batch_size=8, extra_loss_keys={"kl": 0.1})
-    expected = {"train/loss": 3.0, "train/lm_loss": 2.0, "train/q_halt_loss": 1.0, "train/kl": 0.5,
-                "train/count": 3.0, "train/accuracy": 0.75, "train/exact_accuracy": 0.5,
-                "train/q_halt_accuracy": 5 / 6, "train/steps": 2.0, "grad/total_norm": 1.5,
-                "train/decoder_frozen": 0.5}
+    expected = {
+        "train/loss": 3.0,
+        "train/lm_loss": 2.0,
+        "train/q_halt_loss": 1.0,
+        "train/kl": 0.5,
+        "train/count": 3.0,
+        "train/accuracy": 0.75,
+        "train/exact_accuracy": 0.5,
+        "train/q_halt_accuracy": 5 / 6,
+        "train/steps": 2.0,
+        "grad/total_norm": 1.5,
+        "train/decoder_frozen": 0.5,
+    }
     assert out == pytest.approx(expected)
     # no halted sample in the window: accuracies are 0, not NaN
     out = reduce_window({"loss": 8.0, "count": 0.0, "accuracy": 0.0}, 1, global_batch_size=8)
@@ -335,8 +426,9 @@ def test_lr_schedule_is_a_lambdalr_whose_state_is_checkpointed(tmp_path):
     from training.loop import Trainer
 
     data = write_toy_dataset(str(tmp_path / "toy"))
-    cfg = config_from_dict(toy_train_config(data, str(tmp_path / "run"), epochs=2, lr_warmup_steps=3,
-                                            lr_min_ratio=0.1, puzzle_emb_lr=1e-2))
+    cfg = config_from_dict(
+        toy_train_config(data, str(tmp_path / "run"), epochs=2, lr_warmup_steps=3, lr_min_ratio=0.1, puzzle_emb_lr=1e-2)
+    )
     t = Trainer(cfg, DistInfo())
     assert set(t.schedulers) == {"adam", "puzzle_emb"} and all(isinstance(s, LambdaLR) for s in t.schedulers.values())
     it = iter(t.data.train_loader)

@@ -2,6 +2,7 @@
 by one; leave-one-out never decodes a demo from an encoding that saw it, and the test answers never enter the fit;
 ``all`` restores the weights between puzzles; TRM gets a fresh embedding from the trained mean; config ->
 evaluate.py -> metrics.json / ttt.json."""
+
 from __future__ import annotations
 
 import json
@@ -93,9 +94,9 @@ def test_leave_one_out_never_decodes_a_demo_from_an_encoding_that_saw_it(monkeyp
         for i in range(B):
             for j in range(b["demo_mask"].shape[1]):
                 if b["demo_mask"][i, j]:
-                    mask = b["demo_mask"][i:i + 1].clone()
+                    mask = b["demo_mask"][i : i + 1].clone()
                     mask[0, j] = False
-                    expect.append(m.encoder(b["demo_inputs"][i:i + 1], b["demo_labels"][i:i + 1], mask).context[0])
+                    expect.append(m.encoder(b["demo_inputs"][i : i + 1], b["demo_labels"][i : i + 1], mask).context[0])
     torch.testing.assert_close(seen[0], torch.stack(expect), atol=1e-5, rtol=1e-5)
 
 
@@ -127,10 +128,24 @@ def test_all_restores_the_weights_and_nothing_learned_on_one_puzzle_reaches_anot
 
 def _trm():
     torch.manual_seed(0)
-    return models.build_model({"name": "trm", "hidden_size": 32, "num_heads": 4, "expansion": 2,
-                               "puzzle_emb_ndim": 32, "puzzle_emb_len": 2, "H_cycles": 1, "L_cycles": 1, "L_layers": 1,
-                               "halt_max_steps": 2}, vocab_size=12, seq_len=16, num_puzzle_identifiers=6,
-                              batch_size=B).eval()
+    return models.build_model(
+        {
+            "name": "trm",
+            "hidden_size": 32,
+            "num_heads": 4,
+            "expansion": 2,
+            "puzzle_emb_ndim": 32,
+            "puzzle_emb_len": 2,
+            "H_cycles": 1,
+            "L_cycles": 1,
+            "L_layers": 1,
+            "halt_max_steps": 2,
+        },
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=6,
+        batch_size=B,
+    ).eval()
 
 
 def test_trm_gets_a_fresh_embedding_from_the_trained_mean_and_context_is_refused():
@@ -158,15 +173,47 @@ def etrm_run(tmp_path_factory):
     from training.loop import train
 
     d = tmp_path_factory.mktemp("ttt")
-    paths = generate_synthetic_arc(str(d / "raw"), "s", families=["colour_map"], num_train=8, num_test=2,
-                                   min_grid=3, max_grid=4, seed=1, canvas_size=6, num_aug=1, progress=False)
+    paths = generate_synthetic_arc(
+        str(d / "raw"),
+        "s",
+        families=["colour_map"],
+        num_train=8,
+        num_test=2,
+        min_grid=3,
+        max_grid=4,
+        seed=1,
+        canvas_size=6,
+        num_aug=1,
+        progress=False,
+    )
     data = str(d / "built")
-    build_arc_dataset(data, load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-                      test_set_name="evaluation", num_aug=1, seed=0, canvas_size=6, mode="etrm", progress=False)
-    cfg = load_config("cfg_science", ["encoder=standard", "arch.hidden_size=32", "encoder.hidden_size=32",
-                                      "encoder.num_layers=1", "global_batch_size=8", "device=cpu", "max_steps=3",
-                                      "lr_warmup_steps=1", "evaluators=[]", "progress=false", f"data_paths=[{data}]",
-                                      f"checkpoint_path={d / 'ck'}"])
+    build_arc_dataset(
+        data,
+        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
+        test_set_name="evaluation",
+        num_aug=1,
+        seed=0,
+        canvas_size=6,
+        mode="etrm",
+        progress=False,
+    )
+    cfg = load_config(
+        "cfg_science",
+        [
+            "encoder=standard",
+            "arch.hidden_size=32",
+            "encoder.hidden_size=32",
+            "encoder.num_layers=1",
+            "global_batch_size=8",
+            "device=cpu",
+            "max_steps=3",
+            "lr_warmup_steps=1",
+            "evaluators=[]",
+            "progress=false",
+            f"data_paths=[{data}]",
+            f"checkpoint_path={d / 'ck'}",
+        ],
+    )
     return data, train(cfg)["last_checkpoint"], d
 
 
@@ -189,11 +236,24 @@ def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
 def test_the_science_table_notes_the_test_time_training_of_a_run():
     from experiments.science.report import _run_lines
 
-    run = {"status": "ok", "steps": 10, "train_exact": 0.9, "train_seconds": 5.0, "eval_seconds": 2.0,
-           "metrics": {"ARC/pass@1": 0.5, "ttt/steps": 8.0, "ttt/fit_before": 0.125, "ttt/fit_after": 0.75,
-                       "ttt/seconds_per_puzzle": 0.5, "ttt/num_puzzles": 16.0}}
-    lines = _run_lines({"runs": {"standard": run, "other": dict(run, metrics={"ARC/pass@1": 0.1})},
-                        "settings": {}})
-    assert ("standard: test-time training 8 steps on each held-out puzzle's demos: demo fit 0.12 -> 0.75, 0.50 s "
-            "per puzzle copy (16 copies)") in lines
+    run = {
+        "status": "ok",
+        "steps": 10,
+        "train_exact": 0.9,
+        "train_seconds": 5.0,
+        "eval_seconds": 2.0,
+        "metrics": {
+            "ARC/pass@1": 0.5,
+            "ttt/steps": 8.0,
+            "ttt/fit_before": 0.125,
+            "ttt/fit_after": 0.75,
+            "ttt/seconds_per_puzzle": 0.5,
+            "ttt/num_puzzles": 16.0,
+        },
+    }
+    lines = _run_lines({"runs": {"standard": run, "other": dict(run, metrics={"ARC/pass@1": 0.1})}, "settings": {}})
+    assert (
+        "standard: test-time training 8 steps on each held-out puzzle's demos: demo fit 0.12 -> 0.75, 0.50 s "
+        "per puzzle copy (16 copies)"
+    ) in lines
     assert not any(ln.startswith("other: test-time") for ln in lines)

@@ -1,6 +1,7 @@
 """Bad input at every entry point ends with ONE line naming the key / file, exit 1 (builders: 2), no traceback
 (core.errors); --overwrite refuses a directory that is not a dataset; evaluate.py records the checkpoint it
 evaluated and refuses data whose identifiers.json is not the training data's."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,24 @@ from core.errors import one_line, run_hydra_main
 from tests.toy_data import toy_train_config, write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_TRM = ["arch=trm_tiny", "arch.hidden_size=32", "arch.num_heads=2", "arch.puzzle_emb_ndim=32",
-            "arch.puzzle_emb_len=1", "arch.H_cycles=1", "arch.L_cycles=1", "arch.L_layers=1", "arch.halt_max_steps=2",
-            "global_batch_size=16", "epochs=1", "lr_warmup_steps=2", "progress=false", "wandb.mode=disabled",
-            "evaluators=[]", "+project_name=t"]
+TINY_TRM = [
+    "arch=trm_tiny",
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "arch.puzzle_emb_ndim=32",
+    "arch.puzzle_emb_len=1",
+    "arch.H_cycles=1",
+    "arch.L_cycles=1",
+    "arch.L_layers=1",
+    "arch.halt_max_steps=2",
+    "global_batch_size=16",
+    "epochs=1",
+    "lr_warmup_steps=2",
+    "progress=false",
+    "wandb.mode=disabled",
+    "evaluators=[]",
+    "+project_name=t",
+]
 
 
 def _synthetic_arc(root, name: str, seed: int) -> str:
@@ -27,8 +42,9 @@ def _synthetic_arc(root, name: str, seed: int) -> str:
     from dataset.build_arc_dataset import build_arc_dataset
     from dataset.build_synthetic_dataset import generate_synthetic_arc
 
-    paths = generate_synthetic_arc(str(root / f"{name}_raw"), "s", num_train=4, num_test=3, max_grid=5, seed=seed,
-                                   progress=False)
+    paths = generate_synthetic_arc(
+        str(root / f"{name}_raw"), "s", num_train=4, num_test=3, max_grid=5, seed=seed, progress=False
+    )
     puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
     out = str(root / name)
     build_arc_dataset(out, puzzles, test_set_name="evaluation", num_aug=2, seed=seed, num_workers=1, progress=False)
@@ -74,8 +90,17 @@ def _one_error_line(err: str, *needles: str) -> str:
 
 def _hydra_cli(monkeypatch, capsys, main, argv, tmp_path, code=1):
     """Run a @hydra.main entry point in-process as `python <script> argv` would."""
-    monkeypatch.setattr(sys, "argv", [argv[0], *argv[1:], f"hydra.run.dir={tmp_path / 'hydra'}",
-                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            argv[0],
+            *argv[1:],
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ],
+    )
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         run_hydra_main(main)
@@ -88,17 +113,34 @@ def _hydra_cli(monkeypatch, capsys, main, argv, tmp_path, code=1):
 def test_unknown_evaluator_is_one_line(world, monkeypatch, capsys, tmp_path):
     import pretrain
 
-    err = _hydra_cli(monkeypatch, capsys, pretrain.main,
-                     ["pretrain.py", *TINY_TRM, f"data_paths=[{world['toy']}]", "evaluators=[{name: bogus}]",
-                      f"checkpoint_path={tmp_path / 'ck'}"], tmp_path)
+    err = _hydra_cli(
+        monkeypatch,
+        capsys,
+        pretrain.main,
+        [
+            "pretrain.py",
+            *TINY_TRM,
+            f"data_paths=[{world['toy']}]",
+            "evaluators=[{name: bogus}]",
+            f"checkpoint_path={tmp_path / 'ck'}",
+        ],
+        tmp_path,
+    )
     _one_error_line(err, "unknown evaluator 'bogus'", "arc")
 
 
 def test_encoder_key_typo_is_one_line_naming_the_key(world, monkeypatch, capsys, tmp_path):
     import pretrain_encoder
 
-    base = ["pretrain_encoder.py", "encoder=standard", f"data_paths=[{world['arc']}]", "allow_test_demos_in_train=true",
-            "evaluators=[]", "wandb.mode=disabled", f"checkpoint_path={tmp_path / 'ck'}"]
+    base = [
+        "pretrain_encoder.py",
+        "encoder=standard",
+        f"data_paths=[{world['arc']}]",
+        "allow_test_demos_in_train=true",
+        "evaluators=[]",
+        "wandb.mode=disabled",
+        f"checkpoint_path={tmp_path / 'ck'}",
+    ]
     # Hydra refuses the key (the encoder group is a struct) ...
     err = _hydra_cli(monkeypatch, capsys, pretrain_encoder.main, base + ["encoder.hiden_size=32"], tmp_path)
     _one_error_line(err, "encoder.hiden_size")
@@ -110,30 +152,56 @@ def test_encoder_key_typo_is_one_line_naming_the_key(world, monkeypatch, capsys,
 def test_unwritable_checkpoint_dir_is_one_line(world, monkeypatch, capsys, tmp_path, unwritable):
     import pretrain
 
-    err = _hydra_cli(monkeypatch, capsys, pretrain.main,
-                     ["pretrain.py", *TINY_TRM, f"data_paths=[{world['toy']}]", f"checkpoint_path={unwritable}"],
-                     tmp_path)
+    err = _hydra_cli(
+        monkeypatch,
+        capsys,
+        pretrain.main,
+        ["pretrain.py", *TINY_TRM, f"data_paths=[{world['toy']}]", f"checkpoint_path={unwritable}"],
+        tmp_path,
+    )
     _one_error_line(err, unwritable)
 
 
 def test_pretrained_decoder_arch_mismatch_is_one_line(world, monkeypatch, capsys, tmp_path):
     import pretrain_encoder
 
-    err = _hydra_cli(monkeypatch, capsys, pretrain_encoder.main, [
-        "pretrain_encoder.py", "encoder=standard", f"data_paths=[{world['arc']}]", "allow_test_demos_in_train=true",
-        "evaluators=[]", "wandb.mode=disabled", f"checkpoint_path={tmp_path / 'ck'}",
-        f"load_pretrained_decoder={os.path.dirname(world['ckpt'])}", "arch.hidden_size=32", "arch.num_heads=2",
-        "arch.L_layers=1", "arch.H_cycles=1", "arch.L_cycles=2", "encoder.hidden_size=32", "encoder.num_heads=2"],
-        tmp_path)
+    err = _hydra_cli(
+        monkeypatch,
+        capsys,
+        pretrain_encoder.main,
+        [
+            "pretrain_encoder.py",
+            "encoder=standard",
+            f"data_paths=[{world['arc']}]",
+            "allow_test_demos_in_train=true",
+            "evaluators=[]",
+            "wandb.mode=disabled",
+            f"checkpoint_path={tmp_path / 'ck'}",
+            f"load_pretrained_decoder={os.path.dirname(world['ckpt'])}",
+            "arch.hidden_size=32",
+            "arch.num_heads=2",
+            "arch.L_layers=1",
+            "arch.H_cycles=1",
+            "arch.L_cycles=2",
+            "encoder.hidden_size=32",
+            "encoder.num_heads=2",
+        ],
+        tmp_path,
+    )
     _one_error_line(err, world["ckpt"], "L_cycles", "has 1", "has 2")
 
 
 @pytest.mark.slow
 def test_hydra_override_typo_as_a_real_command_prints_one_line():
     """The same path as a real process (Hydra's own report would be 5 lines plus a hint)."""
-    r = subprocess.run([sys.executable, "pretrain_encoder.py", "encoder=standard", "encoder.hiden_size=32"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"OMP_NUM_THREADS": "1"})
+    r = subprocess.run(
+        [sys.executable, "pretrain_encoder.py", "encoder=standard", "encoder.hiden_size=32"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"OMP_NUM_THREADS": "1"},
+    )
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0, r.stderr
     _one_error_line(r.stderr, "encoder.hiden_size")
@@ -154,13 +222,15 @@ def test_refused_override_names_the_closest_known_key():
     assert closest_key("unknown config key 'zzzzzz'", keys) is None and closest_key("other error", keys) is None
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"OMP_NUM_THREADS": "1"}
     for override, said in (("lrr=1", "Could not override 'lrr'"), ("+lrr=1", "unknown key 'lrr'")):
-        r = subprocess.run([sys.executable, "pretrain.py", override], cwd=ROOT, capture_output=True, text=True,
-                           timeout=120, env=env)
+        r = subprocess.run(
+            [sys.executable, "pretrain.py", override], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+        )
         err = r.stderr.strip()
         assert r.returncode == 1 and err.count("\n") == 0 and said in err, err
         assert err.endswith("did you mean lr?") and "+lrr" not in err.replace(override, ""), err
-    r = subprocess.run([sys.executable, "evaluate.py", "chekpoint=x"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=env)  # evaluate.py: its own keys
+    r = subprocess.run(
+        [sys.executable, "evaluate.py", "chekpoint=x"], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )  # evaluate.py: its own keys
     err = r.stderr.strip()
     assert r.returncode == 1 and err.count("\n") == 0 and err.endswith("did you mean checkpoint?"), err
 
@@ -169,9 +239,20 @@ def test_refused_override_names_the_closest_known_key():
 def _evaluate(monkeypatch, capsys, tmp_path, *args):
     import evaluate
 
-    monkeypatch.setattr(sys, "argv", ["evaluate.py", *args, "device=cpu", "progress=false", "num_pictures=0",
-                                      f"hydra.run.dir={tmp_path / 'hydra'}", "hydra/job_logging=disabled",
-                                      "hydra/hydra_logging=disabled"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "evaluate.py",
+            *args,
+            "device=cpu",
+            "progress=false",
+            "num_pictures=0",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ],
+    )
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         evaluate._main()
@@ -186,8 +267,11 @@ def test_evaluate_records_checkpoint_and_refuses_other_identifiers(world, monkey
     assert state["identifiers_sha256"] == state["metadata"]["identifiers_sha256"] is not None
     # a run directory: the newest step file and its step are recorded
     out = str(tmp_path / "out")
-    m = evaluate.run(evaluate.EvaluateConfig(checkpoint=os.path.dirname(ck), data_path=arc, output_dir=out,
-                                             device="cpu", progress=False, num_pictures=0))
+    m = evaluate.run(
+        evaluate.EvaluateConfig(
+            checkpoint=os.path.dirname(ck), data_path=arc, output_dir=out, device="cpu", progress=False, num_pictures=0
+        )
+    )
     saved = json.load(open(os.path.join(out, "metrics.json")))
     assert saved["checkpoint_file"] == os.path.abspath(ck) and saved["checkpoint_step"] == state["step"] == 2
     assert saved["metrics"]["ARC/num_puzzles"] == m["ARC/num_puzzles"] == 3
@@ -198,14 +282,28 @@ def test_evaluate_records_checkpoint_and_refuses_other_identifiers(world, monkey
     with open(ck, "rb") as f:
         (run_copy / "step_9.pt").write_bytes(f.read()[:1000])
     capsys.readouterr()
-    evaluate.run(evaluate.EvaluateConfig(checkpoint=str(run_copy), data_path=arc, output_dir=str(tmp_path / "o4"),
-                                         device="cpu", progress=False, num_pictures=0))
+    evaluate.run(
+        evaluate.EvaluateConfig(
+            checkpoint=str(run_copy),
+            data_path=arc,
+            output_dir=str(tmp_path / "o4"),
+            device="cpu",
+            progress=False,
+            num_pictures=0,
+        )
+    )
     saved = json.load(open(tmp_path / "o4" / "metrics.json"))
     assert saved["checkpoint_file"] == str(run_copy / "step_2.pt") and saved["checkpoint_step"] == 2
     assert "step_9.pt" in capsys.readouterr().err
     # the same number of puzzle ids but another identifiers.json: refused, one line naming data_path
-    code, err = _evaluate(monkeypatch, capsys, tmp_path, f"checkpoint={ck}", f"data_path={world['other']}",
-                          f"output_dir={tmp_path / 'o2'}")
+    code, err = _evaluate(
+        monkeypatch,
+        capsys,
+        tmp_path,
+        f"checkpoint={ck}",
+        f"data_path={world['other']}",
+        f"output_dir={tmp_path / 'o2'}",
+    )
     assert code == 1
     _one_error_line(err, "data_path=", world["other"], "identifiers.json")
     assert not os.path.exists(tmp_path / "o2" / "metrics.json")
@@ -214,8 +312,16 @@ def test_evaluate_records_checkpoint_and_refuses_other_identifiers(world, monkey
     os.makedirs(tmp_path / "old")
     old = str(tmp_path / "old" / "step_2.pt")
     torch.save(state, old)
-    evaluate.run(evaluate.EvaluateConfig(checkpoint=old, data_path=world["other"], output_dir=str(tmp_path / "o3"),
-                                         device="cpu", progress=False, num_pictures=0))
+    evaluate.run(
+        evaluate.EvaluateConfig(
+            checkpoint=old,
+            data_path=world["other"],
+            output_dir=str(tmp_path / "o3"),
+            device="cpu",
+            progress=False,
+            num_pictures=0,
+        )
+    )
     assert json.load(open(tmp_path / "o3" / "metrics.json"))["checkpoint_step"] == 2
 
 
@@ -226,12 +332,14 @@ def test_evaluate_runtime_error_and_unwritable_output_are_one_line(world, monkey
     state["config"]["arch"].update(hidden_size=64, puzzle_emb_ndim=64)
     bad = str(tmp_path / "bad.pt")
     torch.save(state, bad)
-    code, err = _evaluate(monkeypatch, capsys, tmp_path, f"checkpoint={bad}", f"data_path={world['arc']}",
-                          f"output_dir={tmp_path / 'o'}")
+    code, err = _evaluate(
+        monkeypatch, capsys, tmp_path, f"checkpoint={bad}", f"data_path={world['arc']}", f"output_dir={tmp_path / 'o'}"
+    )
     assert code == 1
     _one_error_line(err, bad, "size mismatch")
-    code, err = _evaluate(monkeypatch, capsys, tmp_path, f"checkpoint={ck}", f"data_path={world['arc']}",
-                          f"output_dir={unwritable}")
+    code, err = _evaluate(
+        monkeypatch, capsys, tmp_path, f"checkpoint={ck}", f"data_path={world['arc']}", f"output_dir={unwritable}"
+    )
     assert code == 1
     _one_error_line(err, "output_dir=", unwritable)
 
@@ -268,10 +376,14 @@ def test_overwrite_refuses_a_directory_that_is_not_a_dataset(tmp_path, capsys):
 
 
 def test_one_line_formatting():
-    assert one_line("Could not override 'a.b'.\nTo append use +a.b=1\nKey 'b' is not in struct\n    full_key: a.b") \
+    assert (
+        one_line("Could not override 'a.b'.\nTo append use +a.b=1\nKey 'b' is not in struct\n    full_key: a.b")
         == "Could not override 'a.b'. To append use +a.b=1; Key 'b' is not in struct"
-    assert one_line("Available options in 'encoder':\n\tlpn\n\tstandard\nConfig search path:\n\tx") \
+    )
+    assert (
+        one_line("Available options in 'encoder':\n\tlpn\n\tstandard\nConfig search path:\n\tx")
         == "Available options in 'encoder': lpn, standard"
+    )
 
 
 def test_only_platform_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch, capsys, tmp_path):
@@ -286,8 +398,18 @@ def test_only_platform_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch
     assert user_error_message(CustomInputError("x.yaml: key 'a' = 3: bad")) == "x.yaml: key 'a' = 3: bad"
     for bug in (ValueError("shapes"), KeyError("k"), RuntimeError("size mismatch"), IndexError("i")):
         assert user_error_message(bug) is None
-    monkeypatch.setattr(sys, "argv", ["evaluate.py", "checkpoint=c", "data_path=d", f"hydra.run.dir={tmp_path / 'h'}",
-                                      "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "evaluate.py",
+            "checkpoint=c",
+            "data_path=d",
+            f"hydra.run.dir={tmp_path / 'h'}",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ],
+    )
 
     def buggy(cfg):
         raise RuntimeError("an internal bug")
@@ -296,8 +418,16 @@ def test_only_platform_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch
     with pytest.raises(RuntimeError, match="an internal bug"):
         evaluate._main()
     capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["evaluate.py", f"hydra.run.dir={tmp_path / 'h'}", "hydra/job_logging=disabled",
-                                      "hydra/hydra_logging=disabled"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "evaluate.py",
+            f"hydra.run.dir={tmp_path / 'h'}",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ],
+    )
     with pytest.raises(SystemExit) as e:  # a missing required key is bad input: one line naming it
         evaluate._main()
     err = capsys.readouterr().err.strip()

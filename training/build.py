@@ -8,6 +8,7 @@ so that a run and its evaluation build the same model the same way.
     optimizers = build_optimizers(cfg, model, world_size)   # {"adam": AdamATan2, "puzzle_emb": SignSGDSparse}
     model, cfg, metadata = load_model_for_inference("checkpoints/proj/run")
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ def check_data_matches_arch(arch: ArchConfig, metadata: DatasetMetadata, data_di
     for key in ("vocab_size", "seq_len"):
         want, have = getattr(arch, key), getattr(metadata, key)
         if want is not None and int(want) != int(have):
-            raise ConfigError(f"{data_dir}: data {key}={have} but the model config has arch.{key}={want}; "
-                              f"rebuild the data or change the architecture")
+            raise ConfigError(
+                f"{data_dir}: data {key}={have} but the model config has arch.{key}={want}; "
+                f"rebuild the data or change the architecture"
+            )
 
 
 def check_split_matches(metadata: DatasetMetadata, other: DatasetMetadata, where: str, what: str) -> None:
@@ -69,8 +72,10 @@ def etrm_core_arch(arch: ArchConfig, extra_loss_weights: Optional[dict[str, floa
     adds ``w * outputs[k]`` per sample."""
     d = parse_arch_config(arch).model_dump()
     if extra_loss_weights:
-        d["loss"]["extra_loss_weights"] = {**d["loss"].get("extra_loss_weights", {}),
-                                           **{k: float(v) for k, v in extra_loss_weights.items()}}
+        d["loss"]["extra_loss_weights"] = {
+            **d["loss"].get("extra_loss_weights", {}),
+            **{k: float(v) for k, v in extra_loss_weights.items()},
+        }
     if int(d.get("puzzle_emb_len") or 0) <= 0:
         d["puzzle_emb_len"] = max(1, -(-int(d.get("puzzle_emb_ndim") or 0) // int(d["hidden_size"])))
     d["puzzle_emb_ndim"] = 0
@@ -105,12 +110,16 @@ def schedule_warnings(cfg: PretrainConfig, epoch_steps: int, total_steps: int) -
     ends first, and a run that ends inside its lr warmup (the lr never reaches ``lr``)."""
     out = []
     if cfg.max_steps is not None and cfg.max_steps > epoch_steps:
-        out.append(f"max_steps={cfg.max_steps} is not reached: epochs={cfg.epochs} ends the run first, at step "
-                   f"{epoch_steps} (raise epochs= to train longer)")
+        out.append(
+            f"max_steps={cfg.max_steps} is not reached: epochs={cfg.epochs} ends the run first, at step "
+            f"{epoch_steps} (raise epochs= to train longer)"
+        )
     if total_steps <= cfg.lr_warmup_steps:
-        out.append(f"the run ends inside its lr warmup ({total_steps} steps <= lr_warmup_steps="
-                   f"{cfg.lr_warmup_steps}): the lr never reaches lr={cfg.lr:g}; lower lr_warmup_steps= or train "
-                   "longer")
+        out.append(
+            f"the run ends inside its lr warmup ({total_steps} steps <= lr_warmup_steps="
+            f"{cfg.lr_warmup_steps}): the lr never reaches lr={cfg.lr:g}; lower lr_warmup_steps= or train "
+            "longer"
+        )
     return out
 
 
@@ -119,17 +128,32 @@ def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: An
     number of samples (pitfall 7): one global batch per step; when the active groups are smaller than one global
     batch the loader packs several passes into one of its epochs, and ``epochs`` keeps meaning passes."""
     encoder_mode = cfg.encoder is not None
-    common = dict(global_batch_size=cfg.global_batch_size, seed=cfg.seed, rank=info.rank,
-                  world_size=info.world_size, encoder_mode=encoder_mode, max_demos=cfg.max_demos,
-                  num_workers=cfg.num_workers)
-    train_loader, metadata = create_dataloader(PuzzleDatasetConfig(
-        data_paths=cfg.data_paths, test_mode=False, max_groups=cfg.max_train_groups,
-        group_pattern=cfg.train_group_pattern, translate_augment=cfg.translate_augment, **common), "train")
+    common = dict(
+        global_batch_size=cfg.global_batch_size,
+        seed=cfg.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        encoder_mode=encoder_mode,
+        max_demos=cfg.max_demos,
+        num_workers=cfg.num_workers,
+    )
+    train_loader, metadata = create_dataloader(
+        PuzzleDatasetConfig(
+            data_paths=cfg.data_paths,
+            test_mode=False,
+            max_groups=cfg.max_train_groups,
+            group_pattern=cfg.train_group_pattern,
+            translate_augment=cfg.translate_augment,
+            **common,
+        ),
+        "train",
+    )
     if encoder_mode and metadata.test_demos_in_train and not cfg.allow_test_demos_in_train:
         raise ConfigError(
             f"{cfg.data_paths}: metadata test_demos_in_train=true (a --mode trm build): the test puzzles' demo "
             f"pairs are in train/, so an encoder model would not be evaluated few-shot. Build the data with "
-            f"--mode etrm, or pass allow_test_demos_in_train=true to accept it.")
+            f"--mode etrm, or pass allow_test_demos_in_train=true to accept it."
+        )
     dataset = train_loader.dataset
     batches = int(dataset.num_batches(0))
     if batches <= 0:
@@ -137,23 +161,29 @@ def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: An
     passes = int(dataset.passes_per_epoch(0))
     total = max(1, math.ceil(cfg.epochs * batches / passes))
     if passes > 1:
-        say(f"[train] one pass over the {cfg.max_train_groups or 'selected'} training groups is smaller than "
+        say(
+            f"[train] one pass over the {cfg.max_train_groups or 'selected'} training groups is smaller than "
             f"global_batch_size={cfg.global_batch_size}: each loader epoch packs {passes} passes ({batches} "
-            f"batch(es)); {cfg.epochs} epochs = {total} steps")
+            f"batch(es)); {cfg.epochs} epochs = {total} steps"
+        )
     capped = cfg.max_steps is not None and cfg.max_steps < total
     data = RunData(train_loader, metadata, batches, passes, int(cfg.max_steps) if capped else total, capped)
     for w in schedule_warnings(cfg, total, data.total_steps):
         say(f"[train] WARNING: {w}")
         data.warnings.append(w)
     if eval_needed(cfg):
-        data.test_loader, data.test_metadata = create_dataloader(PuzzleDatasetConfig(
-            data_paths=cfg.test_paths, test_mode=True, max_groups=cfg.max_eval_groups, **common), "test")
+        data.test_loader, data.test_metadata = create_dataloader(
+            PuzzleDatasetConfig(data_paths=cfg.test_paths, test_mode=True, max_groups=cfg.max_eval_groups, **common),
+            "test",
+        )
         check_split_matches(metadata, data.test_metadata, f"{cfg.test_paths[0]}: test split", "the train split")
         if cfg.evaluators:  # construction failures raise (pitfall 14)
             data.evaluators = build_evaluators(
                 [{"name": e.name, **e.kwargs} for e in cfg.evaluators],
                 data_path=cfg.test_paths[0] if len(cfg.test_paths) == 1 else cfg.test_paths,
-                metadata=data.test_metadata, output_dir=eval_output_dir)
+                metadata=data.test_metadata,
+                output_dir=eval_output_dir,
+            )
     return data
 
 
@@ -187,8 +217,10 @@ def build_rule_table(cfg: PretrainConfig, device: Any, say: Any = print) -> Opti
     if not cfg.rule_labels:
         return None
     table = rule_label_table(cfg.data_paths[0], cfg.rule_labels)
-    say(f"[train] rule readout: labels of {int((table[:, 0] >= 0).sum())} training identifiers from "
-        f"{cfg.rule_labels} (readout weight {cfg.encoder.rule_readout}, oracle context {cfg.encoder.oracle_context})")
+    say(
+        f"[train] rule readout: labels of {int((table[:, 0] >= 0).sum())} training identifiers from "
+        f"{cfg.rule_labels} (readout weight {cfg.encoder.rule_readout}, oracle context {cfg.encoder.oracle_context})"
+    )
     return torch.as_tensor(table, device=device)
 
 
@@ -207,12 +239,18 @@ def build_act_model(cfg: PretrainConfig, metadata: DatasetMetadata, batch_size: 
     check_data_matches_arch(cfg.arch, metadata, cfg.data_paths[0])
     if cfg.encoder is not None:
         return build_etrm_model(cfg, metadata, batch_size=batch_size)
-    return build_model(cfg.arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
-                       num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=batch_size)
+    return build_model(
+        cfg.arch,
+        vocab_size=metadata.vocab_size,
+        seq_len=metadata.seq_len,
+        num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+        batch_size=batch_size,
+    )
 
 
-def build_etrm_model(cfg: PretrainConfig, metadata: DatasetMetadata, *, batch_size: Optional[int] = None,
-                     verbose: bool = True) -> ETRM:
+def build_etrm_model(
+    cfg: PretrainConfig, metadata: DatasetMetadata, *, batch_size: Optional[int] = None, verbose: bool = True
+) -> ETRM:
     """ETRM from a validated training config (its ``arch``, ``encoder``, ``encoder_cache``,
     ``load_pretrained_decoder``, ``global_batch_size``) and the train split's metadata."""
     enc_cfg = cfg.encoder
@@ -220,17 +258,27 @@ def build_etrm_model(cfg: PretrainConfig, metadata: DatasetMetadata, *, batch_si
         raise ConfigError("build_etrm_model: cfg.encoder is empty (choose one with encoder=<name>)")
     arch = cfg.arch
     bs = batch_size or cfg.global_batch_size
-    core = build_model(etrm_core_arch(arch), vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
-                       num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=bs)
-    encoder = build_encoder(enc_cfg, hidden_size=core.hidden_size, vocab_size=metadata.vocab_size,
-                            seq_len=metadata.seq_len, puzzle_emb_len=core.puzzle_emb_len, verbose=verbose)
+    core = build_model(
+        etrm_core_arch(arch),
+        vocab_size=metadata.vocab_size,
+        seq_len=metadata.seq_len,
+        num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+        batch_size=bs,
+    )
+    encoder = build_encoder(
+        enc_cfg,
+        hidden_size=core.hidden_size,
+        vocab_size=metadata.vocab_size,
+        seq_len=metadata.seq_len,
+        puzzle_emb_len=core.puzzle_emb_len,
+        verbose=verbose,
+    )
     model = ETRM(core, encoder, encoder_cache=cfg.encoder_cache)
     if model.extra_loss_weights:  # the config carries the KL / rule-readout weights in its loss section
         model.config = core.config = etrm_core_arch(arch, model.extra_loss_weights)
     path = cfg.load_pretrained_decoder
     if path:
-        load_pretrained_decoder(model, path, arch=etrm_core_arch(arch).model_dump(exclude={"loss"}),
-                                verbose=verbose)
+        load_pretrained_decoder(model, path, arch=etrm_core_arch(arch).model_dump(exclude={"loss"}), verbose=verbose)
     return model
 
 
@@ -247,6 +295,16 @@ def build_loss_head(model: nn.Module, loss_type: Optional[str] = None) -> ACTLos
 # ---------------------------------------------------------------------------------------------------
 def is_encoder_param(name: str) -> bool:
     return name.startswith("encoder.") or ".encoder." in f".{name}"
+
+
+def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(every trainable parameter, the encoder's, the rest): the gradient-norm groups of the loop."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return (
+        [p for _, p in named],
+        [p for n, p in named if is_encoder_param(n)],
+        [p for n, p in named if not is_encoder_param(n)],
+    )
 
 
 def sparse_embedding(model: nn.Module) -> Optional[SparsePuzzleEmbedding]:
@@ -269,12 +327,14 @@ def build_optimizers(cfg: PretrainConfig, model: nn.Module, world_size: int) -> 
         groups.append({"params": enc, "lr": base, "base_lr": base, "name": "encoder"})
     opts: dict[str, torch.optim.Optimizer] = {}
     if groups:
-        opts["adam"] = AdamATan2(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                                 impl=cfg.optimizer_impl)
+        opts["adam"] = AdamATan2(
+            groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, impl=cfg.optimizer_impl
+        )
     emb = sparse_embedding(model)
     if emb is not None:
-        opts["puzzle_emb"] = SignSGDSparse(list(emb.buffers()), lr=cfg.puzzle_emb_lr,
-                                           weight_decay=cfg.puzzle_emb_weight_decay, world_size=world_size)
+        opts["puzzle_emb"] = SignSGDSparse(
+            list(emb.buffers()), lr=cfg.puzzle_emb_lr, weight_decay=cfg.puzzle_emb_weight_decay, world_size=world_size
+        )
         for g in opts["puzzle_emb"].param_groups:
             g["base_lr"] = cfg.puzzle_emb_lr
     return opts
@@ -283,8 +343,9 @@ def build_optimizers(cfg: PretrainConfig, model: nn.Module, world_size: int) -> 
 # ---------------------------------------------------------------------------------------------------
 # Checkpoints -> models
 # ---------------------------------------------------------------------------------------------------
-def load_model_for_inference(path: "str | dict[str, Any]", use_ema: bool = True, device: Any = "cpu",
-                             batch_size: Optional[int] = None) -> Tuple[nn.Module, PretrainConfig, DatasetMetadata]:
+def load_model_for_inference(
+    path: "str | dict[str, Any]", use_ema: bool = True, device: Any = "cpu", batch_size: Optional[int] = None
+) -> Tuple[nn.Module, PretrainConfig, DatasetMetadata]:
     """Rebuild the model of a checkpoint (file or run dir, or a state already loaded by
     ``training.checkpoint.load_checkpoint_file``) for evaluation -> ``(model, cfg, metadata)``.
 
@@ -305,14 +366,23 @@ def load_model_for_inference(path: "str | dict[str, Any]", use_ema: bool = True,
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:  # torch's multi-line "Error(s) in loading state_dict": the file is inconsistent
         lines = [ln.strip() for ln in str(e).splitlines()[1:] if ln.strip()]
-        raise CheckpointError(f"{state.get('_path', 'checkpoint')}: its weights do not fit the architecture its own "
-                              f"config describes ({'; '.join(lines[:3])}{'; ...' if len(lines) > 3 else ''})") from None
+        raise CheckpointError(
+            f"{state.get('_path', 'checkpoint')}: its weights do not fit the architecture its own "
+            f"config describes ({'; '.join(lines[:3])}{'; ...' if len(lines) > 3 else ''})"
+        ) from None
     model.to(device).eval()
     return model, cfg, metadata
 
 
-_DECODER_IGNORED_ARCH_KEYS = ("puzzle_emb_ndim", "halt_exploration_prob", "forward_dtype", "loss", "halt_max_steps",
-                              "halt_early_in_eval", "no_ACT_continue")
+_DECODER_IGNORED_ARCH_KEYS = (
+    "puzzle_emb_ndim",
+    "halt_exploration_prob",
+    "forward_dtype",
+    "loss",
+    "halt_max_steps",
+    "halt_early_in_eval",
+    "no_ACT_continue",
+)
 
 
 def _load_original_layout(path: str) -> Tuple[Dict[str, torch.Tensor], Optional[Dict[str, Any]]]:
@@ -329,8 +399,11 @@ def _load_original_layout(path: str) -> Tuple[Dict[str, torch.Tensor], Optional[
         if isinstance(raw, dict) and isinstance(raw.get("arch"), dict):
             arch = compat.original_arch_to_ours(raw["arch"])
     if arch is None:
-        warnings.warn(f"{path}: no all_config.yaml beside the original TRM checkpoint; the architecture cannot be "
-                      f"checked (pitfall 10: e.g. L_cycles must match the training run)", stacklevel=3)
+        warnings.warn(
+            f"{path}: no all_config.yaml beside the original TRM checkpoint; the architecture cannot be "
+            f"checked (pitfall 10: e.g. L_cycles must match the training run)",
+            stacklevel=3,
+        )
     return sd, arch
 
 
@@ -350,8 +423,9 @@ def _decoder_state(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any], 
     return sd, state.get("arch") or {}, state["_path"]
 
 
-def load_pretrained_decoder(model: ETRM, path: str, *, arch: Optional[Dict[str, Any]] = None,
-                            verbose: bool = True) -> Dict[str, Any]:
+def load_pretrained_decoder(
+    model: ETRM, path: str, *, arch: Optional[Dict[str, Any]] = None, verbose: bool = True
+) -> Dict[str, Any]:
     """Initialise ``model.inner`` from a TRM checkpoint: ours (training.checkpoint format, EMA weights when
     present) or the original TRM layout (``models.compat`` key normalisation; arch from ``all_config.yaml``).
     The architecture must match (pitfall 10: structural keys such as L_cycles are refused when different) except
@@ -360,21 +434,29 @@ def load_pretrained_decoder(model: ETRM, path: str, *, arch: Optional[Dict[str, 
     if arch is None:
         arch = model.config.model_dump()
     if saved_arch:
+
         def _cmp(d: Dict[str, Any]) -> Dict[str, Any]:
             return {k: v for k, v in dict(d).items() if k not in _DECODER_IGNORED_ARCH_KEYS}
+
         check_arch_compatible(_cmp(saved_arch), _cmp(arch), source=f"pretrained decoder {source}")
-    inner_sd = {k[len("inner."):]: v for k, v in sd.items()
-                if k.startswith("inner.") and not k.startswith("inner.puzzle_emb")}
+    inner_sd = {
+        k[len("inner.") :]: v for k, v in sd.items() if k.startswith("inner.") and not k.startswith("inner.puzzle_emb")
+    }
     if not inner_sd:
         raise CheckpointError(f"{source}: no 'inner.*' weights found in the checkpoint")
     own = model.inner.state_dict()
-    bad = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in inner_sd.items()
-           if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    bad = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in inner_sd.items()
+        if k in own and tuple(v.shape) != tuple(own[k].shape)
+    ]
     missing = [k for k in own if k not in inner_sd and not k.startswith("puzzle_emb")]
     unexpected = [k for k in inner_sd if k not in own]
     if bad or missing or unexpected:
-        raise CheckpointError(f"{source}: decoder weights do not match the ETRM core; shape mismatches={bad[:4]} "
-                              f"missing={missing[:8]} unexpected={unexpected[:8]}")
+        raise CheckpointError(
+            f"{source}: decoder weights do not match the ETRM core; shape mismatches={bad[:4]} "
+            f"missing={missing[:8]} unexpected={unexpected[:8]}"
+        )
     model.inner.load_state_dict(inner_sd, strict=False)
     if verbose:
         print(f"[etrm] decoder initialised from {source} ({len(inner_sd)} tensors; puzzle embedding dropped)")

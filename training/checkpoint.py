@@ -25,6 +25,7 @@ and :func:`from_plain` decodes them after loading. A file that needs anything el
 A truncated or corrupt newest checkpoint makes :func:`load_latest_intact` fall back to the newest readable one,
 with a warning naming the bad file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,9 @@ def tree_map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> An
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: tree_map_tensors(getattr(obj, f.name), fn)
-                                           for f in dataclasses.fields(obj) if f.init})
+        return dataclasses.replace(
+            obj, **{f.name: tree_map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        )
     if isinstance(obj, dict):
         return type(obj)((k, tree_map_tensors(v, fn)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
@@ -84,14 +86,22 @@ def to_plain(obj: Any, where: str = "state") -> Any:
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, torch.Tensor, torch.dtype, torch.device)):
         return obj
     if isinstance(obj, np.ndarray):
-        return {_TAG: "ndarray", "dtype": obj.dtype.str, "data": torch.from_numpy(obj.astype(np.int64, copy=True))
-                if obj.dtype.kind in "ui" else torch.from_numpy(np.array(obj, copy=True))}
+        return {
+            _TAG: "ndarray",
+            "dtype": obj.dtype.str,
+            "data": torch.from_numpy(obj.astype(np.int64, copy=True))
+            if obj.dtype.kind in "ui"
+            else torch.from_numpy(np.array(obj, copy=True)),
+        }
     if isinstance(obj, np.generic):
         return obj.item()
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         cls = type(obj)
-        return {_TAG: "dataclass", "class": f"{cls.__module__}:{cls.__qualname__}",
-                "fields": {f.name: to_plain(getattr(obj, f.name), f"{where}.{f.name}") for f in dataclasses.fields(obj)}}
+        return {
+            _TAG: "dataclass",
+            "class": f"{cls.__module__}:{cls.__qualname__}",
+            "fields": {f.name: to_plain(getattr(obj, f.name), f"{where}.{f.name}") for f in dataclasses.fields(obj)},
+        }
     if isinstance(obj, torch.Size):
         return obj
     if type(obj) in (dict, collections.OrderedDict):
@@ -100,8 +110,10 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         return type(obj)((k, to_plain(v, f"{where}[{k!r}]")) for k, v in obj.items())
     if type(obj) in (list, tuple, set, frozenset):
         return type(obj)(to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    raise TypeError(f"{where}: {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in a checkpoint "
-                    "(plain data only: tensors, numbers, strings, lists, tuples, dicts, numpy arrays, dataclasses)")
+    raise TypeError(
+        f"{where}: {type(obj).__module__}.{type(obj).__qualname__} cannot be stored in a checkpoint "
+        "(plain data only: tensors, numbers, strings, lists, tuples, dicts, numpy arrays, dataclasses)"
+    )
 
 
 def _dataclass_by_name(name: str) -> type:
@@ -254,16 +266,21 @@ def read_checkpoint(path: str, map_location: Any = "cpu", *, mmap: bool = False)
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # noqa: BLE001 - every failure becomes one line naming the file
         if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
-            raise CheckpointError(f"{path}: refused: the file holds objects other than plain data "
-                                  f"({_first_line(e)}); nothing in it was executed. A checkpoint written by an "
-                                  f"older version of this code can be converted, if you trust the file: "
-                                  f"python -m training.checkpoint convert {path}") from None
-        raise CheckpointError(f"{path}: unreadable checkpoint, truncated or corrupt "
-                              f"({type(e).__name__}: {_first_line(e)})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise CheckpointError(
+                f"{path}: refused: the file holds objects other than plain data "
+                f"({_first_line(e)}); nothing in it was executed. A checkpoint written by an "
+                f"older version of this code can be converted, if you trust the file: "
+                f"python -m training.checkpoint convert {path}"
+            ) from None
         raise CheckpointError(
-            f"{path}: not a trm-platform checkpoint (format={state.get('format') if isinstance(state, dict) else None!r}); "
-            "checkpoints of the original TRM code load through models.compat")
+            f"{path}: unreadable checkpoint, truncated or corrupt ({type(e).__name__}: {_first_line(e)})"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        fmt = state.get("format") if isinstance(state, dict) else None
+        raise CheckpointError(
+            f"{path}: not a trm-platform checkpoint (format={fmt!r}); "
+            "checkpoints of the original TRM code load through models.compat"
+        )
     try:
         state = from_plain(state)
     except CheckpointError as e:
@@ -272,8 +289,13 @@ def read_checkpoint(path: str, map_location: Any = "cpu", *, mmap: bool = False)
     return state
 
 
-def load_latest_intact(checkpoint_dir: str, map_location: Any = "cpu", *, quarantine: bool = False,
-                       warn: Optional[Callable[[str], None]] = None) -> Optional[dict[str, Any]]:
+def load_latest_intact(
+    checkpoint_dir: str,
+    map_location: Any = "cpu",
+    *,
+    quarantine: bool = False,
+    warn: Optional[Callable[[str], None]] = None,
+) -> Optional[dict[str, Any]]:
     """The newest checkpoint of ``checkpoint_dir`` that loads (None when the directory has none). A newer file
     that does not load (truncated, corrupt, refused) is reported through ``warn`` (default: stderr) and skipped;
     with ``quarantine`` it is renamed to ``<name>.corrupt`` so that later saves / pruning never count it.
@@ -295,12 +317,16 @@ def load_latest_intact(checkpoint_dir: str, map_location: Any = "cpu", *, quaran
             warn(f"[checkpoint] WARNING: skipping {e}{moved}; falling back to the previous checkpoint")
             continue
         if bad:
-            warn(f"[checkpoint] WARNING: using {p} (step {state.get('step')}); newer checkpoint(s) could not be "
-                 f"loaded: {', '.join(os.path.basename(b) for b in bad)}")
+            warn(
+                f"[checkpoint] WARNING: using {p} (step {state.get('step')}); newer checkpoint(s) could not be "
+                f"loaded: {', '.join(os.path.basename(b) for b in bad)}"
+            )
         return state
     if bad:
-        raise CheckpointError(f"{checkpoint_dir}: no loadable checkpoint (all of "
-                              f"{', '.join(os.path.basename(b) for b in bad)} are truncated, corrupt or refused)")
+        raise CheckpointError(
+            f"{checkpoint_dir}: no loadable checkpoint (all of "
+            f"{', '.join(os.path.basename(b) for b in bad)} are truncated, corrupt or refused)"
+        )
     return None
 
 
@@ -342,8 +368,9 @@ def check_arch_compatible(saved: dict[str, Any], current: dict[str, Any], *, sou
         raise CheckpointError(f"{source}: incompatible architecture ({lines}); refusing to load")
 
 
-def load_weights(model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] = None,
-                 use_ema: bool = False, strict: bool = True) -> dict[str, Any]:
+def load_weights(
+    model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] = None, use_ema: bool = False, strict: bool = True
+) -> dict[str, Any]:
     """Weights-only initialisation (``load_checkpoint=…`` for fine-tuning). Returns the checkpoint dict."""
     state = load_checkpoint_file(path)
     if arch is not None:
@@ -353,17 +380,23 @@ def load_weights(model: nn.Module, path: str, *, arch: Optional[dict[str, Any]] 
         sd.update(state["ema"]["shadow"])
     missing, unexpected = unwrap_model(model).load_state_dict(sd, strict=False)
     if strict and (missing or unexpected):
-        raise CheckpointError(f"{state['_path']}: state_dict mismatch; missing={missing[:8]} "
-                              f"unexpected={unexpected[:8]}")
+        raise CheckpointError(
+            f"{state['_path']}: state_dict mismatch; missing={missing[:8]} unexpected={unexpected[:8]}"
+        )
     return state
 
 
 # ---------------------------------------------------------------------------------------------------
 # what a checkpoint of an older version of this code may hold beyond plain data: numpy arrays / scalars / dtypes
 # (the numpy RNG state) -- and this project's dataclasses (the ACT carry), checked by :func:`_legacy_global`
-_NUMPY_GLOBALS = {"numpy.ndarray", "numpy.dtype", "numpy.core.multiarray._reconstruct",
-                  "numpy._core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
-                  "numpy._core.multiarray.scalar"}
+_NUMPY_GLOBALS = {
+    "numpy.ndarray",
+    "numpy.dtype",
+    "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar",
+}
 
 
 def _legacy_global(name: str) -> Optional[Any]:
@@ -386,18 +419,23 @@ def convert_legacy(path: str) -> str:
     (numpy arrays / scalars / dtypes, this project's dataclasses): a file naming anything else is refused before
     anything in it runs."""
     if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path}: not a torch checkpoint (no zip archive: a raw pickle or torch's pre-1.6 "
-                              f"format); refused, nothing in it was executed")
+        raise CheckpointError(
+            f"{path}: not a torch checkpoint (no zip archive: a raw pickle or torch's pre-1.6 "
+            f"format); refused, nothing in it was executed"
+        )
     try:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except (RuntimeError, ValueError, pickle.UnpicklingError) as e:
-        raise CheckpointError(f"{path}: not a torch checkpoint ({_first_line(e)}); refused, nothing in it was "
-                              "executed") from None
+        raise CheckpointError(
+            f"{path}: not a torch checkpoint ({_first_line(e)}); refused, nothing in it was executed"
+        ) from None
     allowed = {n: _legacy_global(n) for n in names}
     refused = sorted(n for n, obj in allowed.items() if obj is None)
     if refused:
-        raise CheckpointError(f"{path}: refused: it needs {', '.join(refused)}, which a checkpoint of this code "
-                              f"never holds; nothing in it was executed")
+        raise CheckpointError(
+            f"{path}: refused: it needs {', '.join(refused)}, which a checkpoint of this code "
+            f"never holds; nothing in it was executed"
+        )
     dtypes = [getattr(np.dtypes, n) for n in dir(np.dtypes) if n.endswith("DType")]  # built by numpy.dtype's state
     with torch.serialization.safe_globals([*allowed.values(), *dtypes]):
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -409,9 +447,11 @@ def convert_legacy(path: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m training.checkpoint",
-                                 description="Checkpoint maintenance. convert: rewrite trusted checkpoints of an "
-                                             "older version of this code so that they load with weights_only=True.")
+    ap = argparse.ArgumentParser(
+        prog="python -m training.checkpoint",
+        description="Checkpoint maintenance. convert: rewrite trusted checkpoints of an "
+        "older version of this code so that they load with weights_only=True.",
+    )
     ap.add_argument("command", choices=["convert"])
     ap.add_argument("paths", nargs="+", help="step_*.pt files (or run directories: all their step_*.pt)")
     args = ap.parse_args(argv)

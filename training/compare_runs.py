@@ -18,6 +18,7 @@ run (named by summary.json's ``run_name``):
 
 ``experiments.science.compare`` is the same comparison for science folders (science.json).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,15 @@ from core.errors import user_errors
 from core.io import atomic_write
 from core.table import cell, markdown_table
 from training.metrics import metric_direction
-from training.runs import (RunFilesError, flatten, read_metrics, read_run_config, read_summary_if_any, run_folder,
-                           run_labels)
+from training.runs import (
+    RunFilesError,
+    flatten,
+    read_metrics,
+    read_run_config,
+    read_summary_if_any,
+    run_folder,
+    run_labels,
+)
 
 # keys that name the run itself: different in every run, never the difference that matters
 RUN_IDENTITY_KEYS = ("run_name", "checkpoint_path")
@@ -74,8 +82,11 @@ def final_and_best(series: dict[str, tuple[list[int], list[float]]]) -> dict[str
 
 def _summary_metrics(summary: dict[str, Any]) -> dict[str, Best]:
     final, best, steps = (summary.get(k) or {} for k in ("final", "best", "best_step"))
-    return {k: Best(float(v), float(best.get(k, v)), steps.get(k)) for k, v in final.items()
-            if metric_direction(k) is not None}
+    return {
+        k: Best(float(v), float(best.get(k, v)), steps.get(k))
+        for k, v in final.items()
+        if metric_direction(k) is not None
+    }
 
 
 def load_run(run_dir: str, label: str) -> RunRow:
@@ -137,8 +148,11 @@ def _runs_table(rows: Sequence[RunRow]) -> list[str]:
             text += f", {s['steps']}" + (f" / {s['total_steps']}" if s.get("total_steps") else "") + " steps"
         return text
 
-    body = [["folder"] + [cell(r.folder) for r in rows], ["status"] + [cell(status(r)) for r in rows],
-            ["config from"] + [cell(r.config_source or "(none found)") for r in rows]]
+    body = [
+        ["folder"] + [cell(r.folder) for r in rows],
+        ["status"] + [cell(status(r)) for r in rows],
+        ["config from"] + [cell(r.config_source or "(none found)") for r in rows],
+    ]
     return markdown_table([""] + [cell(r.label) for r in rows], body)
 
 
@@ -151,8 +165,7 @@ def _config_table(rows: Sequence[RunRow]) -> list[str]:
     if not differ:
         return [f"Config: the same in every run ({same} keys; {left_out} left out)."]
     head = f"Config keys that differ ({same} other keys the same in every run; {left_out} left out):"
-    body = [[f"`{k}`"] + [cell("?" if r.config is None else config_value(r.config, k)) for r in rows]
-            for k in differ]
+    body = [[f"`{k}`"] + [cell("?" if r.config is None else config_value(r.config, k)) for r in rows] for k in differ]
     return [head, ""] + markdown_table(["key"] + [cell(r.label) for r in rows], body)
 
 
@@ -175,10 +188,13 @@ def _metrics_table(rows: Sequence[RunRow], only: Sequence[str] = ()) -> list[str
             best = f"{m.best:.4g}{at}"
             cells.append(f"{m.final:.4g} / " + (f"**{best}**" if len(rows) > 1 and m.best == top else best))
         body.append([f"`{k}`", direction] + cells)
-    head = ("Metrics: final / best @step (best = max for accuracies and pass@K, min for losses; bold: the best run "
-            "of the row):")
-    return [head, ""] + markdown_table(["metric", "best"] + [cell(r.label) for r in rows], body,
-                                      right=[False, False] + [True] * len(rows))
+    head = (
+        "Metrics: final / best @step (best = max for accuracies and pass@K, min for losses; bold: the best run "
+        "of the row):"
+    )
+    return [head, ""] + markdown_table(
+        ["metric", "best"] + [cell(r.label) for r in rows], body, right=[False, False] + [True] * len(rows)
+    )
 
 
 def render(rows: Sequence[RunRow], only: Sequence[str] = ()) -> str:
@@ -188,11 +204,19 @@ def render(rows: Sequence[RunRow], only: Sequence[str] = ()) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(prog="python -m training.compare_runs", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m training.compare_runs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("run_dirs", nargs="+", metavar="run_dir", help="run folders (checkpoints/<project>/<run>)")
-    ap.add_argument("--metrics", nargs="+", default=(), metavar="TEXT",
-                    help="only metrics whose name contains one of these (e.g. eval/ ARC/pass@)")
+    ap.add_argument(
+        "--metrics",
+        nargs="+",
+        default=(),
+        metavar="TEXT",
+        help="only metrics whose name contains one of these (e.g. eval/ ARC/pass@)",
+    )
     ap.add_argument("--out", help="also write the tables to this markdown file")
     a = ap.parse_args(argv)
     with user_errors():

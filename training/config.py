@@ -13,6 +13,7 @@ One source of defaults: every key's default is the field default below. ``config
 them (Hydra's ConfigStore node ``pretrain_defaults``, registered here from :class:`PretrainConfig`) with an
 ``arch`` group; the other ``config/cfg_*.yaml`` files are recipes that override some keys.
 """
+
 from __future__ import annotations
 
 import os
@@ -185,13 +186,24 @@ class PretrainConfig(_Strict):
             if v is not None and v <= 0:
                 raise ValueError(f"{k} must be > 0 or null, got {v}")
         enc = self.encoder
-        what = None if enc is None else (f"encoder.rule_readout={enc.rule_readout}" if enc.rule_readout > 0 else
-                                         "encoder.oracle_context=true" if enc.oracle_context else None)
+        what = (
+            None
+            if enc is None
+            else (
+                f"encoder.rule_readout={enc.rule_readout}"
+                if enc.rule_readout > 0
+                else "encoder.oracle_context=true"
+                if enc.oracle_context
+                else None
+            )
+        )
         if what and not self.rule_labels:
             raise ValueError(f"{what} needs rule_labels (the synthetic builder's <prefix>_rules.json)")
         if self.rule_labels and not what:
-            raise ValueError(f"rule_labels={self.rule_labels!r} has no effect without an encoder with "
-                             "encoder.rule_readout > 0 or encoder.oracle_context=true")
+            raise ValueError(
+                f"rule_labels={self.rule_labels!r} has no effect without an encoder with "
+                "encoder.rule_readout > 0 or encoder.oracle_context=true"
+            )
         if self.rule_labels and len(self.data_paths) != 1:
             raise ValueError(f"rule_labels needs exactly one data path, got data_paths={self.data_paths}")
         return self
@@ -200,7 +212,6 @@ class PretrainConfig(_Strict):
     @property
     def test_paths(self) -> list[str]:
         return list(self.data_paths_test) if self.data_paths_test else list(self.data_paths)
-
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> PretrainConfig:
@@ -224,8 +235,9 @@ def config_from_hydra(cfg: Any) -> PretrainConfig:
     return config_from_dict(raw, source="hydra config")
 
 
-def load_config(config_name: str = "cfg_pretrain", overrides: Optional[list[str]] = None,
-                config_dir: Optional[str] = None) -> PretrainConfig:
+def load_config(
+    config_name: str = "cfg_pretrain", overrides: Optional[list[str]] = None, config_dir: Optional[str] = None
+) -> PretrainConfig:
     """Compose a config from ``config/`` with Hydra overrides (for tests, notebooks and scripts)."""
     if GlobalHydra.instance().is_initialized():  # e.g. called after a @hydra.main app in the same process
         GlobalHydra.instance().clear()
@@ -251,12 +263,14 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 def known_keys() -> list[str]:
     """Every dotted key a training config may set: the top-level fields (nested sections expanded), ``arch.*`` of
     every registered architecture and ``encoder.*`` of every registered encoder (for "did you mean" hints)."""
+
     def walk(prefix: str, cls: type[BaseModel]) -> list[str]:
         out = []
         for name, f in cls.model_fields.items():
             sub = f.annotation if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) else None
             out += walk(f"{prefix}{name}.", sub) if sub is not None else [f"{prefix}{name}"]
         return out
+
     keys = [k for k in walk("", PretrainConfig) if k.split(".")[0] not in ("arch", "encoder")]
     keys += sorted({k for c in ARCH_REGISTRY.configs() for k in walk("arch.", c)})
     keys += sorted({k for c in ENCODER_REGISTRY.configs() for k in walk("encoder.", c)})
@@ -268,9 +282,16 @@ def pretrain_defaults() -> dict[str, Any]:
     plain dict Hydra composes ``config/cfg_pretrain.yaml`` from."""
     fields = {k: f for k, f in PretrainConfig.model_fields.items() if k != "arch"}
     values = {k: (f.default_factory() if f.default_factory is not None else f.default) for k, f in fields.items()}
-    return {k: (v.model_dump(mode="json") if isinstance(v, BaseModel) else
-                [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v] if isinstance(v, list) else v)
-            for k, v in values.items()}
+    return {
+        k: (
+            v.model_dump(mode="json")
+            if isinstance(v, BaseModel)
+            else [x.model_dump(mode="json") if isinstance(x, BaseModel) else x for x in v]
+            if isinstance(v, list)
+            else v
+        )
+        for k, v in values.items()
+    }
 
 
 ConfigStore.instance().store(name="pretrain_defaults", node=pretrain_defaults())

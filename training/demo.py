@@ -7,6 +7,7 @@ The dataset (``data_paths[0]``, default ``data/demo-sudoku4``) is generated with
 ``python -m dataset.build_sudoku_dataset --size 4`` when it does not exist. W&B runs offline unless an API
 key / login exists (``wandb.mode=disabled`` turns it off). Exit status as pretrain.py.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,7 @@ from dataset import build_sudoku_dataset
 from training.config import load_config
 from training.loop import train
 
-DEMO_DATA_ARGS = ["--generate-train", "2000", "--generate-test", "200", "--size", "4", "--num-aug", "20",
-                  "--seed", "0"]
+DEMO_DATA_ARGS = ["--generate-train", "2000", "--generate-test", "200", "--size", "4", "--num-aug", "20", "--seed", "0"]
 
 
 def ensure_demo_dataset(path: str, progress: bool = True) -> bool:

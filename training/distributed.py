@@ -4,6 +4,7 @@ Works the same under ``torchrun --nproc-per-node N pretrain.py ...`` (NCCL on CU
 ``python pretrain.py ...`` (no process group is created or needed -- pitfall 15). Every collective here is
 a no-op when ``world_size == 1``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -94,7 +95,8 @@ def local_batch_size(global_batch_size: int, world_size: int) -> int:
     if global_batch_size % world_size != 0:
         raise ConfigError(
             f"global_batch_size={global_batch_size} is not divisible by the world size {world_size}; "
-            f"choose a multiple of {world_size}")
+            f"choose a multiple of {world_size}"
+        )
     return global_batch_size // world_size
 
 
@@ -159,17 +161,18 @@ def all_reduce_grads_(params: Iterable[torch.nn.Parameter]) -> None:
         return
     device = params[0].device
     flags = torch.tensor([float(p.grad is not None) for p in params], device=device)
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
-                     + [flags])
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params] + [flags]
+    )
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    has_grad = flat[-len(params):].tolist()  # one small device->host copy
+    has_grad = flat[-len(params) :].tolist()  # one small device->host copy
     off = 0
     for p, any_rank in zip(params, has_grad):
         n = p.numel()
         if any_rank == 0:
             p.grad = None
         else:
-            g = flat[off:off + n].view_as(p).to(p.dtype)
+            g = flat[off : off + n].view_as(p).to(p.dtype)
             if p.grad is None:
                 p.grad = g.clone()
             else:

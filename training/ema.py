@@ -11,6 +11,7 @@ rotary caches) against 27 MB of fp32 shadows here, and its update takes 33.3 ms 
 ``_foreach`` pair here); the averages agree to 1e-6. With ARC-AGI-1 + ConceptARC at 1000 augmentations (~900k
 puzzle ids x 512) its copy would add ~1.8 GB.
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,7 +30,8 @@ class EMA:
             raise ValueError(f"ema_rate must be in [0, 1], got {rate}")
         self.rate = rate
         self.shadow: dict[str, torch.Tensor] = {
-            n: p.detach().clone().float() for n, p in _unwrap(model).named_parameters() if p.requires_grad}
+            n: p.detach().clone().float() for n, p in _unwrap(model).named_parameters() if p.requires_grad
+        }
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:

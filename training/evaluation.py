@@ -15,6 +15,7 @@ evaluation loader, picks the scoring from the data's kind (:func:`uses_arc_votin
 ``metrics.json`` (and, through the ARC evaluator, ``submission.json`` / ``predictions.json`` / ``pictures/``) to
 ``output_dir``. See docs/evaluation.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,15 +25,12 @@ import logging
 import os
 import tempfile
 import time
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
-import pydantic
 import torch
 from omegaconf import OmegaConf
-from pydantic import SerializeAsAny
 
 import models
-from core.errors import PlatformError
 from core.io import atomic_write, write_json_atomic
 from dataset.metadata import load_metadata
 from dataset.rule_labels import rule_label_table
@@ -40,81 +38,15 @@ from evaluators import ARCEvaluator
 from evaluators.data import build_eval_loader
 from evaluators.inference import as_logged, evaluate
 from evaluators.ttt import TestTimeTraining
-from models import ArchConfig, parse_arch_config
 from models.compat import load_original_trm_checkpoint
 from models.ttt import TTTSettings
 from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
 from training.checkpoint import CheckpointError, load_checkpoint_file
 from training.distributed import init_distributed, shutdown_distributed
+from training.evaluate_config import EvaluateConfig, EvaluateError
 from training.logging import resolve_wandb_mode, wandb_identity
 
 log = logging.getLogger("evaluate")
-
-
-class EvaluateError(PlatformError, ValueError):
-    """Bad evaluate.py input; the message names the field and value."""
-
-
-class EvaluateConfig(pydantic.BaseModel):
-    """Validated evaluation config (unknown keys raise, pitfall 8). These field defaults are the only defaults:
-    config/cfg_evaluate.yaml composes them (Hydra ConfigStore node ``evaluate_defaults``) with an arch group."""
-
-    model_config = pydantic.ConfigDict(extra="forbid")
-
-    checkpoint: str  # our checkpoint file / run dir, or an original TRM state-dict file
-    data_path: str  # built dataset directory (test/; ARC-format data also identifiers.json, test_puzzles.json)
-    # the architecture of an original TRM checkpoint (that format stores no config), validated by
-    # models.parse_arch_config; only used with original_trm_checkpoint=true (our checkpoints carry their own)
-    arch: Optional[SerializeAsAny[ArchConfig]] = None
-    use_ema: bool = True  # EMA weights when the checkpoint has them
-    original_trm_checkpoint: bool = False
-    original_arch_config: Optional[str] = None  # original run's all_config.yaml: its arch is checked against arch
-    allow_arch_mismatch: list[str] = []  # structural arch fields whose mismatch is accepted (e.g. [L_cycles])
-    num_augmentations: Optional[int] = pydantic.Field(default=None, ge=1)  # first N augmented copies (None = all)
-    # seeded subset of original puzzles (None = all), seeded by the checkpoint's training seed: the groups of that
-    # run's max_eval_groups
-    max_groups: Optional[int] = pydantic.Field(default=None, ge=1)
-    halt_early: bool = False  # stop a batch when every sample halted by its Q head
-    # ARC voting (pass@K over the augmented copies): None = when the data is ARC-format (its kind); false =
-    # per-copy exact / token accuracy and halting steps only (e.g. probe data whose puzzle ids are rule ids)
-    arc_voting: Optional[bool] = None
-    # ETRM with an LPN-style encoder: gradient steps on the latent per query at test time (0 = off,
-    # None = the checkpoint's encoder.search_steps). See docs/models.md.
-    latent_search_steps: Optional[int] = pydantic.Field(default=None, ge=0)
-    latent_search_lr: Optional[float] = pydantic.Field(default=None, gt=0)
-    # test-time training on each test puzzle's own demonstration pairs before it is predicted (models/ttt.py,
-    # evaluators/ttt.py): gradient steps (0 = off), their learning rate, what is fitted (context: an offset on ETRM's
-    # encoder output; embedding: a free context / TRM: a fresh puzzle embedding from the trained mean; all: every
-    # weight, one copy per puzzle copy, restored afterwards), and the augmented copies of each puzzle that are
-    # fitted and voted (None: every copy the data has; K: the original + K, like num_augmentations=K+1)
-    ttt_steps: int = pydantic.Field(default=0, ge=0)
-    ttt_lr: float = pydantic.Field(default=1e-2, gt=0)
-    ttt_params: Literal["context", "embedding", "all"] = "context"
-    ttt_augment: Optional[int] = pydantic.Field(default=None, ge=0)
-    batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    autocast: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | none | bf16 | fp16
-    compile: bool = False  # torch.compile the model (CUDA)
-    num_workers: int = pydantic.Field(default=0, ge=0)
-    output_dir: Optional[str] = None  # None = <checkpoint dir>/evaluate/<checkpoint name>
-    pass_ks: list[int] = [1, 2, 5, 10, 100, 1000]
-    strict_decode: bool = True  # False = the published max-area crop decoder
-    rank_malformed: bool = False
-    num_pictures: int = pydantic.Field(default=8, ge=0)
-    submission_k: int = pydantic.Field(default=10, ge=1)
-    progress: bool = True
-    seed: int = 0
-    wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
-    wandb_run_name: Optional[str] = None
-    wandb_mode: str = "auto"  # auto: online with an API key / login, else offline (as training)
-    # an encoder.oracle_context run (the science control whose context is the true rule): the synthetic builder's
-    # rules.json, whose labels of the evaluated puzzles (each augmented copy's conjugate) become the context
-    rule_labels: Optional[str] = None
-
-    @pydantic.field_validator("arch", mode="before")
-    @classmethod
-    def _arch(cls, v: Any) -> Optional[ArchConfig]:
-        return None if v is None else parse_arch_config(v)
 
 
 def run(cfg: EvaluateConfig) -> dict[str, float]:
@@ -132,12 +64,19 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         _configure_latent_search(head, cfg)
         ttt = _test_time_training(cfg, head)
         model = torch.compile(head) if cfg.compile else head
-        loader, meta = build_eval_loader(cfg.data_path, gbs, num_augmentations=_num_augmentations(cfg),
-                                         rank=dist_info.rank, world_size=dist_info.world_size,
-                                         max_groups=cfg.max_groups, encoder_mode=encoder_mode or ttt is not None,
-                                         max_demos=max_demos, num_workers=cfg.num_workers,
-                                         # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
-                                         seed=int(info.get("seed", 0)))
+        loader, meta = build_eval_loader(
+            cfg.data_path,
+            gbs,
+            num_augmentations=_num_augmentations(cfg),
+            rank=dist_info.rank,
+            world_size=dist_info.world_size,
+            max_groups=cfg.max_groups,
+            encoder_mode=encoder_mode or ttt is not None,
+            max_demos=max_demos,
+            num_workers=cfg.num_workers,
+            # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
+            seed=int(info.get("seed", 0)),
+        )
         if rule_table is not None:
             loader = _LabelledLoader(loader, rule_table)
         out_dir = cfg.output_dir or default_output_dir(cfg.checkpoint)
@@ -145,26 +84,56 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             created = _ensure_writable(out_dir)  # before the evaluation, not after it
             stack.callback(_remove_if_empty, created)  # a failed call leaves no empty output dirs behind
         arc = _arc_scoring(cfg, meta, say=dist_info.is_main)
-        evaluators = [ARCEvaluator(cfg.data_path, meta, out_dir, pass_ks=cfg.pass_ks, strict_decode=cfg.strict_decode,
-                                   rank_malformed=cfg.rank_malformed, num_pictures=cfg.num_pictures,
-                                   submission_k=cfg.submission_k, seed=cfg.seed)] if arc else []
+        evaluators = (
+            [
+                ARCEvaluator(
+                    cfg.data_path,
+                    meta,
+                    out_dir,
+                    pass_ks=cfg.pass_ks,
+                    strict_decode=cfg.strict_decode,
+                    rank_malformed=cfg.rank_malformed,
+                    num_pictures=cfg.num_pictures,
+                    submission_k=cfg.submission_k,
+                    seed=cfg.seed,
+                )
+            ]
+            if arc
+            else []
+        )
         run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
         t0 = time.time()
-        metrics = evaluate(model, loader, evaluators, device=device, autocast_dtype=cfg.autocast,
-                           halt_early=cfg.halt_early, progress=cfg.progress and dist_info.is_main, save_path=out_dir,
-                           ttt=ttt)
+        metrics = evaluate(
+            model,
+            loader,
+            evaluators,
+            device=device,
+            autocast_dtype=cfg.autocast,
+            halt_early=cfg.halt_early,
+            progress=cfg.progress and dist_info.is_main,
+            save_path=out_dir,
+            ttt=ttt,
+        )
         if not dist_info.is_main:
             return {}
         if ttt is not None:  # per fitted puzzle copy: demo fit before / after, steps, seconds
-            write_json_atomic(os.path.join(out_dir, "ttt.json"), {"settings": dataclasses.asdict(ttt.settings),
-                                                                   "puzzles": ttt.records})
+            write_json_atomic(
+                os.path.join(out_dir, "ttt.json"),
+                {"settings": dataclasses.asdict(ttt.settings), "puzzles": ttt.records},
+            )
         metrics["eval/wall_seconds"] = time.time() - t0
         config = cfg.model_dump()
         if not cfg.original_trm_checkpoint:  # unused: the checkpoint's arch is in checkpoint_info
             config["arch"] = None
-        record = {"metrics": metrics, "config": config, "checkpoint_info": info,
-                  "checkpoint_file": info.get("file"), "checkpoint_step": info.get("step"),
-                  "world_size": dist_info.world_size, "device": str(device)}
+        record = {
+            "metrics": metrics,
+            "config": config,
+            "checkpoint_info": info,
+            "checkpoint_file": info.get("file"),
+            "checkpoint_step": info.get("step"),
+            "world_size": dist_info.world_size,
+            "device": str(device),
+        }
         atomic_write(os.path.join(out_dir, "metrics.json"), lambda f: json.dump(record, f, indent=1))
         if run_wandb is not None:  # the training loop's eval keys, at the checkpoint's step
             run_wandb.log(as_logged(metrics), step=int(info.get("step") or 0))
@@ -187,8 +156,10 @@ def _num_augmentations(cfg: EvaluateConfig) -> Optional[int]:
     if cfg.ttt_augment is None:
         return cfg.num_augmentations
     if cfg.num_augmentations is not None and cfg.num_augmentations != cfg.ttt_augment + 1:
-        raise EvaluateError(f"ttt_augment={cfg.ttt_augment} evaluates the original + {cfg.ttt_augment} copies, but "
-                            f"num_augmentations={cfg.num_augmentations}; set one of them")
+        raise EvaluateError(
+            f"ttt_augment={cfg.ttt_augment} evaluates the original + {cfg.ttt_augment} copies, but "
+            f"num_augmentations={cfg.num_augmentations}; set one of them"
+        )
     return cfg.ttt_augment + 1
 
 
@@ -212,19 +183,27 @@ def _arc_scoring(cfg: EvaluateConfig, meta: Any, *, say: bool) -> bool:
     arc = uses_arc_voting(cfg.data_path, meta)
     if cfg.arc_voting is not None:
         if cfg.arc_voting and not arc:
-            raise EvaluateError(f"arc_voting=true: {cfg.data_path} is not ARC-format data (kind "
-                                f"{getattr(meta, 'kind', None)!r}; no test_puzzles.json / identifiers.json)")
+            raise EvaluateError(
+                f"arc_voting=true: {cfg.data_path} is not ARC-format data (kind "
+                f"{getattr(meta, 'kind', None)!r}; no test_puzzles.json / identifiers.json)"
+            )
         arc = cfg.arc_voting
     if say:
         why = "arc_voting=false" if cfg.arc_voting is False else "not ARC-format data"
-        log.info("data_path=%s (kind %s): %s", cfg.data_path, meta.kind or "unset",
-                 "ARC voting pass@K + per-copy accuracy" if arc else "per-copy exact / token accuracy and "
-                 f"halting steps (no ARC voting: {why})")
+        log.info(
+            "data_path=%s (kind %s): %s",
+            cfg.data_path,
+            meta.kind or "unset",
+            "ARC voting pass@K + per-copy accuracy"
+            if arc
+            else f"per-copy exact / token accuracy and halting steps (no ARC voting: {why})",
+        )
     return arc
 
 
-def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
-               state: Optional[dict[str, Any]] = None):
+def load_model(
+    cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any, state: Optional[dict[str, Any]] = None
+):
     """-> (loss head on ``device`` in eval mode, encoder_mode, max_demos, info dict). ``state``: our checkpoint,
     already loaded by :func:`_load_checkpoint_state` (loaded here when None)."""
     if not os.path.exists(cfg.checkpoint):
@@ -238,35 +217,65 @@ def load_model(cfg: EvaluateConfig, metadata: Any, batch_size: int, device: Any,
             original_arch = raw.get("arch", raw) if isinstance(raw, dict) else None
             if not isinstance(original_arch, dict):
                 raise EvaluateError(f"original_arch_config={cfg.original_arch_config!r}: no arch section")
-        model = models.build_model(cfg.arch, vocab_size=metadata.vocab_size, seq_len=metadata.seq_len,
-                                   num_puzzle_identifiers=metadata.num_puzzle_identifiers, batch_size=batch_size)
-        info = load_original_trm_checkpoint(model, cfg.checkpoint, original_arch=original_arch,
-                                            allow=cfg.allow_arch_mismatch)
+        model = models.build_model(
+            cfg.arch,
+            vocab_size=metadata.vocab_size,
+            seq_len=metadata.seq_len,
+            num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+            batch_size=batch_size,
+        )
+        info = load_original_trm_checkpoint(
+            model, cfg.checkpoint, original_arch=original_arch, allow=cfg.allow_arch_mismatch
+        )
         head = models.build_loss_head(model)
-        return head.to(device).eval(), False, None, {"format": "original_trm", "loaded_keys": len(info["loaded"]),
-                                                     "file": os.path.abspath(cfg.checkpoint), "step": None}
+        return (
+            head.to(device).eval(),
+            False,
+            None,
+            {
+                "format": "original_trm",
+                "loaded_keys": len(info["loaded"]),
+                "file": os.path.abspath(cfg.checkpoint),
+                "step": None,
+            },
+        )
 
     state = state if state is not None else _load_checkpoint_state(cfg.checkpoint)
-    model, pcfg, train_meta = load_model_for_inference(state, use_ema=cfg.use_ema, device=device,
-                                                       batch_size=batch_size)
-    check_split_matches(train_meta, metadata, f"data_path={cfg.data_path!r}: test split", "the checkpoint's training data")
-    if getattr(train_meta, "num_puzzle_identifiers", None) not in (None, metadata.num_puzzle_identifiers) \
-            and getattr(pcfg, "encoder", None) is None:
-        raise EvaluateError(f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
-                            f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
-                            "would address the wrong puzzles")
+    model, pcfg, train_meta = load_model_for_inference(state, use_ema=cfg.use_ema, device=device, batch_size=batch_size)
+    check_split_matches(
+        train_meta, metadata, f"data_path={cfg.data_path!r}: test split", "the checkpoint's training data"
+    )
+    if (
+        getattr(train_meta, "num_puzzle_identifiers", None) not in (None, metadata.num_puzzle_identifiers)
+        and getattr(pcfg, "encoder", None) is None
+    ):
+        raise EvaluateError(
+            f"data_path={cfg.data_path!r}: num_puzzle_identifiers={metadata.num_puzzle_identifiers} "
+            f"differs from the checkpoint's ({train_meta.num_puzzle_identifiers}); puzzle embeddings "
+            "would address the wrong puzzles"
+        )
     encoder_mode = getattr(pcfg, "encoder", None) is not None
     ck_file, step = os.path.abspath(state["_path"]), state.get("step")
     step = int(step) if step is not None else None
     _check_identifiers(cfg.data_path, metadata, train_meta, ck_file, refuse=not encoder_mode)
     head = build_loss_head(model, pcfg.loss_type).to(device).eval()
-    return head, encoder_mode, getattr(pcfg, "max_demos", None), {
-        "format": "ours", "global_batch_size": int(pcfg.global_batch_size), "seed": int(pcfg.seed),
-        "file": ck_file, "step": step, "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
-        "config": pcfg.model_dump(mode="json"),
-        # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
-        "arch": pcfg.arch.model_dump(mode="json"),
-        "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json")}
+    return (
+        head,
+        encoder_mode,
+        getattr(pcfg, "max_demos", None),
+        {
+            "format": "ours",
+            "global_batch_size": int(pcfg.global_batch_size),
+            "seed": int(pcfg.seed),
+            "file": ck_file,
+            "step": step,
+            "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
+            "config": pcfg.model_dump(mode="json"),
+            # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
+            "arch": pcfg.arch.model_dump(mode="json"),
+            "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json"),
+        },
+    )
 
 
 def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: str, *, refuse: bool) -> None:
@@ -275,16 +284,23 @@ def _check_identifiers(data_path: str, metadata: Any, train_meta: Any, ck_file: 
     want = getattr(train_meta, "identifiers_sha256", None)
     have = getattr(metadata, "identifiers_sha256", None)
     if want is None:
-        log.warning("%s: the checkpoint records no identifiers.json hash (written by an older version); cannot check "
-                    "that data_path=%s is the data it was trained on", ck_file, data_path)
+        log.warning(
+            "%s: the checkpoint records no identifiers.json hash (written by an older version); cannot check "
+            "that data_path=%s is the data it was trained on",
+            ck_file,
+            data_path,
+        )
         return
     if have == want:
         return
-    msg = (f"data_path={data_path!r}: identifiers.json (sha256 {str(have)[:12]}) differs from the training data's "
-           f"(sha256 {want[:12]}, recorded in {ck_file})")
+    msg = (
+        f"data_path={data_path!r}: identifiers.json (sha256 {str(have)[:12]}) differs from the training data's "
+        f"(sha256 {want[:12]}, recorded in {ck_file})"
+    )
     if refuse:
-        raise EvaluateError(msg + "; the puzzle embeddings would address other puzzles. Evaluate on the dataset "
-                                  "the run was trained on")
+        raise EvaluateError(
+            msg + "; the puzzle embeddings would address other puzzles. Evaluate on the dataset the run was trained on"
+        )
     log.warning("%s; the encoder model does not use puzzle ids, evaluating anyway", msg)
 
 
@@ -296,8 +312,9 @@ def _load_checkpoint_state(path: str) -> dict[str, Any]:
     try:
         return load_checkpoint_file(path)
     except CheckpointError as e:
-        raise EvaluateError(f"checkpoint={path!r}: {e} (original TRM files need original_trm_checkpoint=true)") \
-            from None
+        raise EvaluateError(
+            f"checkpoint={path!r}: {e} (original TRM files need original_trm_checkpoint=true)"
+        ) from None
 
 
 def _configure_latent_search(head: Any, cfg: EvaluateConfig) -> None:
@@ -306,13 +323,17 @@ def _configure_latent_search(head: Any, cfg: EvaluateConfig) -> None:
         return
     model = getattr(head, "model", head)
     if not hasattr(model, "latent_search_steps"):
-        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: the checkpoint's model "
-                            f"({type(model).__name__}) has no demonstration encoder to search")
+        raise EvaluateError(
+            f"latent_search_steps={cfg.latent_search_steps}: the checkpoint's model "
+            f"({type(model).__name__}) has no demonstration encoder to search"
+        )
     encoder = getattr(model, "encoder", None)
     if cfg.latent_search_steps and not hasattr(encoder, "encode_latent"):
-        raise EvaluateError(f"latent_search_steps={cfg.latent_search_steps}: test-time latent search needs an "
-                            f"LPN-style encoder (encoder=lpn); this checkpoint's encoder is "
-                            f"{type(encoder).__name__}")
+        raise EvaluateError(
+            f"latent_search_steps={cfg.latent_search_steps}: test-time latent search needs an "
+            f"LPN-style encoder (encoder=lpn); this checkpoint's encoder is "
+            f"{type(encoder).__name__}"
+        )
     if cfg.latent_search_steps is not None:
         model.latent_search_steps = int(cfg.latent_search_steps)
     if cfg.latent_search_lr is not None:
@@ -332,16 +353,23 @@ def _oracle_labels(cfg: EvaluateConfig, info: dict[str, Any]) -> Optional[torch.
     without labels would be zeros, and no other run reads labels in evaluation."""
     oracle = bool((info.get("encoder") or {}).get("oracle_context"))
     if cfg.rule_labels and not oracle:
-        raise EvaluateError(f"rule_labels={cfg.rule_labels!r}: only an encoder.oracle_context run reads rule labels "
-                            f"in evaluation; checkpoint={cfg.checkpoint!r} is not one")
+        raise EvaluateError(
+            f"rule_labels={cfg.rule_labels!r}: only an encoder.oracle_context run reads rule labels "
+            f"in evaluation; checkpoint={cfg.checkpoint!r} is not one"
+        )
     if oracle and not cfg.rule_labels:
-        raise EvaluateError(f"checkpoint={cfg.checkpoint!r} is an encoder.oracle_context run (its context is the true "
-                            "rule): evaluating it needs rule_labels=<the synthetic builder's rules.json>")
+        raise EvaluateError(
+            f"checkpoint={cfg.checkpoint!r} is an encoder.oracle_context run (its context is the true "
+            "rule): evaluating it needs rule_labels=<the synthetic builder's rules.json>"
+        )
     if not oracle:
         return None
     table = torch.as_tensor(rule_label_table(cfg.data_path, cfg.rule_labels, split="test"))
-    log.info("oracle context: rule labels of %d evaluated identifiers from %s", int((table[:, 0] >= 0).sum()),
-             cfg.rule_labels)
+    log.info(
+        "oracle context: rule labels of %d evaluated identifiers from %s",
+        int((table[:, 0] >= 0).sum()),
+        cfg.rule_labels,
+    )
     return table
 
 
@@ -371,9 +399,16 @@ def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any
     if not cfg.original_trm_checkpoint:  # the evaluation config's arch group is unused: the checkpoint has its own
         settings.pop("arch", None)
     name = cfg.wandb_run_name or f"{run_name}-eval-{os.path.splitext(os.path.basename(ck_file))[0]}"
-    return wandb.init(project=cfg.wandb_project, name=name, job_type="eval", group=ident["group"],
-                      tags=ident["tags"], mode=resolve_wandb_mode(cfg.wandb_mode), dir=out_dir,
-                      config={**ident["config"], "evaluate": settings})
+    return wandb.init(
+        project=cfg.wandb_project,
+        name=name,
+        job_type="eval",
+        group=ident["group"],
+        tags=ident["tags"],
+        mode=resolve_wandb_mode(cfg.wandb_mode),
+        dir=out_dir,
+        config={**ident["config"], "evaluate": settings},
+    )
 
 
 def uses_arc_voting(data_path: str, metadata: Any) -> bool:
@@ -398,8 +433,9 @@ def _ensure_writable(out_dir: str) -> Optional[str]:
         with tempfile.TemporaryFile(dir=out_dir):
             pass
     except OSError as e:
-        raise EvaluateError(f"output_dir={out_dir!r}: not writable ({e.strerror or e}); choose another "
-                            "output_dir=") from None
+        raise EvaluateError(
+            f"output_dir={out_dir!r}: not writable ({e.strerror or e}); choose another output_dir="
+        ) from None
     return top
 
 

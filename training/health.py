@@ -5,6 +5,7 @@
 step; ``stop_reason`` is the first warning of a rule listed in ``stop_on`` (the loop stops the run with it
 when ``early_stop`` is on). A rule whose metric is absent is inactive (so TRM runs can use the same monitor).
 """
+
 from __future__ import annotations
 
 import math
@@ -102,24 +103,10 @@ class HealthMonitor:
                 return None
             return float(v.item() if hasattr(v, "item") else v)
 
-        # diverged
         loss = next((get(k) for k in c.loss_keys if k in metrics), None)
-        gnorms = [get(k) for k in c.grad_norm_keys if k in metrics]
+        gnorms = [(k, get(k)) for k in c.grad_norm_keys if k in metrics]
         if loss is not None or gnorms:
-            bad = [f"{k}={v}" for k, v in zip(c.grad_norm_keys, gnorms) if not math.isfinite(v)]
-            if loss is not None and not math.isfinite(loss):
-                bad.insert(0, f"loss={loss}")
-            elif loss is not None:
-                limit = c.diverge_loss_abs
-                if self._best_loss is not None:
-                    limit = max(limit, c.diverge_factor * self._best_loss)
-                if loss > limit:
-                    bad.insert(0, f"loss={loss:.4g} > {limit:.4g}")
-                self._best_loss = loss if self._best_loss is None else min(self._best_loss, loss)
-            if bad:
-                self._fire("diverged", f"{', '.join(bad)} at step {step}", out)
-            else:
-                self._clear("diverged")
+            self._check_diverged(step, loss, gnorms, out)
 
         # gradient starvation
         g = get(c.grad_key)
@@ -127,8 +114,12 @@ class HealthMonitor:
             if g < c.grad_starvation_threshold:
                 self._starve_count += 1
                 if self._starve_count >= c.grad_starvation_patience:
-                    self._fire("gradient starvation", f"{c.grad_key}={g:.4g} < {c.grad_starvation_threshold} for "
-                               f"{self._starve_count} consecutive logs (step {step})", out)
+                    self._fire(
+                        "gradient starvation",
+                        f"{c.grad_key}={g:.4g} < {c.grad_starvation_threshold} for "
+                        f"{self._starve_count} consecutive logs (step {step})",
+                        out,
+                    )
             else:
                 self._starve_count = 0
                 self._clear("gradient starvation")
@@ -139,8 +130,12 @@ class HealthMonitor:
             if v < c.collapse_threshold:
                 self._collapse_count += 1
                 if self._collapse_count >= c.collapse_patience:
-                    self._fire("encoder collapsed", f"{c.collapse_key}={v:.4g} < {c.collapse_threshold} for "
-                               f"{self._collapse_count} consecutive diagnostics (step {step})", out)
+                    self._fire(
+                        "encoder collapsed",
+                        f"{c.collapse_key}={v:.4g} < {c.collapse_threshold} for "
+                        f"{self._collapse_count} consecutive diagnostics (step {step})",
+                        out,
+                    )
             else:
                 self._collapse_count = 0
                 self._clear("encoder collapsed")
@@ -159,11 +154,38 @@ class HealthMonitor:
             else:
                 since = max(self._best_acc_step, self._lr_rise_step, c.stuck_min_step)
                 if self._best_acc < c.stuck_ignore_above and step - since >= c.stuck_steps:
-                    why = ("" if since == self._best_acc_step else
-                           ", the end of LR warmup" if since == self._lr_rise_step else ", stuck_min_step")
-                    self._fire("stuck", f"{c.accuracy_key} has not improved beyond {self._best_acc:.4f} for "
-                               f"{step - since} steps (since step {since}{why})", out)
+                    why = (
+                        ""
+                        if since == self._best_acc_step
+                        else ", the end of LR warmup"
+                        if since == self._lr_rise_step
+                        else ", stuck_min_step"
+                    )
+                    self._fire(
+                        "stuck",
+                        f"{c.accuracy_key} has not improved beyond {self._best_acc:.4f} for "
+                        f"{step - since} steps (since step {since}{why})",
+                        out,
+                    )
         return out
+
+    def _check_diverged(self, step: int, loss: Optional[float], gnorms: list[tuple[str, float]], out: list) -> None:
+        """A non-finite loss or gradient norm, or a loss far above the best so far."""
+        c = self.config
+        bad = [f"{k}={v}" for k, v in gnorms if not math.isfinite(v)]
+        if loss is not None and not math.isfinite(loss):
+            bad.insert(0, f"loss={loss}")
+        elif loss is not None:
+            limit = c.diverge_loss_abs
+            if self._best_loss is not None:
+                limit = max(limit, c.diverge_factor * self._best_loss)
+            if loss > limit:
+                bad.insert(0, f"loss={loss:.4g} > {limit:.4g}")
+            self._best_loss = loss if self._best_loss is None else min(self._best_loss, loss)
+        if bad:
+            self._fire("diverged", f"{', '.join(bad)} at step {step}", out)
+        else:
+            self._clear("diverged")
 
     def state_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "config"}

@@ -14,6 +14,7 @@ Every evaluation prints one line with its metrics (``[eval] step 50: ...``), ter
 ``~/.netrc``, otherwise offline; the ``WANDB_MODE`` environment variable, when set, wins over ``auto``;
 ``disabled`` turns W&B off entirely. Non-zero ranks never touch W&B.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,18 @@ from tqdm import tqdm
 from core.io import atomic_write
 
 # (metric, short name) shown in the plain train line, in this order (those present)
-TRAIN_LINE_KEYS = (("train/loss", "loss"), ("train/lm_loss", "lm_loss"), ("train/exact_accuracy", "exact"),
-                   ("train/accuracy", "acc"), ("train/q_halt_accuracy", "q_halt_acc"), ("train/steps", "steps"),
-                   ("train/rule_exact", "rule_exact"), ("train/lr", "lr"), ("grad/total_norm", "grad"),
-                   ("train/epoch", "epoch"))
+TRAIN_LINE_KEYS = (
+    ("train/loss", "loss"),
+    ("train/lm_loss", "lm_loss"),
+    ("train/exact_accuracy", "exact"),
+    ("train/accuracy", "acc"),
+    ("train/q_halt_accuracy", "q_halt_acc"),
+    ("train/steps", "steps"),
+    ("train/rule_exact", "rule_exact"),
+    ("train/lr", "lr"),
+    ("grad/total_norm", "grad"),
+    ("train/epoch", "epoch"),
+)
 
 
 def _fmt(v: Any) -> str:
@@ -136,18 +145,34 @@ def wandb_identity(config: dict[str, Any], run_name: str) -> dict[str, Any]:
     enc = (config.get("encoder") or {}).get("name")
     data = [os.path.basename(os.path.normpath(p)) for p in (config.get("data_paths") or [])]
     shown = dict(config, encoder=config.get("encoder") or {"name": "none"})
-    return {"group": wb.get("group") or run_name,
-            "tags": [f"arch:{arch}", f"encoder:{enc or 'none'}", *(f"data:{d}" for d in data), *wb.get("tags", [])],
-            "config": shown}
+    return {
+        "group": wb.get("group") or run_name,
+        "tags": [f"arch:{arch}", f"encoder:{enc or 'none'}", *(f"data:{d}" for d in data), *wb.get("tags", [])],
+        "config": shown,
+    }
 
 
 class RunLogger:
     """Logs metrics to W&B and the console (rank 0 only) and drives the progress bar."""
 
-    def __init__(self, *, enabled: bool, project: str, run_name: str, config: dict[str, Any], mode: str,
-                 wandb_dir: str, total_steps: int, initial_step: int = 0, entity: Optional[str] = None,
-                 save_code: bool = True, progress: bool = True, resume_id: Optional[str] = None,
-                 metrics_path: Optional[str] = None, job_type: str = "train"):
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        project: str,
+        run_name: str,
+        config: dict[str, Any],
+        mode: str,
+        wandb_dir: str,
+        total_steps: int,
+        initial_step: int = 0,
+        entity: Optional[str] = None,
+        save_code: bool = True,
+        progress: bool = True,
+        resume_id: Optional[str] = None,
+        metrics_path: Optional[str] = None,
+        job_type: str = "train",
+    ):
         self.enabled = enabled
         self.metrics_path = metrics_path if enabled else None
         if self.metrics_path:
@@ -166,24 +191,44 @@ class RunLogger:
 
             os.makedirs(wandb_dir, exist_ok=True)
             ident = wandb_identity(config, run_name)
-            self.run = wandb.init(project=project, name=run_name, config=ident["config"], mode=self.mode,
-                                  dir=wandb_dir, entity=entity, save_code=save_code, id=resume_id,
-                                  resume="allow" if resume_id else None, reinit="finish_previous",
-                                  group=ident["group"], tags=ident["tags"], job_type=job_type)
+            self.run = wandb.init(
+                project=project,
+                name=run_name,
+                config=ident["config"],
+                mode=self.mode,
+                dir=wandb_dir,
+                entity=entity,
+                save_code=save_code,
+                id=resume_id,
+                resume="allow" if resume_id else None,
+                reinit="finish_previous",
+                group=ident["group"],
+                tags=ident["tags"],
+                job_type=job_type,
+            )
             if save_code and self.run is not None and self.mode != "disabled":
                 try:
                     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                     skip = ("/.venv/", "/.git/", "/wandb/", "/checkpoints/", "/data/", "/outputs/", "/multirun/")
-                    self.run.log_code(root, include_fn=lambda p: p.endswith((".py", ".yaml")),
-                                      exclude_fn=lambda p, root=None: any(s in p + "/" for s in skip))
+                    self.run.log_code(
+                        root,
+                        include_fn=lambda p: p.endswith((".py", ".yaml")),
+                        exclude_fn=lambda p, root=None: any(s in p + "/" for s in skip),
+                    )
                 except Exception as e:  # code saving is a convenience; the run must not die for it
                     print(f"[logging] W&B code saving failed: {e}", file=sys.stderr)
             self.run_dir = getattr(self.run, "dir", None)
             if self.run_dir and self.run_dir.endswith("/files"):
                 self.run_dir = os.path.dirname(self.run_dir)
         if progress:
-            self.bar = tqdm(total=total_steps, initial=initial_step, desc=run_name, dynamic_ncols=True,
-                            file=sys.stderr, disable=None)
+            self.bar = tqdm(
+                total=total_steps,
+                initial=initial_step,
+                desc=run_name,
+                dynamic_ncols=True,
+                file=sys.stderr,
+                disable=None,
+            )
         bar_visible = self.bar is not None and not getattr(self.bar, "disable", False)
         self.lines = not bar_visible or not _isatty(sys.stdout)
 
@@ -202,10 +247,15 @@ class RunLogger:
         if self.lines and "train/loss" in metrics:
             self._stdout(train_line(step, self.total_steps, metrics, self.pace.tick(step)))
         if self.bar is not None:
-            short = {k.split("/")[-1]: v for k, v in metrics.items()
-                     if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")}
-            self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
-                                  for k, v in short.items()}, refresh=False)
+            short = {
+                k.split("/")[-1]: v
+                for k, v in metrics.items()
+                if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")
+            }
+            self.bar.set_postfix(
+                {k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in short.items()},
+                refresh=False,
+            )
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:

@@ -5,6 +5,7 @@ Reading order: ``train`` -> ``Trainer.__init__`` (components from ``training.bui
 ``Trainer.train_step`` (one optimizer update). See docs/training.md for the semantics of every metric, the
 ACT-carry data consumption and the resume guarantees.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,30 +14,27 @@ from typing import Any, Optional, Union
 
 import torch
 
-from evaluators.inference import as_logged, evaluate
+from training import build
 from training import checkpoint as ckpt
 from training import distributed as D
-from training.build import (build_act_model, build_loss_head, build_optimizers, build_rule_table, build_run_data,
-                            is_encoder_param, resolve_arch, stop_iterator, with_rule_targets)
+from training import summary as S
 from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra, with_wandb_group
 from training.ema import EMA
+from training.eval_hook import eval_is_due, run_eval
 from training.health import HealthConfig, HealthMonitor
 from training.metrics import reduce_window
 from training.optim import apply_update, describe_optimizers, global_grad_norm
 from training.report import CONFIG_FILE, RunReport
-from training.rundir import RunDir, run_names
-from training.schedule import eval_due, lr_at_step, make_schedulers
+from training.rundir import RunDir, run_dir, run_names
+from training.schedule import lr_of, schedulers_of
 from training.signals import StopSignals
 from training.state import CheckpointManager, Progress, RunRecord, check_checkpoint_data, training_components
-from training.summary import (EXIT_EARLY_STOP, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OK, STOP_COMPLETED,
-                              STOP_INTERRUPTED, STOP_MAX_STEPS, STOP_NONFINITE, RunSummary)
-
 
 LR_POINTS = 100  # train/lr is logged at least this often over a run (besides every log window)
 
 
 class NonFiniteLossError(RuntimeError):
-    pass
+    """The loss was not finite: the run stops and its last good checkpoint is kept."""
 
 
 class Trainer:
@@ -47,8 +45,7 @@ class Trainer:
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
         self.project_name, self.run_name = D.broadcast_object(run_names(cfg))
         self.cfg = cfg = with_wandb_group(cfg, self.run_name)  # stored with the config: evaluate.py joins the group
-        self.checkpoint_dir = os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", self.project_name,
-                                                                                   self.run_name))
+        self.checkpoint_dir = run_dir(cfg, self.project_name, self.run_name)
         if cfg.resume and cfg.run_name is None and cfg.checkpoint_path is None:
             raise ConfigError("resume=true needs +run_name=… or checkpoint_path=… to find the run")
         self.rundir = RunDir(self.checkpoint_dir, info, resume=cfg.resume, warn=self._print)
@@ -64,26 +61,27 @@ class Trainer:
         """Data, model, optimizers, EMA, resume (the body of ``__init__`` once the run directory is ours)."""
         cfg, info = self.cfg, self.info
         D.seed_everything(cfg.seed, 0)  # identical on every rank for construction (same initial weights)
-        self.data = build_run_data(cfg, info, os.path.join(self.checkpoint_dir, "eval"), say=self._print)
-        self.model = build_act_model(cfg, self.data.metadata, self.local_bs).to(self.device)
-        self.rule_table = build_rule_table(cfg, self.device, say=self._print)  # rule readout labels, or None
-        self.arch = resolve_arch(cfg)
-        self.head = build_loss_head(self.model, cfg.loss_type).to(self.device)
-        self.optimizers = build_optimizers(cfg, self.model, info.world_size)
-        self.schedulers = make_schedulers(self.optimizers, warmup_steps=cfg.lr_warmup_steps, min_ratio=cfg.lr_min_ratio,
-                                          total_steps=lambda: self.total_steps)
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.trainable = [p for _, p in named]
-        self.encoder_params = [p for n, p in named if is_encoder_param(n)]
-        self.inner_params = [p for n, p in named if not is_encoder_param(n)]
+        self.data = build.build_run_data(cfg, info, os.path.join(self.checkpoint_dir, "eval"), say=self._print)
+        self.model = build.build_act_model(cfg, self.data.metadata, self.local_bs).to(self.device)
+        self.rule_table = build.build_rule_table(cfg, self.device, say=self._print)  # rule readout labels, or None
+        self.arch = build.resolve_arch(cfg)
+        self.head = build.build_loss_head(self.model, cfg.loss_type).to(self.device)
+        self.optimizers = build.build_optimizers(cfg, self.model, info.world_size)
+        self.schedulers = schedulers_of(cfg, self.optimizers, lambda: self.total_steps)
+        self.trainable, self.encoder_params, self.inner_params = build.split_params(self.model)
         self.num_params = sum(p.numel() for p in self.trainable)
         D.broadcast_module_(self.model)  # guarantee identical replicas (no-op in one process)
         D.seed_everything(cfg.seed, info.rank)  # per-rank randomness (ACT exploration, dropout)
-
         self.progress = Progress()
-        self.summary = RunSummary(self.checkpoint_dir, run_name=self.run_name, project_name=self.project_name,
-                                  config_path=os.path.join(self.checkpoint_dir, CONFIG_FILE),
-                                  total_steps=self.total_steps, num_params=self.num_params, warnings=self.data.warnings)
+        self.summary = S.RunSummary(
+            self.checkpoint_dir,
+            run_name=self.run_name,
+            project_name=self.project_name,
+            config_path=os.path.join(self.checkpoint_dir, CONFIG_FILE),
+            total_steps=self.total_steps,
+            num_params=self.num_params,
+            warnings=self.data.warnings,
+        )
         monitored = cfg.encoder is not None or cfg.early_stop or cfg.health != HealthConfig()
         self.health = HealthMonitor(cfg.health) if monitored else None
         self.report = RunReport(cfg, info, self.summary, self.health)
@@ -93,11 +91,19 @@ class Trainer:
             check_checkpoint_data(st, self.data.metadata, cfg.data_paths[0])
             self._print(f"[train] initialised weights from {st['_path']}")
         self.ema = EMA(self.model, cfg.ema_rate) if cfg.ema else None
-        record = RunRecord(cfg, self.arch, self.data.metadata, self.data.train_dataset.fingerprint(), self.local_bs,
-                           self.run_name, self.project_name)
-        self.checkpoints = CheckpointManager(self.checkpoint_dir, info, record, training_components(
-            self.model, self.ema, self.optimizers, self.schedulers, self.health, self.progress, say=self._print),
-            per_rank={"data_state": self.data.train_dataset}, summary=self.summary, epochs_done=self._epochs_completed)
+        fp = self.data.train_dataset.fingerprint()
+        record = RunRecord(cfg, self.arch, self.data.metadata, fp, self.local_bs, self.run_name, self.project_name)
+        self.checkpoints = CheckpointManager(
+            self.checkpoint_dir,
+            info,
+            record,
+            training_components(
+                self.model, self.ema, self.optimizers, self.schedulers, self.health, self.progress, say=self._print
+            ),
+            per_rank={"data_state": self.data.train_dataset},
+            summary=self.summary,
+            epochs_done=self._epochs_completed,
+        )
         self._pending_rng: Optional[dict] = None
         if cfg.resume:
             state = self.checkpoints.load_latest()
@@ -137,26 +143,22 @@ class Trainer:
         return round(loader_epochs * self.passes_per_epoch, 4)  # passes over the training groups
 
     def _lr(self, step: int, base_lr: float) -> float:
-        return lr_at_step(max(step, 1), base_lr=base_lr, warmup_steps=self.cfg.lr_warmup_steps,
-                          total_steps=self.total_steps, min_ratio=self.cfg.lr_min_ratio)
+        return lr_of(self.cfg, step, base_lr, self.total_steps)
 
     # -- one optimizer update -----------------------------------------------------------------------------
-    def _grad_norm(self, params: list[torch.nn.Parameter]) -> torch.Tensor:
-        return global_grad_norm(params, self.device)
-
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer update on one global batch. Returns the rank-summed raw metric sums (host floats: the
         step's only device-to-host transfer)."""
         cfg, p = self.cfg, self.progress
-        batch = with_rule_targets(batch, self.rule_table)  # they travel with the sample in the ACT carry
+        batch = build.with_rule_targets(batch, self.rule_table)  # they travel with the sample in the ACT carry
         if p.carry is None:
             with torch.device(self.device):
                 p.carry = self.model.initial_carry(batch)
         # slots that halted at the previous step take this batch's data: the examples trained on (pitfall 21)
         new_examples = p.carry.halted.sum().float()
         with D.autocast(self.device):
-            p.carry, loss, metrics, outputs, _ = self.forward(carry=p.carry, batch=batch,
-                                                              return_keys=self._return_keys())
+            keys = self._return_keys()
+            p.carry, loss, metrics, outputs, _ = self.forward(carry=p.carry, batch=batch, return_keys=keys)
         (loss / cfg.global_batch_size).backward()
         sums = {k: v.detach().float() for k, v in metrics.items()}
         sums["loss"] = loss.detach().float()
@@ -165,21 +167,30 @@ class Trainer:
         sums = D.all_reduce_dict_(sums)
         # gradients summed over ranks (loss already / global batch) -> norms BEFORE clipping (pitfall 4)
         D.all_reduce_grads_(self.trainable)
-        total_norm = self._grad_norm(self.trainable)
+        total_norm = global_grad_norm(self.trainable, self.device)
         sums["grad/total_norm"] = total_norm
         if self.encoder_params:
-            sums["grad/encoder_norm"] = self._grad_norm(self.encoder_params)
-            sums["grad/inner_norm"] = self._grad_norm(self.inner_params)
+            sums["grad/encoder_norm"] = global_grad_norm(self.encoder_params, self.device)
+            sums["grad/inner_norm"] = global_grad_norm(self.inner_params, self.device)
         # one transfer of every scalar; the finiteness check comes before anything is applied to the weights
         host = dict(zip(sums, torch.stack([v.float().reshape(()) for v in sums.values()]).tolist()))
         if not math.isfinite(host["loss"]):
             for t in self.trainable:
                 t.grad = None
-            raise NonFiniteLossError(f"non-finite loss at step {p.step + 1}: loss={host['loss']} "
-                                     f"(sum over the global batch); weights of step {p.step} kept")
+            raise NonFiniteLossError(
+                f"non-finite loss at step {p.step + 1}: loss={host['loss']} "
+                f"(sum over the global batch); weights of step {p.step} kept"
+            )
         frozen = p.step < cfg.freeze_decoder_steps
-        apply_update(self.optimizers, self.trainable, self.inner_params, frozen=frozen, total_norm=total_norm,
-                     grad_clip=cfg.grad_clip, schedulers=self.schedulers)
+        apply_update(
+            self.optimizers,
+            self.trainable,
+            self.inner_params,
+            frozen=frozen,
+            total_norm=total_norm,
+            grad_clip=cfg.grad_clip,
+            schedulers=self.schedulers,
+        )
         if self.ema is not None:
             self.ema.update(self.model)
         p.step += 1
@@ -195,35 +206,20 @@ class Trainer:
     # -- metrics and evaluation -------------------------------------------------------------------------
     def reduce_window(self, acc: dict[str, float], n_steps: int) -> dict[str, float]:
         """The logged values of a log window (training.metrics.reduce_window) + lr, examples seen, epoch."""
-        out = reduce_window(acc, n_steps, global_batch_size=self.cfg.global_batch_size,
-                            extra_loss_keys=self.head.per_sample_keys)
+        out = reduce_window(
+            acc, n_steps, global_batch_size=self.cfg.global_batch_size, extra_loss_keys=self.head.per_sample_keys
+        )
         out["train/lr"] = self._lr(self.step, self.cfg.lr)
         out["train/examples_seen"] = float(self.progress.examples_seen)
         out["train/epoch"] = self._epochs_completed()
         return out
 
     def evaluate(self) -> dict[str, float]:
-        """The eval hook: evaluators.inference.evaluate with EMA weights when ema=true (pitfall 14: raises)."""
-        if self.data.test_loader is None:
-            return {}
-        model = self.ema.materialize(self.model) if self.ema is not None else ckpt.unwrap_model(self.model)
-        was_training = model.training
-        try:
-            raw = evaluate(build_loss_head(model, self.cfg.loss_type), self.data.test_loader, self.data.evaluators,
-                           device=self.device, autocast_dtype=D.autocast_dtype(self.device),
-                           halt_early=self.cfg.eval_halt_early, progress=self.cfg.progress and self.info.is_main,
-                           return_keys=tuple(self.cfg.eval_save_outputs),
-                           save_path=os.path.join(self.checkpoint_dir, "eval", f"step_{self.step}"))
-        finally:
-            model.train(was_training)
-        return as_logged(raw or {})
+        """The eval hook (training.eval_hook.run_eval: EMA weights when ema=true; pitfall 14: raises)."""
+        return run_eval(self.cfg, self.data, self.model, self.ema, self.info, self.step, self.checkpoint_dir)
 
     def _eval_due(self) -> bool:
-        cfg = self.cfg
-        return self.data.test_loader is not None and eval_due(
-            self.step, eval_interval=cfg.eval_interval, eval_interval_steps=cfg.eval_interval_steps,
-            min_eval_interval=cfg.min_eval_interval, batches_per_epoch=self.batches_per_epoch,
-            passes_per_epoch=self.passes_per_epoch)
+        return eval_is_due(self.cfg, self.data, self.step)
 
     # -- the run ------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -234,17 +230,18 @@ class Trainer:
             self.rundir.release()
 
     def _progress(self) -> dict[str, Any]:
-        return dict(steps=self.step, examples_seen=self.progress.examples_seen,
-                    epochs_completed=self._epochs_completed())
+        return dict(
+            steps=self.step, examples_seen=self.progress.examples_seen, epochs_completed=self._epochs_completed()
+        )
 
     def _open_report(self) -> None:
-        self.progress.wandb_id = self.report.open(
-            project=self.project_name, run_name=self.run_name, checkpoint_dir=self.checkpoint_dir,
-            total_steps=self.total_steps, step=self.step, resume_id=self.progress.wandb_id, num_params=self.num_params,
-            start_line=f"[train] run {self.project_name}/{self.run_name}: {self.num_params:,} params, "
-                       f"{self.total_steps} steps ({self.batches_per_epoch} batches/epoch), world size "
-                       f"{self.info.world_size}, device {self.device}, compile={self.compiled}, "
-                       f"{describe_optimizers(self.optimizers.values())}, checkpoints in {self.checkpoint_dir}")
+        line = (
+            f"[train] run {self.project_name}/{self.run_name}: {self.num_params:,} params, {self.total_steps} steps "
+            f"({self.batches_per_epoch} batches/epoch), world size {self.info.world_size}, device {self.device}, "
+            f"compile={self.compiled}, {describe_optimizers(self.optimizers.values())}, checkpoints in "
+            f"{self.checkpoint_dir}"
+        )
+        self.progress.wandb_id = self.report.open(step=self.step, resume_id=self.progress.wandb_id, start_line=line)
 
     def _run(self) -> dict[str, Any]:
         self._open_report()
@@ -260,19 +257,21 @@ class Trainer:
                     self._pending_rng = None
                 stop_reason, exit_status, message = self._loop(it, first)
             except NonFiniteLossError as e:
-                stop_reason, exit_status, message = STOP_NONFINITE, EXIT_NONFINITE, str(e)
+                stop_reason, exit_status, message = S.STOP_NONFINITE, S.EXIT_NONFINITE, str(e)
                 self._print(f"[train] STOP: {e}; the last good checkpoint is left intact")
             except KeyboardInterrupt:  # second Ctrl-C (or no handler): possibly mid-step, so no final checkpoint
-                aborted, stop_reason, exit_status = True, STOP_INTERRUPTED, EXIT_INTERRUPTED
+                aborted, stop_reason, exit_status = True, S.STOP_INTERRUPTED, S.EXIT_INTERRUPTED
                 last = ckpt.find_latest_checkpoint(self.checkpoint_dir)
-                message = (f"KeyboardInterrupt: aborted without a final checkpoint; resume=true continues from "
-                           f"{os.path.basename(last) if last else 'the start (no checkpoint yet)'}")
+                message = (
+                    f"KeyboardInterrupt: aborted without a final checkpoint; resume=true continues from "
+                    f"{os.path.basename(last) if last else 'the start (no checkpoint yet)'}"
+                )
                 self._print(f"[train] {message}")
             except BaseException as e:  # evaluator failure, data error, ...: record it, close W&B, re-raise
                 self.report.fail(e, steps=self.step, examples_seen=self.progress.examples_seen)
                 raise
             finally:
-                stop_iterator(it)
+                build.stop_iterator(it)
             return self._finish(stop_reason, exit_status, message, aborted)
 
     def _loop(self, it: Any, first: Any) -> tuple[str, int, Optional[str]]:
@@ -289,14 +288,14 @@ class Trainer:
             self.report.logger.advance()
             logs = self._step_logs()
             if logs and (early := self.report.publish(self.step, logs, **self._progress())):
-                return f"early_stop: {early}", EXIT_EARLY_STOP, None
+                return f"early_stop: {early}", S.EXIT_EARLY_STOP, None
             if (self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0) or self._pending_save:
                 self._pending_save = False
                 if self.step != self.total_steps:
                     self.save_checkpoint()
             if stop_requested:
-                return STOP_INTERRUPTED, EXIT_INTERRUPTED, self.stop.requested or "stop"
-        return (STOP_MAX_STEPS if self.data.capped else STOP_COMPLETED), EXIT_OK, None
+                return S.STOP_INTERRUPTED, S.EXIT_INTERRUPTED, self.stop.requested or "stop"
+        return (S.STOP_MAX_STEPS if self.data.capped else S.STOP_COMPLETED), S.EXIT_OK, None
 
     def _step_logs(self) -> dict[str, float]:
         """What this step logs: the closed log window, the diagnostics, a scheduled evaluation."""
@@ -320,14 +319,16 @@ class Trainer:
     def _finish(self, stop_reason: str, exit_status: int, message: Optional[str], aborted: bool) -> dict[str, Any]:
         """End of run: final eval, final checkpoint, summary; W&B closed with the exit status."""
         try:
-            if exit_status in (EXIT_OK, EXIT_EARLY_STOP) and self.cfg.eval_at_end and self.data.test_loader is not None:
+            ended = exit_status in (S.EXIT_OK, S.EXIT_EARLY_STOP)
+            if ended and self.cfg.eval_at_end and self.data.test_loader is not None:
                 self.report.eval_result(self.step, self.evaluate(), log=True)
-            if exit_status != EXIT_NONFINITE and self.step > 0 and not aborted:
+            if exit_status != S.EXIT_NONFINITE and self.step > 0 and not aborted:
                 self.save_checkpoint()
-            return D.broadcast_object(self.report.finish(stop_reason, exit_status, message, self.checkpoint_dir,
-                                                         **self._progress()))
+            return D.broadcast_object(
+                self.report.finish(stop_reason, exit_status, message, self.checkpoint_dir, **self._progress())
+            )
         except BaseException as e:
-            if exit_status == EXIT_OK:
+            if exit_status == S.EXIT_OK:
                 self.report.fail(e, steps=self.step, examples_seen=self.progress.examples_seen)
             raise
         finally:

@@ -1,11 +1,13 @@
 """Training metrics of a log window (docs/metrics.md): the TRM semantics of every ``train/*`` number."""
+
 from __future__ import annotations
 
 from typing import Collection, Optional
 
 
-def reduce_window(acc: dict[str, float], n_steps: int, *, global_batch_size: int,
-                  extra_loss_keys: Collection[str] = ()) -> dict[str, float]:
+def reduce_window(
+    acc: dict[str, float], n_steps: int, *, global_batch_size: int, extra_loss_keys: Collection[str] = ()
+) -> dict[str, float]:
     """Raw metric sums of ``n_steps`` steps (rank-summed) -> logged values: loss terms (``*loss`` and the
     per-sample ``extra_loss_keys``, e.g. kl) / (global batch * steps); accuracies and steps / count (halted
     samples); gradient norms and ``train/decoder_*`` averaged over steps; ``train/count`` per step."""

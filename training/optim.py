@@ -30,6 +30,7 @@ Implementations (``impl``; ``AdamATan2.implementation`` names the one in use, th
 ``lr`` may be a float or a 0-dim tensor, and the training loop may change ``param_groups[i]["lr"]`` before every
 step.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ except Exception:  # noqa: BLE001 - any failure (missing package, ABI mismatch) 
     _fused_backend = None
 
 IMPLEMENTATIONS = ("fused", "triton", "torch")
-FUSED_INSTALL_HINT = ("install a CUDA build of torch and nvcc, then `pip install --no-build-isolation adam-atan2` "
-                      "(or `bash scripts/setup_env.sh --cuda`)")
+FUSED_INSTALL_HINT = (
+    "install a CUDA build of torch and nvcc, then `pip install --no-build-isolation adam-atan2` "
+    "(or `bash scripts/setup_env.sh --cuda`)"
+)
 _triton_mod: Optional[ModuleType] = None
 _triton_error: Optional[str] = None
 
@@ -63,6 +66,7 @@ def triton_module() -> Optional[ModuleType]:
     if _triton_mod is None and _triton_error is None:
         try:
             from training import optim_triton
+
             _triton_mod = optim_triton
         except Exception as e:  # noqa: BLE001 - missing package, broken install: not available
             _triton_error = f"{type(e).__name__}: {e}"
@@ -78,16 +82,23 @@ def triton_available() -> bool:
 
 def available_implementations() -> List[str]:
     """The AdamATan2 implementations that can run on this machine, preferred first (``torch`` always)."""
-    return [name for name, ok in (("fused", fused_available()), ("triton", triton_available()), ("torch", True))
-            if ok]
+    return [name for name, ok in (("fused", fused_available()), ("triton", triton_available()), ("torch", True)) if ok]
 
 
 class AdamATan2(torch.optim.Optimizer):
     """Adam-atan2 with decoupled weight decay. ``impl``: ``auto`` | ``fused`` | ``triton`` | ``torch`` (module
     docstring); an explicit one that cannot run on the parameters raises ``RuntimeError``."""
 
-    def __init__(self, params: Iterable, lr: Union[float, Tensor] = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 weight_decay: float = 1e-2, a: float = 1.0, b: float = 1.0, impl: str = "auto") -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: Union[float, Tensor] = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 1e-2,
+        a: float = 1.0,
+        b: float = 1.0,
+        impl: str = "auto",
+    ) -> None:
         if not float(lr) >= 0.0:
             raise ValueError(f"AdamATan2: invalid learning rate {lr}")
         for i, beta in enumerate(betas):
@@ -100,11 +111,13 @@ class AdamATan2(torch.optim.Optimizer):
         if impl not in ("auto",) + IMPLEMENTATIONS:
             raise ValueError(f"AdamATan2: unknown impl {impl!r} (auto, {', '.join(IMPLEMENTATIONS)})")
         if impl == "fused" and _fused_backend is None:
-            raise RuntimeError(f"AdamATan2(impl='fused'): the adam-atan2 CUDA backend is not importable; "
-                               f"{FUSED_INSTALL_HINT}")
+            raise RuntimeError(
+                f"AdamATan2(impl='fused'): the adam-atan2 CUDA backend is not importable; {FUSED_INSTALL_HINT}"
+            )
         if impl == "triton" and triton_module() is None:
-            raise RuntimeError(f"AdamATan2(impl='triton'): triton is not importable ({_triton_error}); "
-                               f"pip install triton")
+            raise RuntimeError(
+                f"AdamATan2(impl='triton'): triton is not importable ({_triton_error}); pip install triton"
+            )
         self.impl = impl
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay, a=a, b=b))
 
@@ -119,17 +132,23 @@ class AdamATan2(torch.optim.Optimizer):
             if not torch.cuda.is_available() or not all(p.is_cuda for p in params):
                 raise RuntimeError("AdamATan2(impl='fused'): the fused kernel needs every parameter on CUDA")
             if group["a"] != 1.0 or group["b"] != 1.0:
-                raise RuntimeError(f"AdamATan2(impl='fused'): the fused kernel has a == b == 1 only "
-                                   f"(got a={group['a']}, b={group['b']}); use impl='triton' or 'torch'")
+                raise RuntimeError(
+                    f"AdamATan2(impl='fused'): the fused kernel has a == b == 1 only "
+                    f"(got a={group['a']}, b={group['b']}); use impl='triton' or 'torch'"
+                )
         elif self.impl == "triton":
             mod = triton_module()
             if not (mod.INTERPRETED or (torch.cuda.is_available() and all(p.is_cuda for p in params))):
-                raise RuntimeError("AdamATan2(impl='triton'): the Triton kernel needs every parameter on CUDA "
-                                   "(or TRITON_INTERPRET=1, which interprets it on CPU tensors)")
+                raise RuntimeError(
+                    "AdamATan2(impl='triton'): the Triton kernel needs every parameter on CUDA "
+                    "(or TRITON_INTERPRET=1, which interprets it on CPU tensors)"
+                )
             bad = sorted({str(p.dtype) for p in params if p.dtype not in mod.SUPPORTED_DTYPES})
             if bad:
-                raise RuntimeError(f"AdamATan2(impl='triton'): the Triton kernel handles float32 / float16 / "
-                                   f"bfloat16 parameters, not {', '.join(bad)}; use impl='torch'")
+                raise RuntimeError(
+                    f"AdamATan2(impl='triton'): the Triton kernel handles float32 / float16 / "
+                    f"bfloat16 parameters, not {', '.join(bad)}; use impl='torch'"
+                )
 
     def _resolve(self, group: Dict[str, Any], params: List[Tensor]) -> str:
         if self.impl != "auto":
@@ -145,8 +164,9 @@ class AdamATan2(torch.optim.Optimizer):
     def implementation(self) -> str:
         """The implementation the next step uses (``fused`` / ``triton`` / ``torch``; ``a+b`` when parameter groups
         differ, e.g. ``fused+triton`` when one group has a != 1)."""
-        names = sorted({self._resolve(g, list(g["params"])) for g in self.param_groups if g["params"]},
-                       key=IMPLEMENTATIONS.index)
+        names = sorted(
+            {self._resolve(g, list(g["params"])) for g in self.param_groups if g["params"]}, key=IMPLEMENTATIONS.index
+        )
         return "+".join(names) if names else self._resolve({"a": 1.0, "b": 1.0}, [])
 
     @torch.no_grad()
@@ -187,8 +207,9 @@ class AdamATan2(torch.optim.Optimizer):
             for i, p in enumerate(params):
                 if steps[i].device.type != "cpu":
                     self.state[p]["step"] = steps[i] = steps[i].cpu()
-            hyper = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], a=group["a"],
-                         b=group["b"])
+            hyper = dict(
+                lr=lr, beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], a=group["a"], b=group["b"]
+            )
             if impl == "triton":
                 self._triton_step(params, grads, exp_avgs, exp_avg_sqs, steps, **hyper)
             else:
@@ -200,13 +221,25 @@ class AdamATan2(torch.optim.Optimizer):
         kernel = [mod.kernel_applies(*x) for x in zip(params, grads, exp_avgs, exp_avg_sqs)]
         rest = [i for i, k in enumerate(kernel) if not k]  # non-contiguous / fp64: the torch math
         if rest:
-            _adam_atan2_foreach([params[i] for i in rest], [grads[i] for i in rest], [exp_avgs[i] for i in rest],
-                                [exp_avg_sqs[i] for i in rest], [steps[i] for i in rest], **hyper)
+            _adam_atan2_foreach(
+                [params[i] for i in rest],
+                [grads[i] for i in rest],
+                [exp_avgs[i] for i in rest],
+                [exp_avg_sqs[i] for i in rest],
+                [steps[i] for i in rest],
+                **hyper,
+            )
         idx = [i for i, k in enumerate(kernel) if k]
         for i in idx:
             steps[i].add_(1)
-        mod.adam_atan2_triton([params[i] for i in idx], [grads[i] for i in idx], [exp_avgs[i] for i in idx],
-                              [exp_avg_sqs[i] for i in idx], [float(steps[i]) for i in idx], **hyper)
+        mod.adam_atan2_triton(
+            [params[i] for i in idx],
+            [grads[i] for i in idx],
+            [exp_avgs[i] for i in idx],
+            [exp_avg_sqs[i] for i in idx],
+            [float(steps[i]) for i in idx],
+            **hyper,
+        )
 
     def _fused_step(self, params, grads, exp_avgs, exp_avg_sqs, lr, beta1, beta2, weight_decay) -> None:
         # The kernel reads the step counter from device memory: keep it there.
@@ -217,15 +250,27 @@ class AdamATan2(torch.optim.Optimizer):
                 state["step"] = state["step"].to(p.device)
             steps.append(state["step"])
         grouped = torch.optim.Optimizer._group_tensors_by_device_and_dtype(
-            [params, grads, exp_avgs, exp_avg_sqs, steps])
+            [params, grads, exp_avgs, exp_avg_sqs, steps]
+        )
         for (_device, _dtype), ((d_params, d_grads, d_m, d_v, d_steps), _) in grouped.items():
             torch._foreach_add_(d_steps, 1)
             _fused_backend.adam_atan2_cuda_impl_(d_params, d_grads, d_m, d_v, d_steps, lr, beta1, beta2, weight_decay)
 
 
-def _adam_atan2_foreach(params: List[Tensor], grads: List[Tensor], exp_avgs: List[Tensor], exp_avg_sqs: List[Tensor],
-                        steps: List[Tensor], *, lr: float, beta1: float, beta2: float, weight_decay: float,
-                        a: float, b: float) -> None:
+def _adam_atan2_foreach(
+    params: List[Tensor],
+    grads: List[Tensor],
+    exp_avgs: List[Tensor],
+    exp_avg_sqs: List[Tensor],
+    steps: List[Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    a: float,
+    b: float,
+) -> None:
     """The PyTorch implementation (grouped by device/dtype, foreach kernels). ``steps`` are CPU 0-dim tensors,
     so the bias corrections are host scalars (no device sync)."""
     groups: Dict[Tuple[torch.device, torch.dtype], List[int]] = {}
@@ -244,9 +289,9 @@ def _adam_atan2_foreach(params: List[Tensor], grads: List[Tensor], exp_avgs: Lis
         torch._foreach_mul_(d_v, beta2)
         torch._foreach_addcmul_(d_v, d_grads, d_grads, value=1.0 - beta2)
         den = torch._foreach_sqrt(d_v)
-        torch._foreach_div_(den, [math.sqrt(1.0 - beta2 ** ti) / b for ti in t])
+        torch._foreach_div_(den, [math.sqrt(1.0 - beta2**ti) / b for ti in t])
         upd = [m_t.atan2(d_t) for m_t, d_t in zip(d_m, den)]
-        torch._foreach_mul_(upd, [-lr * a / (1.0 - beta1 ** ti) for ti in t])  # the package's step size lr / bc1
+        torch._foreach_mul_(upd, [-lr * a / (1.0 - beta1**ti) for ti in t])  # the package's step size lr / bc1
         torch._foreach_add_(d_params, upd)
 
 
@@ -268,9 +313,16 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter], device: Any = None) -
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def apply_update(optimizers: Dict[str, torch.optim.Optimizer], trainable: List[torch.nn.Parameter],
-                 frozen_params: List[torch.nn.Parameter], *, frozen: bool, total_norm: Tensor,
-                 grad_clip: Optional[float], schedulers: Dict[str, Any]) -> None:
+def apply_update(
+    optimizers: Dict[str, torch.optim.Optimizer],
+    trainable: List[torch.nn.Parameter],
+    frozen_params: List[torch.nn.Parameter],
+    *,
+    frozen: bool,
+    total_norm: Tensor,
+    grad_clip: Optional[float],
+    schedulers: Dict[str, Any],
+) -> None:
     """One optimizer update on gradients already reduced over ranks. ``frozen``: the decoder is frozen this step
     -- ``frozen_params`` lose their gradients (per parameter, whatever the optimizer count: pitfall 3) and the
     ``puzzle_emb`` optimizer (part of the decoder) does not step. ``grad_clip``: the global norm (``total_norm``,

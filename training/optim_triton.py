@@ -16,6 +16,7 @@ one the very kernel that runs on the GPU is the one tested on CPU tensors agains
 Import this module only when the Triton path is wanted (``training.optim`` does it lazily): it imports triton,
 and whether the kernel is compiled (GPU) or interpreted (CPU tensors) is fixed by ``TRITON_INTERPRET`` at import.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -86,8 +87,9 @@ def _downcast(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _adam_atan2_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n_elements, decay, w1, beta2, w2, den_scale, neg_step,
-                       BLOCK: tl.constexpr):
+def _adam_atan2_kernel(
+    p_ptr, g_ptr, m_ptr, v_ptr, n_elements, decay, w1, beta2, w2, den_scale, neg_step, BLOCK: tl.constexpr
+):
     """One parameter tensor (contiguous p, g, m, v of ``n_elements``). Scalars: ``decay = 1 - lr * wd``,
     ``w1 = 1 - beta1`` (lerp weight), ``w2 = 1 - beta2``, ``den_scale = sqrt(1 - beta2^t) / b``,
     ``neg_step = -lr * a / (1 - beta1^t)`` (the package's step size)."""
@@ -121,8 +123,20 @@ def kernel_applies(p: Tensor, g: Tensor, m: Tensor, v: Tensor) -> bool:
     return INTERPRETED or p.is_cuda
 
 
-def adam_atan2_(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, step: float, lr: float, beta1: float, beta2: float,
-                weight_decay: float, a: float, b: float) -> None:
+def adam_atan2_(
+    p: Tensor,
+    g: Tensor,
+    m: Tensor,
+    v: Tensor,
+    *,
+    step: float,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    a: float,
+    b: float,
+) -> None:
     """In-place AdamATan2 update of one parameter tensor (``step`` = t, already incremented). The caller checks
     :func:`kernel_applies` first."""
     n = p.numel()
@@ -130,15 +144,36 @@ def adam_atan2_(p: Tensor, g: Tensor, m: Tensor, v: Tensor, *, step: float, lr: 
         return
     grid = (triton.cdiv(n, BLOCK_SIZE),)
     _adam_atan2_kernel[grid](
-        p, g, m, v, n,
-        1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2,
-        math.sqrt(1.0 - beta2 ** step) / b, -lr * a / (1.0 - beta1 ** step),
-        BLOCK=BLOCK_SIZE, enable_fp_fusion=False)
+        p,
+        g,
+        m,
+        v,
+        n,
+        1.0 - lr * weight_decay,
+        1.0 - beta1,
+        beta2,
+        1.0 - beta2,
+        math.sqrt(1.0 - beta2**step) / b,
+        -lr * a / (1.0 - beta1**step),
+        BLOCK=BLOCK_SIZE,
+        enable_fp_fusion=False,
+    )
 
 
-def adam_atan2_triton(params: List[Tensor], grads: List[Tensor], exp_avgs: List[Tensor], exp_avg_sqs: List[Tensor],
-                      steps: List[float], *, lr: float, beta1: float, beta2: float, weight_decay: float, a: float,
-                      b: float) -> None:
+def adam_atan2_triton(
+    params: List[Tensor],
+    grads: List[Tensor],
+    exp_avgs: List[Tensor],
+    exp_avg_sqs: List[Tensor],
+    steps: List[float],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    a: float,
+    b: float,
+) -> None:
     """The update of a list of tensors (one kernel launch each), every one of which :func:`kernel_applies` to.
     Triton launches on the current CUDA device: each device's tensors are launched with that device current."""
     by_device: Dict[torch.device, List[int]] = {}
@@ -147,5 +182,16 @@ def adam_atan2_triton(params: List[Tensor], grads: List[Tensor], exp_avgs: List[
     for device, idx in by_device.items():
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             for i in idx:
-                adam_atan2_(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], step=steps[i], lr=lr, beta1=beta1,
-                            beta2=beta2, weight_decay=weight_decay, a=a, b=b)
+                adam_atan2_(
+                    params[i],
+                    grads[i],
+                    exp_avgs[i],
+                    exp_avg_sqs[i],
+                    step=steps[i],
+                    lr=lr,
+                    beta1=beta1,
+                    beta2=beta2,
+                    weight_decay=weight_decay,
+                    a=a,
+                    b=b,
+                )

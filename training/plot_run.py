@@ -27,6 +27,7 @@ dash pattern per metric, the legend naming both.
 Writes ``<run dir>/curves.png`` by default (several runs: ``curves_<run A>_vs_<run B>....png`` in the folder that
 holds them all) and prints its path.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,24 +58,42 @@ _EVAL_SET_METRIC = re.compile(r"^eval/[^/]+\.(accuracy|exact_accuracy|lm_loss)$"
 
 
 def _is_loss(k: str) -> bool:
-    return (k.startswith("train/") and (k.endswith("_loss") or k in ("train/loss", "train/kl"))) or \
-        (_EVAL_SET_METRIC.match(k) is not None and k.endswith(".lm_loss"))
+    return (k.startswith("train/") and (k.endswith("_loss") or k in ("train/loss", "train/kl"))) or (
+        _EVAL_SET_METRIC.match(k) is not None and k.endswith(".lm_loss")
+    )
 
 
 def _is_accuracy(k: str) -> bool:
-    return k in ("train/exact_accuracy", "train/accuracy", "ARC/pass@1", "ARC/pass@2") or \
-        (_EVAL_SET_METRIC.match(k) is not None and not k.endswith(".lm_loss"))
+    return k in ("train/exact_accuracy", "train/accuracy", "ARC/pass@1", "ARC/pass@2") or (
+        _EVAL_SET_METRIC.match(k) is not None and not k.endswith(".lm_loss")
+    )
 
 
 PANELS = (
     Panel("loss", "loss", _is_loss, log_scale=True),
     Panel("accuracy", "fraction correct", _is_accuracy),
     Panel("learning rate", "learning rate", lambda k: k == "train/lr"),
-    Panel("gradient norms", "L2 norm (before clipping)", lambda k: k.startswith("grad/") and k.endswith("_norm"),
-          log_scale=True, thresholds=((0.05, "grad/encoder_norm starvation threshold"),)),
-    Panel("encoder health", "value", lambda k: k in ("train/encoder_cross_sample_var", "train/encoder_output_std",
-                                                      "train/encoder_token_std", "train/encoder_context_scale"),
-          thresholds=((0.05, "train/encoder_cross_sample_var collapse threshold"),)),
+    Panel(
+        "gradient norms",
+        "L2 norm (before clipping)",
+        lambda k: k.startswith("grad/") and k.endswith("_norm"),
+        log_scale=True,
+        thresholds=((0.05, "grad/encoder_norm starvation threshold"),),
+    ),
+    Panel(
+        "encoder health",
+        "value",
+        lambda k: (
+            k
+            in (
+                "train/encoder_cross_sample_var",
+                "train/encoder_output_std",
+                "train/encoder_token_std",
+                "train/encoder_context_scale",
+            )
+        ),
+        thresholds=((0.05, "train/encoder_cross_sample_var collapse threshold"),),
+    ),
 )
 
 
@@ -96,8 +115,16 @@ def drop_windows_without_halts(series: Series) -> Series:
 
 
 # Line looks: the k-th line of a panel gets LINESTYLES[k] / MARKERS[k] (cycling); several runs: MARKERS per run.
-LINESTYLES: tuple[Any, ...] = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (1, 1)),
-                               (0, (3, 1, 1, 1, 1, 1, 1, 1)))
+LINESTYLES: tuple[Any, ...] = (
+    "-",
+    "--",
+    "-.",
+    ":",
+    (0, (5, 1, 1, 1, 1, 1)),
+    (0, (8, 2)),
+    (0, (1, 1)),
+    (0, (3, 1, 1, 1, 1, 1, 1, 1)),
+)
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 
 
@@ -106,8 +133,12 @@ def _look(j: int, n: int, npoints: int) -> dict[str, Any]:
     markers hollow and staggered, so lines on the same values stay visible."""
     under = (n - 1 - j) / max(n - 1, 1)
     every = max(1, npoints // 10)
-    return {"linewidth": 1.0 + 2.0 * under, "markersize": 3.5 + 3.0 * under, "markerfacecolor": "none",
-            "markevery": (j % every, every)}
+    return {
+        "linewidth": 1.0 + 2.0 * under,
+        "markersize": 3.5 + 3.0 * under,
+        "markerfacecolor": "none",
+        "markevery": (j % every, every),
+    }
 
 
 def _draw_panel(ax, panel: Panel, keys: list[str], runs: Sequence[tuple[str, Series]]) -> None:
@@ -118,16 +149,28 @@ def _draw_panel(ax, panel: Panel, keys: list[str], runs: Sequence[tuple[str, Ser
     for j, (m, r) in enumerate(lines):
         steps, values = runs[r][1][keys[m]]
         who = r if multi else m  # what the colour (and, for several runs, the marker) tells apart
-        ax.plot(steps, values, color=f"C{who % 10}", linestyle=LINESTYLES[m % len(LINESTYLES)],
-                marker=MARKERS[who % len(MARKERS)] if multi else MARKERS[m % len(MARKERS)],
-                label=None if multi else keys[m], **_look(j, len(lines), len(steps)))
+        ax.plot(
+            steps,
+            values,
+            color=f"C{who % 10}",
+            linestyle=LINESTYLES[m % len(LINESTYLES)],
+            marker=MARKERS[who % len(MARKERS)] if multi else MARKERS[m % len(MARKERS)],
+            label=None if multi else keys[m],
+            **_look(j, len(lines), len(steps)),
+        )
     handles = []
     if multi:  # one legend entry per run (colour, marker) and per metric (dash pattern)
         shown = sorted({r for _, r in lines})
-        handles = [Line2D([], [], color=f"C{r % 10}", marker=MARKERS[r % len(MARKERS)], markerfacecolor="none",
-                          label=runs[r][0]) for r in shown]
-        handles += [Line2D([], [], color="dimgrey", linestyle=LINESTYLES[m % len(LINESTYLES)], label=k)
-                    for m, k in enumerate(keys)]
+        handles = [
+            Line2D(
+                [], [], color=f"C{r % 10}", marker=MARKERS[r % len(MARKERS)], markerfacecolor="none", label=runs[r][0]
+            )
+            for r in shown
+        ]
+        handles += [
+            Line2D([], [], color="dimgrey", linestyle=LINESTYLES[m % len(LINESTYLES)], label=k)
+            for m, k in enumerate(keys)
+        ]
     for value, label in panel.thresholds:
         if label.split()[0] in keys:
             handles.append(ax.axhline(value, color="grey", linestyle=":", linewidth=1, label=label))
@@ -160,13 +203,15 @@ def curves_figure(runs: Union[Series, Sequence[tuple[str, Series]]], title: Opti
     panels = [(p, [k for k in names if p.select(k)]) for p in PANELS]
     panels = [(p, keys) for p, keys in panels if keys]
     if not panels:
-        raise PlotError(f"{title}: none of its metrics ({', '.join(names[:5])}, ...) is a loss, accuracy, "
-                        "learning rate, gradient norm or encoder statistic")
+        raise PlotError(
+            f"{title}: none of its metrics ({', '.join(names[:5])}, ...) is a loss, accuracy, "
+            "learning rate, gradient norm or encoder statistic"
+        )
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
     fig = Figure(figsize=(5.4 * ncols, 4.0 * nrows + 0.4))
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, (panel, keys) in zip(axes.flat, panels):
         _draw_panel(ax, panel, keys, runs)
@@ -188,8 +233,9 @@ def runs_figure(run_dirs: Sequence[str]) -> tuple[Any, str]:
     PNG path."""
     folders = [run_folder(d) for d in run_dirs]
     labels = run_labels(folders)
-    return curves_figure([(label, read_metrics(d)) for label, d in zip(labels, run_dirs)]), \
-        _default_out(folders, labels)
+    return curves_figure([(label, read_metrics(d)) for label, d in zip(labels, run_dirs)]), _default_out(
+        folders, labels
+    )
 
 
 def plot_runs(run_dirs: Sequence[str], out: Optional[str] = None) -> str:
@@ -210,12 +256,20 @@ def plot_run(run_dir: str, out: Optional[str] = None) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(prog="python -m training.plot_run", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("run_dirs", nargs="+", metavar="run_dir",
-                    help="a run's checkpoint directory (holds metrics.jsonl), or a metrics.jsonl; several: overlaid")
-    ap.add_argument("--out", default=None, help="PNG path (default: <run_dir>/curves.png; several runs: "
-                                                "curves_<A>_vs_<B>.png beside the run folders)")
+    ap = argparse.ArgumentParser(
+        prog="python -m training.plot_run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="run_dir",
+        help="a run's checkpoint directory (holds metrics.jsonl), or a metrics.jsonl; several: overlaid",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="PNG path (default: <run_dir>/curves.png; several runs: curves_<A>_vs_<B>.png beside the run folders)",
+    )
     a = ap.parse_args(argv)
     with user_errors():
         path = plot_runs(a.run_dirs, a.out)

@@ -3,6 +3,7 @@
 
 Rank 0 writes; every rank takes the same early-stop decision (rank 0's: evaluator metrics exist only there).
 """
+
 from __future__ import annotations
 
 import os
@@ -39,16 +40,27 @@ class RunReport:
     health: Optional[HealthMonitor]
     logger: Optional[RunLogger] = None
 
-    def open(self, *, project: str, run_name: str, checkpoint_dir: str, total_steps: int, step: int,
-             resume_id: Optional[str], start_line: str, num_params: int) -> str:
-        """Start W&B / the progress bar, write the first summary.json; returns the W&B run id."""
-        cfg = self.cfg
-        self.logger = RunLogger(enabled=self.info.is_main, project=project, run_name=run_name,
-                                config=cfg.model_dump(mode="json"), mode=cfg.wandb.mode,
-                                wandb_dir=cfg.wandb.dir or checkpoint_dir, total_steps=total_steps,
-                                initial_step=step, entity=cfg.wandb.entity, save_code=cfg.wandb.save_code,
-                                progress=cfg.progress, resume_id=resume_id,
-                                metrics_path=os.path.join(checkpoint_dir, METRICS_FILE))
+    def open(self, *, step: int, resume_id: Optional[str], start_line: str) -> str:
+        """Start W&B / the progress bar, write the first summary.json; returns the W&B run id. The run's names,
+        directory, length and size are the summary's."""
+        cfg, s = self.cfg, self.summary.data
+        project, run_name, checkpoint_dir = s["project_name"], s["run_name"], s["checkpoint_dir"]
+        total_steps, num_params = s["total_steps"], s["num_params"]
+        self.logger = RunLogger(
+            enabled=self.info.is_main,
+            project=project,
+            run_name=run_name,
+            config=cfg.model_dump(mode="json"),
+            mode=cfg.wandb.mode,
+            wandb_dir=cfg.wandb.dir or checkpoint_dir,
+            total_steps=total_steps,
+            initial_step=step,
+            entity=cfg.wandb.entity,
+            save_code=cfg.wandb.save_code,
+            progress=cfg.progress,
+            resume_id=resume_id,
+            metrics_path=os.path.join(checkpoint_dir, METRICS_FILE),
+        )
         if self.info.is_main:
             os.makedirs(checkpoint_dir, exist_ok=True)
             config_file = write_config(cfg, checkpoint_dir)
@@ -85,17 +97,20 @@ class RunReport:
             if self.info.is_main:
                 self.summary.update_metrics(step, logs)
 
-    def finish(self, stop_reason: str, exit_status: int, message: Optional[str], checkpoint_dir: str,
-               **progress: Any) -> Optional[dict[str, Any]]:
+    def finish(
+        self, stop_reason: str, exit_status: int, message: Optional[str], checkpoint_dir: str, **progress: Any
+    ) -> Optional[dict[str, Any]]:
         """Final summary.json (rank 0: returns its dict) and the closing lines."""
         if not self.info.is_main:
             return None
         self.summary.set(**progress)
         result = self.summary.finish(stop_reason, exit_status, message)
         self.logger.summary({**result["final"], **{f"best/{k}": v for k, v in result["best"].items()}})
-        self.logger.print(f"[train] {stop_reason} after {progress.get('steps')} steps. checkpoint dir: "
-                          f"{checkpoint_dir}\n[train] summary: {self.summary.path}\n[train] W&B run "
-                          f"({self.logger.mode}): {self.logger.run_dir or '(W&B disabled)'}")
+        self.logger.print(
+            f"[train] {stop_reason} after {progress.get('steps')} steps. checkpoint dir: "
+            f"{checkpoint_dir}\n[train] summary: {self.summary.path}\n[train] W&B run "
+            f"({self.logger.mode}): {self.logger.run_dir or '(W&B disabled)'}"
+        )
         return result
 
     def fail(self, e: BaseException, **progress: Any) -> None:

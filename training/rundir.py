@@ -7,6 +7,7 @@ summary.json. Every rank
 raises the same ConfigError. ``release()`` removes the lock file and drops the lock (a run leaves no
 ``.run.lock`` behind); ``discard_if_empty()`` removes a directory this run created and never wrote to.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -48,26 +49,33 @@ class RunDir:
     def _lock_and_check(self) -> Optional[str]:
         d = self.path
         if looks_like_dataset(d):
-            return (f"{d}: is a built dataset directory (identifiers.json / <split>/dataset.json), not a run "
-                    f"directory; choose another checkpoint_path=… (nothing was written)")
+            return (
+                f"{d}: is a built dataset directory (identifiers.json / <split>/dataset.json), not a run "
+                f"directory; choose another checkpoint_path=… (nothing was written)"
+            )
         try:
             self._created = not os.path.isdir(d)
             os.makedirs(d, exist_ok=True)
         except OSError as e:
             return f"{d}: cannot create the run directory ({e.strerror or e})"
         # a file-existence lock would outlive a killed process: better no lock than a stale one
-        kw = {"fallback_to_soft": False} if "fallback_to_soft" in inspect.signature(filelock.FileLock).parameters \
-            else {}
+        kw = (
+            {"fallback_to_soft": False} if "fallback_to_soft" in inspect.signature(filelock.FileLock).parameters else {}
+        )
         lock = filelock.FileLock(self.lock_path, timeout=0, **kw)
         try:
             lock.acquire()
             self._lock = lock
         except filelock.Timeout:
-            return (f"{d}: another run is using this run directory right now ({RUN_LOCK_FILE} is locked by a live "
-                    f"process); wait for it to end, or give this run a new +run_name=… / checkpoint_path=…")
+            return (
+                f"{d}: another run is using this run directory right now ({RUN_LOCK_FILE} is locked by a live "
+                f"process); wait for it to end, or give this run a new +run_name=… / checkpoint_path=…"
+            )
         except OSError as e:  # e.g. a file system without flock: run unlocked, loudly
-            self.warn(f"[train] WARNING: cannot lock {self.lock_path} ({e.strerror or e}); a second run on the same "
-                      f"directory would not be refused")
+            self.warn(
+                f"[train] WARNING: cannot lock {self.lock_path} ({e.strerror or e}); a second run on the same "
+                f"directory would not be refused"
+            )
         if self.resume:
             return None
         found = [os.path.basename(p) for _, p in ckpt.list_checkpoints(d)]
@@ -76,8 +84,10 @@ class RunDir:
         if not found:
             return None
         shown = ", ".join(found[-3:]) if len(found) <= 3 else f"{len(found)} files incl. {found[-1]}"
-        return (f"{d}: already holds another run's files ({shown}); pass resume=true to continue that run, "
-                f"or give this run a new +run_name=… / checkpoint_path=… (nothing was written)")
+        return (
+            f"{d}: already holds another run's files ({shown}); pass resume=true to continue that run, "
+            f"or give this run a new +run_name=… / checkpoint_path=… (nothing was written)"
+        )
 
     def release(self) -> None:
         """Release the lock and delete ``.run.lock`` (idempotent; only a lock this run holds)."""
@@ -107,15 +117,26 @@ class RunDir:
             pass
 
 
+def run_dir(cfg: PretrainConfig, project: str, run: str) -> str:
+    """The run directory: ``checkpoint_path``, else ``checkpoints/<project>/<run>`` (absolute)."""
+    return os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", project, run))
+
+
 def run_names(cfg: PretrainConfig) -> tuple[str, str]:
     """``(project_name, run_name)`` of a run: the configured ones; else, when resuming ``checkpoint_path=DIR``, the
     names that run already has (its summary.json), so that a resume keeps its name and W&B group; else the
     defaults (``<dataset dir>-ACT-torch``, ``<arch>-<date>-<time>-<hex>``)."""
     before = _names_on_disk(cfg.checkpoint_path) if cfg.resume and cfg.checkpoint_path else {}
-    project = cfg.project_name or before.get("project_name") or \
-        f"{os.path.basename(os.path.normpath(cfg.data_paths[0]))}-ACT-torch"
-    run = cfg.run_name or before.get("run_name") or \
-        f"{cfg.arch.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    project = (
+        cfg.project_name
+        or before.get("project_name")
+        or f"{os.path.basename(os.path.normpath(cfg.data_paths[0]))}-ACT-torch"
+    )
+    run = (
+        cfg.run_name
+        or before.get("run_name")
+        or f"{cfg.arch.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+    )
     return project, run
 
 

@@ -5,6 +5,7 @@ loop's ``checkpoint_path`` (``checkpoints/<project>/<run>``): ``metrics.jsonl`` 
 ``{"step": N, "<metric>": value, ...}``), ``summary.json`` (:mod:`training.summary`), ``step_*.pt`` checkpoints,
 and the resolved config as ``config.yaml`` in newer runs.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """Stop requests for a training run: SIGTERM and SIGINT (Ctrl-C; also what run_jobs sends) ask the loop to stop
 at the next step boundary -- the step in progress completes, then the run ends with a final checkpoint (exact
 resume). A second SIGINT aborts at once (KeyboardInterrupt, no final checkpoint)."""
+
 from __future__ import annotations
 
 import os
@@ -40,5 +41,8 @@ class StopSignals:
         if self.requested is None:
             self.requested = name
             if self.verbose:  # os.write: safe inside a signal handler (print may be mid-write)
-                os.write(2, f"\n[train] {name}: stopping after the current step with a checkpoint "
-                            f"(Ctrl-C again aborts without one)\n".encode())
+                os.write(
+                    2,
+                    f"\n[train] {name}: stopping after the current step with a checkpoint "
+                    f"(Ctrl-C again aborts without one)\n".encode(),
+                )

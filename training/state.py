@@ -11,6 +11,7 @@ names: refused or compared on resume) and the RunSummary it writes beside every 
 Adding a component to a run = one more entry of the components dict: it is saved under its name and restored
 whenever a checkpoint has that key (an older file without it leaves the component as built).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,12 @@ class Progress:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's top-level keys of the run's progress (the carry is per rank: not here)."""
-        return {"step": self.step, "examples_seen": self.examples_seen, "wandb_id": self.wandb_id,
-                "log_window": {"acc": dict(self.window), "n": self.window_steps}}
+        return {
+            "step": self.step,
+            "examples_seen": self.examples_seen,
+            "wandb_id": self.wandb_id,
+            "log_window": {"acc": dict(self.window), "n": self.window_steps},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
@@ -79,11 +84,16 @@ class RunRecord:
     project_name: str
 
     def state_dict(self) -> dict[str, Any]:
-        return {"local_batch_size": self.local_batch_size, "config": self.cfg.model_dump(mode="json"),
-                "arch": self.arch, "metadata": self.metadata.model_dump(mode="json"), "run_name": self.run_name,
-                "project_name": self.project_name,
-                "identifiers_sha256": self.metadata.identifiers_sha256,  # evaluate.py refuses other data
-                "data_fingerprint": self.data_fingerprint}
+        return {
+            "local_batch_size": self.local_batch_size,
+            "config": self.cfg.model_dump(mode="json"),
+            "arch": self.arch,
+            "metadata": self.metadata.model_dump(mode="json"),
+            "run_name": self.run_name,
+            "project_name": self.project_name,
+            "identifiers_sha256": self.metadata.identifiers_sha256,  # evaluate.py refuses other data
+            "data_fingerprint": self.data_fingerprint,
+        }
 
 
 # keys that are expected to differ between a run and its resume
@@ -107,8 +117,12 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
 def check_checkpoint_data(state: dict[str, Any], metadata: DatasetMetadata, data_dir: str) -> None:
     """A checkpoint's weights fit only data of its vocab_size / seq_len."""
     if state.get("metadata"):
-        check_split_matches(DatasetMetadata.model_validate(state["metadata"]), metadata, f"{data_dir}: data",
-                            f"the data of checkpoint {state['_path']}")
+        check_split_matches(
+            DatasetMetadata.model_validate(state["metadata"]),
+            metadata,
+            f"{data_dir}: data",
+            f"the data of checkpoint {state['_path']}",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,8 +144,10 @@ class OptimizerStates:
             for g, want in zip(opt.param_groups, wanted):
                 changed = {k: (g.get(k), v) for k, v in want.items() if g.get(k) != v}
                 if changed:
-                    self.say(f"[train] resume: optimizer {name}/{g.get('name', '?')} uses this run's "
-                             + ", ".join(f"{k}={new} (checkpoint had {old})" for k, (old, new) in changed.items()))
+                    self.say(
+                        f"[train] resume: optimizer {name}/{g.get('name', '?')} uses this run's "
+                        + ", ".join(f"{k}={new} (checkpoint had {old})" for k, (old, new) in changed.items())
+                    )
                 g.update(want)
 
 
@@ -140,8 +156,9 @@ class ScheduleStates:
     the next update's lr come from *this* run's config (a resume may change lr / warmup / epochs). Restored after
     the optimizers (whose param groups hold this run's ``initial_lr``)."""
 
-    def __init__(self, schedulers: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer],
-                 step: Callable[[], int]):
+    def __init__(
+        self, schedulers: Mapping[str, Any], optimizers: Mapping[str, torch.optim.Optimizer], step: Callable[[], int]
+    ):
         self.schedulers, self.optimizers, self.step = schedulers, optimizers, step
 
     def state_dict(self) -> dict[str, Any]:
@@ -159,14 +176,25 @@ class ScheduleStates:
                 g["lr"] = lr
 
 
-def training_components(model: nn.Module, ema: Optional[Component], optimizers: Mapping[str, torch.optim.Optimizer],
-                        schedulers: Mapping[str, Any], health: Optional[Component], progress: Progress,
-                        say: Callable[[str], None]) -> dict[str, Optional[Component]]:
+def training_components(
+    model: nn.Module,
+    ema: Optional[Component],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    schedulers: Mapping[str, Any],
+    health: Optional[Component],
+    progress: Progress,
+    say: Callable[[str], None],
+) -> dict[str, Optional[Component]]:
     """The components of a training run, by checkpoint key, in restore order (None: off in this run, stored as
     None). ``progress``: the run's Progress, which ``CheckpointManager.restore`` fills before the components (the
     schedules' position is its step)."""
-    return {"model": ckpt.unwrap_model(model), "ema": ema, "optimizers": OptimizerStates(optimizers, say),
-            "schedulers": ScheduleStates(schedulers, optimizers, lambda: progress.step), "health": health}
+    return {
+        "model": ckpt.unwrap_model(model),
+        "ema": ema,
+        "optimizers": OptimizerStates(optimizers, say),
+        "schedulers": ScheduleStates(schedulers, optimizers, lambda: progress.step),
+        "health": health,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -178,24 +206,36 @@ class CheckpointManager:
     of docs/architecture.md, as a top-level list indexed by rank; ``epochs_done()``: the epochs completed, for
     summary.json."""
 
-    def __init__(self, checkpoint_dir: str, info: D.DistInfo, record: RunRecord,
-                 components: Mapping[str, Optional[Component]], *, per_rank: Mapping[str, Component],
-                 summary: RunSummary, epochs_done: Callable[[], float]):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        info: D.DistInfo,
+        record: RunRecord,
+        components: Mapping[str, Optional[Component]],
+        *,
+        per_rank: Mapping[str, Component],
+        summary: RunSummary,
+        epochs_done: Callable[[], float],
+    ):
         self.checkpoint_dir, self.info, self.record = checkpoint_dir, info, record
         self.components, self.per_rank = dict(components), dict(per_rank)
         self.summary, self.epochs_done = summary, epochs_done
         taken = {"format", "per_rank", "rng", "carry", "summary", *Progress().state_dict(), *record.state_dict()}
         if taken & (self.components.keys() | self.per_rank.keys()):
-            raise ValueError(f"components named {sorted(taken & (self.components.keys() | self.per_rank.keys()))}: "
-                             "these checkpoint keys are the manager's own")
+            raise ValueError(
+                f"components named {sorted(taken & (self.components.keys() | self.per_rank.keys()))}: "
+                "these checkpoint keys are the manager's own"
+            )
 
     # -- save ----------------------------------------------------------------------------------------
     def save(self, p: Progress) -> Optional[str]:
         """Gather per-rank state to rank 0 and write ``step_<N>.pt`` + summary.json atomically."""
-        carry_cpu = (ckpt.tree_map_tensors(p.carry, lambda t: t.detach().cpu().clone())
-                     if p.carry is not None else None)
-        mine = {"rng": ckpt.get_rng_state(), **{k: c.state_dict() for k, c in self.per_rank.items()},
-                "carry": carry_cpu}
+        carry_cpu = ckpt.tree_map_tensors(p.carry, lambda t: t.detach().cpu().clone()) if p.carry is not None else None
+        mine = {
+            "rng": ckpt.get_rng_state(),
+            **{k: c.state_dict() for k, c in self.per_rank.items()},
+            "carry": carry_cpu,
+        }
         per_rank = D.gather_objects(mine)
         # rank 0 writes; a failure (disk full, ...) reaches every rank as the same one-line error
         path = D.run_on_main(self.info, lambda: self._write(p, per_rank))
@@ -211,8 +251,12 @@ class CheckpointManager:
             last = ckpt.find_latest_checkpoint(self.checkpoint_dir) if os.path.isdir(self.checkpoint_dir) else None
             raise CheckpointSaveError(
                 f"saving step {p.step} failed: {e.filename or self.checkpoint_dir}: {e.strerror or e} ("
-                + (f"the last complete checkpoint {os.path.basename(last)} is intact)" if last else
-                   "no earlier checkpoint)")) from None
+                + (
+                    f"the last complete checkpoint {os.path.basename(last)} is intact)"
+                    if last
+                    else "no earlier checkpoint)"
+                )
+            ) from None
         self.summary.set(last_checkpoint=path)  # only once the file is complete
         ckpt.prune_checkpoints(self.checkpoint_dir, self.record.cfg.checkpoint_keep, protect=(path,))
         self.summary.write()
@@ -239,8 +283,9 @@ class CheckpointManager:
         st = None
         if self.info.is_main:
             try:
-                st = ckpt.load_latest_intact(self.checkpoint_dir, quarantine=True,
-                                             warn=lambda m: print(m, file=sys.stderr, flush=True))
+                st = ckpt.load_latest_intact(
+                    self.checkpoint_dir, quarantine=True, warn=lambda m: print(m, file=sys.stderr, flush=True)
+                )
                 choice = (st["_path"] if st is not None else None, None)
             except ckpt.CheckpointError as e:
                 choice = (None, str(e))
@@ -263,13 +308,18 @@ class CheckpointManager:
         mine = state["per_rank"][self.info.rank]
         for key, component in self.per_rank.items():
             component.load_state_dict(mine[key])
-        p.carry = (ckpt.tree_map_tensors(mine["carry"], lambda t: t.to(self.info.device))
-                   if mine["carry"] is not None else None)
+        p.carry = (
+            ckpt.tree_map_tensors(mine["carry"], lambda t: t.to(self.info.device))
+            if mine["carry"] is not None
+            else None
+        )
         if state.get("summary"):
             self.summary.load_state_dict(state["summary"])
         say(f"[train] resumed from {state['_path']} at step {p.step}")
-        notes = [f"resume: config changed since the checkpoint: {c}"
-                 for c in config_changes(state.get("config") or {}, self.record.cfg.model_dump(mode="json"))]
+        notes = [
+            f"resume: config changed since the checkpoint: {c}"
+            for c in config_changes(state.get("config") or {}, self.record.cfg.model_dump(mode="json"))
+        ]
         if state.get("data_fingerprint") not in (None, self.record.data_fingerprint):
             notes.append("resume: the training data differs from the checkpoint's (resume_allow_data_change=true)")
         for note in notes:  # printed and kept in summary.json, so a changed resume is never silent
@@ -290,8 +340,11 @@ class CheckpointManager:
             raise ckpt.CheckpointError(
                 f"{state['_path']}: the training data {rec.cfg.data_paths} differs from the data this run was "
                 f"trained on (content fingerprint {rec.data_fingerprint[:12]} vs {want[:12]}); resume on the same "
-                "data, or pass resume_allow_data_change=true")
+                "data, or pass resume_allow_data_change=true"
+            )
         saved_ws = len(state["per_rank"])
         if saved_ws != self.info.world_size:
-            raise ckpt.CheckpointError(f"{state['_path']}: saved with world size {saved_ws}, resumed with "
-                                       f"{self.info.world_size}; exact resume needs the same number of processes")
+            raise ckpt.CheckpointError(
+                f"{state['_path']}: saved with world size {saved_ws}, resumed with "
+                f"{self.info.world_size}; exact resume needs the same number of processes"
+            )

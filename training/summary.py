@@ -11,6 +11,7 @@ Written atomically (temp file + ``os.replace``) at every checkpoint and at the e
     accuracies / pass@K, min for losses), best_step {metric: step},
     last_checkpoint, warnings (health warnings), message (error text when failed)
 """
+
 from __future__ import annotations
 
 import json
@@ -40,17 +41,40 @@ EXIT_INTERRUPTED = 130
 class RunSummary:
     """Tracks final/best metrics and writes summary.json."""
 
-    def __init__(self, checkpoint_dir: str, *, run_name: str, project_name: str, config_path: Optional[str],
-                 total_steps: int, num_params: int = 0, warnings: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        *,
+        run_name: str,
+        project_name: str,
+        config_path: Optional[str],
+        total_steps: int,
+        num_params: int = 0,
+        warnings: tuple[str, ...] = (),
+    ):
         self.path = os.path.join(checkpoint_dir, SUMMARY_FILE)
         self.start = time.time()
         self.wall_offset = 0.0  # wall time of earlier segments (resume)
         self.data: dict[str, Any] = {
-            "run_name": run_name, "project_name": project_name, "checkpoint_dir": os.path.abspath(checkpoint_dir),
-            "config_path": config_path, "status": "running", "stop_reason": None, "exit_status": None,
-            "steps": 0, "total_steps": int(total_steps), "epochs_completed": 0.0, "examples_seen": 0,
-            "wall_time_s": 0.0, "num_params": int(num_params), "final": {}, "best": {}, "best_step": {},
-            "last_checkpoint": None, "warnings": list(warnings), "message": None,
+            "run_name": run_name,
+            "project_name": project_name,
+            "checkpoint_dir": os.path.abspath(checkpoint_dir),
+            "config_path": config_path,
+            "status": "running",
+            "stop_reason": None,
+            "exit_status": None,
+            "steps": 0,
+            "total_steps": int(total_steps),
+            "epochs_completed": 0.0,
+            "examples_seen": 0,
+            "wall_time_s": 0.0,
+            "num_params": int(num_params),
+            "final": {},
+            "best": {},
+            "best_step": {},
+            "last_checkpoint": None,
+            "warnings": list(warnings),
+            "message": None,
         }
 
     def update_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -84,8 +108,12 @@ class RunSummary:
         write_json_atomic(self.path, self.data)
 
     def finish(self, stop_reason: str, exit_status: int, message: Optional[str] = None) -> dict[str, Any]:
-        self.data.update(stop_reason=stop_reason, exit_status=int(exit_status), message=message,
-                         status="finished" if exit_status in (EXIT_OK, EXIT_EARLY_STOP) else "failed")
+        self.data.update(
+            stop_reason=stop_reason,
+            exit_status=int(exit_status),
+            message=message,
+            status="finished" if exit_status in (EXIT_OK, EXIT_EARLY_STOP) else "failed",
+        )
         self.write()
         return dict(self.data)
 

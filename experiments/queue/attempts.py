@@ -9,6 +9,7 @@ exits non-zero, :func:`deliberate_stop` (the run's summary.json says it stopped 
 :func:`deterministic_error` (bad input, usage error, command not found) tell a failure that a retry with resume
 would repeat from a crash worth retrying.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -30,8 +31,20 @@ from .jobfile import Job
 
 _SAFE_RE = re.compile(r"[^A-Za-z0-9_.\-]+")
 # torch.distributed variables of the runner's own environment are not passed on (a job starts its own group)
-_DIST_VARS = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                        "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"})
+_DIST_VARS = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "TORCHELASTIC_RUN_ID",
+    }
+)
 
 
 def now() -> str:
@@ -180,8 +193,11 @@ class Attempt:
         """The command's environment (see the module docstring); ``set_gpus``: the runner manages a GPU pool."""
         env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}  # a job is its own process group
         env.update(
-            PYTHONUNBUFFERED="1", TRM_JOB_NAME=self.label, TRM_JOB_ATTEMPT=str(self.attempt),
-            TRM_JOB_RESUME="1" if self.resume else "0", TRM_JOB_LOG=self.log_path,
+            PYTHONUNBUFFERED="1",
+            TRM_JOB_NAME=self.label,
+            TRM_JOB_ATTEMPT=str(self.attempt),
+            TRM_JOB_RESUME="1" if self.resume else "0",
+            TRM_JOB_LOG=self.log_path,
         )
         env.pop("TRM_JOB_ID", None)
         if self.job_id:
@@ -204,14 +220,21 @@ class Attempt:
         except FileNotFoundError:
             pass
         with open(self.log_path, "a", encoding="utf-8") as fh:
-            fh.write(f"=== {now()} {self.label} attempt {self.attempt}/{self.max_attempts}"
-                     f"{' (resume)' if self.resume else ''}"
-                     f"{' CUDA_VISIBLE_DEVICES=' + ','.join(self.gpus) if set_gpus else ''}\n"
-                     f"=== $ {cmd}\n")
+            fh.write(
+                f"=== {now()} {self.label} attempt {self.attempt}/{self.max_attempts}"
+                f"{' (resume)' if self.resume else ''}"
+                f"{' CUDA_VISIBLE_DEVICES=' + ','.join(self.gpus) if set_gpus else ''}\n"
+                f"=== $ {cmd}\n"
+            )
             fh.flush()
             self.proc = subprocess.Popen(
-                [shell, "-c", cmd], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                [shell, "-c", cmd],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         return cmd
 

@@ -11,6 +11,7 @@ b=x,y``) are checked value by value. ``python run_jobs.py --check`` is the CLI.
 
 Not covered: paths (data dirs, checkpoints) are not opened; that happens at the start of the real run.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -90,13 +91,15 @@ def compose_command(hc: HydraCommand, overrides: list[str]) -> tuple[DictConfig,
     puts it, plugins), composed in the command's run mode; the ``hydra`` node removed as before the task runs."""
     search_path = create_automatic_config_search_path(hc.script, None, hc.config_dir)
     if hc.extra_config_dir is not None:
-        search_path.prepend(provider="command-line", path=f"file://{hc.extra_config_dir}",
-                            anchor=SearchPathQuery(provider="schema"))
+        search_path.prepend(
+            provider="command-line", path=f"file://{hc.extra_config_dir}", anchor=SearchPathQuery(provider="schema")
+        )
     GlobalHydra.instance().clear()
     try:
         app = Hydra.create_main_hydra2(task_name=os.path.splitext(hc.script_name)[0], config_search_path=search_path)
-        cfg = app.compose_config(hc.config_name, list(overrides),
-                                 run_mode=RunMode.MULTIRUN if hc.multirun else RunMode.RUN)
+        cfg = app.compose_config(
+            hc.config_name, list(overrides), run_mode=RunMode.MULTIRUN if hc.multirun else RunMode.RUN
+        )
     finally:
         GlobalHydra.instance().clear()
     task = list(cfg.hydra.overrides.task)
@@ -110,13 +113,13 @@ def _missing_config(hc: HydraCommand) -> str:
     how = hc.name_flag or f"the default of {hc.script_name}'s @hydra.main"
     dirs = [d for d in (hc.extra_config_dir, hc.config_dir) if d]
     there = sorted({f[:-5] for d in dirs if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".yaml")})
-    return (f"config '{hc.config_name}' not found ({how}) in {' or '.join(dirs)}"
-            + (f"; configs there: {', '.join(there)}" if there else ""))
+    return f"config '{hc.config_name}' not found ({how}) in {' or '.join(dirs)}" + (
+        f"; configs there: {', '.join(there)}" if there else ""
+    )
 
 
 def _failure(hc: HydraCommand, e: BaseException, overrides: list[str]) -> str:
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file == hc.config_name \
-            and "primary config" in str(e):
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file == hc.config_name and "primary config" in str(e):
         return _missing_config(hc)
     msg = f"{hc.config_name} ({hc.script_name}): " + (user_error_message(e) or one_line(f"{type(e).__name__}: {e}"))
     return f"{msg} (overrides: {' '.join(overrides)})" if overrides else msg

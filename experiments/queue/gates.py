@@ -22,6 +22,7 @@ Metric lookup without a section: a top-level key of summary.json, else ``best[me
 ``/`` also matches its ``eval/`` form (``all.exact_accuracy`` -> ``eval/all.exact_accuracy``).
 Outcomes are read only from summary.json, never from logs.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,6 +55,7 @@ def command_overrides(command: str) -> dict[str, str]:
 
 def summary_path(job: Job, workdir: str = ".") -> Optional[str]:
     """Where ``job`` writes its summary.json (see module doc), or None if it cannot be known."""
+
     def absol(p: str) -> str:
         return p if os.path.isabs(p) else os.path.normpath(os.path.join(workdir, p))
 
@@ -141,8 +143,8 @@ def evaluate_requirement(req: Requirement, dep: Optional[Job], workdir: str = ".
     if ok:
         return GateDecision("run", f"gate {req.describe()} passed ({sec}{req.metric}={value:.4g})")
     return GateDecision(
-        "skip", f"gate {req.describe()} failed: {sec}{req.metric}={value:.4g}, "
-                f"needs {req.op} {req.threshold:g} (from {shown})"
+        "skip",
+        f"gate {req.describe()} failed: {sec}{req.metric}={value:.4g}, needs {req.op} {req.threshold:g} (from {shown})",
     )
 
 

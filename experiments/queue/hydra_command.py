@@ -8,6 +8,7 @@ the overrides. An argument the script would refuse (an unknown option, ``--cfg``
 Recognised lines: ``[ENV=..] [python|torchrun ... ] script.py <hydra arguments>`` where ``script.py`` contains
 ``@hydra.main``; shell syntax after the command (pipes, redirections, ``&&``) is not understood.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -102,8 +103,17 @@ def _action(args) -> str:
         raise CommandError("The --resolve flag can only be used in conjunction with --cfg or --help")
     if args.hydra_help:
         return "hydra-help"
-    chosen = [a for a, on in (("run", args.run), ("cfg", args.cfg is not None), ("multirun", args.multirun),
-                              ("shell-completion", args.shell_completion), ("info", args.info is not None)) if on]
+    chosen = [
+        a
+        for a, on in (
+            ("run", args.run),
+            ("cfg", args.cfg is not None),
+            ("multirun", args.multirun),
+            ("shell-completion", args.shell_completion),
+            ("info", args.info is not None),
+        )
+        if on
+    ]
     if len(chosen) > 1:
         raise CommandError("Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified")
     return chosen[0] if chosen else "run"
@@ -136,7 +146,7 @@ def parse_hydra_command(command: str, workdir: str = ".") -> Optional[HydraComma
     if kw is None:
         return None
     script = os.path.realpath(script)  # Hydra resolves config_path against the real directory of the script
-    args = _parse_args(os.path.basename(script), words[idx + 1:])
+    args = _parse_args(os.path.basename(script), words[idx + 1 :])
     if args is None:
         return HydraCommand(script, os.path.dirname(script), kw.get("config_name"), [], False, action="version")
     action = _action(args)
@@ -155,8 +165,9 @@ def parse_hydra_command(command: str, workdir: str = ".") -> Optional[HydraComma
         if not os.path.isdir(extra):
             raise CommandError(f"Additional config directory '{extra}' not found (--config-dir {args.config_dir})")
     flag = f"--config-name {args.config_name}" if args.config_name is not None else ""
-    return HydraCommand(script, config_dir, config_name, list(args.overrides), action == "multirun", extra, action,
-                        flag)
+    return HydraCommand(
+        script, config_dir, config_name, list(args.overrides), action == "multirun", extra, action, flag
+    )
 
 
 __all__ = ["COMPOSING_ACTIONS", "RUNNING_ACTIONS", "CommandError", "HydraCommand", "parse_hydra_command"]

@@ -27,6 +27,7 @@ A job is identified by its command text (whitespace-normalised) plus its occurre
 with the same command, and while running by the unique token ``[t=...]`` in its status note, so
 identity survives other people editing, inserting or reordering lines while a runner works.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -181,15 +182,18 @@ def _close_tag(key: str) -> Optional[str]:
 
 def _unknown_tag(where: str, key: str, value: str) -> str:
     guess = _close_tag(key)
-    return (f"{where}: unknown job tag '{key}={value}'" + (f" (did you mean '{guess}='?)" if guess else "")
-            + f"; known tags: {', '.join(META_KEYS)}. Free text goes in its own '# ...' segment with at least one "
-              f"word that is not key=value")
+    return (
+        f"{where}: unknown job tag '{key}={value}'"
+        + (f" (did you mean '{guess}='?)" if guess else "")
+        + f"; known tags: {', '.join(META_KEYS)}. Free text goes in its own '# ...' segment with at least one "
+        f"word that is not key=value"
+    )
 
 
 def _parse_meta(segment: str, where: str) -> Optional[tuple[dict[str, str], list[str]]]:
     """Metadata of one comment segment, or None if it is a free comment."""
     if segment.startswith("requires:"):
-        toks = segment[len("requires:"):].split()
+        toks = segment[len("requires:") :].split()
         if not toks or len(toks) > 2:
             raise JobFileError(f"{where}: expected '# requires: <job id> [<metric><op><value>]', got '# {segment}'")
         return {}, [toks[0] + (":" + toks[1] if len(toks) == 2 else "")]
@@ -276,8 +280,16 @@ def parse_job_line(text: str, lineno: int = 0, path: str = "jobs.txt") -> Option
         requires.extend(sreq)
     mark = m.group("mark")
     return Job(
-        lineno=lineno, mark="x" if mark == "X" else mark, command=command, body=body, note=note, meta=meta,
-        requires=requires, indent=m.group("indent"), sep=m.group("sep"), _orig=text,
+        lineno=lineno,
+        mark="x" if mark == "X" else mark,
+        command=command,
+        body=body,
+        note=note,
+        meta=meta,
+        requires=requires,
+        indent=m.group("indent"),
+        sep=m.group("sep"),
+        _orig=text,
     )
 
 
@@ -295,7 +307,7 @@ class JobFile:
         counts: dict[str, int] = {}
         for i, raw in enumerate(text.splitlines(keepends=True), start=1):
             body = raw.rstrip("\r\n")
-            eols.append(raw[len(body):])
+            eols.append(raw[len(body) :])
             job = parse_job_line(body, i, path)
             if job is None:
                 lines.append(body)
@@ -371,7 +383,7 @@ class JobFile:
             if state.get(jid) == 2:
                 return
             if state.get(jid) == 1:
-                cyc = stack[stack.index(jid):] + [jid]
+                cyc = stack[stack.index(jid) :] + [jid]
                 raise JobFileError(f"{self.path}: dependency cycle: {' -> '.join(cyc)}")
             state[jid] = 1
             for spec in ids[jid].requires:

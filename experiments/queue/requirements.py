@@ -1,5 +1,6 @@
 """Requirement syntax of jobs.txt (``requires=ID[:[best:|final:]METRIC OP VALUE]``): parsed here, used by the job
 file's validation (experiments.queue.jobfile) and evaluated by the gates (experiments.queue.gates)."""
+
 from __future__ import annotations
 
 import operator
@@ -15,7 +16,9 @@ class JobFileError(PlatformError, ValueError):
 
 
 OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
-_EXPR_RE = re.compile(r"^(?:(?P<section>best|final):)?(?P<metric>[^<>=!]+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>\S+)$")
+_EXPR_RE = re.compile(
+    r"^(?:(?P<section>best|final):)?(?P<metric>[^<>=!]+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<value>\S+)$"
+)
 SECTIONS = ("best", "final")
 
 

@@ -25,6 +25,7 @@ This module is the scheduling (which line runs when, on which GPUs; what its lin
 one attempt's process -- its environment, log, process group and what its exit means -- is
 :mod:`experiments.queue.attempts`.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,7 +96,9 @@ class Runner:
         self.out = out
         self.store = JobStore(config.jobs_path)
         self.workdir = os.path.abspath(config.workdir or os.getcwd())
-        self.logs_dir = config.logs_dir if os.path.isabs(config.logs_dir) else os.path.join(self.workdir, config.logs_dir)
+        self.logs_dir = (
+            config.logs_dir if os.path.isabs(config.logs_dir) else os.path.join(self.workdir, config.logs_dir)
+        )
         self.host = socket.gethostname()
         self.active: dict[str, Attempt] = {}
         self.free_gpus: list[str] = list(config.gpus or [])
@@ -140,8 +143,10 @@ class Runner:
                 with self.store.edit() as jf:
                     job = jf.find(a.key, a.token)
                     if job is None:
-                        self.log(f"WARNING: the line of {a.label} vanished from {self.cfg.jobs_path} (edited?); "
-                                 f"its status '{note}' was not recorded")
+                        self.log(
+                            f"WARNING: the line of {a.label} vanished from {self.cfg.jobs_path} (edited?); "
+                            f"its status '{note}' was not recorded"
+                        )
                         return
                     job.set_status(mark, note)
                     a.key = job.key
@@ -171,8 +176,10 @@ class Runner:
                     continue
                 c = _CHILD_RE.search(job.note)
                 if c and pid_alive(int(c.group("child"))):
-                    self.log(f"WARNING: {job.label}: its runner (pid {pid}) died but its command (pid "
-                             f"{c.group('child')}) still runs; leaving the line as running")
+                    self.log(
+                        f"WARNING: {job.label}: its runner (pid {pid}) died but its command (pid "
+                        f"{c.group('child')}) still runs; leaving the line as running"
+                    )
                     continue
                 job.set_status(PENDING, f"crashed: runner pid {pid} died, found {now()}; resumes when taken")
                 self.log(f"{job.label}: runner pid {pid} is gone; line set back to pending (will resume)")
@@ -205,8 +212,11 @@ class Runner:
                     continue
                 need = self._gpus_needed(job)
                 if need > len(self.cfg.gpus or []):
-                    job.set_status(FAILED, f"failed: needs {need} GPUs, the runner has {len(self.cfg.gpus or [])} "
-                                           f"(--gpus {','.join(self.cfg.gpus or [])})")
+                    job.set_status(
+                        FAILED,
+                        f"failed: needs {need} GPUs, the runner has {len(self.cfg.gpus or [])} "
+                        f"(--gpus {','.join(self.cfg.gpus or [])})",
+                    )
                     self.log(f"fail {job.label}: needs {need} GPUs")
                     self.n_failed += 1
                     continue
@@ -215,11 +225,18 @@ class Runner:
                     continue
                 gpus = self.free_gpus[:need]
                 a = Attempt(
-                    key=job.key, token=uuid.uuid4().hex[:10], label=job.label, command=job.command,
-                    resume_arg=self._resume_arg(job), attempt=1, max_attempts=self._max_attempts(job),
-                    resume=job.wants_resume, gpus=gpus,
+                    key=job.key,
+                    token=uuid.uuid4().hex[:10],
+                    label=job.label,
+                    command=job.command,
+                    resume_arg=self._resume_arg(job),
+                    attempt=1,
+                    max_attempts=self._max_attempts(job),
+                    resume=job.wants_resume,
+                    gpus=gpus,
                     log_path=os.path.join(self.logs_dir, job_slug(job) + ".log"),
-                    summary=summary_path(job, self.workdir), job_id=job.id,
+                    summary=summary_path(job, self.workdir),
+                    job_id=job.id,
                 )
                 if dec.reason:
                     self.log(f"{job.label}: {dec.reason}")
@@ -233,8 +250,10 @@ class Runner:
         cmd = a.spawn(workdir=self.workdir, shell=self.cfg.shell, set_gpus=self.cfg.gpus is not None)
         self.active[a.token] = a
         self._set(a, RUNNING, self._running_note(a, a.proc.pid))
-        self.log(f"start {a.label} (attempt {a.attempt}/{a.max_attempts}{', resume' if a.resume else ''}"
-                 f"{', gpus ' + ','.join(a.gpus) if a.gpus else ''}) -> {os.path.relpath(a.log_path, self.workdir)}: {cmd}")
+        self.log(
+            f"start {a.label} (attempt {a.attempt}/{a.max_attempts}{', resume' if a.resume else ''}"
+            f"{', gpus ' + ','.join(a.gpus) if a.gpus else ''}) -> {os.path.relpath(a.log_path, self.workdir)}: {cmd}"
+        )
 
     # ------------------------------------------------------------------ finishing
     def _finish(self, a: Attempt, rc: int) -> None:
@@ -277,8 +296,12 @@ class Runner:
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
         self._interrupts += 1
         if self._interrupts == 1:
-            print(f"\n[run_jobs] {signal.Signals(signum).name}: stopping {len(self.active)} job(s) "
-                  f"(SIGINT, SIGKILL after {self.cfg.kill_grace:g}s; again to kill now)", file=self.out, flush=True)
+            print(
+                f"\n[run_jobs] {signal.Signals(signum).name}: stopping {len(self.active)} job(s) "
+                f"(SIGINT, SIGKILL after {self.cfg.kill_grace:g}s; again to kill now)",
+                file=self.out,
+                flush=True,
+            )
         else:
             for a in list(self.active.values()):
                 a.kill(signal.SIGKILL)
@@ -366,8 +389,7 @@ class Runner:
                 continue
             if dec.action == "wait":
                 counts["wait"] += 1
-                self.out.write(f"  later      {head}: {dec.reason}; then gates: "
-                               f"{', '.join(job.requires)}\n")
+                self.out.write(f"  later      {head}: {dec.reason}; then gates: {', '.join(job.requires)}\n")
                 continue
             counts["run"] += 1
             cmd = resume_command(job.command, self._resume_arg(job)) if job.wants_resume else job.command
@@ -386,7 +408,9 @@ class Runner:
             if dec.reason:
                 extra += f" [{dec.reason}]"
             self.out.write(f"  would run  {when} {head}{extra}\n      $ {cmd}\n")
-        self.out.write(f"dry run: {counts['run']} would run, {counts['skip']} would be skipped, "
-                       f"{counts['wait']} wait for other jobs; {self.cfg.jobs_path} unchanged\n")
+        self.out.write(
+            f"dry run: {counts['run']} would run, {counts['skip']} would be skipped, "
+            f"{counts['wait']} wait for other jobs; {self.cfg.jobs_path} unchanged\n"
+        )
         self.out.flush()
         return 0

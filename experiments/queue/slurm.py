@@ -8,6 +8,7 @@ each task before the training function and exports exactly the variables torchru
 Outside a multi-task submitit SLURM job, or under torchrun (``RANK`` already set), it does nothing.
 See docs/experiments.md ("SLURM") for this pattern and the sbatch + torchrun alternative.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,9 @@ def first_hostname(nodelist: str) -> str:
     return f"{prefix}{start}{suffix}"
 
 
-def slurm_torch_env(environ: Mapping[str, str] = os.environ, master_port: Optional[int] = None) -> Optional[dict[str, str]]:
+def slurm_torch_env(
+    environ: Mapping[str, str] = os.environ, master_port: Optional[int] = None
+) -> Optional[dict[str, str]]:
     """torch.distributed ``env://`` variables for this SLURM task, or None when not applicable
     (not a submitit SLURM job, a single task, or already set by torchrun)."""
     if environ.get("SUBMITIT_EXECUTOR") != "slurm" or "RANK" in environ:
@@ -55,8 +58,11 @@ def slurm_torch_env(environ: Mapping[str, str] = os.environ, master_port: Option
         raise RuntimeError(f"SLURM task without {', '.join(missing)}; cannot set up torch.distributed")
     nnodes = int(environ.get("SLURM_JOB_NUM_NODES", environ.get("SLURM_NNODES", "1")))
     if master_port is None:
-        master_port = int(environ["MASTER_PORT"]) if "MASTER_PORT" in environ else \
-            _MIN_PORT + int(environ["SLURM_JOB_ID"]) % _PORT_SPAN
+        master_port = (
+            int(environ["MASTER_PORT"])
+            if "MASTER_PORT" in environ
+            else _MIN_PORT + int(environ["SLURM_JOB_ID"]) % _PORT_SPAN
+        )
     return {
         "RANK": environ["SLURM_PROCID"],
         "WORLD_SIZE": str(ntasks),
@@ -77,5 +83,8 @@ class SlurmTorchDistributed(Callback):  # type: ignore[misc]
         env = slurm_torch_env(os.environ, self.master_port)
         if env:
             os.environ.update(env)
-            print(f"[slurm] torch.distributed rank {env['RANK']}/{env['WORLD_SIZE']} (local {env['LOCAL_RANK']}), "
-                  f"master {env['MASTER_ADDR']}:{env['MASTER_PORT']}", flush=True)
+            print(
+                f"[slurm] torch.distributed rank {env['RANK']}/{env['WORLD_SIZE']} (local {env['LOCAL_RANK']}), "
+                f"master {env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                flush=True,
+            )

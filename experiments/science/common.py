@@ -1,5 +1,6 @@
 """Names and helpers shared by the science command's stages (:mod:`experiments.science.run`,
 :mod:`experiments.science.data`) and its report (:mod:`experiments.science.report`)."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,10 @@ def check_same(path: str, saved: Optional[dict], wanted: dict, what: str) -> Non
     if saved is None or saved == wanted:
         return
     k, old, new = first_diff(saved, wanted)
-    raise ScienceError(f"{path}: {what} was made with {k}={old!r}, this command asks for {k}={new!r}; "
-                       "use a new --out (or the same options) to keep results comparable")
+    raise ScienceError(
+        f"{path}: {what} was made with {k}={old!r}, this command asks for {k}={new!r}; "
+        "use a new --out (or the same options) to keep results comparable"
+    )
 
 
 # seconds a stage may take to stop after Ctrl-C (training finishes its step and writes a checkpoint)
@@ -105,9 +108,17 @@ def hydra_quote(path: str) -> str:
     return "'" + path.replace("'", "\\'") + "'"
 
 
-def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expect: Sequence[str], step: int,
-                        eval_overrides: list[str], what: str, checkpoint: Optional[str] = None
-                        ) -> tuple[Optional[dict], Optional[dict]]:
+def evaluate_checkpoint(
+    name: str,
+    run_dir: str,
+    data_path: str,
+    sub: str,
+    expect: Sequence[str],
+    step: int,
+    eval_overrides: list[str],
+    what: str,
+    checkpoint: Optional[str] = None,
+) -> tuple[Optional[dict], Optional[dict]]:
     """Stage 3 for one run on one dataset: evaluate.py into ``run_dir/sub`` unless that holds the evaluation of
     checkpoint ``step`` on exactly the puzzles ``expect`` with exactly these ``eval_overrides`` (an evaluation made
     with other ones, e.g. before ``--eval-override use_ema=false``, or by a version that did not record them, is
@@ -117,15 +128,29 @@ def evaluate_checkpoint(name: str, run_dir: str, data_path: str, sub: str, expec
     mpath, ppath = os.path.join(ev, "metrics.json"), os.path.join(ev, "predictions.json")
     rec, pred = read_json_or_none(mpath), read_json_or_none(ppath)
     made_with = {"eval_overrides": list(eval_overrides)}
-    if (rec is not None and pred is not None and rec.get("checkpoint_step") == step and set(pred) == set(expect)
-            and read_json_or_none(os.path.join(ev, EVAL_ARGS)) == made_with):
+    if (
+        rec is not None
+        and pred is not None
+        and rec.get("checkpoint_step") == step
+        and set(pred) == set(expect)
+        and read_json_or_none(os.path.join(ev, EVAL_ARGS)) == made_with
+    ):
         say(f"{name}: evaluation of {what} exists, reused")
         return rec, None
     shutil.rmtree(ev, ignore_errors=True)
     hydra_dir = os.path.join(run_dir, "hydra-" + sub.replace(os.sep, "-"))
-    cmd = [sys.executable, "evaluate.py", f"checkpoint={hydra_quote(ck)}", f"data_path={hydra_quote(data_path)}",
-           f"output_dir={hydra_quote(ev)}", f"hydra.run.dir={hydra_quote(hydra_dir)}", "progress=false",
-           "num_pictures=0", "pass_ks=[1,2]", *eval_overrides]
+    cmd = [
+        sys.executable,
+        "evaluate.py",
+        f"checkpoint={hydra_quote(ck)}",
+        f"data_path={hydra_quote(data_path)}",
+        f"output_dir={hydra_quote(ev)}",
+        f"hydra.run.dir={hydra_quote(hydra_dir)}",
+        "progress=false",
+        "num_pictures=0",
+        "pass_ks=[1,2]",
+        *eval_overrides,
+    ]
     say(f"{name}: evaluating {what} (checkpoint step {step})")
     log = os.path.join(run_dir, f"{sub}.log")
     rc, secs, last = run_logged(cmd, log)

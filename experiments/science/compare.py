@@ -8,6 +8,7 @@ against, and every other row names only the overrides it adds to or changes from
 tables of the record are written with it (e.g. docs/record/2026-11-26-schedule-ema-halt-batch.md): every row
 carries the steps, the s/step and the seeds it rests on.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,16 @@ from core.errors import user_errors
 from core.io import atomic_write, read_json
 from core.table import markdown_table
 from experiments.science.common import TOTAL_ROW, ScienceError
+from experiments.science.recipe import recipe_override
 from experiments.science.report import SCORED
-from experiments.science.run import recipe_override
 
 
 def _overrides(settings: dict) -> list[str]:
     """The --override's that change what a run learns (not its paths or checkpoint interval), then the
     --eval-override's that change how it is scored, as ``eval:key=value`` (e.g. ``eval:use_ema=false``)."""
-    return ([o for o in settings.get("overrides") or [] if recipe_override(o)]
-            + [f"eval:{o}" for o in settings.get("eval_overrides") or []])
+    return [o for o in settings.get("overrides") or [] if recipe_override(o)] + [
+        f"eval:{o}" for o in settings.get("eval_overrides") or []
+    ]
 
 
 def _training_seed(overrides: Sequence[str]) -> str:
@@ -42,20 +44,38 @@ def load_rows(dirs: Sequence[str], runs: Optional[Sequence[str]] = None) -> list
         try:
             settings, table = res["settings"], res["families"]
         except (KeyError, TypeError):
-            raise ScienceError(f"{os.path.join(d, 'science.json')}: not a science command's result "
-                               "(no 'settings' / 'families')") from None
+            raise ScienceError(
+                f"{os.path.join(d, 'science.json')}: not a science command's result (no 'settings' / 'families')"
+            ) from None
         over = _overrides(settings)
         for name, r in res.get("runs", {}).items():
             if r.get("status") not in SCORED or (runs and name not in runs):
                 continue
-            held = {f: row["runs"][name]["pass@1"] for f, row in table.items()
-                    if name in row.get("runs", {}) and row.get("count")}
-            fit = {f: row["train_runs"][name]["pass@1"] for f, row in table.items()
-                   if name in row.get("train_runs", {}) and row.get("train_count")}
+            held = {
+                f: row["runs"][name]["pass@1"]
+                for f, row in table.items()
+                if name in row.get("runs", {}) and row.get("count")
+            }
+            fit = {
+                f: row["train_runs"][name]["pass@1"]
+                for f, row in table.items()
+                if name in row.get("train_runs", {}) and row.get("train_count")
+            }
             steps, secs = r.get("steps"), r.get("train_seconds")
-            rows.append({"dir": d, "run": name, "overrides": over, "data_seed": settings["data"].get("seed"),
-                         "seed": _training_seed(over), "steps": steps, "cut_short": r["status"] == "cut_short",
-                         "s_per_step": secs / steps if secs and steps else None, "heldout": held, "fit": fit})
+            rows.append(
+                {
+                    "dir": d,
+                    "run": name,
+                    "overrides": over,
+                    "data_seed": settings["data"].get("seed"),
+                    "seed": _training_seed(over),
+                    "steps": steps,
+                    "cut_short": r["status"] == "cut_short",
+                    "s_per_step": secs / steps if secs and steps else None,
+                    "heldout": held,
+                    "fit": fit,
+                }
+            )
     if not rows:
         raise ScienceError(f"no scored run{' named ' + ', '.join(runs) if runs else ''} in {', '.join(dirs)}")
     return rows
@@ -83,21 +103,36 @@ def render(rows: list[dict]) -> str:
 
     body = []
     for i, r in enumerate(rows):
-        change = ("(baseline) " + " ".join(f"`{o}`" for o in base)).strip() if i == 0 else _changes(base, r["overrides"])
+        change = (
+            ("(baseline) " + " ".join(f"`{o}`" for o in base)).strip() if i == 0 else _changes(base, r["overrides"])
+        )
         steps = f"{r['steps']}{' (cut short)' if r['cut_short'] else ''}"
         sps = "" if r["s_per_step"] is None else f"{r['s_per_step']:.2f}"
-        body.append([f"{os.path.basename(os.path.normpath(r['dir']))}: {r['run']}", change,
-                     f"{r['data_seed']}, {r['seed']}", steps, sps, f"**{cell(r, TOTAL_ROW)}**"]
-                    + [cell(r, f) for f in fams])
+        body.append(
+            [
+                f"{os.path.basename(os.path.normpath(r['dir']))}: {r['run']}",
+                change,
+                f"{r['data_seed']}, {r['seed']}",
+                steps,
+                sps,
+                f"**{cell(r, TOTAL_ROW)}**",
+            ]
+            + [cell(r, f) for f in fams]
+        )
     header = ["run", "change", "seeds (data, training)", "steps", "s/step", "**all**"] + fams
-    lines = [f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
-             ""] + markdown_table(header, body, right=[False, False, False, True, True])
+    lines = [
+        f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
+        "",
+    ] + markdown_table(header, body, right=[False, False, False, True, True])
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(prog="python -m experiments.science.compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.science.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("dirs", nargs="+", help="science --out dirs (the first is the baseline)")
     ap.add_argument("--runs", nargs="+", help="only these runs of each dir (e.g. standard control)")
     ap.add_argument("--out", help="also write the table to this markdown file")

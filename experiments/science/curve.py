@@ -9,6 +9,7 @@ reused), then writes DIR/curve.json, DIR/curve.md (one table per run: step x fam
 ``python -m experiments.science.curve DIR [DIR ...] --out FIG.png`` draws the curves of several --out dirs in one
 figure (each labelled with its --override's, e.g. one dir per model size): the curve against model size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,30 +34,50 @@ from training.checkpoint import list_checkpoints
 CURVE_DIR = "curve"
 
 
-def _step_table(data: ScienceData, heldout: list[str], fit: Optional[tuple[str, list[str]]], name: str,
-                run_dir: str, step: int, path: str, eval_overrides: list[str], newest: bool) -> Optional[dict]:
+def _step_table(
+    data: ScienceData,
+    heldout: list[str],
+    fit: Optional[tuple[str, list[str]]],
+    name: str,
+    run_dir: str,
+    step: int,
+    path: str,
+    eval_overrides: list[str],
+    newest: bool,
+) -> Optional[dict]:
     """One checkpoint's held-out (and train-fit) pass@1 per family, or None when an evaluation failed."""
     # the newest checkpoint's evaluations are the report's own (reused); older ones go under curve/step_<N>/
     sub = os.path.join(CURVE_DIR, f"step_{step}")
     held_sub, fit_sub = (HELDOUT_EVAL, FIT_EVAL) if newest else (os.path.join(sub, "heldout"), os.path.join(sub, "fit"))
-    _, failed = evaluate_checkpoint(name, run_dir, data.built, held_sub, heldout, step, eval_overrides,
-                                    "the held-out puzzles", checkpoint=path)
+    _, failed = evaluate_checkpoint(
+        name, run_dir, data.built, held_sub, heldout, step, eval_overrides, "the held-out puzzles", checkpoint=path
+    )
     if failed is not None:
         return None
     fit_arg = None
     if fit is not None:
-        _, failed = evaluate_checkpoint(name, run_dir, fit[0], fit_sub, fit[1], step, eval_overrides,
-                                        "the train-fit set", checkpoint=path)
+        _, failed = evaluate_checkpoint(
+            name, run_dir, fit[0], fit_sub, fit[1], step, eval_overrides, "the train-fit set", checkpoint=path
+        )
         if failed is None:
             fit_arg = (fit[1], {name: read_json(os.path.join(run_dir, fit_sub, "predictions.json"), ScienceError)})
     pred = read_json(os.path.join(run_dir, held_sub, "predictions.json"), ScienceError)
     table = family_table(data.rules, {name: pred}, train_fit=fit_arg)
-    return {"step": step, "heldout": {f: row["runs"][name]["pass@1"] for f, row in table.items()},
-            "fit": {f: row["train_runs"][name]["pass@1"] for f, row in table.items() if fit_arg is not None}}
+    return {
+        "step": step,
+        "heldout": {f: row["runs"][name]["pass@1"] for f, row in table.items()},
+        "fit": {f: row["train_runs"][name]["pass@1"] for f, row in table.items() if fit_arg is not None},
+    }
 
 
-def run_curve(out: str, data: ScienceData, fit: Optional[tuple[str, list[str]]], runs: dict[str, dict],
-              eval_overrides: Sequence[str], title: str = "") -> dict:
+def run_curve(
+    out: str,
+    data: ScienceData,
+    fit: Optional[tuple[str, list[str]]],
+    runs: dict[str, dict],
+    eval_overrides: Sequence[str],
+    title: str = "",
+) -> dict:
     """Evaluate every kept checkpoint of every scored run (the science command's evaluate.py stage,
     :func:`experiments.science.common.evaluate_checkpoint`); write curve.json / curve.md / curve.png in ``out``."""
     curve: dict[str, Any] = {"title": title, "runs": {}}
@@ -66,11 +87,24 @@ def run_curve(out: str, data: ScienceData, fit: Optional[tuple[str, list[str]]],
             continue
         cks = list_checkpoints(os.path.join(rec["run_dir"], "checkpoint"))
         if len(cks) < 2:
-            say(f"curve: {name} keeps {len(cks)} checkpoint(s); pass --override checkpoint_keep=null to keep "
-                "every one (checkpoint_every steps apart)")
-        points = [_step_table(data, heldout, fit, name, rec["run_dir"], step, path, list(eval_overrides),
-                              newest=step == rec.get("evaluated_step"))
-                  for step, path in cks]
+            say(
+                f"curve: {name} keeps {len(cks)} checkpoint(s); pass --override checkpoint_keep=null to keep "
+                "every one (checkpoint_every steps apart)"
+            )
+        points = [
+            _step_table(
+                data,
+                heldout,
+                fit,
+                name,
+                rec["run_dir"],
+                step,
+                path,
+                list(eval_overrides),
+                newest=step == rec.get("evaluated_step"),
+            )
+            for step, path in cks
+        ]
         curve["runs"][name] = [p for p in points if p is not None]
     write_json_atomic(os.path.join(out, "curve.json"), curve)
     md = render_markdown(curve)
@@ -86,11 +120,19 @@ def render_markdown(curve: dict) -> str:
         if not points:
             continue
         fams = [TOTAL_ROW] + sorted(f for f in points[0]["heldout"] if f != TOTAL_ROW)
-        lines += [f"## {name}", "", "pass@1 held-out / train fit (training puzzles)", "",
-                  "| step | " + " | ".join(fams) + " |", "|---" * (len(fams) + 1) + "|"]
+        lines += [
+            f"## {name}",
+            "",
+            "pass@1 held-out / train fit (training puzzles)",
+            "",
+            "| step | " + " | ".join(fams) + " |",
+            "|---" * (len(fams) + 1) + "|",
+        ]
         for p in points:
-            cells = [f"{p['heldout'][f]:.2f} / {p['fit'][f]:.2f}" if f in p["fit"] else f"{p['heldout'][f]:.2f}"
-                     for f in fams]
+            cells = [
+                f"{p['heldout'][f]:.2f} / {p['fit'][f]:.2f}" if f in p["fit"] else f"{p['heldout'][f]:.2f}"
+                for f in fams
+            ]
             lines.append(f"| {p['step']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -129,8 +171,11 @@ def plot(curves: Sequence[dict], path: str) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(prog="python -m experiments.science.curve", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.science.curve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("dirs", nargs="+", help="science --out dirs that hold curve.json (run with --curve)")
     ap.add_argument("--out", required=True, help="the figure to write (.png)")
     a = ap.parse_args(argv)

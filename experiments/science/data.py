@@ -23,6 +23,7 @@ The train-fit set (:func:`prepare_fit`): a seeded sample of the training puzzles
 (``OUT/data/fit/built``) so that ``evaluate.py`` scores each run on puzzles it was trained on, with the same
 augmented copies; the table shows this next to the held-out score of every family / group.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,8 +99,9 @@ def _build_once(out: str, settings: dict, cmd: list[str], *, what: str, no_train
             say(f"data: {built} already built, reused")
             return built
     if no_train:
-        raise ScienceError(f"--no-train: {out} has no data built by an earlier science command (run it without "
-                           "--no-train first)")
+        raise ScienceError(
+            f"--no-train: {out} has no data built by an earlier science command (run it without --no-train first)"
+        )
     say(f"data: {what} -> {built}")
     log = os.path.join(data, "build.log")
     rc, secs, last = run_logged(cmd, log)
@@ -111,24 +113,75 @@ def _build_once(out: str, settings: dict, cmd: list[str], *, what: str, no_train
 
 
 def _synthetic_command(settings: dict, raw: str, built: str) -> list[str]:
-    cmd = [sys.executable, "-m", "dataset.build_synthetic_dataset", "--output-dir", raw, "--output-prefix", DATA_PREFIX,
-           "--num-train", str(settings["num_train"]), "--num-test", str(settings["num_test"]),
-           "--min-grid", str(settings["min_grid"]), "--max-grid", str(settings["max_grid"]),
-           "--canvas-size", str(settings["canvas_size"]), "--seed", str(settings["seed"]),
-           "--heldout-puzzles-per-instance", str(settings["heldout_puzzles_per_instance"]),
-           "--families", *settings["families"]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dataset.build_synthetic_dataset",
+        "--output-dir",
+        raw,
+        "--output-prefix",
+        DATA_PREFIX,
+        "--num-train",
+        str(settings["num_train"]),
+        "--num-test",
+        str(settings["num_test"]),
+        "--min-grid",
+        str(settings["min_grid"]),
+        "--max-grid",
+        str(settings["max_grid"]),
+        "--canvas-size",
+        str(settings["canvas_size"]),
+        "--seed",
+        str(settings["seed"]),
+        "--heldout-puzzles-per-instance",
+        str(settings["heldout_puzzles_per_instance"]),
+        "--families",
+        *settings["families"],
+    ]
     if settings["holdout_families"]:
         cmd += ["--holdout-families", *settings["holdout_families"]]
-    return cmd + ["--build-dir", built, "--num-aug", str(settings["num_aug"]), "--mode", "etrm", "--overwrite",
-                  "--num-workers", "1", "--no-progress"]
+    return cmd + [
+        "--build-dir",
+        built,
+        "--num-aug",
+        str(settings["num_aug"]),
+        "--mode",
+        "etrm",
+        "--overwrite",
+        "--num-workers",
+        "1",
+        "--no-progress",
+    ]
 
 
-def _arc_command(prefix: str, subsets: list[str], test_set: str, built: str, *, num_aug: int, seed: int,
-                 canvas_size: int) -> list[str]:
-    return [sys.executable, "-m", "dataset.build_arc_dataset", "--input-file-prefix", prefix, "--output-dir", built,
-            "--subsets", *subsets, "--test-set-name", test_set, "--mode", "etrm", "--num-aug", str(num_aug),
-            "--seed", str(seed), "--canvas-size", str(canvas_size), "--overwrite", "--num-workers", "1",
-            "--no-progress"]
+def _arc_command(
+    prefix: str, subsets: list[str], test_set: str, built: str, *, num_aug: int, seed: int, canvas_size: int
+) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "dataset.build_arc_dataset",
+        "--input-file-prefix",
+        prefix,
+        "--output-dir",
+        built,
+        "--subsets",
+        *subsets,
+        "--test-set-name",
+        test_set,
+        "--mode",
+        "etrm",
+        "--num-aug",
+        str(num_aug),
+        "--seed",
+        str(seed),
+        "--canvas-size",
+        str(canvas_size),
+        "--overwrite",
+        "--num-workers",
+        "1",
+        "--no-progress",
+    ]
 
 
 def synthetic_rules_path(out: str) -> str:
@@ -142,20 +195,35 @@ def prepare_synthetic(out: str, settings: dict, *, no_train: bool = False) -> Sc
     raw = os.path.join(out, "data", "raw")
     rules_path = synthetic_rules_path(out)
     nf = len(settings["families"])
-    what = (f"{settings['num_train']} training + {settings['num_test']} held-out puzzles, {nf} "
-            f"famil{'y' if nf == 1 else 'ies'}, canvas {settings['canvas_size']}")
-    built = _build_once(out, settings, _synthetic_command(settings, raw, os.path.join(out, "data", "built")),
-                        what=what, no_train=no_train, ready=os.path.exists(rules_path))
+    what = (
+        f"{settings['num_train']} training + {settings['num_test']} held-out puzzles, {nf} "
+        f"famil{'y' if nf == 1 else 'ies'}, canvas {settings['canvas_size']}"
+    )
+    built = _build_once(
+        out,
+        settings,
+        _synthetic_command(settings, raw, os.path.join(out, "data", "built")),
+        what=what,
+        no_train=no_train,
+        ready=os.path.exists(rules_path),
+    )
     rules = read_json(rules_path, ScienceError)
     notes = parameter_shift_notes(rules)
     for note in notes:
         say("data: " + note.replace("`", ""))
-    return ScienceData(settings, built, rules, f"rule family (the builder's {os.path.relpath(rules_path, out)})",
-                       os.path.join(raw, DATA_PREFIX), notes)
+    return ScienceData(
+        settings,
+        built,
+        rules,
+        f"rule family (the builder's {os.path.relpath(rules_path, out)})",
+        os.path.join(raw, DATA_PREFIX),
+        notes,
+    )
 
 
-def parameter_shift_notes(rules: dict, *, heldout_share: float = 0.5, train_share: float = 0.1,
-                          min_heldout: int = 4) -> list[str]:
+def parameter_shift_notes(
+    rules: dict, *, heldout_share: float = 0.5, train_share: float = 0.1, min_heldout: int = 4
+) -> list[str]:
     """Rule parameters whose value dominates a family's held-out puzzles but is rare in its training puzzles
     (shares of puzzles; at least ``min_heldout`` held-out puzzles of the family). The leak-free split can cause
     this: a training puzzle is redrawn when an augmented copy of it shows a held-out instance, so a value whose
@@ -170,7 +238,8 @@ def parameter_shift_notes(rules: dict, *, heldout_share: float = 0.5, train_shar
             fs = (meta["family"], meta.get("subset"))
             sizes[fs] += 1
             counts.setdefault(fs, Counter()).update(
-                (k, v) for k, v in meta["params"].items() if isinstance(v, (bool, int, str)))
+                (k, v) for k, v in meta["params"].items() if isinstance(v, (bool, int, str))
+            )
     notes = []
     for fam in sorted({f for f, _ in counts}):
         n_train, n_held = sizes[(fam, "training")], sizes[(fam, "evaluation")]
@@ -180,9 +249,11 @@ def parameter_shift_notes(rules: dict, *, heldout_share: float = 0.5, train_shar
         for (key, value), h in sorted(counts[(fam, "evaluation")].items(), key=repr):
             t = train[(key, value)]
             if h / n_held >= heldout_share and t / n_train <= train_share:
-                notes.append(f"{fam}: `{key}={value}` is {h} of its {n_held} held-out puzzles ({h / n_held:.0%}) "
-                             f"but {t} of its {n_train} training puzzles ({t / n_train:.0%}): its held-out score "
-                             f"also measures this shift")
+                notes.append(
+                    f"{fam}: `{key}={value}` is {h} of its {n_held} held-out puzzles ({h / n_held:.0%}) "
+                    f"but {t} of its {n_train} training puzzles ({t / n_train:.0%}): its held-out score "
+                    f"also measures this shift"
+                )
     return notes
 
 
@@ -207,8 +278,10 @@ def _sha256(path: str) -> str:
 def _load_subset(prefix: str, subset: str) -> list[ArcPuzzle]:
     cfile, sfile = f"{prefix}_{subset}_challenges.json", f"{prefix}_{subset}_solutions.json"
     if not os.path.isfile(cfile):
-        raise ScienceError(f"--input-file-prefix {prefix}: {cfile}: no such file (the science command reads "
-                           f"{os.path.basename(prefix)}_{{training,evaluation}}_{{challenges,solutions}}.json)")
+        raise ScienceError(
+            f"--input-file-prefix {prefix}: {cfile}: no such file (the science command reads "
+            f"{os.path.basename(prefix)}_{{training,evaluation}}_{{challenges,solutions}}.json)"
+        )
     try:
         return load_kaggle_subset(prefix, subset)
     except DatasetError as e:
@@ -221,11 +294,14 @@ def _group_of(path: str, pid: str, value: Any) -> str:
     if isinstance(value, dict):  # e.g. the synthetic builder's rules.json: id -> {"family": ..., ...}
         value = value.get("group", value.get("family"))
     if not isinstance(value, str) or not value.strip():
-        raise ScienceError(f"--groups {path}: puzzle {pid!r}: the group must be a non-empty string (or an object "
-                           f"with a 'group' / 'family' string), got {value!r}")
+        raise ScienceError(
+            f"--groups {path}: puzzle {pid!r}: the group must be a non-empty string (or an object "
+            f"with a 'group' / 'family' string), got {value!r}"
+        )
     if value == TOTAL_ROW:
-        raise ScienceError(f"--groups {path}: puzzle {pid!r}: group name {TOTAL_ROW!r} is reserved (the table's "
-                           "total row); rename it")
+        raise ScienceError(
+            f"--groups {path}: puzzle {pid!r}: group name {TOTAL_ROW!r} is reserved (the table's total row); rename it"
+        )
     return value
 
 
@@ -236,14 +312,18 @@ def load_groups(path: str, ids: dict[str, list[str]]) -> dict[str, str]:
         raise ScienceError(f"--groups {path}: no such file")
     raw = read_json(path, ScienceError)
     if not isinstance(raw, dict) or not raw:
-        raise ScienceError(f"--groups {path}: the top level must be a non-empty object mapping puzzle id -> group, "
-                           f"got {type(raw).__name__ if raw else 'an empty object'}")
+        raise ScienceError(
+            f"--groups {path}: the top level must be a non-empty object mapping puzzle id -> group, "
+            f"got {type(raw).__name__ if raw else 'an empty object'}"
+        )
     groups = {}
     for subset, names in ids.items():
         missing = [n for n in names if n not in raw]
         if missing:
-            raise ScienceError(f"--groups {path}: {len(missing)} of the {len(names)} {subset} puzzles have no group, "
-                               f"e.g. {', '.join(repr(m) for m in missing[:3])}; the file must name every puzzle id")
+            raise ScienceError(
+                f"--groups {path}: {len(missing)} of the {len(names)} {subset} puzzles have no group, "
+                f"e.g. {', '.join(repr(m) for m in missing[:3])}; the file must name every puzzle id"
+            )
         groups.update({n: _group_of(path, n, raw[n]) for n in names})
     return groups
 
@@ -256,9 +336,11 @@ def load_user_puzzles(prefix: str, groups_file: Optional[str] = None) -> UserPuz
     train_ids = {p.name for p in puzzles["training"]}
     both = [p.name for p in puzzles["evaluation"] if p.name in train_ids]
     if both:
-        raise ScienceError(f"--input-file-prefix {prefix}: puzzle {both[0]!r} is in both "
-                           f"{os.path.basename(prefix)}_training_challenges.json and _evaluation_challenges.json "
-                           f"({len(both)} such ids); a held-out puzzle must not be a training puzzle")
+        raise ScienceError(
+            f"--input-file-prefix {prefix}: puzzle {both[0]!r} is in both "
+            f"{os.path.basename(prefix)}_training_challenges.json and _evaluation_challenges.json "
+            f"({len(both)} such ids); a held-out puzzle must not be a training puzzle"
+        )
     ids = {s: [p.name for p in puzzles[s]] for s in SUBSETS}
     if groups_file is not None:
         groups = load_groups(groups_file, ids)
@@ -268,8 +350,10 @@ def load_user_puzzles(prefix: str, groups_file: Optional[str] = None) -> UserPuz
         grouping = "id prefix (the part of the puzzle id before its first '_' or '-')"
         bad = next((n for n, g in groups.items() if g == TOTAL_ROW), None)
         if bad is not None:
-            raise ScienceError(f"--input-file-prefix {prefix}: puzzle {bad!r}: its id prefix {TOTAL_ROW!r} is the "
-                               "name of the table's total row; give a --groups file")
+            raise ScienceError(
+                f"--input-file-prefix {prefix}: puzzle {bad!r}: its id prefix {TOTAL_ROW!r} is the "
+                "name of the table's total row; give a --groups file"
+            )
     rules = {n: {"subset": s, "family": groups[n]} for s in SUBSETS for n in ids[s]}
     files = {}
     for s in SUBSETS:
@@ -277,8 +361,9 @@ def load_user_puzzles(prefix: str, groups_file: Optional[str] = None) -> UserPuz
             p = f"{prefix}_{s}_{kind}.json"
             if os.path.exists(p):
                 files[os.path.basename(p)] = _sha256(p)
-    max_side = max(max(g.shape) for ps in puzzles.values() for p in ps for pair in p.train + p.test
-                   for g in pair if g is not None)
+    max_side = max(
+        max(g.shape) for ps in puzzles.values() for p in ps for pair in p.train + p.test for g in pair if g is not None
+    )
     return UserPuzzles(prefix, files, puzzles, rules, grouping, max_side)
 
 
@@ -292,17 +377,32 @@ def files_settings(user: UserPuzzles, *, canvas_size: Optional[int], num_aug: in
         check_canvas_size([p for ps in user.puzzles.values() for p in ps], canvas)
     except DatasetError as e:
         raise ScienceError(f"--input-file-prefix {user.prefix}: {e} (largest grid side: {user.max_side})") from None
-    return {"files": user.files, "canvas_size": canvas, "num_aug": num_aug, "seed": seed,
-            "num_train": len(user.puzzles["training"]), "num_test": len(user.puzzles["evaluation"])}
+    return {
+        "files": user.files,
+        "canvas_size": canvas,
+        "num_aug": num_aug,
+        "seed": seed,
+        "num_train": len(user.puzzles["training"]),
+        "num_test": len(user.puzzles["evaluation"]),
+    }
 
 
 def prepare_files(out: str, user: UserPuzzles, settings: dict, *, no_train: bool = False) -> ScienceData:
     """Your files built by the ARC builder (skipped when already built from the same files and settings)."""
     built = os.path.join(out, "data", "built")
-    cmd = _arc_command(user.prefix, list(SUBSETS), "evaluation", built, num_aug=settings["num_aug"],
-                       seed=settings["seed"], canvas_size=settings["canvas_size"])
-    what = (f"{settings['num_train']} training + {settings['num_test']} held-out puzzles from "
-            f"{user.prefix}_*.json, canvas {settings['canvas_size']}, {settings['num_aug']} augmented copies")
+    cmd = _arc_command(
+        user.prefix,
+        list(SUBSETS),
+        "evaluation",
+        built,
+        num_aug=settings["num_aug"],
+        seed=settings["seed"],
+        canvas_size=settings["canvas_size"],
+    )
+    what = (
+        f"{settings['num_train']} training + {settings['num_test']} held-out puzzles from "
+        f"{user.prefix}_*.json, canvas {settings['canvas_size']}, {settings['num_aug']} augmented copies"
+    )
     built = _build_once(out, settings, cmd, what=what, no_train=no_train)
     write_json_atomic(os.path.join(out, "groups.json"), {n: r["family"] for n, r in user.rules.items()})
     return ScienceData(settings, built, user.rules, user.grouping, user.prefix)
@@ -340,8 +440,18 @@ def prepare_fit(out: str, data: ScienceData, n: int) -> Optional[tuple[str, list
     write_json_atomic(f"{prefix}_training_challenges.json", {p.name: p.to_json() for p in puzzles}, compact=True)
     say(f"data: train-fit set of {len(chosen)} training puzzles -> {built}")
     log = os.path.join(fit, "build.log")
-    rc, _, last = run_logged(_arc_command(prefix, ["training"], "training", built, num_aug=data.settings["num_aug"],
-                                          seed=data.settings["seed"], canvas_size=data.settings["canvas_size"]), log)
+    rc, _, last = run_logged(
+        _arc_command(
+            prefix,
+            ["training"],
+            "training",
+            built,
+            num_aug=data.settings["num_aug"],
+            seed=data.settings["seed"],
+            canvas_size=data.settings["canvas_size"],
+        ),
+        log,
+    )
     if rc != 0:
         raise ScienceError(f"train-fit data build failed (exit {rc}): {last} (log: {log})")
     write_json_atomic(spath, settings)

@@ -26,6 +26,7 @@ that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides. In
 density 0.25 (the translate family's) and, without ``--wrap``, with no colour on the cells the shift would push off
 the grid, so no content is lost (as in the family's pairs). Map ids are then 1 + the shift's position in the list.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,15 +60,24 @@ def _shift_input(rng: np.random.Generator, sizes: tuple[int, int], dr: int, dc: 
             if abs(dr) >= h or abs(dc) >= w:
                 continue
             keep = np.zeros_like(g, dtype=bool)
-            keep[max(0, -dr): h - max(0, dr), max(0, -dc): w - max(0, dc)] = True
+            keep[max(0, -dr) : h - max(0, dr), max(0, -dc) : w - max(0, dc)] = True
             g = np.where(keep, g, 0)
         if g.any():
             return g
     raise ValueError(f"--shift {dr} {dc}: no grid of sides {sizes} keeps its content; use larger --sizes")
 
 
-def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval: int, sizes: tuple[int, int],
-                      seed: int = 0, shifts: Sequence[tuple[int, int]] = (), wrap: bool = False) -> str:
+def write_probe_files(
+    out: str,
+    maps: Sequence[int],
+    *,
+    num_train: int,
+    num_eval: int,
+    sizes: tuple[int, int],
+    seed: int = 0,
+    shifts: Sequence[tuple[int, int]] = (),
+    wrap: bool = False,
+) -> str:
     """Write the kaggle-layout files; returns their prefix. With ``shifts`` the transforms are those shifts (map
     id = 1 + index) instead of the dihedral ``maps``."""
     rng = np.random.default_rng(seed)
@@ -87,8 +97,10 @@ def write_probe_files(out: str, maps: Sequence[int], *, num_train: int, num_eval
                 pairs = [(g, shift(g)) for g in (_shift_input(rng, sizes, dr, dc, wrap) for _ in range(4))]
             else:
                 pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]
-            challenges[pid] = {"train": [{"input": a.tolist(), "output": b.tolist()} for a, b in pairs[:3]],
-                               "test": [{"input": pairs[3][0].tolist()}]}
+            challenges[pid] = {
+                "train": [{"input": a.tolist(), "output": b.tolist()} for a, b in pairs[:3]],
+                "test": [{"input": pairs[3][0].tolist()}],
+            }
             solutions[pid] = [pairs[3][1].tolist()]
         for kind, obj in (("challenges", challenges), ("solutions", solutions)):
             with open(f"{prefix}_{subset}_{kind}.json", "w") as f:
@@ -110,13 +122,28 @@ def give_map_ids(built: str, rules: dict[str, int]) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(prog="python -m experiments.science.probes", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.science.probes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dihedral", type=int, nargs="+", default=None,
-                    help="map ids (1..7), one drawn per puzzle (default: 4, a horizontal flip)")
-    ap.add_argument("--shift", type=int, nargs=2, action="append", default=[], metavar=("DR", "DC"),
-                    help="a shift instead of the maps (repeatable; one drawn per puzzle)")
+    ap.add_argument(
+        "--dihedral",
+        type=int,
+        nargs="+",
+        default=None,
+        help="map ids (1..7), one drawn per puzzle (default: 4, a horizontal flip)",
+    )
+    ap.add_argument(
+        "--shift",
+        type=int,
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("DR", "DC"),
+        help="a shift instead of the maps (repeatable; one drawn per puzzle)",
+    )
     ap.add_argument("--wrap", action="store_true", help="--shift wraps around the grid's sides")
     ap.add_argument("--sizes", type=int, nargs=2, default=(2, 6), metavar=("MIN", "MAX"), help="grid sides")
     ap.add_argument("--num-train", type=int, default=1000)
@@ -138,17 +165,37 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         ap.error(f"--sizes must satisfy 1 <= MIN <= MAX <= canvas-size - 1 (room for the end marker), got {a.sizes}")
     what = f"shifts {a.shift}{' (wrapped)' if a.wrap else ''}" if a.shift else f"maps {a.dihedral}"
     source = f"probe shift {a.shift}{' wrap' if a.wrap else ''}" if a.shift else f"probe dihedral {a.dihedral}"
-    prefix = write_probe_files(a.out, a.dihedral, num_train=a.num_train, num_eval=a.num_eval,
-                               sizes=tuple(a.sizes), seed=a.seed, shifts=[tuple(x) for x in a.shift], wrap=a.wrap)
+    prefix = write_probe_files(
+        a.out,
+        a.dihedral,
+        num_train=a.num_train,
+        num_eval=a.num_eval,
+        sizes=tuple(a.sizes),
+        seed=a.seed,
+        shifts=[tuple(x) for x in a.shift],
+        wrap=a.wrap,
+    )
     puzzles = load_kaggle_subset(prefix, "training") + load_kaggle_subset(prefix, "evaluation")
     built = os.path.join(a.out, "built")
-    build_arc_dataset(built, puzzles, test_set_name="evaluation", num_aug=0, seed=a.seed, mode="trm",
-                      overwrite=True, source=source, progress=False, canvas_size=a.canvas_size)
+    build_arc_dataset(
+        built,
+        puzzles,
+        test_set_name="evaluation",
+        num_aug=0,
+        seed=a.seed,
+        mode="trm",
+        overwrite=True,
+        source=source,
+        progress=False,
+        canvas_size=a.canvas_size,
+    )
     if a.oracle:
         with open(f"{prefix}_rules.json") as f:
             give_map_ids(built, json.load(f))
-    print(f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, {what}"
-          f"{' (puzzle identifier = map id)' if a.oracle else ''}")
+    print(
+        f"[probe] {built}: {a.num_train} training + {a.num_eval} evaluation puzzles, {what}"
+        f"{' (puzzle identifier = map id)' if a.oracle else ''}"
+    )
     return built
 
 

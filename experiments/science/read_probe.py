@@ -18,6 +18,7 @@ a ``--canvas-size`` canvas, as ETRM demos are) and their image under the puzzle'
 after 3000 steps (seeds 0 / 1; 5695a84, docs/record/2026-11-25-pointer-rope.md); with dihedral views 1.000 from
 step 100 (fe3d729, docs/record/2026-11-25-rule-readout-dihedral-views.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,14 +47,17 @@ def recipe_encoder(name: str = "standard", overrides: Sequence[str] = ()) -> dic
     (``key=value``, YAML values)."""
     if name not in ENCODER_REGISTRY:
         raise ValueError(f"unknown encoder {name!r} (registered: {', '.join(ENCODER_REGISTRY)})")
-    cfg = OmegaConf.merge(hydra_defaults(name),
-                          OmegaConf.load(os.path.join(CONFIG_DIR, "cfg_science.yaml")).get("encoder", {}),
-                          OmegaConf.from_dotlist(list(overrides)))
+    cfg = OmegaConf.merge(
+        hydra_defaults(name),
+        OmegaConf.load(os.path.join(CONFIG_DIR, "cfg_science.yaml")).get("encoder", {}),
+        OmegaConf.from_dotlist(list(overrides)),
+    )
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def make_puzzles(rng: np.random.Generator, n: int, maps: Sequence[int], *, side: int, sizes: tuple[int, int],
-                 demos: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_puzzles(
+    rng: np.random.Generator, n: int, maps: Sequence[int], *, side: int, sizes: tuple[int, int], demos: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(demo_inputs, demo_labels [n, demos, side*side] int32, demo_mask [n, demos] bool, map index [n] long)."""
     di = np.zeros((n, demos, side * side), np.int32)
     dl = np.zeros_like(di)
@@ -65,14 +69,31 @@ def make_puzzles(rng: np.random.Generator, n: int, maps: Sequence[int], *, side:
             g = np.where(rng.random((h, w)) < 0.5, rng.choice(colours, (h, w)), 0)
             di[i, j] = grid_to_canvas(g, size=side)
             dl[i, j] = grid_to_canvas(dihedral_transform(g, int(maps[label[i]])), size=side)
-    return (torch.from_numpy(di), torch.from_numpy(dl), torch.ones(n, demos, dtype=torch.bool),
-            torch.from_numpy(label).long())
+    return (
+        torch.from_numpy(di),
+        torch.from_numpy(dl),
+        torch.ones(n, demos, dtype=torch.bool),
+        torch.from_numpy(label).long(),
+    )
 
 
-def train_readout(encoder_cfg: dict[str, Any], *, maps: Sequence[int] = tuple(range(1, 8)), steps: int = 600,
-                  batch: int = 64, lr: float = 1e-3, side: int = 8, sizes: tuple[int, int] = (2, 6), demos: int = 3,
-                  num_eval: int = 512, eval_every: int = 100, seed: int = 0, hidden_size: int = 64,
-                  puzzle_emb_len: int = 2, log: bool = True) -> dict[str, Any]:
+def train_readout(
+    encoder_cfg: dict[str, Any],
+    *,
+    maps: Sequence[int] = tuple(range(1, 8)),
+    steps: int = 600,
+    batch: int = 64,
+    lr: float = 1e-3,
+    side: int = 8,
+    sizes: tuple[int, int] = (2, 6),
+    demos: int = 3,
+    num_eval: int = 512,
+    eval_every: int = 100,
+    seed: int = 0,
+    hidden_size: int = 64,
+    puzzle_emb_len: int = 2,
+    log: bool = True,
+) -> dict[str, Any]:
     """Train encoder + linear readout; returns the config, the curve (step, train loss / accuracy of the last
     batches, held-out accuracy) and the seconds taken."""
     if sizes[1] > side:
@@ -82,8 +103,14 @@ def train_readout(encoder_cfg: dict[str, Any], *, maps: Sequence[int] = tuple(ra
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     eval_set = make_puzzles(np.random.default_rng(seed + 10_000), num_eval, maps, side=side, sizes=sizes, demos=demos)
-    enc = build_encoder(encoder_cfg, hidden_size=hidden_size, vocab_size=ARC_VOCAB_SIZE, seq_len=side * side,
-                        puzzle_emb_len=puzzle_emb_len, verbose=False)
+    enc = build_encoder(
+        encoder_cfg,
+        hidden_size=hidden_size,
+        vocab_size=ARC_VOCAB_SIZE,
+        seq_len=side * side,
+        puzzle_emb_len=puzzle_emb_len,
+        verbose=False,
+    )
     head = nn.Linear(puzzle_emb_len * hidden_size, len(maps))
     opt = torch.optim.Adam([*enc.parameters(), *head.parameters()], lr=lr)
 
@@ -103,24 +130,47 @@ def train_readout(encoder_cfg: dict[str, Any], *, maps: Sequence[int] = tuple(ra
         if step % eval_every == 0 or step == steps:
             enc.eval()
             with torch.no_grad():
-                acc = torch.cat([logits(*(t[i:i + 256] for t in eval_set[:3])).argmax(-1)
-                                 for i in range(0, num_eval, 256)]).eq(eval_set[3]).float().mean().item()
+                acc = (
+                    torch.cat(
+                        [logits(*(t[i : i + 256] for t in eval_set[:3])).argmax(-1) for i in range(0, num_eval, 256)]
+                    )
+                    .eq(eval_set[3])
+                    .float()
+                    .mean()
+                    .item()
+                )
             tl, ta = (float(np.mean(v)) for v in zip(*seen))
             curve.append({"step": step, "train_loss": tl, "train_acc": ta, "heldout_acc": acc})
             seen = []
             if log:
-                print(f"[read_probe] step {step}/{steps} train loss {tl:.3f} acc {ta:.3f}  held-out acc {acc:.3f}",
-                      flush=True)
-    return {"encoder": encoder_cfg, "maps": list(maps), "chance": 1 / len(maps), "steps": steps, "batch": batch,
-            "lr": lr, "seed": seed, "curve": curve, "seconds": time.perf_counter() - t0,
-            "num_params": sum(p.numel() for p in enc.parameters())}
+                print(
+                    f"[read_probe] step {step}/{steps} train loss {tl:.3f} acc {ta:.3f}  held-out acc {acc:.3f}",
+                    flush=True,
+                )
+    return {
+        "encoder": encoder_cfg,
+        "maps": list(maps),
+        "chance": 1 / len(maps),
+        "steps": steps,
+        "batch": batch,
+        "lr": lr,
+        "seed": seed,
+        "curve": curve,
+        "seconds": time.perf_counter() - t0,
+        "num_params": sum(p.numel() for p in enc.parameters()),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--encoder", default="standard", help="a registered encoder (config/encoder/<name>.yaml)")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                    help="encoder config keys on top of the recipe (e.g. pointer=identity)")
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="encoder config keys on top of the recipe (e.g. pointer=identity)",
+    )
     ap.add_argument("--maps", type=int, nargs="+", default=list(range(1, 8)), help="dihedral map ids (default 1..7)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=64)
@@ -132,13 +182,28 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args(argv)
     cfg = recipe_encoder(a.encoder, a.override)
-    print(f"[read_probe] encoder {a.encoder} ({', '.join(a.override) or 'the recipe'}), maps {a.maps}, "
-          f"{a.steps} steps of {a.batch} puzzles, lr {a.lr}, seed {a.seed}", flush=True)
-    res = train_readout(cfg, maps=a.maps, steps=a.steps, batch=a.batch, lr=a.lr, side=a.canvas_size,
-                        sizes=tuple(a.sizes), demos=a.demos, seed=a.seed)
+    print(
+        f"[read_probe] encoder {a.encoder} ({', '.join(a.override) or 'the recipe'}), maps {a.maps}, "
+        f"{a.steps} steps of {a.batch} puzzles, lr {a.lr}, seed {a.seed}",
+        flush=True,
+    )
+    res = train_readout(
+        cfg,
+        maps=a.maps,
+        steps=a.steps,
+        batch=a.batch,
+        lr=a.lr,
+        side=a.canvas_size,
+        sizes=tuple(a.sizes),
+        demos=a.demos,
+        seed=a.seed,
+    )
     last = res["curve"][-1]
-    print(f"[read_probe] held-out accuracy {last['heldout_acc']:.3f} (chance {res['chance']:.3f}) after {a.steps} "
-          f"steps, {res['seconds']:.0f} s, {res['num_params']:,} encoder parameters", flush=True)
+    print(
+        f"[read_probe] held-out accuracy {last['heldout_acc']:.3f} (chance {res['chance']:.3f}) after {a.steps} "
+        f"steps, {res['seconds']:.0f} s, {res['num_params']:,} encoder parameters",
+        flush=True,
+    )
     if a.json:
         write_json_atomic(a.json, res)
     return res

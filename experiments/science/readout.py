@@ -17,6 +17,7 @@ The science command runs it for every run trained with the readout and adds the 
 is the one ``ETRM.forward`` computes at a sample's first ACT step; an ``oracle_context`` run is refused (its context
 is the labels themselves).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ def _load(checkpoint: str, need_head: bool):
     if need_head and getattr(model.encoder, "rule_head", None) is None:
         raise ValueError(f"{checkpoint}: the run has no rule-readout head (train with encoder.rule_readout > 0)")
     if getattr(model.encoder, "rule_oracle", None) is not None:
-        raise ValueError(f"{checkpoint}: an oracle_context run's context is the rule labels themselves; reading them "
-                         "back measures nothing")
+        raise ValueError(
+            f"{checkpoint}: an oracle_context run's context is the rule labels themselves; reading them "
+            "back measures nothing"
+        )
     model.latent_search_steps = 0  # the context the head was trained on: the encoder's, first ACT step
     return model
 
@@ -53,8 +56,9 @@ def _labelled_contexts(model, data_dir: str, rules_path: str, split: str, max_ex
     """Yields (context [n, P, D], rule labels [n, slots]) of the first ``max_examples`` labelled examples of
     ``split``: the context ``ETRM.forward`` computes at a sample's first ACT step."""
     table = torch.as_tensor(rule_label_table(data_dir, rules_path, split=split))
-    loader, _ = create_dataloader(dict(data_paths=[data_dir], global_batch_size=batch_size, test_mode=True,
-                                       encoder_mode=True), split=split)
+    loader, _ = create_dataloader(
+        dict(data_paths=[data_dir], global_batch_size=batch_size, test_mode=True, encoder_mode=True), split=split
+    )
     n = 0
     for _, batch, _ in loader:
         ids = torch.as_tensor(batch["puzzle_identifiers"]).long()
@@ -71,8 +75,14 @@ def _labelled_contexts(model, data_dir: str, rules_path: str, split: str, max_ex
         raise ValueError(f"{data_dir}: no labelled {split} examples (rules {rules_path})")
 
 
-def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str = "test",
-                     max_examples: int = 4096, batch_size: int = 256) -> dict:
+def readout_accuracy(
+    checkpoint: str,
+    data_dir: str,
+    rules_path: str,
+    split: str = "test",
+    max_examples: int = 4096,
+    batch_size: int = 256,
+) -> dict:
     """{"families": {family: {"n", "exact", "slots": {slot: accuracy}}}, "all": {"n", "exact"}} over the first
     ``max_examples`` examples of ``split`` (every augmented copy is its own sample; "exact" = every labelled slot
     named right). The checkpoint must have a readout head (``encoder.rule_readout > 0``). The context is the one
@@ -92,9 +102,13 @@ def readout_accuracy(checkpoint: str, data_dir: str, rules_path: str, split: str
         rows = fams == i
         if rows.any():
             cols = seen[rows].any(0)
-            families[fam] = {"n": int(rows.sum()), "exact": float(exact[rows].mean()),
-                             "slots": {s: float(right[rows][:, j].sum() / seen[rows][:, j].sum())
-                                       for j, s in enumerate(SLOTS) if cols[j]}}
+            families[fam] = {
+                "n": int(rows.sum()),
+                "exact": float(exact[rows].mean()),
+                "slots": {
+                    s: float(right[rows][:, j].sum() / seen[rows][:, j].sum()) for j, s in enumerate(SLOTS) if cols[j]
+                },
+            }
     return {"split": split, "families": families, "all": {"n": int(len(exact)), "exact": float(exact.mean())}}
 
 
@@ -107,8 +121,14 @@ def within_class_share(x: torch.Tensor, labels: torch.Tensor) -> float:
     return float(within / total) if total > 0 else float("nan")
 
 
-def context_separation(checkpoint: str, data_dir: str, rules_path: str, split: str = "train",
-                       max_examples: int = 4096, batch_size: int = 256) -> dict:
+def context_separation(
+    checkpoint: str,
+    data_dir: str,
+    rules_path: str,
+    split: str = "train",
+    max_examples: int = 4096,
+    batch_size: int = 256,
+) -> dict:
     """How categorical the context is, per rule slot: {"n", "norm", "slots": {slot: {"classes", "within"}}}.
     ``within`` is the share of the context's variance (over the examples where the slot is labelled, at the
     decoder's scale: context * sqrt(hidden)) left inside the slot's classes: 0 when every sample of a class gets
@@ -123,15 +143,19 @@ def context_separation(checkpoint: str, data_dir: str, rules_path: str, split: s
     for j, slot in enumerate(SLOTS):
         rows = t[:, j] >= 0
         if t[rows, j].unique().numel() >= 2:  # one class: nothing to separate
-            slots[slot] = {"classes": int(t[rows, j].unique().numel()),
-                           "within": within_class_share(ctx[rows], t[rows, j])}
+            slots[slot] = {
+                "classes": int(t[rows, j].unique().numel()),
+                "within": within_class_share(ctx[rows], t[rows, j]),
+            }
     return {"split": split, "n": int(len(ctx)), "norm": float(ctx.norm(dim=1).mean()), "slots": slots}
 
 
 def format_table(heldout: dict, train: Optional[dict] = None) -> list[str]:
     """Markdown rows: per family, whole-rule readout (held-out / train) and each slot's held-out accuracy."""
-    lines = ["| family | n | rule named: held-out" + (" / train" if train else "") + " | per slot (held-out) |",
-             "|---|---:|---:|---|"]
+    lines = [
+        "| family | n | rule named: held-out" + (" / train" if train else "") + " | per slot (held-out) |",
+        "|---|---:|---:|---|",
+    ]
     for fam, r in heldout["families"].items():
         tr = (train or {}).get("families", {}).get(fam)
         cell = f"{r['exact']:.2f}" + (f" / {tr['exact']:.2f}" if tr else (" / -" if train else ""))
@@ -141,17 +165,25 @@ def format_table(heldout: dict, train: Optional[dict] = None) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m experiments.science.readout", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoint", help="a checkpoint file or run directory (trained with encoder.rule_readout > 0, "
-                                       "except for --separation)")
+    ap = argparse.ArgumentParser(
+        prog="python -m experiments.science.readout",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "checkpoint",
+        help="a checkpoint file or run directory (trained with encoder.rule_readout > 0, except for --separation)",
+    )
     ap.add_argument("--data", required=True, help="the built dataset (the science --out's data/built)")
     ap.add_argument("--rules", required=True, help="the synthetic builder's rules.json")
     ap.add_argument("--split", choices=("test", "train"), default="test")
     ap.add_argument("--max-examples", type=int, default=4096)
-    ap.add_argument("--separation", action="store_true",
-                    help="instead: how categorical the context is per slot (the within-class share of its variance; "
-                         "any ETRM run, no readout head needed)")
+    ap.add_argument(
+        "--separation",
+        action="store_true",
+        help="instead: how categorical the context is per slot (the within-class share of its variance; "
+        "any ETRM run, no readout head needed)",
+    )
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
     with user_errors(code=2):
@@ -160,8 +192,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         else:
             res = readout_accuracy(args.checkpoint, args.data, args.rules, args.split, args.max_examples)
     if args.separation:
-        print(f"{res['n']} {res['split']} examples, context norm {res['norm']:.1f}; within-class share of the "
-              "context's variance per slot (0 = one context per class):")
+        print(
+            f"{res['n']} {res['split']} examples, context norm {res['norm']:.1f}; within-class share of the "
+            "context's variance per slot (0 = one context per class):"
+        )
         for slot, r in res["slots"].items():
             print(f"  {slot}: {r['within']:.3f} ({r['classes']} classes)")
     else:

@@ -3,6 +3,7 @@ every run, next to the same on the train-fit set (training puzzles: did the run 
 and rendered as markdown (science.md) with the runs' status and training fit (a run below ``UNFIT_TRAIN_EXACT``
 train exact is flagged **Not fitted**, and so is every family it does not fit; a cut-short run is marked with
 the step of the checkpoint that was evaluated)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,7 @@ def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
     return (sum(c == 1 for c in r) / len(r), sum(c is not None and c <= 2 for c in r) / len(r))
 
 
-def _score(table: dict, heldout: dict[str, str], pred: dict, key: str, runs_key: str, count_key: str,
-           run: str) -> None:
+def _score(table: dict, heldout: dict[str, str], pred: dict, key: str, runs_key: str, count_key: str, run: str) -> None:
     """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row."""
     sums = {f: [0.0, 0.0] for f in table}
     for p, fam in heldout.items():
@@ -36,8 +36,12 @@ def _score(table: dict, heldout: dict[str, str], pred: dict, key: str, runs_key:
         table[f][runs_key][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
 
 
-def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Sequence[str] = (),
-                 train_fit: Optional[tuple[Sequence[str], dict[str, dict]]] = None) -> dict:
+def family_table(
+    rules: dict,
+    predictions: dict[str, dict],
+    holdout_families: Sequence[str] = (),
+    train_fit: Optional[tuple[Sequence[str], dict[str, dict]]] = None,
+) -> dict:
     """Per-family (or per-group) held-out pass@1 / pass@2 of every run. ``rules``: puzzle -> {subset, family}
     (the builder's rules.json, or the groups of your own puzzles); ``predictions``: run -> evaluate.py's
     predictions.json. Every held-out puzzle (subset ``evaluation``) must be in every run's predictions exactly
@@ -53,8 +57,10 @@ def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Se
     for run, pred in predictions.items():
         extra, missing = sorted(set(pred) - set(heldout)), sorted(set(heldout) - set(pred))
         if extra or missing:
-            raise ScienceError(f"run {run}: predictions.json does not hold exactly the held-out puzzles of rules.json "
-                               f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]})")
+            raise ScienceError(
+                f"run {run}: predictions.json does not hold exactly the held-out puzzles of rules.json "
+                f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]})"
+            )
         _score(table, heldout, pred, TOTAL_ROW, "runs", "count", run)
     if train_fit is None:
         return table
@@ -70,8 +76,10 @@ def family_table(rules: dict, predictions: dict[str, dict], holdout_families: Se
         table[f]["train_count"] += 1
     for run, pred in fit_predictions.items():
         if set(pred) != set(sample):
-            raise ScienceError(f"run {run}: the train-fit predictions.json does not hold exactly the train-fit set's "
-                               f"{len(sample)} puzzles")
+            raise ScienceError(
+                f"run {run}: the train-fit predictions.json does not hold exactly the train-fit set's "
+                f"{len(sample)} puzzles"
+            )
         _score(table, sample, pred, TOTAL_ROW, "train_runs", "train_count", run)
     return table
 
@@ -85,8 +93,10 @@ def check_against_evaluator(table: dict, runs: dict[str, dict]) -> None:
             for k in ("pass@1", "pass@2"):
                 a, b = total[runs_key][n][k], runs[n][metrics_key][f"ARC/{k}"]
                 if abs(a - b) > 1e-9:
-                    raise ScienceError(f"run {n}: {k} over the table's {'train-fit ' if runs_key != 'runs' else ''}"
-                                       f"puzzles {a} differs from evaluate.py's {b}")
+                    raise ScienceError(
+                        f"run {n}: {k} over the table's {'train-fit ' if runs_key != 'runs' else ''}"
+                        f"puzzles {a} differs from evaluate.py's {b}"
+                    )
 
 
 SCORED = ("ok", "cut_short")  # statuses whose runs have predictions (a cut-short run: of its last checkpoint)
@@ -94,45 +104,67 @@ HALTING_TABLE = "families_at_halting_step"  # science.json: the per-family table
 
 
 def _recipe_text(s: dict) -> str:
-    return (f"Recipe: config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
-            f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
-            "`encoder.zero_demos=true` (sees no demos).")
+    return (
+        f"Recipe: config/{s['config']}.yaml{' + ' + ' '.join(s['overrides']) if s['overrides'] else ''}"
+        f"{', ' + str(s['steps']) + ' steps' if s['steps'] else ''}. `control` = standard encoder with "
+        "`encoder.zero_demos=true` (sees no demos)."
+    )
 
 
 def augmentation_note(num_aug: int) -> str:
     """What the report says about augmenting your own puzzles (the default is none)."""
     if num_aug == 0:
-        return ("Augmentation: none (--num-aug 0, the default for your own puzzles): the ARC builder's colour / "
-                "dihedral copies of a training puzzle can realise a held-out colour or orientation of its rule, i.e. "
-                "show a held-out rule instance in training. --num-aug K opts in "
-                "(docs/experiments.md, \"Augmentation can leak a held-out rule instance into training\").")
-    return (f"**Augmentation: {num_aug} colour / dihedral copies per puzzle (--num-aug {num_aug}, opted in).** A copy "
-            "of a training puzzle can realise a held-out colour or orientation of its rule, so the held-out score may "
-            "count rule instances that training showed "
-            "(docs/experiments.md, \"Augmentation can leak a held-out rule instance into training\").")
+        return (
+            "Augmentation: none (--num-aug 0, the default for your own puzzles): the ARC builder's colour / "
+            "dihedral copies of a training puzzle can realise a held-out colour or orientation of its rule, i.e. "
+            "show a held-out rule instance in training. --num-aug K opts in "
+            '(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").'
+        )
+    return (
+        f"**Augmentation: {num_aug} colour / dihedral copies per puzzle (--num-aug {num_aug}, opted in).** A copy "
+        "of a training puzzle can realise a held-out colour or orientation of its rule, so the held-out score may "
+        "count rule instances that training showed "
+        '(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").'
+    )
 
 
 def _settings_lines(result: dict) -> list[str]:
     s = result["settings"]
     d = s["data"]
     fit = s.get("train_fit_puzzles")
-    fit_text = (f" Columns `<run>: train`: pass@1 / pass@2 on {fit} training puzzles (a seeded sample; queries "
-                "training saw, with their demos, voted over the same augmented copies): did the run fit its data?"
-                if fit else "")
+    fit_text = (
+        f" Columns `<run>: train`: pass@1 / pass@2 on {fit} training puzzles (a seeded sample; queries "
+        "training saw, with their demos, voted over the same augmented copies): did the run fit its data?"
+        if fit
+        else ""
+    )
     if "files" in d:  # your own puzzles
-        return ["# ETRM science: held-out pass@1 / pass@2 per group", "", f"`{result['command']}`", "",
-                f"Data: your puzzles {s['input_file_prefix']}_{{training,evaluation}}_*.json: {d['num_train']} "
-                f"training / {d['num_test']} held-out (evaluation) puzzles, canvas {d['canvas_size']}x"
-                f"{d['canvas_size']}, seed {d['seed']}. Groups: {s['grouping']}. " + _recipe_text(s) + fit_text, "",
-                augmentation_note(d["num_aug"]), ""]
-    return ["# ETRM science: held-out pass@1 / pass@2 per rule family", "",
-            f"`{result['command']}`", "",
-            f"Data: {d['num_train']} training / {d['num_test']} held-out puzzles (held-out rule "
-            f"instances{'; held-out families: ' + ', '.join(d['holdout_families']) if d['holdout_families'] else ''}), "
-            f"canvas {d['canvas_size']}x{d['canvas_size']}, grids {d['min_grid']}-"
-            f"{d['max_grid']}, {d['num_aug']} augmentations, seed {d['seed']}. " + _recipe_text(s) +
-            " A held-out rule instance is not shown in training, neither by a training puzzle nor by any of its "
-            "augmented copies." + fit_text, ""]
+        return [
+            "# ETRM science: held-out pass@1 / pass@2 per group",
+            "",
+            f"`{result['command']}`",
+            "",
+            f"Data: your puzzles {s['input_file_prefix']}_{{training,evaluation}}_*.json: {d['num_train']} "
+            f"training / {d['num_test']} held-out (evaluation) puzzles, canvas {d['canvas_size']}x"
+            f"{d['canvas_size']}, seed {d['seed']}. Groups: {s['grouping']}. " + _recipe_text(s) + fit_text,
+            "",
+            augmentation_note(d["num_aug"]),
+            "",
+        ]
+    return [
+        "# ETRM science: held-out pass@1 / pass@2 per rule family",
+        "",
+        f"`{result['command']}`",
+        "",
+        f"Data: {d['num_train']} training / {d['num_test']} held-out puzzles (held-out rule "
+        f"instances{'; held-out families: ' + ', '.join(d['holdout_families']) if d['holdout_families'] else ''}), "
+        f"canvas {d['canvas_size']}x{d['canvas_size']}, grids {d['min_grid']}-"
+        f"{d['max_grid']}, {d['num_aug']} augmentations, seed {d['seed']}. "
+        + _recipe_text(s)
+        + " A held-out rule instance is not shown in training, neither by a training puzzle nor by any of its "
+        "augmented copies." + fit_text,
+        "",
+    ]
 
 
 def _data_note_lines(result: dict) -> list[str]:
@@ -140,10 +172,14 @@ def _data_note_lines(result: dict) -> list[str]:
     notes = result["settings"].get("data_notes") or []
     if not notes:
         return []
-    return ["**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
-            "puzzles, rare in training; the leak-free split can cause this, as it does for translate: "
-            "docs/record/2026-11-26-translate-wrap.md):", "",
-            *(f"- {n}" for n in notes), ""]
+    return [
+        "**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
+        "puzzles, rare in training; the leak-free split can cause this, as it does for translate: "
+        "docs/record/2026-11-26-translate-wrap.md):",
+        "",
+        *(f"- {n}" for n in notes),
+        "",
+    ]
 
 
 def _label(name: str, r: dict) -> str:
@@ -156,8 +192,9 @@ def _cell(scores: Optional[dict], n: int) -> str:
 
 def _family_lines(result: dict, key: str = "families") -> list[str]:
     table = result.get(key)
-    runs = [r for r in result["runs"]
-            if result["runs"][r]["status"] in SCORED and table and r in table[TOTAL_ROW]["runs"]]
+    runs = [
+        r for r in result["runs"] if result["runs"][r]["status"] in SCORED and table and r in table[TOTAL_ROW]["runs"]
+    ]
     if not runs:
         return []
     fit = "train_count" in table[TOTAL_ROW]
@@ -177,15 +214,23 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
             if fit:
                 tr = row["train_runs"].get(r)
                 line += f" {_cell(tr, row['train_count'])} |"
-                if (r != CONTROL and fam != TOTAL_ROW and tr is not None and row["train_count"]
-                        and tr["pass@1"] < UNFIT_TRAIN_EXACT):
+                if (
+                    r != CONTROL
+                    and fam != TOTAL_ROW
+                    and tr is not None
+                    and row["train_count"]
+                    and tr["pass@1"] < UNFIT_TRAIN_EXACT
+                ):
                     unfit.setdefault(r, []).append(fam)
         lines.append(line)
     lines.append("")
     if unfit:
-        lines += [f"**Not fitted per {what}** (train pass@1 under {UNFIT_TRAIN_EXACT} on the train-fit set): "
-                  + "; ".join(f"{r}: {', '.join(f)}" for r, f in unfit.items())
-                  + f". A {what} that a run does not solve in training says nothing about held-out generalisation.", ""]
+        lines += [
+            f"**Not fitted per {what}** (train pass@1 under {UNFIT_TRAIN_EXACT} on the train-fit set): "
+            + "; ".join(f"{r}: {', '.join(f)}" for r, f in unfit.items())
+            + f". A {what} that a run does not solve in training says nothing about held-out generalisation.",
+            "",
+        ]
     return lines
 
 
@@ -199,8 +244,10 @@ def _run_lines(result: dict) -> list[str]:
             status = f"cut short at step {r['steps']}" + (f" of {r['total_steps']}" if r.get("total_steps") else "")
             cut.append(f"{name} ({r['cut_short']['message']})")
         steps = r.get("steps")
-        lines.append(f"| {name} | {status} | {'' if steps is None else steps} | {'' if te is None else f'{te:.2f}'} | "
-                     f"{'' if ts is None else f'{ts:.0f}'} | {'' if es is None else f'{es:.0f}'} |")
+        lines.append(
+            f"| {name} | {status} | {'' if steps is None else steps} | {'' if te is None else f'{te:.2f}'} | "
+            f"{'' if ts is None else f'{ts:.0f}'} | {'' if es is None else f'{es:.0f}'} |"
+        )
         if name != CONTROL and r["status"] in SCORED and te is not None and te < UNFIT_TRAIN_EXACT:
             unfit.append(f"{name} ({te:.2f})")
         if r.get("train_fit_failed"):
@@ -213,14 +260,22 @@ def _run_lines(result: dict) -> list[str]:
             notes.append(ttt)
     lines += ["", "train exact: exact accuracy on the training batches of the last log window."]
     if unfit:
-        lines += ["", f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
-                  "not solve its own training examples says nothing about generalisation to held-out ones; train "
-                  "longer or on fewer families (docs/science.md, \"Current results\"). The control is expected to "
-                  "stay low."]
+        lines += [
+            "",
+            f"**Not fitted** (train exact under {UNFIT_TRAIN_EXACT}): {', '.join(unfit)}. A run that does "
+            "not solve its own training examples says nothing about generalisation to held-out ones; train "
+            'longer or on fewer families (docs/science.md, "Current results"). The control is expected to '
+            "stay low.",
+        ]
     if cut:
-        lines += ["", (f"**Cut short** (training did not finish): {'; '.join(cut)}. A cut-short run's numbers are "
-                       "those of its last checkpoint; run the same command again to resume its training from there "
-                       "(--no-train evaluates without training).")]
+        lines += [
+            "",
+            (
+                f"**Cut short** (training did not finish): {'; '.join(cut)}. A cut-short run's numbers are "
+                "those of its last checkpoint; run the same command again to resume its training from there "
+                "(--no-train evaluates without training)."
+            ),
+        ]
     if notes:
         lines += [""] + notes
     return lines
@@ -232,10 +287,12 @@ def _ttt_note(name: str, r: dict) -> Optional[str]:
     m = r.get("metrics") or {}
     if not m.get("ttt/steps"):
         return None
-    return (f"{name}: test-time training {m['ttt/steps']:.0f} steps on each held-out puzzle's demos: demo fit "
-            f"{m.get('ttt/fit_before', float('nan')):.2f} -> {m.get('ttt/fit_after', float('nan')):.2f}, "
-            f"{m.get('ttt/seconds_per_puzzle', float('nan')):.2f} s per puzzle copy "
-            f"({m.get('ttt/num_puzzles', 0):.0f} copies)")
+    return (
+        f"{name}: test-time training {m['ttt/steps']:.0f} steps on each held-out puzzle's demos: demo fit "
+        f"{m.get('ttt/fit_before', float('nan')):.2f} -> {m.get('ttt/fit_after', float('nan')):.2f}, "
+        f"{m.get('ttt/seconds_per_puzzle', float('nan')):.2f} s per puzzle copy "
+        f"({m.get('ttt/num_puzzles', 0):.0f} copies)"
+    )
 
 
 def halts_early(r: dict, eval_overrides: Sequence[str]) -> bool:
@@ -255,14 +312,18 @@ def _halts_early(name: str, r: dict, result: dict) -> Optional[str]:
         return None
     steps, top = r["train_steps"], r["halt_max_steps"]
     if "halting_step" in r:
-        return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average; "
-                "the tables above count the last step, which training no longer supervises for those samples, and "
-                "\"At the Q head's halting step\" scores the same checkpoint where each sample halts "
-                "(evaluate.py halt_early=true).")
-    return (f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average, and "
-            "its scores count the last step, which training no longer supervises for those samples. Score it at "
-            f"the Q head's halting step too: `python evaluate.py checkpoint={r['run_dir']}/checkpoint "
-            "data_path=<out>/data/built halt_early=true` (or run the command with --eval-override halt_early=true).")
+        return (
+            f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average; "
+            "the tables above count the last step, which training no longer supervises for those samples, and "
+            '"At the Q head\'s halting step" scores the same checkpoint where each sample halts '
+            "(evaluate.py halt_early=true)."
+        )
+    return (
+        f"**Halts early**: {name} halts its training samples after {steps:.2f} of {top} ACT steps on average, and "
+        "its scores count the last step, which training no longer supervises for those samples. Score it at "
+        f"the Q head's halting step too: `python evaluate.py checkpoint={r['run_dir']}/checkpoint "
+        "data_path=<out>/data/built halt_early=true` (or run the command with --eval-override halt_early=true)."
+    )
 
 
 def _readout_lines(result: dict) -> list[str]:
@@ -273,9 +334,13 @@ def _readout_lines(result: dict) -> list[str]:
             lines += ["", f"**Rule readout, {_label(name, r)}**: failed ({r['rule_readout_failed']})."]
         if "rule_readout" in r:
             ro = r["rule_readout"]
-            lines += ["", f"**Rule readout, {_label(name, r)}** (`experiments.science.readout`): how often the readout "
-                      "head names the rule of a sample from its context, every augmented copy a sample. Rule named "
-                      "but answers wrong: the core does not apply it; not named: the encoder does not read it.", ""]
+            lines += [
+                "",
+                f"**Rule readout, {_label(name, r)}** (`experiments.science.readout`): how often the readout "
+                "head names the rule of a sample from its context, every augmented copy a sample. Rule named "
+                "but answers wrong: the core does not apply it; not named: the encoder does not read it.",
+                "",
+            ]
             lines += format_table(ro["heldout"], ro.get("train"))
     return lines
 
@@ -286,10 +351,14 @@ def render_markdown(result: dict) -> str:
     lines = _settings_lines(result) + _data_note_lines(result) + _family_lines(result)
     halting = _family_lines(result, HALTING_TABLE)
     if halting:
-        lines += ["## At the Q head's halting step", "",
-                  "The same checkpoints scored where each sample's Q head halts (evaluate.py `halt_early=true`) "
-                  "instead of after every ACT step: the score of a run whose samples halt early (training does not "
-                  "supervise the steps after that).", ""] + halting
+        lines += [
+            "## At the Q head's halting step",
+            "",
+            "The same checkpoints scored where each sample's Q head halts (evaluate.py `halt_early=true`) "
+            "instead of after every ACT step: the score of a run whose samples halt early (training does not "
+            "supervise the steps after that).",
+            "",
+        ] + halting
     lines += _readout_lines(result) + _run_lines(result)
     lines += ["", f"Total wall time {result['wall_seconds']:.0f} s."]
     return "\n".join(lines) + "\n"

@@ -18,10 +18,10 @@ interrupted, failed) resumes from its last checkpoint (``resume=true``); ``no_tr
 cut-short run: its last checkpoint, flagged in the table). An --out built with other settings (data options,
 steps, overrides, the resolved training recipe, recorded in data/settings.json and runs/<run>/run.json) is refused.
 """
+
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -29,10 +29,8 @@ import time
 from typing import Any, Optional, Sequence
 
 from core.io import read_json, write_json_atomic
-from encoders import ENCODER_REGISTRY, EncoderConfigError
 from experiments.science.common import (
     CONTROL,
-    ENCODERS,
     FIT_EVAL,
     HALT_FIT_EVAL,
     HALT_HELDOUT_EVAL,
@@ -56,6 +54,7 @@ from experiments.science.data import (
     synthetic_rules_path,
 )
 from experiments.science.readout import readout_accuracy
+from experiments.science.recipe import _comparable, recipe_override, resolve_recipe, run_plan
 from experiments.science.report import (
     HALTING_TABLE,
     augmentation_note,
@@ -65,70 +64,11 @@ from experiments.science.report import (
     write_report,
 )
 from experiments.science.settings import ScienceSettings
-from models import ArchConfigError
-from models.compat import normalise_arch
 from training.checkpoint import list_checkpoints
-from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
+
 
 # a run's own paths and names, and how often it checkpoints: not part of its recipe (they do not change what it
 # learns), so an --out keeps its runs when only these change
-_PER_RUN_KEYS = ("data_paths", "data_paths_test", "checkpoint_path", "run_name", "project_name", "resume",
-                 "checkpoint_every", "checkpoint_keep", "checkpoint_every_eval", "rule_labels")
-
-
-def run_plan(name: str) -> tuple[str, list[str]]:
-    """(encoder group, extra Hydra overrides) of one run of the table."""
-    if name == CONTROL:
-        return "standard", ["encoder.zero_demos=true"]
-    if name not in ENCODERS and name not in ENCODER_REGISTRY:  # a variant (e.g. dihedral_views) runs only if named
-        variants = ", ".join(n for n in ENCODER_REGISTRY if n not in ENCODERS)
-        raise ScienceError(f"--encoders: unknown run {name!r} (choose from {', '.join(ENCODERS + (CONTROL,))} or all, "
-                           f"or another registered encoder: {variants})")
-    return name, []
-
-
-def recipe_record(cfg: PretrainConfig) -> dict:
-    """The JSON record of a composed training config (every key, defaults filled in, the arch / encoder / health
-    sections too) without the per-run paths and names."""
-    rec = cfg.model_dump(mode="json")
-    for k in _PER_RUN_KEYS:
-        rec.pop(k, None)
-    return json.loads(json.dumps(rec))
-
-
-def recipe_override(o: str) -> bool:
-    """Whether a Hydra override can change what a run learns (not a checkpoint-interval key)."""
-    return o.split("=", 1)[0].lstrip("+~") not in _PER_RUN_KEYS
-
-
-def _comparable(spec: Optional[dict]) -> Optional[dict]:
-    """A run.json record without the keys that do not change a run (also in records written before they were
-    left out), for the refuse-other-settings check."""
-    if spec is None:
-        return None
-    spec = dict(spec, overrides=[o for o in spec.get("overrides", []) if recipe_override(o)])
-    if isinstance(spec.get("recipe"), dict):
-        spec["recipe"] = {k: v for k, v in spec["recipe"].items() if k not in _PER_RUN_KEYS}
-        if isinstance(spec["recipe"].get("arch"), dict):  # a field added since the record was written = its default
-            spec["recipe"]["arch"] = normalise_arch(spec["recipe"]["arch"])
-    return spec
-
-
-def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequence[str]) -> dict:
-    """The training config a run will use (composed and validated now, so a bad override fails before any
-    work), without the per-run paths and names; recorded in run.json so that a changed recipe is noticed."""
-    encoder, extra = run_plan(name)
-    over = [f"encoder={encoder}"] + ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
-    try:
-        # the strict checks pretrain_encoder.py makes (the arch and encoder sections too, pitfall 8), before any work
-        cfg = load_config(config, over, config_dir=CONFIG_DIR)
-    except (ConfigError, ArchConfigError, EncoderConfigError) as e:
-        raise ScienceError(f"config/{config}.yaml with {over}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - Hydra's override / composition errors, one line
-        raise ScienceError(f"config/{config}.yaml with {over}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    return recipe_record(cfg)
-
-
 def _rule_readout_overrides(out: str, weight: float, input_file_prefix: Optional[str]) -> list[str]:
     """The training overrides of ``--rule-readout W``: the weight and the synthetic builder's rules.json."""
     if weight < 0:
@@ -136,8 +76,10 @@ def _rule_readout_overrides(out: str, weight: float, input_file_prefix: Optional
     if weight == 0:
         return []
     if input_file_prefix is not None:
-        raise ScienceError("--rule-readout needs the synthetic families (their builder knows each puzzle's rule); "
-                           "your own puzzles have no rule labels")
+        raise ScienceError(
+            "--rule-readout needs the synthetic families (their builder knows each puzzle's rule); "
+            "your own puzzles have no rule labels"
+        )
     return [f"encoder.rule_readout={weight}", f"rule_labels={synthetic_rules_path(out)}"]
 
 
@@ -156,8 +98,18 @@ def _latest_step(ck: str) -> Optional[int]:
     return cks[-1][0] if cks else None
 
 
-def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, extra: list[str],
-           steps: Optional[int], overrides: list[str], no_train: bool) -> dict:
+def _train(
+    name: str,
+    run_dir: str,
+    built: str,
+    *,
+    config: str,
+    encoder: str,
+    extra: list[str],
+    steps: Optional[int],
+    overrides: list[str],
+    no_train: bool,
+) -> dict:
     """Stage 2 for one run: pretrain_encoder.py unless its summary.json says finished (a cut-short run resumes
     from its last checkpoint). Returns {"outcome": finished | cut_short | failed | not_trained, "summary",
     "message", "exit_status"}; cut_short = not finished but a checkpoint to evaluate."""
@@ -172,22 +124,38 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
             say(f"{name}: not trained (--no-train)")
             return dict(outcome="not_trained", summary=summary, message="no checkpoint (--no-train)")
         say(f"{name}: training did not finish; evaluating its last checkpoint (step {before}, --no-train)")
-        return dict(outcome="cut_short", summary=summary, exit_status=None,
-                    message=f"{(summary or {}).get('stop_reason') or 'killed'}, last checkpoint step {before}; "
-                            "not resumed (--no-train)")
+        return dict(
+            outcome="cut_short",
+            summary=summary,
+            exit_status=None,
+            message=f"{(summary or {}).get('stop_reason') or 'killed'}, last checkpoint step {before}; "
+            "not resumed (--no-train)",
+        )
     if before is None:  # trained from scratch: evaluations in the run dir are of other weights (same step numbers)
         for sub in (HELDOUT_EVAL, FIT_EVAL, HALT_HELDOUT_EVAL, HALT_FIT_EVAL):
             shutil.rmtree(os.path.join(run_dir, sub), ignore_errors=True)
-    cmd = [sys.executable, "pretrain_encoder.py", "--config-name", config, f"data_paths=[{hydra_quote(built)}]",
-           f"encoder={encoder}", f"checkpoint_path={hydra_quote(ck)}", f"hydra.run.dir={hydra_quote(os.path.join(run_dir, 'hydra'))}",
-           "resume=true", f"+run_name=science-{name}", "+project_name=etrm-science"]
+    cmd = [
+        sys.executable,
+        "pretrain_encoder.py",
+        "--config-name",
+        config,
+        f"data_paths=[{hydra_quote(built)}]",
+        f"encoder={encoder}",
+        f"checkpoint_path={hydra_quote(ck)}",
+        f"hydra.run.dir={hydra_quote(os.path.join(run_dir, 'hydra'))}",
+        "resume=true",
+        f"+run_name=science-{name}",
+        "+project_name=etrm-science",
+    ]
     cmd += ([f"max_steps={steps}"] if steps is not None else []) + extra + list(overrides)
     log = os.path.join(run_dir, "train.log")
     if before is not None:
         say(f"{name}: resuming the cut-short run from its checkpoint at step {before}; log {log}")
     else:
-        say(f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
-            f"{', ' + str(steps) + ' steps' if steps else ''}); log {log}")
+        say(
+            f"{name}: training (encoder={encoder}{' encoder.zero_demos=true' if extra else ''}"
+            f"{', ' + str(steps) + ' steps' if steps else ''}); log {log}"
+        )
     rc, secs, last = run_logged(cmd, log, append=before is not None)
     summary = read_json_or_none(os.path.join(ck, "summary.json"))
     if rc in (0, 3) and summary is not None and summary.get("status") == "finished":
@@ -197,42 +165,88 @@ def _train(name: str, run_dir: str, built: str, *, config: str, encoder: str, ex
     if after is None:
         say(f"{name}: training FAILED (exit {rc}): {last}")
         return dict(outcome="failed", summary=summary, exit_status=rc, message=last)
-    say(f"{name}: training stopped early (exit {rc}: {last}); evaluating its last checkpoint (step {after}); "
-        "run the command again to resume it")
-    return dict(outcome="cut_short", summary=summary, exit_status=rc,
-                message=f"training exited with status {rc} ({last}), last checkpoint step {after}")
+    say(
+        f"{name}: training stopped early (exit {rc}: {last}); evaluating its last checkpoint (step {after}); "
+        "run the command again to resume it"
+    )
+    return dict(
+        outcome="cut_short",
+        summary=summary,
+        exit_status=rc,
+        message=f"training exited with status {rc} ({last}), last checkpoint step {after}",
+    )
 
 
-_METRIC_KEYS = ("ARC/pass@1", "ARC/pass@2", "ARC/num_puzzles", "ARC/num_test_inputs", "ARC/malformed_frac",
-                "ttt/steps", "ttt/fit_before", "ttt/fit_after", "ttt/seconds_per_puzzle", "ttt/num_puzzles")
+_METRIC_KEYS = (
+    "ARC/pass@1",
+    "ARC/pass@2",
+    "ARC/num_puzzles",
+    "ARC/num_test_inputs",
+    "ARC/malformed_frac",
+    "ttt/steps",
+    "ttt/fit_before",
+    "ttt/fit_after",
+    "ttt/seconds_per_puzzle",
+    "ttt/num_puzzles",
+)
 
 
-def _evaluate(name: str, run_dir: str, data: ScienceData, heldout: list[str], fit: Optional[tuple[str, list[str]]],
-              step: int, eval_overrides: list[str], subs: tuple[str, str], what: str) -> tuple[dict, Optional[dict]]:
+def _evaluate(
+    name: str,
+    run_dir: str,
+    data: ScienceData,
+    heldout: list[str],
+    fit: Optional[tuple[str, list[str]]],
+    step: int,
+    eval_overrides: list[str],
+    subs: tuple[str, str],
+    what: str,
+) -> tuple[dict, Optional[dict]]:
     """Stage 3 for one run: evaluate.py on the held-out puzzles and on the train-fit set (into the run dir's
     ``subs``). Returns (the record's scores: metrics and predictions paths, None) or ({}, the held-out failure);
     a train-fit failure leaves the held-out numbers and is recorded as ``train_fit_failed``."""
-    m, failed = evaluate_checkpoint(name, run_dir, data.built, subs[0], heldout, step, eval_overrides,
-                                    f"the held-out puzzles{what}")
+    m, failed = evaluate_checkpoint(
+        name, run_dir, data.built, subs[0], heldout, step, eval_overrides, f"the held-out puzzles{what}"
+    )
     if failed is not None:
         return {}, failed
     metrics = m["metrics"]
-    rec = dict(eval_seconds=metrics.get("eval/wall_seconds"), evaluated_step=m.get("checkpoint_step"),
-               predictions=os.path.join(run_dir, subs[0], "predictions.json"),
-               metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics})
+    rec = dict(
+        eval_seconds=metrics.get("eval/wall_seconds"),
+        evaluated_step=m.get("checkpoint_step"),
+        predictions=os.path.join(run_dir, subs[0], "predictions.json"),
+        metrics={k: metrics[k] for k in _METRIC_KEYS if k in metrics},
+    )
     if fit is not None:
-        m, failed = evaluate_checkpoint(name, run_dir, fit[0], subs[1], fit[1], step, eval_overrides,
-                                        f"the train-fit set ({len(fit[1])} training puzzles){what}")
+        m, failed = evaluate_checkpoint(
+            name,
+            run_dir,
+            fit[0],
+            subs[1],
+            fit[1],
+            step,
+            eval_overrides,
+            f"the train-fit set ({len(fit[1])} training puzzles){what}",
+        )
         if failed is not None:  # the held-out numbers stand; the train-fit column stays empty
             rec["train_fit_failed"] = failed["message"]
         else:
-            rec.update(train_fit_predictions=os.path.join(run_dir, subs[1], "predictions.json"),
-                       train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]})
+            rec.update(
+                train_fit_predictions=os.path.join(run_dir, subs[1], "predictions.json"),
+                train_fit_metrics={k: m["metrics"][k] for k in _METRIC_KEYS if k in m["metrics"]},
+            )
     return rec, None
 
 
-def train_and_evaluate(settings: ScienceSettings, name: str, data: ScienceData, fit: Optional[tuple[str, list[str]]],
-                       *, overrides: list[str], recipe: dict) -> dict:
+def train_and_evaluate(
+    settings: ScienceSettings,
+    name: str,
+    data: ScienceData,
+    fit: Optional[tuple[str, list[str]]],
+    *,
+    overrides: list[str],
+    recipe: dict,
+) -> dict:
     """Stages 2-3 for one run: train with pretrain_encoder.py (unless its summary.json says finished; a
     cut-short run resumes), then evaluate.py on the held-out puzzles and the train-fit set -- a second time at the
     Q head's halting step (``settings.halting_step``, or a run that :func:`~experiments.science.report.halts_early`).
@@ -242,27 +256,46 @@ def train_and_evaluate(settings: ScienceSettings, name: str, data: ScienceData, 
     out, config, steps, no_train = settings.out, settings.config, settings.steps, settings.no_train
     encoder, extra = run_plan(name)
     run_dir = os.path.join(out, "runs", name)
-    spec = {"encoder": encoder, "overrides": extra + list(overrides), "steps": steps, "config": config,
-            "data": data.settings, "recipe": recipe}
+    spec = {
+        "encoder": encoder,
+        "overrides": extra + list(overrides),
+        "steps": steps,
+        "config": config,
+        "data": data.settings,
+        "recipe": recipe,
+    }
     spath = os.path.join(run_dir, "run.json")
     check_same(spath, _comparable(read_json_or_none(spath)), _comparable(spec), f"run {name!r}")
     rec: dict[str, Any] = {"encoder": encoder, "zero_demos": name == CONTROL, "run_dir": run_dir, "status": None}
     if not (no_train and not os.path.isdir(run_dir)):
         write_json_atomic(spath, spec)
-    t = _train(name, run_dir, data.built, config=config, encoder=encoder, extra=extra, steps=steps,
-               overrides=overrides, no_train=no_train)
+    t = _train(
+        name,
+        run_dir,
+        data.built,
+        config=config,
+        encoder=encoder,
+        extra=extra,
+        steps=steps,
+        overrides=overrides,
+        no_train=no_train,
+    )
     summary = t["summary"] or {}
     if t["outcome"] in ("failed", "not_trained"):
         status = "train_failed" if t["outcome"] == "failed" else "not_trained"
         return dict(rec, status=status, exit_status=t.get("exit_status"), message=t.get("message"))
-    rec.update(steps=summary.get("steps"), total_steps=summary.get("total_steps") or recipe.get("max_steps"),
-               train_seconds=summary.get("wall_time_s"), stop_reason=summary.get("stop_reason"),
-               num_params=summary.get("num_params"),
-               # exact accuracy on the training batches of the last log window: did the run fit its data?
-               train_exact=(summary.get("final") or {}).get("train/exact_accuracy"),
-               # mean ACT steps of those batches: a run that halts early is scored on a step training skips
-               train_steps=(summary.get("final") or {}).get("train/steps"),
-               halt_max_steps=(recipe.get("arch") or {}).get("halt_max_steps"))
+    rec.update(
+        steps=summary.get("steps"),
+        total_steps=summary.get("total_steps") or recipe.get("max_steps"),
+        train_seconds=summary.get("wall_time_s"),
+        stop_reason=summary.get("stop_reason"),
+        num_params=summary.get("num_params"),
+        # exact accuracy on the training batches of the last log window: did the run fit its data?
+        train_exact=(summary.get("final") or {}).get("train/exact_accuracy"),
+        # mean ACT steps of those batches: a run that halts early is scored on a step training skips
+        train_steps=(summary.get("final") or {}).get("train/steps"),
+        halt_max_steps=(recipe.get("arch") or {}).get("halt_max_steps"),
+    )
     step = _latest_step(os.path.join(run_dir, "checkpoint"))
     if t["outcome"] == "cut_short":
         rec.update(steps=step, cut_short={"step": step, "message": t["message"], "exit_status": t.get("exit_status")})
@@ -274,31 +307,55 @@ def train_and_evaluate(settings: ScienceSettings, name: str, data: ScienceData, 
         return dict(rec, **failed)
     rec.update(scores, status="ok" if t["outcome"] == "finished" else "cut_short")
     if settings.halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
-        scores, failed = _evaluate(name, run_dir, data, heldout, fit, step, eval_overrides + ["halt_early=true"],
-                                   (HALT_HELDOUT_EVAL, HALT_FIT_EVAL), " at the halting step")
+        scores, failed = _evaluate(
+            name,
+            run_dir,
+            data,
+            heldout,
+            fit,
+            step,
+            eval_overrides + ["halt_early=true"],
+            (HALT_HELDOUT_EVAL, HALT_FIT_EVAL),
+            " at the halting step",
+        )
         if failed is not None:  # the every-step numbers stand
             rec["halting_step_failed"] = failed["message"]
         else:
             rec["halting_step"] = scores
     if enc.get("rule_readout", 0) > 0 and not enc.get("oracle_context"):  # what the context names
-        ck, rules = os.path.join(run_dir, "checkpoint"), synthetic_rules_path(out)
-        try:
-            rec["rule_readout"] = {s: readout_accuracy(ck, data.built, rules, split)
-                                   for s, split in (("heldout", "test"), ("train", "train"))}
-        except (ValueError, OSError, RuntimeError) as e:  # the table stands without it, as after an eval failure
-            say(f"{name}: rule readout FAILED: {e}")
-            rec["rule_readout_failed"] = str(e)
+        _add_rule_readout(rec, name, run_dir, data, synthetic_rules_path(out))
     return rec
 
 
-def _table(data: ScienceData, scored: dict[str, dict], fit: Optional[tuple[str, list[str]]],
-           holdout_families: Sequence[str]) -> dict:
+def _add_rule_readout(rec: dict, name: str, run_dir: str, data: ScienceData, rules: str) -> None:
+    """How often the run's context names the rule of held-out / training puzzles (``rule_readout``); a failure
+    leaves the table as it is (``rule_readout_failed``), as after an evaluation failure."""
+    ck = os.path.join(run_dir, "checkpoint")
+    try:
+        rec["rule_readout"] = {
+            s: readout_accuracy(ck, data.built, rules, split) for s, split in (("heldout", "test"), ("train", "train"))
+        }
+    except (ValueError, OSError, RuntimeError) as e:
+        say(f"{name}: rule readout FAILED: {e}")
+        rec["rule_readout_failed"] = str(e)
+
+
+def _table(
+    data: ScienceData, scored: dict[str, dict], fit: Optional[tuple[str, list[str]]], holdout_families: Sequence[str]
+) -> dict:
     """The per-family table of the runs' evaluations (records with ``predictions`` / ``train_fit_predictions``
     paths, which are dropped from them here), checked against evaluate.py's own pass@K."""
-    fit_pred = {n: read_json(r["train_fit_predictions"], ScienceError) for n, r in scored.items()
-                if "train_fit_predictions" in r}
-    table = family_table(data.rules, {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
-                         holdout_families, train_fit=(fit[1], fit_pred) if fit else None)
+    fit_pred = {
+        n: read_json(r["train_fit_predictions"], ScienceError)
+        for n, r in scored.items()
+        if "train_fit_predictions" in r
+    }
+    table = family_table(
+        data.rules,
+        {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
+        holdout_families,
+        train_fit=(fit[1], fit_pred) if fit else None,
+    )
     check_against_evaluator(table, scored)
     for r in scored.values():
         r.pop("predictions", None)
@@ -314,8 +371,10 @@ def run_science_command(settings: ScienceSettings) -> dict:
     fams, names = s.check()
     overrides = list(s.overrides) + _rule_readout_overrides(s.out, s.rule_readout, s.input_file_prefix)
     if s.no_train and not os.path.exists(os.path.join(s.out, "data", "settings.json")):
-        raise ScienceError(f"--no-train: {s.out} holds no science data (nothing was trained there; run the command "
-                           "without --no-train first)")
+        raise ScienceError(
+            f"--no-train: {s.out} holds no science data (nothing was trained there; run the command "
+            "without --no-train first)"
+        )
     recipes = {n: resolve_recipe(s.config, n, s.steps, overrides) for n in names}
     user = None
     if s.input_file_prefix is not None:
@@ -337,18 +396,38 @@ def run_science_command(settings: ScienceSettings) -> dict:
     halting = {n: r["halting_step"] for n, r in scored.items() if "halting_step" in r}
     if halting:
         tables[HALTING_TABLE] = _table(data, halting, fit, holdout)
-    recorded: dict[str, Any] = {"data": data_settings, "encoders": names, "steps": s.steps, "config": s.config,
-                                "overrides": overrides, "eval_overrides": list(s.eval_overrides),
-                                "grouping": data.grouping, "train_fit_puzzles": len(fit[1]) if fit else 0,
-                                "no_train": s.no_train, "halting_step": s.halting_step, "data_notes": data.notes}
+    recorded: dict[str, Any] = {
+        "data": data_settings,
+        "encoders": names,
+        "steps": s.steps,
+        "config": s.config,
+        "overrides": overrides,
+        "eval_overrides": list(s.eval_overrides),
+        "grouping": data.grouping,
+        "train_fit_puzzles": len(fit[1]) if fit else 0,
+        "no_train": s.no_train,
+        "halting_step": s.halting_step,
+        "data_notes": data.notes,
+    }
     if user is not None:
         recorded["input_file_prefix"] = user.prefix
-    result = {"command": s.command or "python -m experiments.science --out " + s.out, "settings": recorded,
-              "runs": runs, **tables, "wall_seconds": round(time.time() - t0, 1)}
+    result = {
+        "command": s.command or "python -m experiments.science --out " + s.out,
+        "settings": recorded,
+        "runs": runs,
+        **tables,
+        "wall_seconds": round(time.time() - t0, 1),
+    }
     md = write_report(s.out, result)
     print(md, flush=True)
     say(f"wrote {os.path.join(s.out, 'science.json')} and science.md ({result['wall_seconds']:.0f} s)")
     if s.curve:
-        run_curve(s.out, data, fit, runs, oracle_eval_overrides(recipes[names[0]], overrides, s.eval_overrides),
-                  title=" ".join(o for o in overrides if recipe_override(o)) or s.config)
+        run_curve(
+            s.out,
+            data,
+            fit,
+            runs,
+            oracle_eval_overrides(recipes[names[0]], overrides, s.eval_overrides),
+            title=" ".join(o for o in overrides if recipe_override(o)) or s.config,
+        )
     return result

@@ -9,6 +9,7 @@
 Its field defaults are the command's defaults (the argparse options take them from here). :meth:`ScienceSettings.check`
 validates the combination before any work (one-line :class:`ScienceError` naming the option).
 """
+
 from __future__ import annotations
 
 import os
@@ -92,8 +93,9 @@ class ScienceSettings:
         fams = list(self.families) if self.families else list(FAMILIES)
         for f in list(fams) + list(self.holdout_families):
             if f not in FAMILIES:
-                raise ScienceError(f"--families/--holdout-families: unknown family {f!r} (known: "
-                                   f"{', '.join(FAMILIES)})")
+                raise ScienceError(
+                    f"--families/--holdout-families: unknown family {f!r} (known: {', '.join(FAMILIES)})"
+                )
         for f in self.holdout_families:
             if f not in fams:
                 fams.append(f)
@@ -108,29 +110,37 @@ class ScienceSettings:
         """Options of the synthetic data do not apply to your own files (and --groups only to them)."""
         if self.input_file_prefix is None:
             if self.groups_file is not None:
-                raise ScienceError("--groups needs --input-file-prefix (the synthetic families are grouped by rule "
-                                   "family)")
+                raise ScienceError(
+                    "--groups needs --input-file-prefix (the synthetic families are grouped by rule family)"
+                )
             return
         given = [k for k in _SYNTHETIC_ONLY if getattr(self, k) not in (None, [], ())]
         if given:
             flag = "--" + given[0].replace("_", "-")
-            raise ScienceError(f"--input-file-prefix and {flag} are mutually exclusive ({flag} shapes the synthetic "
-                               "rule families; your files define the puzzles)")
+            raise ScienceError(
+                f"--input-file-prefix and {flag} are mutually exclusive ({flag} shapes the synthetic "
+                "rule families; your files define the puzzles)"
+            )
 
     # -- the data stage's settings ------------------------------------------------------------------------
     def synthetic_data(self, families: list[str]) -> dict[str, Any]:
         """The synthetic families' data settings (defaults filled in), recorded in data/settings.json."""
         d = SYNTHETIC_DEFAULTS
         canvas_size = d["canvas_size"] if self.canvas_size is None else self.canvas_size
-        return {"families": families, "holdout_families": list(self.holdout_families), "canvas_size": canvas_size,
-                "min_grid": d["min_grid"] if self.min_grid is None else self.min_grid,
-                "max_grid": default_max_grid(canvas_size) if self.max_grid is None else self.max_grid,
-                "num_train": d["num_train"] if self.num_train is None else self.num_train,
-                "num_test": d["num_test"] if self.num_test is None else self.num_test,
-                "num_aug": d["num_aug"] if self.num_aug is None else self.num_aug, "seed": self.seed,
-                # the reserved held-out instances (never shown by a training puzzle or its augmented copies); data
-                # built before them lack this key, so an old --out is refused, not mixed
-                "heldout_puzzles_per_instance": 2}
+        return {
+            "families": families,
+            "holdout_families": list(self.holdout_families),
+            "canvas_size": canvas_size,
+            "min_grid": d["min_grid"] if self.min_grid is None else self.min_grid,
+            "max_grid": default_max_grid(canvas_size) if self.max_grid is None else self.max_grid,
+            "num_train": d["num_train"] if self.num_train is None else self.num_train,
+            "num_test": d["num_test"] if self.num_test is None else self.num_test,
+            "num_aug": d["num_aug"] if self.num_aug is None else self.num_aug,
+            "seed": self.seed,
+            # the reserved held-out instances (never shown by a training puzzle or its augmented copies); data
+            # built before them lack this key, so an old --out is refused, not mixed
+            "heldout_puzzles_per_instance": 2,
+        }
 
     @property
     def files_num_aug(self) -> int:

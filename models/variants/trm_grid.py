@@ -10,6 +10,7 @@ docs/record/2026-11-25-grid-relative-positions.md). Parameters: TRM's plus ``inn
 [4, 2 * side + 1, hidden], the names an ``arch=trm`` model with ``grid_coords=true`` had before this variant had
 its own module.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -55,8 +56,12 @@ class TRMGridInner(TRMInner):
     def add_grid_offsets(self) -> None:
         """``embed_grid``: the four offset tables (created right after the positions: the initialisation order of
         the ``grid_coords=true`` models this variant loads)."""
-        self.embed_grid = GridCoordEmbedding(self.canvas_side("arch=trm_grid (grid offsets)"), self.hidden_size,
-                                             init_std=self.embed_init_std, cast_to=self.forward_dtype)
+        self.embed_grid = GridCoordEmbedding(
+            self.canvas_side("arch=trm_grid (grid offsets)"),
+            self.hidden_size,
+            init_std=self.embed_init_std,
+            cast_to=self.forward_dtype,
+        )
 
     def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
         return 0.707106781 * (super().token_embeddings(inputs) + self.embed_grid(inputs))  # keep the variance

@@ -20,6 +20,7 @@ halting step, training seeds 0 / 1; e88a31a, 8e3842c, docs/record/2026-11-25-con
 Parameters: ``trm_grid``'s plus ``self_attn.pointer.weight`` / ``.bias`` in every attention layer (the names
 ``arch=trm`` with ``pos_encodings=pointer`` had before this variant had its own module).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,14 @@ import torch
 from pydantic import model_validator
 from torch import nn
 
-from core.ops import (apply_pointer_rope, pointer_bias, pointer_coefficients, pointer_features, pointer_freqs,
-                      pointer_tables)
+from core.ops import (
+    apply_pointer_rope,
+    pointer_bias,
+    pointer_coefficients,
+    pointer_features,
+    pointer_freqs,
+    pointer_tables,
+)
 from models.act import head_dim_of
 from models.layers import Attention, CastedLinear
 from models.variants.trm_grid import TRMGrid, TRMGridConfig, TRMGridInner
@@ -56,12 +63,16 @@ class TRMPointerConfig(TRMGridConfig):
     def _check_pointer(self):
         head_dim = head_dim_of(self)
         if head_dim % 4 or head_dim < 8:
-            raise ValueError(f"pointer RoPE (arch=trm_pointer) needs a head dimension divisible by 4 (half of its "
-                             f"frequency pairs turn with the row, half with the column) and at least 8, got "
-                             f"hidden_size/num_heads = {head_dim}")
+            raise ValueError(
+                f"pointer RoPE (arch=trm_pointer) needs a head dimension divisible by 4 (half of its "
+                f"frequency pairs turn with the row, half with the column) and at least 8, got "
+                f"hidden_size/num_heads = {head_dim}"
+            )
         if self.pointer_source == "context" and self.puzzle_emb_len == 0 and self.puzzle_emb_ndim == 0:
-            raise ValueError("pointer_source=context reads the pointers from the first context slot, but the model "
-                             "has none (puzzle_emb_len = 0 and puzzle_emb_ndim = 0)")
+            raise ValueError(
+                "pointer_source=context reads the pointers from the first context slot, but the model "
+                "has none (puzzle_emb_len = 0 and puzzle_emb_ndim = 0)"
+            )
         if self.mlp_t:
             raise ValueError("arch=trm_pointer rotates attention queries, but mlp_t=true has no attention")
         return self
@@ -100,16 +111,25 @@ class PointerRoPE(nn.Module):
     def forward(self, inputs: torch.Tensor) -> PointerPositions:
         feats, key_pos = pointer_features(inputs, self.side, self.prefix)
         cos, sin = pointer_tables(key_pos, self.freqs)
-        return PointerPositions(feats=feats, k_cos=cos.unsqueeze(-2), k_sin=sin.unsqueeze(-2), freqs=self.freqs,
-                                source=self.source)
+        return PointerPositions(
+            feats=feats, k_cos=cos.unsqueeze(-2), k_sin=sin.unsqueeze(-2), freqs=self.freqs, source=self.source
+        )
 
 
 class PointerAttention(Attention):
     """:class:`models.layers.Attention` whose queries point: ``pointer`` gives per head the (row, column)
     coefficients over the 5 grid features of each query (zero weights; the bias starts every head at ``init``)."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
-                 causal: bool = False, *, init: str = "identity") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_key_value_heads: int,
+        causal: bool = False,
+        *,
+        init: str = "identity",
+    ) -> None:
         super().__init__(hidden_size, head_dim, num_heads, num_key_value_heads, causal=causal)
         bias = pointer_bias(num_heads, init)
         self.pointer = CastedLinear(hidden_size, num_heads * 2 * 5, bias=True)
@@ -128,28 +148,42 @@ class PointerAttention(Attention):
         s = hidden_states.shape[1]
         return (self.pointer_coefficients(hidden_states, pos) * pos.feats[:, :s, None, None, :]).sum(-1)
 
-    def rotate(self, cos_sin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotate(
+        self, cos_sin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(cos_sin, PointerPositions):
             return super().rotate(cos_sin, hidden_states, q, k)
         s = q.shape[1]
-        return apply_pointer_rope(q, k, self.pointer_coefficients(hidden_states, cos_sin), cos_sin.feats[:, :s],
-                                  cos_sin.k_cos[:, :s], cos_sin.k_sin[:, :s], cos_sin.freqs)
+        return apply_pointer_rope(
+            q,
+            k,
+            self.pointer_coefficients(hidden_states, cos_sin),
+            cos_sin.feats[:, :s],
+            cos_sin.k_cos[:, :s],
+            cos_sin.k_sin[:, :s],
+            cos_sin.freqs,
+        )
 
 
 class TRMPointerInner(TRMGridInner):
     def build_positions(self, config) -> None:
-        self.rotary_emb = PointerRoPE(config.hidden_size // config.num_heads, self.canvas_side("arch=trm_pointer"),
-                                      self.puzzle_emb_len, source=config.pointer_source)
+        self.rotary_emb = PointerRoPE(
+            config.hidden_size // config.num_heads,
+            self.canvas_side("arch=trm_pointer"),
+            self.puzzle_emb_len,
+            source=config.pointer_source,
+        )
         self.add_grid_offsets()
 
     def cos_sin(self, inputs: torch.Tensor) -> PointerPositions:
         return self.rotary_emb(inputs)
 
-    def attention(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int,
-                  causal: bool = False) -> nn.Module:
-        return PointerAttention(hidden_size, head_dim, num_heads, num_key_value_heads, causal=causal,
-                                init=self.config.pointer_init)
+    def attention(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False
+    ) -> nn.Module:
+        return PointerAttention(
+            hidden_size, head_dim, num_heads, num_key_value_heads, causal=causal, init=self.config.pointer_init
+        )
 
 
 class TRMPointer(TRMGrid):
