@@ -27,8 +27,8 @@ from models.rollout import halt_max_steps, rollout
 from training.build import load_model_for_inference
 from training.loop import train
 
-# The recolour check's recipe: held-out exact 0.93 / 0.93 / 1.00 on seeds 0 / 1 / 2, control 0.00 (c5e57be); 0.933
-# in one command, 8 min 05 s (14ac620; both docs/record/2026-11-23-recolour-recipe-and-goal-check.md).
+# The recolour check's recipe: held-out exact 0.717 / 0.500 / 0.733 on seeds 0 / 1 / 2, control 0.000 (78baf3e; one
+# seed moves by whole instances, ~0.2; 0.93 / 0.93 / 1.00 before 076a67b: docs/record/2026-11-27-recolour-figure.md).
 RECOLOUR_STEPS = 3000
 RECOLOUR_DATA = {
     "num_colours": 6,
