@@ -7,9 +7,7 @@ TRM's arch switches became variant modules (the rules: tests/test_models_legacy.
 import pytest
 import torch
 
-from dataset.arc_sources import load_puzzles
-from dataset.build_arc_dataset import build_arc_dataset
-from dataset.build_synthetic_dataset import generate_synthetic_arc
+from tests.toy_data import synthetic_etrm_dataset
 from training.config import load_config
 
 TINY = [
@@ -33,30 +31,9 @@ TINY = [
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("context head")
-    paths = generate_synthetic_arc(
-        str(d / "raw"),
-        "s",
-        families=["flip_rotate", "colour_map"],
-        num_train=10,
-        num_test=4,
-        min_grid=3,
-        max_grid=5,
-        seed=3,
-        canvas_size=8,
-        num_aug=1,
-        progress=False,
+    return synthetic_etrm_dataset(
+        str(d), ["flip_rotate", "colour_map"], num_train=10, num_test=4, max_grid=5, canvas=8, seed=3
     )
-    build_arc_dataset(
-        str(d / "built"),
-        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=1,
-        seed=0,
-        canvas_size=8,
-        mode="etrm",
-        progress=False,
-    )
-    return str(d / "built")
 
 
 def _evaluate(ev, ck, data, out):

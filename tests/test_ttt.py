@@ -13,14 +13,12 @@ import torch
 
 import models
 import models.ttt as mttt
-from dataset.arc_sources import load_puzzles
-from dataset.build_arc_dataset import build_arc_dataset
-from dataset.build_synthetic_dataset import generate_synthetic_arc
 from evaluators.inference import _StepPlan
 from evaluators.ttt import TestTimeTraining as TTTRunner
 from models.rollout import halt_max_steps
 from models.ttt import TTTSettings
 from tests.test_etrm_model import B, batch, build
+from tests.toy_data import synthetic_etrm_dataset
 
 CPU = torch.device("cpu")
 
@@ -173,30 +171,7 @@ def etrm_run(tmp_path_factory):
     from training.loop import train
 
     d = tmp_path_factory.mktemp("ttt")
-    paths = generate_synthetic_arc(
-        str(d / "raw"),
-        "s",
-        families=["colour_map"],
-        num_train=8,
-        num_test=2,
-        min_grid=3,
-        max_grid=4,
-        seed=1,
-        canvas_size=6,
-        num_aug=1,
-        progress=False,
-    )
-    data = str(d / "built")
-    build_arc_dataset(
-        data,
-        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=1,
-        seed=0,
-        canvas_size=6,
-        mode="etrm",
-        progress=False,
-    )
+    data = synthetic_etrm_dataset(str(d), ["colour_map"], num_train=8, num_test=2, max_grid=4, canvas=6, seed=1)
     cfg = load_config(
         "cfg_science",
         [

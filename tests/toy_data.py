@@ -13,6 +13,9 @@ import os
 
 import numpy as np
 
+from dataset.arc_sources import load_puzzles
+from dataset.build_arc_dataset import build_arc_dataset
+from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.metadata import DatasetMetadata
 from dataset.tokens import COLOR_OFFSET, EOS_ID, NUM_COLORS, PAD_ID
 from dataset.writer import atomic_output_dir, save_split
@@ -122,3 +125,20 @@ def toy_train_config(data_path: str, checkpoint_path: str, **overrides) -> dict:
     )
     cfg.update(overrides)
     return cfg
+
+
+def synthetic_etrm_dataset(
+    root: str, families: list[str], *, num_train: int, num_test: int, max_grid: int, canvas: int, seed: int
+) -> str:
+    """A small built ETRM dataset (``--mode etrm``: no evaluation puzzle in train/) of synthetic rule families
+    (grids 3..``max_grid`` on a ``canvas`` x ``canvas`` canvas, one augmented copy); returns its directory."""
+    paths = generate_synthetic_arc(
+        os.path.join(root, "raw"), "s", families=families, num_train=num_train, num_test=num_test, min_grid=3,
+        max_grid=max_grid, seed=seed, canvas_size=canvas, num_aug=1, progress=False,
+    )  # fmt: skip
+    built = os.path.join(root, "built")
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
+    build_arc_dataset(
+        built, puzzles, test_set_name="evaluation", num_aug=1, seed=0, canvas_size=canvas, mode="etrm", progress=False
+    )
+    return built
