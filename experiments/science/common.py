@@ -138,14 +138,12 @@ def evaluate_checkpoint(
         say(f"{name}: evaluation of {what} exists, reused")
         return rec, None
     shutil.rmtree(ev, ignore_errors=True)
-    hydra_dir = os.path.join(run_dir, "hydra-" + sub.replace(os.sep, "-"))
     cmd = [
         sys.executable,
         "evaluate.py",
         f"checkpoint={hydra_quote(ck)}",
         f"data_path={hydra_quote(data_path)}",
         f"output_dir={hydra_quote(ev)}",
-        f"hydra.run.dir={hydra_quote(hydra_dir)}",
         "progress=false",
         "num_pictures=0",
         "pass_ks=[1,2]",

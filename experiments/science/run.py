@@ -142,7 +142,6 @@ def _train(
         f"data_paths=[{hydra_quote(built)}]",
         f"encoder={encoder}",
         f"checkpoint_path={hydra_quote(ck)}",
-        f"hydra.run.dir={hydra_quote(os.path.join(run_dir, 'hydra'))}",
         "resume=true",
         f"+run_name=science-{name}",
         "+project_name=etrm-science",
