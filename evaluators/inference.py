@@ -193,6 +193,7 @@ def evaluate(
         bar.close()
     totals.save_outputs(save_path)
     if ttt is not None:
+        ttt.gather()
         metrics.update(ttt.summary())
     for ev in evaluators:
         res = ev.result(save_path)

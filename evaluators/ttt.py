@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from evaluators import dist as edist
 from models.rollout import Rollout, act_model_of
 from models.ttt import (
     DemoSet,
@@ -47,8 +48,13 @@ class TestTimeTraining:
             )
         if self.encoder is not None and getattr(self.encoder, "is_recurrent", False):
             raise ValueError(
-                "test-time training of the recurrent encoder's context is not supported (its context "
-                "changes at every ACT step); use ttt_params=all"
+                "test-time training is not supported for the recurrent encoder (its context changes at every ACT "
+                "step, a fitted context or copy of the weights has no fixed encoding to start from)"
+            )
+        if self.encoder is None and getattr(self.act, "puzzle_emb", None) is None:
+            raise ValueError(
+                "a model without a demo encoder is fitted through its puzzle embedding, and this one has "
+                "none (arch.puzzle_emb_ndim=0)"
             )
         self.records: list[dict[str, Any]] = []
 
@@ -60,9 +66,15 @@ class TestTimeTraining:
             prefix = self._fit_rows(batch, ids=batch["puzzle_identifiers"])
         return plan.run(batch, device, prefix_context=prefix)
 
+    def gather(self) -> None:
+        """Every rank's records on every call's rank 0 (distributed evaluation: each rank fitted its own rows)."""
+        parts = edist.gather_to_rank0(self.records)
+        if parts is not None:
+            self.records = [r for part in parts for r in part]
+
     def summary(self) -> dict[str, float]:
         """``ttt/fit_before``, ``ttt/fit_after`` (mean over fitted puzzles with demos), ``ttt/steps``,
-        ``ttt/seconds_per_puzzle`` and ``ttt/num_puzzles``."""
+        ``ttt/seconds_per_puzzle`` and ``ttt/num_puzzles`` (call :meth:`gather` first on several ranks)."""
         recs = [r for r in self.records if r["num_demos"] > 0]
         mean = lambda k: sum(r[k] for r in recs) / len(recs) if recs else math.nan  # noqa: E731
         seconds = sum(r["seconds"] for r in self.records)
@@ -89,6 +101,7 @@ class TestTimeTraining:
                 steps=s.steps,
                 lr=s.lr,
                 extra_params=extra,
+                extra_lr=s.weight_lr,
             )
             final = res.theta
         elif s.params == "embedding":
@@ -119,7 +132,7 @@ class TestTimeTraining:
             base = base_loo if base_loo is not None else space(loo)
             return to_ctx(base + th.index_select(0, demos.owner))
 
-        res = fit(self.act, demos, theta0, prefix_of, steps=s.steps, lr=s.lr, extra_params=extra)
+        res = fit(self.act, demos, theta0, prefix_of, steps=s.steps, lr=s.lr, extra_params=extra, extra_lr=s.weight_lr)
         with torch.no_grad():
             final = to_ctx((space(full) if extra else base_full) + res.theta)
         return res, final

@@ -193,7 +193,8 @@ class ETRM(ACTModel):
             raise TypeError("ETRM.forward needs the carry from ETRM.initial_carry")
         carry = self.refill(carry, batch)
         if prefix_context is not None:  # evaluation with a test-time-trained context for these rows
-            enc, ctx = EncoderOutput(context=prefix_context), prefix_context
+            kl = prefix_context.new_zeros(prefix_context.shape[0], dtype=torch.float32) if self.kl_weight > 0 else None
+            enc, ctx = EncoderOutput(context=prefix_context, kl=kl), prefix_context
         else:
             enc, ctx = self.encode(carry)
         new, outputs = self._core_cls.step(self, carry, prefix_context=ctx)

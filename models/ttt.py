@@ -38,7 +38,8 @@ DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
 @dataclass(frozen=True)
 class TTTSettings:
     steps: int = 0  # gradient steps per fitted group (0 = off)
-    lr: float = 1e-2
+    lr: float = 1e-2  # of the fitted per-sample tensor (context offset / embedding)
+    weight_lr: float = 1e-4  # ``all``: of the model's weights
     params: TTTParams = "context"
     leave_one_out: bool = True  # ETRM: demo j predicted from the other demos' encoding
 
@@ -145,16 +146,21 @@ def fit(
     steps: int,
     lr: float,
     extra_params: tuple = (),
+    extra_lr: Optional[float] = None,
 ) -> FitResult:
     """Adam on ``theta`` (per-sample, [b, ...], starting at ``theta0``) and ``extra_params`` (``all``: the model's
-    weights) so that ``decode_logits(model, demos.inputs, prefix_of(theta))`` reproduces the demo labels.
-    ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair. Runs with gradients enabled even inside
-    ``torch.inference_mode``."""
+    weights, at ``extra_lr``) so that ``decode_logits(model, demos.inputs, prefix_of(theta))`` reproduces the demo
+    labels. ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair. Runs with gradients enabled even
+    inside ``torch.inference_mode``; theta is fp32 whatever the autocast dtype, and autocast's cache of cast weights
+    is cleared after every update (it would otherwise serve the weights of the first step to every later one)."""
     t0 = time.perf_counter()
     b = theta0.shape[0]
     with torch.inference_mode(False), torch.enable_grad():
-        theta = theta0.detach().clone().requires_grad_(True)
-        opt = torch.optim.Adam([theta, *extra_params], lr=lr)
+        theta = theta0.detach().float().clone().requires_grad_(True)
+        groups = [{"params": [theta]}]
+        if extra_params:
+            groups.append({"params": list(extra_params), "lr": lr if extra_lr is None else extra_lr})
+        opt = torch.optim.Adam(groups, lr=lr)
         before = after = torch.full((b,), float("nan"), device=theta0.device)
         for i in range(steps + 1):
             if demos.n == 0:
@@ -169,6 +175,7 @@ def fit(
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            torch.clear_autocast_cache()
     return FitResult(
         theta=theta.detach(), fit_before=before, fit_after=after, steps=steps, seconds=time.perf_counter() - t0
     )
@@ -193,6 +200,8 @@ class WeightsSnapshot:
             for p, s, f in zip(self.params, self.saved, self.flags):
                 p.copy_(s)
                 p.requires_grad_(f)
+                p.grad = None
+        torch.clear_autocast_cache()  # no cast copy of the fitted weights survives
 
 
 class frozen_weights:

@@ -232,3 +232,46 @@ def test_the_science_table_notes_the_test_time_training_of_a_run():
         "per puzzle copy (16 copies)"
     ) in lines
     assert not any(ln.startswith("other: test-time") for ln in lines)
+
+
+def test_a_variational_encoder_with_its_kl_head_and_the_weights_learning_rate():
+    """The evaluation loss head of a KL encoder expects outputs['kl'] with a fitted context too; ``all`` moves
+    the weights at ``weight_lr``, not at the context's lr (and restores them)."""
+    m = build("variational").eval()
+    head = models.build_loss_head(m, extra_loss_weights={"kl": 1e-3})
+    b = _batch()
+    r, ttt = _run(head, b, TTTSettings(steps=2, lr=0.05))
+    assert r.outputs["logits"].shape[0] == B and len(ttt.records) == B
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    seen = []
+    orig_fit = mttt.fit
+
+    def spy(*a, **kw):
+        seen.append(kw.get("extra_lr"))
+        return orig_fit(*a, **kw)
+
+    import evaluators.ttt as ettt
+
+    ettt.fit, saved = spy, ettt.fit
+    try:
+        _run(head, b, TTTSettings(steps=1, lr=0.05, weight_lr=3e-5, params="all"))
+    finally:
+        ettt.fit = saved
+    assert seen and all(x == 3e-5 for x in seen)
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_the_fit_clears_autocasts_cache_of_cast_weights_after_every_update(monkeypatch):
+    """Under autocast a weight's cast copy is cached for the whole autocast region: without clearing it, every
+    step after the first would run (and ``all`` would predict) with the weights of the first step."""
+    cleared = []
+    monkeypatch.setattr(torch, "clear_autocast_cache", lambda: cleared.append(1))
+    m = build("standard").eval()
+    b = _batch()
+    demos = mttt.demo_set(b)
+    with torch.no_grad():
+        base = m.encoder(*mttt.loo_demos(b, demos, True)).context
+    mttt.fit(m, demos, torch.zeros(B, *base.shape[1:]), lambda th: base + th.index_select(0, demos.owner), steps=3,
+             lr=0.05)  # fmt: skip
+    assert len(cleared) == 3

@@ -50,6 +50,7 @@ class EvaluateConfig(pydantic.BaseModel):
     # fitted and voted (None: every copy the data has; K: the original + K, like num_augmentations=K+1)
     ttt_steps: int = pydantic.Field(default=0, ge=0)
     ttt_lr: float = pydantic.Field(default=1e-2, gt=0)
+    ttt_weight_lr: float = pydantic.Field(default=1e-4, gt=0)  # ttt_params=all: the learning rate of the weights
     ttt_params: Literal["context", "embedding", "all"] = "context"
     ttt_augment: Optional[int] = pydantic.Field(default=None, ge=0)
     batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)

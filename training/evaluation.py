@@ -146,7 +146,8 @@ def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTrai
     if cfg.ttt_steps == 0:
         return None
     try:
-        return TestTimeTraining(head, TTTSettings(steps=cfg.ttt_steps, lr=cfg.ttt_lr, params=cfg.ttt_params))
+        settings = TTTSettings(steps=cfg.ttt_steps, lr=cfg.ttt_lr, weight_lr=cfg.ttt_weight_lr, params=cfg.ttt_params)
+        return TestTimeTraining(head, settings)
     except ValueError as e:
         raise EvaluateError(f"ttt_params={cfg.ttt_params}: {e}") from None
 
@@ -155,6 +156,11 @@ def _num_augmentations(cfg: EvaluateConfig) -> Optional[int]:
     """The augmented copies evaluated: ``num_augmentations``, or ``ttt_augment`` + 1 (the two must agree)."""
     if cfg.ttt_augment is None:
         return cfg.num_augmentations
+    if cfg.ttt_steps == 0:
+        raise EvaluateError(
+            f"ttt_augment={cfg.ttt_augment} applies with test-time training (ttt_steps > 0); "
+            "num_augmentations=N picks the copies of a plain evaluation"
+        )
     if cfg.num_augmentations is not None and cfg.num_augmentations != cfg.ttt_augment + 1:
         raise EvaluateError(
             f"ttt_augment={cfg.ttt_augment} evaluates the original + {cfg.ttt_augment} copies, but "

@@ -183,6 +183,7 @@ class RunLogger:
         self.run_dir: Optional[str] = None
         self.total_steps = int(total_steps)
         self.pace = Pace(total_steps, initial_step)
+        self.postfix: dict[str, Any] = {}
         self.lines = False  # plain metric lines on stdout (set below: stdout not a TTY, or no visible bar)
         if not enabled:
             return
@@ -246,16 +247,15 @@ class RunLogger:
                 f.write(json.dumps({"step": int(step), **{k: float(v) for k, v in metrics.items()}}) + "\n")
         if self.lines and "train/loss" in metrics:
             self._stdout(train_line(step, self.total_steps, metrics, self.pace.tick(step)))
-        if self.bar is not None:
-            short = {
-                k.split("/")[-1]: v
-                for k, v in metrics.items()
-                if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")
-            }
-            self.bar.set_postfix(
-                {k: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v) for k, v in short.items()},
-                refresh=False,
+        if self.bar is not None:  # the latest value of each (an lr-only log keeps the loss shown)
+            self.postfix.update(
+                {
+                    k.split("/")[-1]: (f"{v:.4g}" if isinstance(v, float) and math.isfinite(v) else v)
+                    for k, v in metrics.items()
+                    if k in ("train/lm_loss", "train/exact_accuracy", "train/accuracy", "train/lr")
+                }
             )
+            self.bar.set_postfix(self.postfix, refresh=False)
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
