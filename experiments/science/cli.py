@@ -24,7 +24,7 @@ outputs): the evaluation puzzles are the held-out ones. Rows of the table: ``--g
 group, or -> {"family": ...} as the synthetic builder's _rules.json; every puzzle id must be named), else the id
 prefix (the part of the id before its first '_' or '-'; the whole id when it has neither). No colour / dihedral
 augmentation unless you pass --num-aug K: the copies can realise a held-out colour or orientation of a rule, i.e.
-leak a held-out rule instance into training (docs/experiments.md, "Augmentation can leak a held-out rule instance
+leak a held-out rule instance into training (docs/science_command.md, "Augmentation can leak a held-out rule instance
 into training"). --families, --holdout-families, --num-train, --num-test, --min-grid and --max-grid do not apply;
 --canvas-size defaults to the largest grid side.
 

@@ -17,7 +17,7 @@ Two sources, one pipeline (:func:`experiments.science.run.run_science_command` t
 Colour / dihedral augmentation of your own files defaults to none (``num_aug`` 0): the ARC builder's copies of a
 training puzzle can show a held-out parameter of its rule (a recolouring into the held-out colours, a held-out
 orientation), so augmentation can leak a held-out rule instance into training. Opt in with ``--num-aug K``
-(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").
+(docs/science_command.md, "Augmentation can leak a held-out rule instance into training").
 
 The train-fit set (:func:`prepare_fit`): a seeded sample of the training puzzles, built as a test split
 (``OUT/data/fit/built``) so that ``evaluate.py`` scores each run on puzzles it was trained on, with the same

@@ -118,13 +118,13 @@ def augmentation_note(num_aug: int) -> str:
             "Augmentation: none (--num-aug 0, the default for your own puzzles): the ARC builder's colour / "
             "dihedral copies of a training puzzle can realise a held-out colour or orientation of its rule, i.e. "
             "show a held-out rule instance in training. --num-aug K opts in "
-            '(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").'
+            '(docs/science_command.md, "Augmentation can leak a held-out rule instance into training").'
         )
     return (
         f"**Augmentation: {num_aug} colour / dihedral copies per puzzle (--num-aug {num_aug}, opted in).** A copy "
         "of a training puzzle can realise a held-out colour or orientation of its rule, so the held-out score may "
         "count rule instances that training showed "
-        '(docs/experiments.md, "Augmentation can leak a held-out rule instance into training").'
+        '(docs/science_command.md, "Augmentation can leak a held-out rule instance into training").'
     )
 
 

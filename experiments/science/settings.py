@@ -24,7 +24,7 @@ from training.config import CONFIG_DIR
 DEFAULT_CONFIG = "cfg_science"
 # synthetic-data defaults (the settings' None = these; with your own files they do not apply)
 SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 800, "num_test": 160, "num_aug": 8}
-# your own files: no colour / dihedral copies unless asked for (docs/experiments.md, "Augmentation can leak a
+# your own files: no colour / dihedral copies unless asked for (docs/science_command.md, "Augmentation can leak a
 # held-out rule instance into training")
 FILES_NUM_AUG = 0
 TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
