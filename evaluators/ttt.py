@@ -29,10 +29,10 @@ from models.ttt import (
     TTTSettings,
     WeightsSnapshot,
     demo_set,
+    embedding_init,
     fit,
     frozen_weights,
     loo_demos,
-    mean_trained_embedding,
 )
 
 
@@ -92,7 +92,7 @@ class TestTimeTraining:
         s, act = self.settings, self.act
         demos = demo_set(batch)
         if self.encoder is None:  # TRM: a puzzle embedding per row (its own if trained, else the trained mean)
-            theta0 = self._embedding_init(batch)
+            theta0 = embedding_init(act, batch["puzzle_identifiers"])
             res = fit(
                 act,
                 demos,
@@ -140,26 +140,17 @@ class TestTimeTraining:
     def _encode(self, di, dl, dm) -> torch.Tensor:
         return self.encoder(di.clone(), dl.clone(), dm.clone().bool()).context.detach()
 
-    def _embedding_init(self, batch: dict) -> torch.Tensor:
-        act = self.act
-        mean = mean_trained_embedding(act)
-        P, H = act.puzzle_emb_len, act.hidden_size
-        own = act.puzzle_emb.weights.detach().float().index_select(0, batch["puzzle_identifiers"].clone().long())
-        own = torch.nn.functional.pad(own, (0, P * H - own.shape[-1])).view(-1, P, H)
-        trained = (own.abs().sum((-1, -2)) > 0).view(-1, 1, 1)
-        return torch.where(trained, own, mean.to(own.device).expand_as(own)).clone()
-
     # -- all: one copy of the weights per puzzle ---------------------------------------------------------------
     def _run_groups(self, plan: Any, batch: dict, device: torch.device) -> Rollout:
         ids = batch["puzzle_identifiers"]
         parts, order = [], []
+        snap = WeightsSnapshot(self.act)  # the weights every group starts from, restored after each
         for pid in torch.unique(ids).tolist():
             rows = (ids == pid).nonzero().squeeze(-1)
             sub = {
                 k: (v.index_select(0, rows) if torch.is_tensor(v) and v.shape[:1] == ids.shape else v)
                 for k, v in batch.items()
             }
-            snap = WeightsSnapshot(self.act)
             try:
                 with torch.inference_mode(False), torch.enable_grad():
                     prefix = self._fit_rows(sub, ids=sub["puzzle_identifiers"], extra=tuple(snap.trainable()))

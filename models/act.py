@@ -34,7 +34,16 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
-from models.layers import Attention, CastedEmbedding, CastedLinear, RotaryEmbedding, RotaryEmbedding2D, resolve_dtype
+from models.layers import (
+    Attention,
+    CastedEmbedding,
+    CastedLinear,
+    ReasoningModule,
+    RotaryEmbedding,
+    RotaryEmbedding2D,
+    TransformerBlock,
+    resolve_dtype,
+)
 from models.sparse_embedding import SparsePuzzleEmbedding
 
 Batch = Dict[str, torch.Tensor]
@@ -189,6 +198,25 @@ class IOStem(nn.Module):
     def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
         """[b, seq, hidden] embeddings of the tokens (before the prefix and the sqrt(hidden) scale)."""
         return self.embed_tokens(inputs.to(torch.int32))
+
+    def blocks(self, n: int) -> ReasoningModule:
+        """``n`` post-norm blocks of this model's width (the reasoning module of TRM, HRM's levels, the transformer
+        baseline), each with :meth:`attention` (or, ``mlp_t``, an MLP over the sequence)."""
+        cfg = self.config
+        return ReasoningModule(
+            [
+                TransformerBlock(
+                    cfg.hidden_size,
+                    cfg.num_heads,
+                    cfg.expansion,
+                    cfg.rms_norm_eps,
+                    mlp_t=getattr(cfg, "mlp_t", False),
+                    total_seq_len=self.total_seq_len,
+                    attention=self.attention,
+                )
+                for _ in range(n)
+            ]
+        )
 
     def attention(
         self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False

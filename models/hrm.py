@@ -15,7 +15,7 @@ import torch
 from pydantic import Field
 
 from models.act import ACTArchConfig, ACTModel, IOStem
-from models.layers import ReasoningModule, TransformerBlock, trunc_normal_init_
+from models.layers import trunc_normal_init_
 
 
 class HRMConfig(ACTArchConfig):
@@ -47,17 +47,8 @@ class HRMInner(IOStem):
             num_puzzle_identifiers=num_puzzle_identifiers,
             batch_size=batch_size,
         )
-
-        def stack(n: int) -> ReasoningModule:
-            return ReasoningModule(
-                [
-                    TransformerBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps)
-                    for _ in range(n)
-                ]
-            )
-
-        self.H_level = stack(config.H_layers)
-        self.L_level = stack(config.L_layers)
+        self.H_level = self.blocks(config.H_layers)
+        self.L_level = self.blocks(config.L_layers)
         self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
         self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
 

@@ -13,7 +13,6 @@ import torch
 from pydantic import Field
 
 from models.act import ACTModel, ArchConfig, IOStem
-from models.layers import ReasoningModule, TransformerBlock
 
 
 class TransformerConfig(ArchConfig):
@@ -39,19 +38,7 @@ class TransformerInner(IOStem):
             num_puzzle_identifiers=num_puzzle_identifiers,
             batch_size=batch_size,
         )
-        self.layers = ReasoningModule(
-            [
-                TransformerBlock(
-                    config.hidden_size,
-                    config.num_heads,
-                    config.expansion,
-                    config.rms_norm_eps,
-                    mlp_t=config.mlp_t,
-                    total_seq_len=self.total_seq_len,
-                )
-                for _ in range(config.num_layers)
-            ]
-        )
+        self.layers = self.blocks(config.num_layers)
 
     def empty_carry(self, batch_size: int, device: torch.device) -> None:
         return None

@@ -27,7 +27,7 @@ import torch
 from pydantic import Field
 
 from models.act import ACTArchConfig, ACTModel, IOStem
-from models.layers import ReasoningModule, TransformerBlock, trunc_normal_init_
+from models.layers import trunc_normal_init_
 
 
 class TRMConfig(ACTArchConfig):
@@ -59,20 +59,7 @@ class TRMInner(IOStem):
             num_puzzle_identifiers=num_puzzle_identifiers,
             batch_size=batch_size,
         )
-        self.L_level = ReasoningModule(
-            [
-                TransformerBlock(
-                    config.hidden_size,
-                    config.num_heads,
-                    config.expansion,
-                    config.rms_norm_eps,
-                    mlp_t=config.mlp_t,
-                    total_seq_len=self.total_seq_len,
-                    attention=self.attention,
-                )
-                for _ in range(config.L_layers)
-            ]
-        )
+        self.L_level = self.blocks(config.L_layers)
         self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
         self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
 

@@ -221,19 +221,17 @@ class frozen_weights:
             p.requires_grad_(f)
 
 
-def mean_trained_embedding(model: ACTModel) -> torch.Tensor:
-    """TRM: the mean of the puzzle-embedding rows that training moved off their zero init, as a [P, H] prefix
-    (laid out as the model lays the embedding out: padded to P * H)."""
-    emb = getattr(model, "puzzle_emb", None)
-    if emb is None:
-        raise ValueError(
-            "ttt_params=embedding on a model without a demo encoder needs a puzzle embedding (arch.puzzle_emb_ndim > 0)"
-        )
-    w = emb.weights.detach().float()
+def embedding_init(model: ACTModel, ids: torch.Tensor) -> torch.Tensor:
+    """TRM: the starting prefix [b, P, H] of each sample: its puzzle's embedding when training moved it off the zero
+    init, else (a puzzle never seen in training) the mean of the trained rows; laid out as the model lays the
+    embedding out (padded to P * H)."""
+    w = model.puzzle_emb.weights.detach().float()
     trained = w.abs().sum(-1) > 0
     mean = w[trained].mean(0) if bool(trained.any()) else w.new_zeros(w.shape[-1])
+    rows = w.index_select(0, ids.clone().long())
+    rows = torch.where(trained.index_select(0, ids.clone().long()).view(-1, 1), rows, mean)
     P, H = model.puzzle_emb_len, model.hidden_size
-    return F.pad(mean, (0, P * H - mean.shape[-1])).view(P, H)
+    return F.pad(rows, (0, P * H - rows.shape[-1])).view(-1, P, H)
 
 
 __all__ = [
@@ -247,5 +245,5 @@ __all__ = [
     "fit",
     "WeightsSnapshot",
     "frozen_weights",
-    "mean_trained_embedding",
+    "embedding_init",
 ]

@@ -152,10 +152,9 @@ def test_trm_gets_a_fresh_embedding_from_the_trained_mean_and_context_is_refused
         m.puzzle_emb.weights[1] = 1.0  # two "trained" puzzles; 0 and 3-5 never seen (TRM's zero init)
         m.puzzle_emb.weights[2] = 3.0
     head = models.build_loss_head(m)
-    ttt = TTTRunner(head, TTTSettings(steps=2, lr=0.05, params="embedding"))
     b = _batch()
     b["puzzle_identifiers"] = torch.tensor([1, 3, 4, 2], dtype=torch.int32)
-    init = ttt._embedding_init(b)
+    init = mttt.embedding_init(m, b["puzzle_identifiers"])
     assert torch.equal(init[1, 0], torch.full((32,), 2.0)) and torch.equal(init[1, 1], torch.zeros(32))  # padded
     assert torch.equal(init[0, 0], torch.full((32,), 1.0)) and torch.equal(init[3, 0], torch.full((32,), 3.0))
     emb = m.puzzle_emb.weights.clone()

@@ -298,7 +298,7 @@ def is_encoder_param(name: str) -> bool:
 
 
 def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(every trainable parameter, the encoder's, the rest): the gradient-norm groups of the loop."""
+    """(every trainable parameter, the encoder's, the rest): the loop's gradient-norm groups and the optimizer's."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return (
         [p for _, p in named],
@@ -316,9 +316,7 @@ def build_optimizers(cfg: PretrainConfig, model: nn.Module, world_size: int) -> 
     """``adam``: AdamATan2 over every trainable parameter (encoder params in their own group when
     ``encoder_lr`` is set); ``puzzle_emb``: SignSGDSparse over the puzzle-embedding buffer (if any). Every group
     records its ``base_lr`` (the schedule scales it)."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    enc = [p for n, p in named if is_encoder_param(n)]
-    rest = [p for n, p in named if not is_encoder_param(n)]
+    _, enc, rest = split_params(model)
     groups: list[dict[str, Any]] = []
     if rest:
         groups.append({"params": rest, "lr": cfg.lr, "base_lr": cfg.lr, "name": "inner"})

@@ -63,8 +63,7 @@ class RunReport:
         )
         if self.info.is_main:
             os.makedirs(checkpoint_dir, exist_ok=True)
-            config_file = write_config(cfg, checkpoint_dir)
-            self.summary.set(config_path=config_file)
+            config_file = write_config(cfg, checkpoint_dir)  # the summary's config_path
             self.summary.write()
             if step == 0:  # once per run, not again at a resume
                 self.logger.log({"num_params": float(num_params)}, step=step)
