@@ -2,6 +2,7 @@
 with a per-phase split (data, encoder forward, core forward, optimizer, the rest = loss + backward + grad norms).
 
     python -m benchmarks.train_step --config science        # cfg_science: ETRM standard encoder + TRM core, canvas 8
+    python -m benchmarks.train_step --config science-memory # the same with arch=trm_memory (demo memory)
     python -m benchmarks.train_step --config trm-tiny       # cfg_demo: TRM tiny on 4x4 Sudoku
     python -m benchmarks.train_step --config science --compile both --steps 30 --json out.json
 
@@ -39,7 +40,7 @@ from training.config import load_config
 from training.distributed import DistInfo, resolve_device
 from training.loop import Trainer
 
-CONFIGS = ("science", "trm-tiny")
+CONFIGS = ("science", "science-memory", "trm-tiny")
 
 
 def make_data(config: str, root: str) -> str:
@@ -47,7 +48,7 @@ def make_data(config: str, root: str) -> str:
     out = os.path.join(root, f"data-{config}")
     if os.path.isdir(out):
         return out
-    if config == "science":  # the science command's data: 8 rule families, canvas 8, demo store (ETRM)
+    if config.startswith("science"):  # the science command's data: 8 rule families, canvas 8, demo store (ETRM)
         raw = generate_synthetic_arc(
             os.path.join(root, "raw"),
             "synth",
@@ -84,7 +85,11 @@ def make_data(config: str, root: str) -> str:
 def make_trainer(
     config: str, data: str, run_dir: str, compile_flag: bool, device: str, overrides: Sequence[str] = ()
 ) -> Trainer:
-    name, extra = {"science": ("cfg_science", ["encoder=standard"]), "trm-tiny": ("cfg_demo", [])}[config]
+    name, extra = {
+        "science": ("cfg_science", ["encoder=standard"]),
+        "science-memory": ("cfg_science", ["encoder=standard", "arch=trm_memory"]),  # the demo-memory core
+        "trm-tiny": ("cfg_demo", []),
+    }[config]
     cfg = load_config(
         name,
         [

@@ -21,7 +21,7 @@ from .config import (
     parse_encoder_config,
 )
 from .heads import gaussian_kl
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, DemoMemory, EncoderOutput
 
 # Hydra: every encoder's class defaults, the node `encoder/defaults/<name>` that config/encoder/<name>.yaml starts from
 for _name in ENCODER_REGISTRY:
@@ -32,6 +32,7 @@ __all__ = [
     "BaseEncoderConfig",
     "DemoEncoder",
     "EncoderConfigError",
+    "DemoMemory",
     "EncoderOutput",
     "RemovedOptionError",
     "build_encoder",

@@ -1,7 +1,11 @@
 """The module interface every demonstration encoder implements (docs/architecture.md §3)::
 
     encoder(demo_inputs [b, D, S] int, demo_labels [b, D, S] int, demo_mask [b, D] bool, state=None)
-        -> EncoderOutput(context [b, puzzle_emb_len, hidden], kl [b] | None, state | None)
+        -> EncoderOutput(context [b, puzzle_emb_len, hidden], kl [b] | None, state | None, memory | None)
+
+``memory`` (:class:`DemoMemory`): the per-cell states of the demonstrations before any pooling, for a core that
+reads them cell by cell (``arch=trm_memory``, models/variants/trm_memory.py); given by the encoders whose
+:attr:`DemoEncoder.gives_memory` is True.
 
 Padding rules (pitfall 16): PAD tokens (id 0) inside a demo are never attended to and never pooled;
 demo slots with ``demo_mask == False`` (or containing only PAD) are skipped entirely (never encoded);
@@ -21,10 +25,31 @@ from .probes import attach_probes
 
 
 @dataclass
+class DemoMemory:
+    """Every token of every demo slot of a sample, unpooled: ``states`` [b, D*T, d] (the encoder's width), ``mask``
+    [b, D*T] (False for PAD cells and for the tokens of empty demo slots), and for each of the D*T token positions
+    ``demo`` [D*T] (its demo slot) and ``cell`` [D*T] (its canvas cell: with the aligned pair layout a token holds the
+    input and the output colour of that cell). Slot j's tokens are positions ``j*T .. j*T + T - 1``."""
+
+    states: torch.Tensor
+    mask: torch.Tensor
+    demo: torch.Tensor
+    cell: torch.Tensor
+
+    @classmethod
+    def from_tokens(cls, states: torch.Tensor, mask: torch.Tensor, num_demos: int) -> "DemoMemory":
+        """The memory of :meth:`encoders.trunk.DemoTrunk.sample_tokens`' output (aligned layout, no CLS token)."""
+        T = states.shape[1] // num_demos
+        ar = torch.arange(num_demos * T, device=states.device)
+        return cls(states, mask, ar // T, ar % T)
+
+
+@dataclass
 class EncoderOutput:
     context: torch.Tensor  # [b, puzzle_emb_len, hidden]
     kl: Optional[torch.Tensor] = None  # [b] per-sample KL (unweighted), variational encoders only
     state: Optional[torch.Tensor] = None  # recurrent encoders: new z_E (NOT detached)
+    memory: Optional[DemoMemory] = None  # per-cell demo states (encoders with gives_memory)
 
 
 class DemoEncoder(nn.Module):
@@ -55,6 +80,12 @@ class DemoEncoder(nn.Module):
             raise ValueError(
                 f"demo_mask {tuple(demo_mask.shape)} must be [batch, max_demos] = {tuple(demo_inputs.shape[:2])}"
             )
+
+    @property
+    def gives_memory(self) -> bool:
+        """Whether :attr:`EncoderOutput.memory` is filled (a demo-memory core needs it): encoders that attend over
+        every demo token (``aggregation: tokens``) with one token per cell (``pair_layout: aligned``)."""
+        return False
 
     def initial_state(self, batch_size: int, device) -> Optional[torch.Tensor]:
         return None

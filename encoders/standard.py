@@ -10,7 +10,7 @@ import torch
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, DemoMemory, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -30,7 +30,12 @@ class StandardEncoder(DemoEncoder):
         self.aggregate = DemoAggregator(cfg, q)
         self.head = ContextHead(cfg, cfg.hidden_size, q, self.hidden_size, self.puzzle_emb_len)
 
+    @property
+    def gives_memory(self) -> bool:
+        return self.cfg.aggregation == "tokens" and self.cfg.pair_layout == "aligned" and self.trunk.cls is None
+
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
         demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
-        return EncoderOutput(context=self.head(self.aggregate(demos, valid)))
+        memory = DemoMemory.from_tokens(demos, valid, demo_inputs.shape[1]) if self.gives_memory else None
+        return EncoderOutput(context=self.head(self.aggregate(demos, valid)), memory=memory)

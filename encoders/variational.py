@@ -10,7 +10,7 @@ import torch
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator, Gaussian
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, DemoMemory, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -32,8 +32,13 @@ class VariationalEncoder(DemoEncoder):
         self.bottleneck = Gaussian(cfg.hidden_size, cfg.latent_dim)
         self.head = ContextHead(cfg, cfg.latent_dim, q, self.hidden_size, self.puzzle_emb_len)
 
+    @property
+    def gives_memory(self) -> bool:
+        return self.cfg.aggregation == "tokens" and self.cfg.pair_layout == "aligned" and self.trunk.cls is None
+
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
         demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         z, kl = self.bottleneck(self.aggregate(demos, valid))
-        return EncoderOutput(context=self.head(z), kl=kl)
+        memory = DemoMemory.from_tokens(demos, valid, demo_inputs.shape[1]) if self.gives_memory else None
+        return EncoderOutput(context=self.head(z), kl=kl, memory=memory)

@@ -51,6 +51,11 @@ class TestTimeTraining:
                 "test-time training is not supported for the recurrent encoder (its context changes at every ACT "
                 "step, a fitted context or copy of the weights has no fixed encoding to start from)"
             )
+        if getattr(self.act, "reads_memory", False):
+            raise ValueError(
+                "test-time training does not support a core that reads the demo memory yet (arch="
+                f"{self.act.config.name}): its leave-one-out fit would also need the memory without the held-out demo"
+            )
         if self.encoder is None and getattr(self.act, "puzzle_emb", None) is None:
             raise ValueError(
                 "a model without a demo encoder is fitted through its puzzle embedding, and this one has "

@@ -103,6 +103,11 @@ class ArchConfig(BaseModel):
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
     loss: LossConfig = Field(default_factory=LossConfig)
 
+    def for_encoder(self, encoder_hidden_size: int) -> "ArchConfig":
+        """This config as the core of an ETRM whose encoder has width ``encoder_hidden_size`` (a variant that
+        reads the encoder's states fills its sizes here, ``models/variants/trm_memory.py``; others: unchanged)."""
+        return self
+
     @model_validator(mode="after")
     def _check_heads(self):
         """A clear ArchConfigError instead of a failure deep in model construction."""
@@ -341,11 +346,13 @@ class ACTModel(nn.Module):
         )
 
     def step(
-        self, carry: ACTCarry, prefix_context: Optional[torch.Tensor] = None
+        self, carry: ACTCarry, prefix_context: Optional[torch.Tensor] = None, memory: Any = None
     ) -> Tuple[ACTCarry, Dict[str, torch.Tensor]]:
-        """Run one supervision step on an already refilled carry (see module docstring)."""
+        """Run one supervision step on an already refilled carry (see module docstring). ``memory``: the demos'
+        per-cell states (``encoders.DemoMemory``) for an inner that reads them (``reads_memory``, ETRM only)."""
+        extra = {} if memory is None else {"memory": memory}
         inner_carry, logits, (q_halt, q_continue) = self.inner(
-            carry.inner_carry, carry.current_data, prefix_context=prefix_context
+            carry.inner_carry, carry.current_data, prefix_context=prefix_context, **extra
         )
         outputs: Dict[str, torch.Tensor] = {"logits": logits, "q_halt_logits": q_halt, "q_continue_logits": q_continue}
         cfg = self.config
@@ -366,7 +373,7 @@ class ACTModel(nn.Module):
                     halted = halted & (steps >= min_steps)
                     if not getattr(cfg, "no_ACT_continue", True):
                         _, _, (next_halt, next_cont) = self.inner(
-                            inner_carry, carry.current_data, prefix_context=prefix_context
+                            inner_carry, carry.current_data, prefix_context=prefix_context, **extra
                         )
                         outputs["target_q_continue"] = torch.sigmoid(
                             torch.where(is_last, next_halt, torch.maximum(next_halt, next_cont))

@@ -75,6 +75,15 @@ class ETRM(ACTModel):
         self.encoder_cache = bool(encoder_cache)
         self.halt_early_in_eval = core.halt_early_in_eval
         self._core_cls = type(core)
+        # a core that reads the demos cell by cell (arch=trm_memory) gets the encoder's DemoMemory every step
+        self.reads_memory = bool(getattr(core.inner, "reads_memory", False))
+        if self.reads_memory and not getattr(encoder, "gives_memory", False):
+            cfg = encoder.cfg
+            raise ValueError(
+                f"arch={core.config.name} reads the demos' per-cell states, but encoder {cfg.name} (aggregation="
+                f"{getattr(cfg, 'aggregation', None)}, pair_layout={getattr(cfg, 'pair_layout', None)}) does not give "
+                f"them: use encoder=standard or variational with aggregation=tokens and pair_layout=aligned"
+            )
         self._last_diag: Optional[tuple] = None
         # lpn test-time latent search at evaluation (0 = off); see models/latent_search.py
         self.latent_search_steps = int(getattr(encoder.cfg, "search_steps", 0) or 0)
@@ -128,7 +137,12 @@ class ETRM(ACTModel):
     def _reuses_eval_context(self) -> bool:
         """Eval with a non-recurrent encoder: the context of a slot depends only on its demos (posterior mean, no
         dropout), so it is computed when the slot is (re)filled and reused at its later ACT steps."""
-        return not self.training and not self.encoder.training and not getattr(self.encoder, "is_recurrent", False)
+        return (
+            not self.training
+            and not self.encoder.training
+            and not getattr(self.encoder, "is_recurrent", False)
+            and not self.reads_memory  # the per-cell memory is not cached: the encoder runs at every step
+        )
 
     # -- encoding -----------------------------------------------------------------------------------
     def encode(self, carry: ETRMCarry):
@@ -194,10 +208,13 @@ class ETRM(ACTModel):
         carry = self.refill(carry, batch)
         if prefix_context is not None:  # evaluation with a test-time-trained context for these rows
             kl = prefix_context.new_zeros(prefix_context.shape[0], dtype=torch.float32) if self.kl_weight > 0 else None
-            enc, ctx = EncoderOutput(context=prefix_context, kl=kl), prefix_context
+            memory = self.encode(carry)[0].memory if self.reads_memory else None
+            enc, ctx = EncoderOutput(context=prefix_context, kl=kl, memory=memory), prefix_context
         else:
             enc, ctx = self.encode(carry)
-        new, outputs = self._core_cls.step(self, carry, prefix_context=ctx)
+        new, outputs = self._core_cls.step(
+            self, carry, prefix_context=ctx, memory=enc.memory if self.reads_memory else None
+        )
         outputs["encoder_context"] = ctx
         outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)
         # fallback for diagnostics() when the loss head does not return these outputs (runs eagerly)

@@ -25,6 +25,7 @@ from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, TRMConfig
 from models.variants.trm_grid import TRMGrid, TRMGridConfig
+from models.variants.trm_memory import TRMMemory, TRMMemoryConfig
 from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
 
 
@@ -40,6 +41,7 @@ ARCH_REGISTRY.register("hrm", config=HRMConfig)(HRM)
 ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBaseline)
 ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(TRMGrid)
 ARCH_REGISTRY.register("trm_pointer", config=TRMPointerConfig)(TRMPointer)
+ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(TRMMemory)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:

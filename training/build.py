@@ -24,7 +24,7 @@ from torch import nn
 from dataset.loader import PuzzleDatasetConfig, create_dataloader
 from dataset.metadata import DatasetMetadata
 from dataset.rule_labels import rule_label_table
-from encoders import build_encoder
+from encoders import build_encoder, parse_encoder_config
 from evaluators import build_evaluators
 from models import ArchConfig, build_model, compat, parse_arch_config
 from models import build_loss_head as build_model_loss_head
@@ -256,7 +256,7 @@ def build_etrm_model(
     enc_cfg = cfg.encoder
     if not enc_cfg:
         raise ConfigError("build_etrm_model: cfg.encoder is empty (choose one with encoder=<name>)")
-    arch = cfg.arch
+    arch = parse_arch_config(cfg.arch).for_encoder(parse_encoder_config(enc_cfg).hidden_size)
     bs = batch_size or cfg.global_batch_size
     core = build_model(
         etrm_core_arch(arch),

@@ -1,0 +1,270 @@
+"""arch=trm_memory (models/variants/trm_memory.py): the core reads the encoder's per-cell demo states. Every parameter
+trains, the read respects padding, empty demo slots and variable demo counts (a sample's answer does not depend on
+what else is in the batch), each ``memory_read`` place changes the computation, the memory width follows the
+encoder, it compiles without graph breaks, it refuses what cannot work; checkpoint -> evaluate.py and torchrun
+(2 gloo ranks == 1 process) run the real commands."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dataset.metadata import DatasetMetadata
+from encoders import DemoMemory
+from models.etrm import ETRM
+from training.build import build_etrm_model, build_loss_head
+from training.config import config_from_dict
+
+V, SIDE, B, D, HID = 12, 4, 4, 3, 32
+S = SIDE * SIDE
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def meta():
+    return DatasetMetadata(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=V,
+        seq_len=S,
+        num_puzzle_identifiers=5,
+        total_groups=4,
+        mean_puzzle_examples=2.0,
+        sets=["all"],
+        has_demos=True,
+        max_demos=D,
+    )
+
+
+def build(seed=0, enc_hidden=24, **arch_kw) -> ETRM:
+    torch.manual_seed(seed)
+    arch = dict(
+        name="trm_memory",
+        hidden_size=HID,
+        num_heads=4,
+        expansion=2,
+        puzzle_emb_ndim=0,
+        puzzle_emb_len=2,
+        H_cycles=2,
+        L_cycles=2,
+        L_layers=1,
+        halt_max_steps=2,
+        halt_exploration_prob=0.0,
+        forward_dtype="float32",
+    )
+    arch.update(arch_kw)
+    enc = {"name": "standard", "hidden_size": enc_hidden, "num_heads": 4, "grid_coords": True}
+    cfg = {"arch": arch, "encoder": enc, "global_batch_size": B}
+    return build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
+
+
+def grid(g, h, w):
+    """A SIDE x SIDE canvas with an h x w grid of colours (tokens 2..11) at the top-left, PAD (0) elsewhere."""
+    c = torch.zeros(SIDE, SIDE, dtype=torch.int32)
+    c[:h, :w] = torch.randint(2, V, (h, w), generator=g, dtype=torch.int32)
+    return c.view(S)
+
+
+def batch(seed=0, demos_per_sample=(3, 2, 1, 3)):
+    g = torch.Generator().manual_seed(seed)
+    b = len(demos_per_sample)
+    di = torch.zeros(b, D, S, dtype=torch.int32)
+    dl = torch.zeros(b, D, S, dtype=torch.int32)
+    mask = torch.zeros(b, D, dtype=torch.bool)
+    for i, n in enumerate(demos_per_sample):
+        for j in range(n):
+            h, w = torch.randint(2, SIDE + 1, (2,), generator=g).tolist()
+            di[i, j], dl[i, j] = grid(g, h, w), grid(g, h, w)
+            mask[i, j] = True
+    return {
+        "inputs": torch.stack([grid(g, 3, 3) for _ in range(b)]),
+        "labels": torch.stack([grid(g, 3, 3) for _ in range(b)]).long(),
+        "puzzle_identifiers": torch.zeros(b, dtype=torch.int32),
+        "demo_inputs": di,
+        "demo_labels": dl,
+        "demo_mask": mask,
+    }
+
+
+def eval_logits(model, data):
+    """The logits of the last ACT step of an evaluation rollout."""
+    model.eval()
+    with torch.no_grad():
+        carry = model.initial_carry(data)
+        for _ in range(model.halt_max_steps):
+            carry, out = model(carry, data)
+    return out["logits"]
+
+
+def take(data, rows):
+    return {k: v[rows] for k, v in data.items()}
+
+
+def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder():
+    model = build(enc_hidden=24)
+    assert model.reads_memory and model.config.memory_width == 24
+    assert model.inner.memory_read.in_proj.weight.shape == (HID, 24)
+    model.train()
+    head = build_loss_head(model)
+    data = batch()
+    _, loss, _, _, _ = head(head.initial_carry(data), data)
+    loss.backward()
+    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert dead == []
+
+
+def test_the_answer_reads_the_demo_cells_and_ignores_pad_empty_slots_and_the_rest_of_the_batch():
+    model = build()
+    data = batch()
+    ref = eval_logits(model, data)
+    # a demo's output colours reach the answer
+    changed = {k: v.clone() for k, v in data.items()}
+    changed["demo_labels"][0, 0] = torch.where(changed["demo_labels"][0, 0] > 1, 2, 0).int()
+    assert not torch.allclose(eval_logits(model, changed)[0], ref[0], atol=1e-4)
+    # junk in an empty slot (demo_mask False) changes nothing
+    junk = {k: v.clone() for k, v in data.items()}
+    junk["demo_inputs"][2, 2] = 7
+    junk["demo_labels"][2, 2] = 9
+    torch.testing.assert_close(eval_logits(model, junk), ref, atol=1e-5, rtol=1e-5)
+    # each sample alone (different demo counts, its own crop) = inside the batch
+    for i in range(B):
+        torch.testing.assert_close(eval_logits(model, take(data, [i])), ref[i : i + 1], atol=1e-5, rtol=1e-5)
+    # a sample without any demo reads the null key only: finite
+    none = {k: v.clone() for k, v in data.items()}
+    none["demo_mask"][1] = False
+    assert torch.isfinite(eval_logits(model, none)).all()
+
+
+def test_memory_read_places_differ_and_read_keeps_the_trained_weights_names():
+    data = batch()
+    outs = {w: eval_logits(build(memory_read=w), data) for w in ("once", "cycle", "step")}
+    assert not torch.allclose(outs["once"], outs["cycle"], atol=1e-4)
+    assert not torch.allclose(outs["cycle"], outs["step"], atol=1e-4)
+    names = {n for n, _ in build().named_parameters()}
+    assert {
+        "inner.memory_read.in_proj.weight",
+        "inner.memory_read.null_key",
+        "inner.embed_grid.embedding_weight",
+    } <= names
+
+
+def test_the_core_compiles_without_graph_breaks():
+    torch._dynamo.reset()
+    model = build()
+    model.train()
+    data = batch(demos_per_sample=(3, 3, 3, 3))
+    enc = model.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+    assert isinstance(enc.memory, DemoMemory)
+    carry = model.inner.reset_carry(torch.ones(B, dtype=torch.bool), model.inner.empty_carry(B, torch.device("cpu")))
+    compiled = torch.compile(model.inner, backend="eager", fullgraph=True)
+    _, logits, _ = compiled(carry, data, prefix_context=enc.context, memory=enc.memory)
+    _, eager, _ = model.inner(carry, data, prefix_context=enc.context, memory=enc.memory)
+    torch.testing.assert_close(logits, eager)
+
+
+def test_refusals_name_what_is_wrong():
+    with pytest.raises(ValueError, match="does not give"):
+        torch.manual_seed(0)
+        cfg = {
+            "arch": {
+                "name": "trm_memory",
+                "hidden_size": 16,
+                "num_heads": 2,
+                "puzzle_emb_ndim": 0,
+                "puzzle_emb_len": 2,
+            },
+            "encoder": {"name": "standard", "hidden_size": 16, "num_heads": 2, "aggregation": "cross_attention"},
+            "global_batch_size": 2,
+        }
+        build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
+    model = build(memory_max_demos=2)
+    with pytest.raises(ValueError, match="memory_max_demos=2"):
+        eval_logits(model, batch())
+    with pytest.raises(ValueError, match="run it as an ETRM"):
+        carry = model.inner.empty_carry(1, torch.device("cpu"))
+        model.inner(carry, take(batch(), [0]))
+
+
+def _science_data(root):
+    from dataset.arc_sources import load_puzzles
+    from dataset.build_arc_dataset import build_arc_dataset
+    from dataset.build_synthetic_dataset import generate_synthetic_arc
+
+    raw = generate_synthetic_arc(
+        os.path.join(root, "raw"), "synth", num_train=24, num_test=8, seed=0, progress=False, canvas_size=6, num_aug=1
+    )
+    out = os.path.join(root, "built")
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", raw["prefix"])
+    build_arc_dataset(
+        out, puzzles, test_set_name="evaluation", num_aug=1, seed=0, mode="etrm", progress=False, canvas_size=6
+    )
+    return out
+
+
+def _run(cmd, cwd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled", PYTHONPATH=ROOT)
+    p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+TINY_MEMORY = [
+    "--config-name",
+    "cfg_science",
+    "arch=trm_memory",
+    "arch.hidden_size=16",
+    "arch.num_heads=2",
+    "encoder.hidden_size=16",
+    "encoder.num_heads=2",
+    "global_batch_size=8",
+    "max_steps=4",
+    "lr_warmup_steps=1",
+    "log_interval=2",
+    "checkpoint_every=4",
+]
+
+
+@pytest.mark.slow
+def test_torchrun_two_gloo_ranks_equal_one_process_and_evaluate_reads_the_checkpoint(tmp_path):
+    data = _science_data(str(tmp_path))
+    args = [*TINY_MEMORY, f"data_paths=[{data}]", "+run_name=mem"]
+    script = os.path.join(ROOT, "pretrain_encoder.py")
+    _run([sys.executable, script, *args, f"checkpoint_path={tmp_path / 'one'}"], str(tmp_path))
+    two = _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            script,
+            *args,
+            f"checkpoint_path={tmp_path / 'two'}",
+        ],
+        str(tmp_path),
+    )
+    assert "world size 2" in two.stdout + two.stderr
+    a = torch.load(tmp_path / "one" / "step_4.pt", weights_only=False)
+    b = torch.load(tmp_path / "two" / "step_4.pt", weights_only=False)
+    assert a["config"]["arch"]["name"] == "trm_memory"
+    assert any(k.startswith("inner.memory_read.") for k in a["model"])
+    for k in a["model"]:
+        assert torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-5, rtol=0), k
+    out = tmp_path / "eval"
+    _run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "evaluate.py"),
+            f"checkpoint={tmp_path / 'one' / 'step_4.pt'}",
+            f"data_path={data}",
+            f"output_dir={out}",
+        ],
+        str(tmp_path),
+    )
+    metrics = json.load(open(out / "metrics.json"))["metrics"]
+    assert metrics["eval/num_examples"] > 0 and np.isfinite(metrics["all.lm_loss"]) and "ARC/pass@1" in metrics
