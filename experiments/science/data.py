@@ -373,11 +373,10 @@ def load_user_puzzles(prefix: str, groups_file: Optional[str] = None) -> UserPuz
             )
     rules = {n: {"subset": s, "family": groups[n]} for s in SUBSETS for n in ids[s]}
     files = {}
-    for s in SUBSETS:
-        for kind in ("challenges", "solutions"):
-            p = f"{prefix}_{s}_{kind}.json"
-            if os.path.exists(p):
-                files[os.path.basename(p)] = _sha256(p)
+    paths = [f"{prefix}_{s}_{kind}.json" for s in SUBSETS for kind in ("challenges", "solutions")]
+    for p in paths + [prefix + AUGMENTATION_LISTS_SUFFIX]:  # the copy lists the ARC build reads, when present
+        if os.path.exists(p):
+            files[os.path.basename(p)] = _sha256(p)
     max_side = max(
         max(g.shape) for ps in puzzles.values() for p in ps for pair in p.train + p.test for g in pair if g is not None
     )

@@ -199,7 +199,7 @@ def _data_note_lines(result: dict) -> list[str]:
         return []
     return [
         "**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
-        "puzzles, rare in training; the leak-free split can cause this, as it does for translate: "
+        "puzzles, rare in training; the leak-free split can cause this, as it did for translate on benchmark v1: "
         "docs/record/2026-11-26-translate-wrap.md):",
         "",
         *(f"- {n}" for n in notes),
