@@ -479,6 +479,9 @@ def generate_synthetic_arc(
     if heldout_puzzles_per_instance < 1:
         raise DatasetError(f"--heldout-puzzles-per-instance must be >= 1, got {heldout_puzzles_per_instance}")
     spec = GridSpec(min_grid, max_grid)
+    shifting = sorted(set(families) & set(SHIFT_FAMILIES))
+    if shifting and not shift_cells(spec):
+        raise DatasetError(f"--families {' '.join(shifting)}: a shift needs grids of side >= 2 (--max-grid {max_grid})")
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
     held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)

@@ -171,6 +171,8 @@ def test_holdout_families(tmp_path):
         generate_synthetic_arc(str(tmp_path), "x", families=["nope"], progress=False)
     with pytest.raises(DatasetError, match="max-grid"):
         generate_synthetic_arc(str(tmp_path), "x", min_grid=5, max_grid=4, progress=False)
+    with pytest.raises(DatasetError, match="roll translate: a shift needs grids of side >= 2"):
+        generate_synthetic_arc(str(tmp_path), "x", families=["translate", "roll"], min_grid=1, max_grid=1)
 
 
 def test_same_seed_identical_bytes_and_build_dir(tmp_path):
