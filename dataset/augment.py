@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from core.io import read_json, write_json_atomic
 from dataset.dihedral import dihedral_transform, inverse_dihedral_transform
+from dataset.errors import DatasetError
 from dataset.tokens import ARC_MAX_GRID, COLOR_OFFSET, EOS_ID, NUM_COLORS
 
 # Separator of augmented puzzle names, as in the published TRM identifiers.json:
@@ -164,14 +166,21 @@ def _has_spatial_symmetry(grids: Sequence[np.ndarray]) -> bool:
     return False
 
 
-def select_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def select_augmentations(
+    puzzle: ArcPuzzle, num_aug: int, seed: int, accept: Optional[Callable[[int, np.ndarray], bool]] = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Identity + up to ``num_aug`` distinct random augmentations (seeded by ``seed`` and the puzzle name):
     (dihedral ids [A], colour maps [A, 10]); the identity is first.
 
     Two copies are duplicates when every grid of every pair is identical (shape and content, pitfall 19).
     Fast path (no spatial self-symmetry, the usual case): two augmentations coincide exactly when they have
     the same dihedral transform and agree on the colours the puzzle uses, so that is the key. Otherwise the
-    encoded canvases (which encode shape and content) are hashed. At most ``5 * num_aug`` candidates."""
+    encoded canvases (which encode shape and content) are hashed. At most ``5 * num_aug`` candidates.
+
+    ``accept(dihedral, colour_map)``: asked about every new non-identity candidate; a refused one is skipped and
+    the next candidate drawn in its place (the synthetic builder refuses copies that would show a held-out rule
+    instance), so the puzzle can end with fewer copies when the candidates run out. None (the default) accepts
+    every candidate: the draws are then exactly those without the argument."""
     rng = np.random.default_rng(_stable_seed(seed, puzzle.subset, puzzle.name))
     pairs = puzzle.train + puzzle.test
     grids = [g for pair in pairs for g in pair]
@@ -200,7 +209,8 @@ def select_augmentations(puzzle: ArcPuzzle, num_aug: int, seed: int) -> tuple[np
         for a, kk in enumerate(keys):
             if kk not in seen:
                 seen.add(kk)
-                keep.append(a)
+                if accept is None or accept(int(cd[a]), cl[a]):
+                    keep.append(a)
         if keep:
             dl.append(cd[keep])
             ll.append(cl[keep])
@@ -234,4 +244,63 @@ def aug_names(name: str, dih: np.ndarray, luts: np.ndarray) -> list[str]:
             out.append(name)
         else:
             out.append(f"{name}{PUZZLE_ID_SEPARATOR}t{d}{PUZZLE_ID_SEPARATOR}{dg.tobytes().decode()}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-puzzle copy lists (the synthetic builder's sidecar <prefix>_augmentations.json)
+# ----------------------------------------------------------------------------------------------
+AUGMENTATION_LISTS_FORMAT = "augmentation-lists/v1"
+AUGMENTATION_LISTS_SUFFIX = "_augmentations.json"
+
+
+def write_augmentation_lists(path: str, lists: dict, num_aug: int, seed: int) -> None:
+    """Write ``lists`` (puzzle name -> (dihedral ids [A], colour maps [A, 10]), the identity first) as the JSON
+    that :func:`read_augmentation_lists` and ``python -m dataset.build_arc_dataset --augmentations`` read: every
+    listed puzzle gets exactly those copies instead of :func:`select_augmentations`' draw."""
+    puzzles = {
+        name: [f"t{int(d)}{PUZZLE_ID_SEPARATOR}{''.join(str(int(c)) for c in lut)}" for d, lut in zip(dih, luts)]
+        for name, (dih, luts) in lists.items()
+    }
+    write_json_atomic(
+        path,
+        {
+            "format": AUGMENTATION_LISTS_FORMAT,
+            "doc": "puzzle name -> its augmented copies, 't<dihedral>|||<colour map digits>', the identity first; "
+            "the ARC builder gives each listed puzzle exactly these copies (built with this num_aug and seed)",
+            "num_aug": num_aug,
+            "seed": seed,
+            "puzzles": puzzles,
+        },
+        compact=True,
+    )
+
+
+def read_augmentation_lists(path: str, num_aug: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The copy lists of :func:`write_augmentation_lists` (puzzle name -> (dihedral ids, colour maps)). They were
+    chosen for one ``num_aug`` and ``seed`` (a leak-free choice holds only for those): a build with others is
+    refused. Errors name the file and the puzzle."""
+    data = read_json(path, DatasetError)
+    if not isinstance(data, dict) or data.get("format") != AUGMENTATION_LISTS_FORMAT:
+        raise DatasetError(f"--augmentations {path}: field format: expected {AUGMENTATION_LISTS_FORMAT!r}")
+    if (data.get("num_aug"), data.get("seed")) != (num_aug, seed):
+        raise DatasetError(
+            f"--augmentations {path}: lists the copies of --num-aug {data.get('num_aug')} --seed {data.get('seed')}, "
+            f"this build asks for --num-aug {num_aug} --seed {seed}; build with those (or --augmentations none)"
+        )
+    out = {}
+    for name, tags in (data.get("puzzles") or {}).items():
+        try:
+            augs = [Augmentation.parse_name(f"x{PUZZLE_ID_SEPARATOR}{t}")[1] for t in tags]
+        except (ValueError, TypeError) as e:
+            raise DatasetError(f"--augmentations {path}: puzzle {name!r}: {e}") from None
+        if not augs or not augs[0].is_identity or len(augs) > num_aug + 1 or len(set(augs)) != len(augs):
+            raise DatasetError(
+                f"--augmentations {path}: puzzle {name!r}: expected the identity first, then at most {num_aug} "
+                f"distinct copies, got {tags[:3]}{'...' if len(tags) > 3 else ''}"
+            )
+        out[name] = (
+            np.array([a.dihedral for a in augs], dtype=np.int64),
+            np.array([a.colour_map for a in augs], dtype=np.uint8),
+        )
     return out

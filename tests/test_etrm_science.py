@@ -17,6 +17,7 @@ import torch
 from dataset.canvas import canvas_to_grid
 from dataset.loader import create_dataloader
 from dataset.metadata import DatasetMetadata
+from dataset.synthetic_rules import FAMILIES
 from evaluate import EvaluateConfig, run
 from evaluators.data import build_eval_loader
 from experiments.science.cli import main
@@ -122,6 +123,59 @@ def test_family_table_by_hand():
         family_table(rules, {"x": {"a1": row(1), "a2": row(1)}})
     with pytest.raises(ScienceError, match="unexpected \\['t1'\\]"):
         family_table(rules, {"x": dict(pred["x"], t1=row(1))})
+
+
+def test_headline_row_is_over_the_headline_families_only(tmp_path):
+    """Benchmark v2: roll (the wrapped shift) is in the table but outside the headline. The headline row counts the
+    held-out (and train-fit) puzzles of the headline families only, the total row every puzzle; the markdown marks
+    roll as outside; compare's bold column is the headline; the default data are the 9 families with 20 held-out
+    puzzles each, recorded as benchmark 2, and an --out built on benchmark 1 is refused."""
+    from experiments.science import compare
+    from experiments.science.data import _build_once, headline_families
+    from experiments.science.report import _family_lines
+    from experiments.science.settings import ScienceSettings
+
+    rules = {
+        "c1": {"subset": "evaluation", "family": "colour_map"},
+        "c2": {"subset": "evaluation", "family": "colour_map"},
+        "r1": {"subset": "evaluation", "family": "roll"},
+        "t1": {"subset": "training", "family": "colour_map"},
+        "t2": {"subset": "training", "family": "roll"},
+    }
+    row = lambda *ranks: [{"test_index": i, "correct_rank": r} for i, r in enumerate(ranks)]  # noqa: E731
+    pred = {"x": {"c1": row(1), "c2": row(None), "r1": row(1)}}
+    fit = (["t1", "t2"], {"x": {"t1": row(None), "t2": row(1)}})
+    t = family_table(rules, pred, train_fit=fit, headline=["colour_map"])
+    assert list(t) == ["colour_map", "roll", "headline", "all"]
+    assert t["headline"]["count"] == 2 and t["headline"]["families"] == ["colour_map"] and t["all"]["count"] == 3
+    assert t["headline"]["runs"]["x"]["pass@1"] == 0.5 and t["all"]["runs"]["x"]["pass@1"] == pytest.approx(2 / 3)
+    assert t["headline"]["train_count"] == 1 and t["headline"]["train_runs"]["x"]["pass@1"] == 0.0
+    assert "headline" not in family_table(rules, pred)  # no headline given: the total row is the headline
+    result = {"families": t, "runs": {"x": {"status": "ok"}}, "settings": {"data": {}}}
+    md = "\n".join(_family_lines(result))
+    assert "| roll (outside the headline) | 1 |" in md and "| **headline** (colour_map) | 2 |" in md
+    assert "| all (every family) | 3 |" in md
+    # compare: the bold column is the headline, the total next to it
+    res = {"settings": {"data": {"seed": 0}}, "families": t, "runs": {"x": {"status": "ok", "steps": 4}}}
+    (tmp_path / "d").mkdir()
+    json.dump(res, open(tmp_path / "d" / "science.json", "w"))
+    lines = compare.render(compare.load_rows([str(tmp_path / "d")])).splitlines()
+    head = [c.strip() for c in lines[2].split("|")[1:-1]]
+    body = [c.strip() for c in lines[4].split("|")[1:-1]]
+    assert head[5:] == ["**headline**", "all", "colour_map", "roll"] and body[5:7] == ["**0.50 / 0.00**", "0.67 / 0.50"]
+    # which families make the headline
+    assert headline_families(list(FAMILIES)) == [f for f in FAMILIES if f != "roll"] and len(FAMILIES) == 9
+    assert headline_families(["translate", "roll"]) == ["translate"]
+    assert headline_families(["translate", "gravity"]) is None and headline_families(["roll"]) is None
+    # the defaults and the benchmark version
+    fams, _ = ScienceSettings(out="o").check()
+    data = ScienceSettings(out="o").synthetic_data(fams)
+    assert fams == list(FAMILIES) and data["num_test"] == 180 and data["num_train"] == 900 and data["benchmark"] == 2
+    out = tmp_path / "old"
+    (out / "data").mkdir(parents=True)
+    json.dump({k: v for k, v in data.items() if k != "benchmark"}, open(out / "data" / "settings.json", "w"))
+    with pytest.raises(ScienceError, match="holds data of synthetic benchmark v1, this command builds v2"):
+        _build_once(str(out), data, ["false"], what="x", no_train=False)
 
 
 @pytest.mark.parametrize("name", list(ENCODERS) + [CONTROL, "dihedral_views"])

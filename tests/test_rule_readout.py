@@ -35,7 +35,8 @@ def test_rule_targets_fill_every_family_in_range():
             assert t["family"] == i and len(t) > 1
             assert all(0 <= v < RULE_SLOTS[k] for k, v in t.items())
         assert rule_targets(fam, None) == {"family": i}
-    assert rule_targets("translate", {"dr": -3, "dc": 2, "wrap": True}) == {"family": 2, "dr": 0, "dc": 5, "wrap": 1}
+    assert rule_targets("translate", {"dr": -3, "dc": 2}) == {"family": 2, "dr": 0, "dc": 5}
+    assert rule_targets("roll", {"dr": -3, "dc": 2}) == {"family": 8, "dr": 0, "dc": 5}
     lut = rule_targets("colour_map", {"map": {"3": 7, "7": 3}})
     assert [lut[f"lut_{c}"] for c in range(10)] == [0, 1, 2, 7, 4, 5, 6, 3, 8, 9]
     assert rule_targets("flip_rotate", {"dihedral": 5, "recolour": None})["colour_a"] == NO_COLOUR
@@ -52,8 +53,8 @@ def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
     if fam == "flip_rotate":
         rc = None if t["colour_a"] == NO_COLOUR else [t["colour_a"], t["colour_b"]]
         return fam, {"dihedral": t["dihedral"], "recolour": rc}
-    if fam == "translate":
-        return fam, {"dr": t["dr"] - 3, "dc": t["dc"] - 3, "wrap": bool(t["wrap"])}
+    if fam in ("translate", "roll"):
+        return fam, {"dr": t["dr"] - 3, "dc": t["dc"] - 3}
     if fam == "gravity":
         return fam, {
             "direction": next(d for d, k in GRAVITY_DIRECTIONS.items() if k == t["direction"]),
@@ -64,7 +65,7 @@ def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
 
 
 def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_path):
-    fams = ["flip_rotate", "translate", "gravity", "colour_map"]
+    fams = ["flip_rotate", "translate", "gravity", "colour_map", "roll"]
     paths = generate_synthetic_arc(
         str(tmp_path / "raw"),
         "s",

@@ -73,7 +73,7 @@ def test_probe_refuses_bad_maps_and_sizes(tmp_path):
 def test_shift_probe_moves_every_cell_by_its_shift(tmp_path):
     from dataset.synthetic_rules import rule_apply
 
-    shift = lambda dr, dc, wrap: rule_apply("translate", {"dr": dr, "dc": dc, "wrap": wrap})  # noqa: E731
+    shift = lambda dr, dc, wrap: rule_apply("roll" if wrap else "translate", {"dr": dr, "dc": dc})  # noqa: E731
     g = np.arange(1, 13).reshape(3, 4)
     assert shift(1, -1, True)(g).tolist() == [[10, 11, 12, 9], [2, 3, 4, 1], [6, 7, 8, 5]]
     k = np.where(np.arange(12).reshape(3, 4) == 0, 9, 0)  # content at the top-left corner: nothing falls off

@@ -18,6 +18,9 @@ ENCODERS = ("standard", "variational", "lpn", "hybrid", "recurrent")
 CONTROL = "control"  # the zero-demo control: encoder=standard encoder.zero_demos=true
 UNFIT_TRAIN_EXACT = 0.5  # below this train exact a run's held-out table is flagged "not fitted"
 TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / group may have this name)
+# the row over the held-out puzzles of the headline families (dataset.synthetic_rules.HEADLINE_FAMILIES) when the
+# data also holds others (roll); without it the headline figure is the TOTAL_ROW
+HEADLINE_ROW = "headline"
 # a run's evaluations by the report: (subdirectory of the run dir, what it scores)
 HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
 HALT_HELDOUT_EVAL, HALT_FIT_EVAL = "eval-halt", "eval-train-halt"  # the same at the Q head's halting step

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from core.errors import user_errors
 from core.io import atomic_write, read_json
 from core.table import markdown_table
-from experiments.science.common import TOTAL_ROW, ScienceError
+from experiments.science.common import HEADLINE_ROW, TOTAL_ROW, ScienceError
 from experiments.science.recipe import recipe_override
 from experiments.science.report import SCORED
 
@@ -92,7 +92,9 @@ def _changes(base: Sequence[str], over: Sequence[str]) -> str:
 
 def render(rows: list[dict]) -> str:
     """The markdown table: one row per run, the baseline (first row) with its own overrides."""
-    fams = sorted({f for r in rows for f in r["heldout"] if f != TOTAL_ROW})
+    fams = sorted({f for r in rows for f in r["heldout"] if f not in (TOTAL_ROW, HEADLINE_ROW)})
+    # the headline figure: the headline row where the data has one (benchmark v2 with roll), else the total row
+    headlined = any(HEADLINE_ROW in r["heldout"] for r in rows)
     base = rows[0]["overrides"]
 
     def cell(r: dict, f: str) -> str:
@@ -115,11 +117,14 @@ def render(rows: list[dict]) -> str:
                 f"{r['data_seed']}, {r['seed']}",
                 steps,
                 sps,
-                f"**{cell(r, TOTAL_ROW)}**",
+                f"**{cell(r, HEADLINE_ROW if HEADLINE_ROW in r['heldout'] else TOTAL_ROW)}**",
             ]
+            + ([cell(r, TOTAL_ROW)] if headlined else [])
             + [cell(r, f) for f in fams]
         )
-    header = ["run", "change", "seeds (data, training)", "steps", "s/step", "**all**"] + fams
+    header = ["run", "change", "seeds (data, training)", "steps", "s/step"]
+    header += ["**headline**", "all"] if headlined else ["**all**"]
+    header += fams
     lines = [
         f"Baseline: {rows[0]['dir']} ({' '.join(base) or 'the recipe'}). Cells: held-out pass@1 / train fit.",
         "",

@@ -21,6 +21,7 @@ from core.io import atomic_write, read_json, write_json_atomic
 from experiments.science.common import (
     CONTROL,
     FIT_EVAL,
+    HEADLINE_ROW,
     HELDOUT_EVAL,
     TOTAL_ROW,
     ScienceError,
@@ -62,7 +63,7 @@ def _step_table(
         if failed is None:
             fit_arg = (fit[1], {name: read_json(os.path.join(run_dir, fit_sub, "predictions.json"), ScienceError)})
     pred = read_json(os.path.join(run_dir, held_sub, "predictions.json"), ScienceError)
-    table = family_table(data.rules, {name: pred}, train_fit=fit_arg)
+    table = family_table(data.rules, {name: pred}, train_fit=fit_arg, headline=data.headline)
     return {
         "step": step,
         "heldout": {f: row["runs"][name]["pass@1"] for f, row in table.items()},
@@ -119,7 +120,8 @@ def render_markdown(curve: dict) -> str:
     for name, points in curve["runs"].items():
         if not points:
             continue
-        fams = [TOTAL_ROW] + sorted(f for f in points[0]["heldout"] if f != TOTAL_ROW)
+        top = [r for r in (HEADLINE_ROW, TOTAL_ROW) if r in points[0]["heldout"]]
+        fams = top + sorted(f for f in points[0]["heldout"] if f not in top)
         lines += [
             f"## {name}",
             "",
@@ -152,16 +154,17 @@ def plot(curves: Sequence[dict], path: str) -> str:
             label = f"{c['title']}: {name}" if c.get("title") else name
             style = "--" if name == CONTROL else "-"
             steps = [p["step"] for p in points]
-            axes[0].plot(steps, [p["heldout"][TOTAL_ROW] for p in points], style, marker="o", label=label)
-            if all(TOTAL_ROW in p["fit"] for p in points):
-                axes[1].plot(steps, [p["fit"][TOTAL_ROW] for p in points], style, marker="o", label=label)
+            top = HEADLINE_ROW if HEADLINE_ROW in points[0]["heldout"] else TOTAL_ROW  # the headline figure
+            axes[0].plot(steps, [p["heldout"][top] for p in points], style, marker="o", label=label)
+            if all(top in p["fit"] for p in points):
+                axes[1].plot(steps, [p["fit"][top] for p in points], style, marker="o", label=label)
     for ax, what in zip(axes, ("held-out puzzles (rules never seen)", "train fit (training puzzles)")):
         ax.set_title(f"pass@1, {what}")
         ax.set_xlabel("training step")
         ax.set_ylim(-0.02, 1.02)
         ax.axhline(0.9, color="grey", lw=0.8, ls=":")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("pass@1 (all families)")
+    axes[0].set_ylabel("pass@1 (the headline families)")
     handles, labels = axes[0].get_legend_handles_labels()
     rows = -(-len(labels) // 2)  # below both panels, two columns: long --override labels overlap no curve
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)

@@ -37,8 +37,9 @@ import numpy as np
 
 from core.io import read_json, write_json_atomic
 from dataset.arc_sources import check_canvas_size, load_kaggle_subset
-from dataset.augment import ArcPuzzle
+from dataset.augment import AUGMENTATION_LISTS_SUFFIX, ArcPuzzle
 from dataset.errors import DatasetError
+from dataset.synthetic_rules import HEADLINE_FAMILIES
 from dataset.tokens import ARC_MAX_GRID
 from experiments.science.common import TOTAL_ROW, ScienceError, check_same, read_json_or_none, run_logged, say
 
@@ -62,6 +63,7 @@ class ScienceData:
     grouping: str
     training_prefix: str
     notes: list = field(default_factory=list)  # what the report says about the data (parameter_shift_notes)
+    headline: Optional[list] = None  # the families of the table's headline row (headline_families); None: all
 
 
 @dataclass
@@ -93,6 +95,12 @@ def _build_once(out: str, settings: dict, cmd: list[str], *, what: str, no_train
         held = "your files (--input-file-prefix)" if "files" in saved else "the synthetic rule families"
         asked = "your files (--input-file-prefix)" if "files" in settings else "the synthetic rule families"
         raise ScienceError(f"{spath}: {out} holds data of {held}, this command asks for {asked}; use a new --out")
+    if saved is not None and "files" not in settings and saved.get("benchmark") != settings.get("benchmark"):
+        raise ScienceError(
+            f"{spath}: {out} holds data of synthetic benchmark v{saved.get('benchmark', 1)}, this command builds "
+            f'v{settings.get("benchmark")} (docs/science.md, "The benchmark"); use a new --out (its runs were '
+            "trained on the other benchmark)"
+        )
     if _built(built) and ready:
         check_same(spath, saved, settings, "the data")
         if saved == settings:
@@ -184,6 +192,14 @@ def _arc_command(
     ]
 
 
+def headline_families(families: list[str]) -> Optional[list[str]]:
+    """The families of the headline figure: those of ``families`` that are headline families
+    (:data:`dataset.synthetic_rules.HEADLINE_FAMILIES`; roll is not), or None when that is all of them (the
+    table's total row is then the headline) or none of them."""
+    inside = [f for f in families if f in HEADLINE_FAMILIES]
+    return inside if inside and len(inside) < len(families) else None
+
+
 def synthetic_rules_path(out: str) -> str:
     """The synthetic builder's rules.json of an --out (puzzle id -> family, params)."""
     return os.path.join(out, "data", "raw", f"{DATA_PREFIX}_rules.json")
@@ -218,6 +234,7 @@ def prepare_synthetic(out: str, settings: dict, *, no_train: bool = False) -> Sc
         f"rule family (the builder's {os.path.relpath(rules_path, out)})",
         os.path.join(raw, DATA_PREFIX),
         notes,
+        headline_families(list(settings["families"])),
     )
 
 
@@ -226,11 +243,11 @@ def parameter_shift_notes(
 ) -> list[str]:
     """Rule parameters whose value dominates a family's held-out puzzles but is rare in its training puzzles
     (shares of puzzles; at least ``min_heldout`` held-out puzzles of the family). The leak-free split can cause
-    this: a training puzzle is redrawn when an augmented copy of it shows a held-out instance, so a value whose
-    instances are mostly held out (with their dihedral / colour conjugates) all but leaves training; translate
-    alone trains on 4% non-wrapped shifts while 70% of its held-out shifts are non-wrapped (e68a4fc,
-    docs/record/2026-11-26-translate-wrap.md). The held-out score of such a family measures that shift as well as
-    reading the rule."""
+    this: a value whose instances are mostly held out (with their dihedral / colour conjugates) all but leaves
+    training; on benchmark v1 translate alone trained on 4% non-wrapped shifts while 70% of its held-out shifts
+    were non-wrapped (e68a4fc, docs/record/2026-11-26-translate-wrap.md; benchmark v2 splits the wrapped shift off
+    as roll, docs/record/2026-11-27-benchmark-v2.md). The held-out score of such a family measures that shift as
+    well as reading the rule."""
     counts: dict[tuple[str, str], Counter] = {}  # (family, subset) -> Counter of its puzzles' (key, value)
     sizes: Counter = Counter()  # (family, subset) -> puzzles
     for meta in rules.values():
@@ -356,11 +373,10 @@ def load_user_puzzles(prefix: str, groups_file: Optional[str] = None) -> UserPuz
             )
     rules = {n: {"subset": s, "family": groups[n]} for s in SUBSETS for n in ids[s]}
     files = {}
-    for s in SUBSETS:
-        for kind in ("challenges", "solutions"):
-            p = f"{prefix}_{s}_{kind}.json"
-            if os.path.exists(p):
-                files[os.path.basename(p)] = _sha256(p)
+    paths = [f"{prefix}_{s}_{kind}.json" for s in SUBSETS for kind in ("challenges", "solutions")]
+    for p in paths + [prefix + AUGMENTATION_LISTS_SUFFIX]:  # the copy lists the ARC build reads, when present
+        if os.path.exists(p):
+            files[os.path.basename(p)] = _sha256(p)
     max_side = max(
         max(g.shape) for ps in puzzles.values() for p in ps for pair in p.train + p.test for g in pair if g is not None
     )
@@ -422,7 +438,8 @@ def fit_sample(rules: dict, n: int, seed: int) -> list[str]:
 def prepare_fit(out: str, data: ScienceData, n: int) -> Optional[tuple[str, list[str]]]:
     """(built dir, puzzle ids) of the train-fit set: ``n`` training puzzles (:func:`fit_sample`) written as the
     test subset of ``OUT/data/fit/fit_training_challenges.json`` and built with the data's augmentations and seed
-    (so they are the copies training saw), or None for ``n`` = 0. Rebuilt when the sample or the data change."""
+    (so they are the copies training saw; the synthetic builder's ``synth_augmentations.json`` lists them), or None
+    for ``n`` = 0. Rebuilt when the sample or the data change."""
     chosen = fit_sample(data.rules, n, data.settings["seed"]) if n > 0 else []
     if not chosen:
         return None
@@ -440,18 +457,19 @@ def prepare_fit(out: str, data: ScienceData, n: int) -> Optional[tuple[str, list
     write_json_atomic(f"{prefix}_training_challenges.json", {p.name: p.to_json() for p in puzzles}, compact=True)
     say(f"data: train-fit set of {len(chosen)} training puzzles -> {built}")
     log = os.path.join(fit, "build.log")
-    rc, _, last = run_logged(
-        _arc_command(
-            prefix,
-            ["training"],
-            "training",
-            built,
-            num_aug=data.settings["num_aug"],
-            seed=data.settings["seed"],
-            canvas_size=data.settings["canvas_size"],
-        ),
-        log,
+    cmd = _arc_command(
+        prefix,
+        ["training"],
+        "training",
+        built,
+        num_aug=data.settings["num_aug"],
+        seed=data.settings["seed"],
+        canvas_size=data.settings["canvas_size"],
     )
+    lists = data.training_prefix + AUGMENTATION_LISTS_SUFFIX  # the synthetic builder's copies of every puzzle
+    if os.path.isfile(lists):
+        cmd += ["--augmentations", lists]
+    rc, _, last = run_logged(cmd, log)
     if rc != 0:
         raise ScienceError(f"train-fit data build failed (exit {rc}): {last} (log: {log})")
     write_json_atomic(spath, settings)

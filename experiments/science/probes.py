@@ -22,9 +22,10 @@ with rule ids as puzzle ids, ARC voting per puzzle does not apply).
 
 ``--shift DR DC`` (repeatable) replaces the maps by shifts, the translate family's mapping
 (``dataset.synthetic_rules.rule_apply``): output cell (r, c) = input cell (r - DR, c - DC), the background 0 where
-that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides. Inputs are drawn at
-density 0.25 (the translate family's) and, without ``--wrap``, with no colour on the cells the shift would push off
-the grid, so no content is lost (as in the family's pairs). Map ids are then 1 + the shift's position in the list.
+that lies outside the grid, or with ``--wrap`` taken modulo the grid's sides (the roll family's mapping). Inputs
+are drawn at density 0.25 (the translate family's) and, without ``--wrap``, with no colour on the cells the shift
+would push off the grid, so no content is lost (as in the family's pairs). Map ids are then 1 + the shift's
+position in the list.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def write_probe_files(
             rules[pid] = tid
             if shifts:
                 dr, dc = shifts[tid - 1]
-                shift = rule_apply("translate", {"dr": dr, "dc": dc, "wrap": wrap})  # the family's own mapping
+                shift = rule_apply("roll" if wrap else "translate", {"dr": dr, "dc": dc})  # the families' mappings
                 pairs = [(g, shift(g)) for g in (_shift_input(rng, sizes, dr, dc, wrap) for _ in range(4))]
             else:
                 pairs = [(g, dihedral_transform(g, tid)) for g in (_grid(rng, sizes) for _ in range(4))]

@@ -10,7 +10,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from core.io import atomic_write, write_json_atomic
-from experiments.science.common import CONTROL, TOTAL_ROW, UNFIT_TRAIN_EXACT, ScienceError
+from experiments.science.common import CONTROL, HEADLINE_ROW, TOTAL_ROW, UNFIT_TRAIN_EXACT, ScienceError
 from experiments.science.readout import format_table
 
 
@@ -23,12 +23,15 @@ def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
     return (sum(c == 1 for c in r) / len(r), sum(c is not None and c <= 2 for c in r) / len(r))
 
 
-def _score(table: dict, heldout: dict[str, str], pred: dict, key: str, runs_key: str, count_key: str, run: str) -> None:
-    """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row."""
+def _score(table: dict, heldout: dict[str, str], pred: dict, runs_key: str, count_key: str, run: str) -> None:
+    """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row: a puzzle
+    counts in its family's row, the :data:`TOTAL_ROW` and, when its family is a headline one, the
+    :data:`HEADLINE_ROW`."""
+    headline = set(table[HEADLINE_ROW]["families"]) if HEADLINE_ROW in table else set()
     sums = {f: [0.0, 0.0] for f in table}
     for p, fam in heldout.items():
         a, b = puzzle_scores(pred[p])
-        for k in (fam, key):
+        for k in (fam, TOTAL_ROW) + ((HEADLINE_ROW,) if fam in headline else ()):
             sums[k][0] += a
             sums[k][1] += b
     for f, (a, b) in sums.items():
@@ -41,16 +44,24 @@ def family_table(
     predictions: dict[str, dict],
     holdout_families: Sequence[str] = (),
     train_fit: Optional[tuple[Sequence[str], dict[str, dict]]] = None,
+    headline: Optional[Sequence[str]] = None,
 ) -> dict:
     """Per-family (or per-group) held-out pass@1 / pass@2 of every run. ``rules``: puzzle -> {subset, family}
     (the builder's rules.json, or the groups of your own puzzles); ``predictions``: run -> evaluate.py's
     predictions.json. Every held-out puzzle (subset ``evaluation``) must be in every run's predictions exactly
     once, and nothing else. ``train_fit``: (the train-fit set's puzzle ids, run -> its predictions.json on that
-    set) adds ``train_count`` and ``train_runs`` (pass@1 / pass@2 on training puzzles) to every row."""
+    set) adds ``train_count`` and ``train_runs`` (pass@1 / pass@2 on training puzzles) to every row.
+    ``headline``: the families of the headline figure (:func:`experiments.science.data.headline_families`),
+    a :data:`HEADLINE_ROW` over their puzzles (its ``families`` field names them) before the :data:`TOTAL_ROW`;
+    None: the total row is the headline."""
     heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
     # every family of the data, also one without held-out puzzles (--num-test below the number of families)
     families = sorted({r["family"] for r in rules.values()})
     table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
+    if headline:
+        hl = sorted(set(headline))
+        n = sum(f in hl for f in heldout.values())
+        table[HEADLINE_ROW] = {"count": n, "heldout_family": False, "families": hl, "runs": {}}
     table[TOTAL_ROW] = {"count": len(heldout), "heldout_family": False, "runs": {}}
     for f in heldout.values():
         table[f]["count"] += 1
@@ -61,7 +72,7 @@ def family_table(
                 f"run {run}: predictions.json does not hold exactly the held-out puzzles of rules.json "
                 f"(missing {missing[:3]}{'...' if len(missing) > 3 else ''}, unexpected {extra[:3]})"
             )
-        _score(table, heldout, pred, TOTAL_ROW, "runs", "count", run)
+        _score(table, heldout, pred, "runs", "count", run)
     if train_fit is None:
         return table
     ids, fit_predictions = train_fit
@@ -74,13 +85,15 @@ def family_table(
     table[TOTAL_ROW]["train_count"] = len(sample)
     for f in sample.values():
         table[f]["train_count"] += 1
+        if HEADLINE_ROW in table and f in table[HEADLINE_ROW]["families"]:
+            table[HEADLINE_ROW]["train_count"] += 1
     for run, pred in fit_predictions.items():
         if set(pred) != set(sample):
             raise ScienceError(
                 f"run {run}: the train-fit predictions.json does not hold exactly the train-fit set's "
                 f"{len(sample)} puzzles"
             )
-        _score(table, sample, pred, TOTAL_ROW, "train_runs", "train_count", run)
+        _score(table, sample, pred, "train_runs", "train_count", run)
     return table
 
 
@@ -162,9 +175,21 @@ def _settings_lines(result: dict) -> list[str]:
         f"{d['max_grid']}, {d['num_aug']} augmentations, seed {d['seed']}. "
         + _recipe_text(s)
         + " A held-out rule instance is not shown in training, neither by a training puzzle nor by any of its "
-        "augmented copies." + fit_text,
+        "augmented copies, by key or by behaviour." + fit_text + _headline_text(result),
         "",
     ]
+
+
+def _headline_text(result: dict) -> str:
+    """What the headline row is, when the table has one."""
+    row = (result.get("families") or {}).get(HEADLINE_ROW)
+    if not row:
+        return ""
+    return (
+        f" **Headline**: the held-out puzzles of the headline families ({', '.join(row['families'])}); the "
+        "other families (roll, the wrapped shift: a capability of the core) are reported per family, outside it "
+        '(docs/science.md, "The benchmark").'
+    )
 
 
 def _data_note_lines(result: dict) -> list[str]:
@@ -174,7 +199,7 @@ def _data_note_lines(result: dict) -> list[str]:
         return []
     return [
         "**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
-        "puzzles, rare in training; the leak-free split can cause this, as it does for translate: "
+        "puzzles, rare in training; the leak-free split can cause this, as it did for translate on benchmark v1: "
         "docs/record/2026-11-26-translate-wrap.md):",
         "",
         *(f"- {n}" for n in notes),
@@ -188,6 +213,20 @@ def _label(name: str, r: dict) -> str:
 
 def _cell(scores: Optional[dict], n: int) -> str:
     return "—" if not n else ("" if scores is None else f"{scores['pass@1']:.2f} / {scores['pass@2']:.2f}")
+
+
+def _row_label(table: dict, fam: str) -> str:
+    """A row's label: the headline row bold (the total row bold where there is no headline row); a family outside
+    the headline or held out as a whole says so."""
+    headline = table.get(HEADLINE_ROW, {}).get("families")
+    if fam == HEADLINE_ROW:
+        return f"**{HEADLINE_ROW}** ({', '.join(headline)})" if len(headline) < 4 else f"**{HEADLINE_ROW}**"
+    if fam == TOTAL_ROW:
+        return f"{TOTAL_ROW} (every family)" if headline else f"**{TOTAL_ROW}**"
+    notes = ["held-out family"] if table[fam]["heldout_family"] else []
+    if headline and fam not in headline:
+        notes.append("outside the headline")
+    return f"{fam} ({', '.join(notes)})" if notes else fam
 
 
 def _family_lines(result: dict, key: str = "families") -> list[str]:
@@ -207,8 +246,7 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
     lines = list(head)
     unfit: dict[str, list[str]] = {}
     for fam, row in table.items():
-        label = f"**{fam}**" if fam == TOTAL_ROW else (f"{fam} (held-out family)" if row["heldout_family"] else fam)
-        line = f"| {label} | {row['count']} |" + (f" {row['train_count']} |" if fit else "")
+        line = f"| {_row_label(table, fam)} | {row['count']} |" + (f" {row['train_count']} |" if fit else "")
         for r in runs:
             line += f" {_cell(row['runs'].get(r), row['count'])} |"
             if fit:
@@ -216,7 +254,7 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
                 line += f" {_cell(tr, row['train_count'])} |"
                 if (
                     r != CONTROL
-                    and fam != TOTAL_ROW
+                    and fam not in (TOTAL_ROW, HEADLINE_ROW)
                     and tr is not None
                     and row["train_count"]
                     and tr["pass@1"] < UNFIT_TRAIN_EXACT

@@ -354,6 +354,7 @@ def _table(
         {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
         holdout_families,
         train_fit=(fit[1], fit_pred) if fit else None,
+        headline=data.headline,
     )
     check_against_evaluator(table, scored)
     for r in scored.values():

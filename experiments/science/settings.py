@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dataset.build_synthetic_dataset import default_max_grid
-from dataset.synthetic_rules import FAMILIES
+from dataset.synthetic_rules import BENCHMARK_VERSION, FAMILIES
 from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from training.config import CONFIG_DIR
 
 DEFAULT_CONFIG = "cfg_science"
 # synthetic-data defaults (the settings' None = these; with your own files they do not apply)
-SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 800, "num_test": 160, "num_aug": 8}
+# (9 families: 100 training puzzles and 20 held-out puzzles each, as the 8 families of benchmark v1 had)
+SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 900, "num_test": 180, "num_aug": 8}
 # your own files: no colour / dihedral copies unless asked for (docs/science_command.md, "Augmentation can leak a
 # held-out rule instance into training")
 FILES_NUM_AUG = 0
@@ -34,7 +35,8 @@ _SYNTHETIC_ONLY = ("families", "holdout_families", "max_grid", "min_grid", "num_
 
 @dataclass(frozen=True)
 class ScienceSettings:
-    """Everything ``python -m experiments.science`` is told (the 8-family command; ``--recolour`` is not here).
+    """Everything ``python -m experiments.science`` is told (the synthetic-families command; ``--recolour`` is not
+    here).
 
     ``input_file_prefix``: your kaggle-layout files instead of the synthetic families (``families``,
     ``holdout_families``, ``max_grid``, ``min_grid``, ``num_train``, ``num_test`` must then be left unset), grouped
@@ -47,7 +49,7 @@ class ScienceSettings:
 
     out: str  # output directory (data, runs, science.json, science.md)
     encoders: tuple[str, ...] = ("standard", CONTROL)  # runs (ENCODERS, CONTROL, or "all")
-    families: Optional[tuple[str, ...]] = None  # rule families (None: all 8)
+    families: Optional[tuple[str, ...]] = None  # rule families (None: all 9, the 8 headline ones and roll)
     holdout_families: tuple[str, ...] = ()  # families never seen in training
     steps: Optional[int] = None  # training steps (None: max_steps of the config)
     canvas_size: Optional[int] = None
@@ -140,6 +142,8 @@ class ScienceSettings:
             # the reserved held-out instances (never shown by a training puzzle or its augmented copies); data
             # built before them lack this key, so an old --out is refused, not mixed
             "heldout_puzzles_per_instance": 2,
+            # the families' version (dataset.synthetic_rules.BENCHMARK_VERSION): data of another one is refused
+            "benchmark": BENCHMARK_VERSION,
         }
 
     @property
