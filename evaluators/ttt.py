@@ -51,11 +51,6 @@ class TestTimeTraining:
                 "test-time training is not supported for the recurrent encoder (its context changes at every ACT "
                 "step, a fitted context or copy of the weights has no fixed encoding to start from)"
             )
-        if getattr(self.act, "reads_memory", False):
-            raise ValueError(
-                "test-time training does not support a core that reads the demo memory yet (arch="
-                f"{self.act.config.name}): its leave-one-out fit would also need the memory without the held-out demo"
-            )
         if self.encoder is None and getattr(self.act, "puzzle_emb", None) is None:
             raise ValueError(
                 "a model without a demo encoder is fitted through its puzzle embedding, and this one has "
@@ -96,6 +91,8 @@ class TestTimeTraining:
         """Fit the batch's per-row tensor (and ``extra`` parameters); returns the prefix [b, P, H] to predict with."""
         s, act = self.settings, self.act
         demos = demo_set(batch)
+        # a core that reads the demo memory sees, for demo j, the memory of the demos the encoder may see
+        visible = loo_demos(batch, demos, s.leave_one_out) if getattr(act, "reads_memory", False) else None
         if self.encoder is None:  # TRM: a puzzle embedding per row (its own if trained, else the trained mean)
             theta0 = embedding_init(act, batch["puzzle_identifiers"])
             res = fit(
@@ -112,14 +109,16 @@ class TestTimeTraining:
         elif s.params == "embedding":
             with torch.no_grad():
                 theta0 = self._encode(batch["demo_inputs"], batch["demo_labels"], batch["demo_mask"])
-            res = fit(act, demos, theta0, lambda th: th.index_select(0, demos.owner), steps=s.steps, lr=s.lr)
+            res = fit(
+                act, demos, theta0, lambda th: th.index_select(0, demos.owner), steps=s.steps, lr=s.lr, visible=visible
+            )
             final = res.theta
         else:
-            res, final = self._fit_offset(batch, demos, extra)
+            res, final = self._fit_offset(batch, demos, extra, visible)
         self._record(batch, ids, demos, res)
         return final.to(next(act.parameters()).dtype)
 
-    def _fit_offset(self, batch: dict, demos: DemoSet, extra: tuple):
+    def _fit_offset(self, batch: dict, demos: DemoSet, extra: tuple, visible: Optional[tuple]):
         """ETRM ``context`` (and ``all``): an offset on the encoder's output (its latent, for lpn); leave-one-out
         encodings for the demos, all demos for the test input."""
         s, enc = self.settings, self.encoder
@@ -137,7 +136,17 @@ class TestTimeTraining:
             base = base_loo if base_loo is not None else space(loo)
             return to_ctx(base + th.index_select(0, demos.owner))
 
-        res = fit(self.act, demos, theta0, prefix_of, steps=s.steps, lr=s.lr, extra_params=extra, extra_lr=s.weight_lr)
+        res = fit(
+            self.act,
+            demos,
+            theta0,
+            prefix_of,
+            steps=s.steps,
+            lr=s.lr,
+            extra_params=extra,
+            extra_lr=s.weight_lr,
+            visible=visible,
+        )
         with torch.no_grad():
             final = to_ctx((space(full) if extra else base_full) + res.theta)
         return res, final

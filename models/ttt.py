@@ -104,14 +104,25 @@ def loo_demos(batch: dict, demos: DemoSet, leave_one_out: bool) -> tuple[torch.T
     return di, dl, mask
 
 
-def decode_logits(model: ACTModel, inputs: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+def decode_logits(
+    model: ACTModel, inputs: torch.Tensor, prefix: torch.Tensor, demos: Optional[tuple] = None
+) -> torch.Tensor:
     """Logits [n, S, V] of ``inputs`` decoded with the prefix context ``prefix`` [n, P, H] through the one ACT
-    rollout (``halt_max_steps`` steps, each sample's logits frozen at its halting step), with gradient."""
+    rollout (``halt_max_steps`` steps, each sample's logits frozen at its halting step), with gradient. A core
+    that reads the demo memory (``reads_memory``, arch=trm_memory) also gets the memory of ``demos`` (the
+    (inputs, labels, mask) each row may see: :func:`loo_demos`), encoded here, so that an ``all`` fit's encoder
+    weights act on it."""
     n = inputs.shape[0]
     data = {"inputs": inputs, "puzzle_identifiers": torch.zeros(n, dtype=torch.int32, device=inputs.device)}
+    memory = None
+    if getattr(model, "reads_memory", False):
+        if demos is None:
+            raise ValueError("decode_logits: a core that reads the demo memory needs the demos each row may see")
+        data.update(zip(DEMO_KEYS, demos))
+        memory = model.encoder(*demos).memory
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
     r = rollout(
-        lambda c: ACTModel.step(model, c, prefix_context=prefix),
+        lambda c: ACTModel.step(model, c, prefix_context=prefix, memory=memory),
         carry,
         max_steps=max(1, halt_max_steps(model)),
         keep=("logits",),
@@ -147,10 +158,12 @@ def fit(
     lr: float,
     extra_params: tuple = (),
     extra_lr: Optional[float] = None,
+    visible: Optional[tuple] = None,
 ) -> FitResult:
     """Adam on ``theta`` (per-sample, [b, ...], starting at ``theta0``) and ``extra_params`` (``all``: the model's
     weights, at ``extra_lr``) so that ``decode_logits(model, demos.inputs, prefix_of(theta))`` reproduces the demo
-    labels. ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair. Runs with gradients enabled even
+    labels. ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair; ``visible``: the demos each pair
+    may see (:func:`loo_demos`; a core that reads the demo memory needs them). Runs with gradients enabled even
     inside ``torch.inference_mode``; theta is fp32 whatever the autocast dtype, and autocast's cache of cast weights
     is cleared after every update (it would otherwise serve the weights of the first step to every later one)."""
     t0 = time.perf_counter()
@@ -165,7 +178,7 @@ def fit(
         for i in range(steps + 1):
             if demos.n == 0:
                 break
-            logits = decode_logits(model, demos.inputs, prefix_of(theta))
+            logits = decode_logits(model, demos.inputs, prefix_of(theta), visible)
             loss, exact = demo_loss(logits, demos)
             if i == 0:
                 before = per_row_fraction(exact.detach(), demos, b)

@@ -81,9 +81,9 @@ def test_leave_one_out_never_decodes_a_demo_from_an_encoding_that_saw_it(monkeyp
     seen = []
     orig = mttt.decode_logits
 
-    def spy(model, inputs, prefix):
+    def spy(model, inputs, prefix, demos=None):
         seen.append(prefix.detach().clone())
-        return orig(model, inputs, prefix)
+        return orig(model, inputs, prefix, demos)
 
     monkeypatch.setattr(mttt, "decode_logits", spy)
     _run(models.build_loss_head(m), b, TTTSettings(steps=1, lr=0.05))
@@ -274,3 +274,40 @@ def test_the_fit_clears_autocasts_cache_of_cast_weights_after_every_update(monke
     mttt.fit(m, demos, torch.zeros(B, *base.shape[1:]), lambda th: base + th.index_select(0, demos.owner), steps=3,
              lr=0.05)  # fmt: skip
     assert len(cleared) == 3
+
+
+@pytest.mark.parametrize("params", ["context", "embedding", "all"])
+def test_a_core_that_reads_the_demo_memory_is_fitted_leave_one_out_and_restored(params, monkeypatch):
+    """arch=trm_memory: demo j is decoded with the memory of the OTHER demos only (the memory would otherwise hold
+    its answer cell by cell); a batch is fitted as its rows one by one; ``all`` restores the weights."""
+    from tests.test_models_memory import batch as memory_batch
+    from tests.test_models_memory import build as memory_build
+
+    m = memory_build().eval()
+    head = models.build_loss_head(m)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    b = memory_batch()
+    b["puzzle_identifiers"] = torch.arange(b["inputs"].shape[0], dtype=torch.int32)
+    seen, orig = [], mttt.decode_logits
+
+    def spy(model, inputs, prefix, demos=None):
+        seen.append(tuple(t.clone() for t in demos))
+        return orig(model, inputs, prefix, demos)
+
+    monkeypatch.setattr(mttt, "decode_logits", spy)
+    s = TTTSettings(steps=2, lr=0.05, params=params)
+    together, ttt = _run(head, b, s)
+    demos = mttt.demo_set(b)
+    first = seen[:1] if params != "all" else seen[:: s.steps + 1]  # the first decode of each fitted group
+    di, _, mask = (torch.cat([x[i] for x in first]) for i in range(3))
+    for k in range(demos.n):  # the pair's own slot is masked, the other valid slots are visible
+        i, j = int(demos.owner[k]), int(demos.slot[k])
+        expected = b["demo_mask"][i].clone()
+        expected[j] = False
+        assert torch.equal(mask[k], expected) and torch.equal(di[k], b["demo_inputs"][i])
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    monkeypatch.setattr(mttt, "decode_logits", orig)
+    together, _ = _run(head, b, s)
+    for i in (0, 2):
+        alone, _ = _run(head, _rows(b, [i]), s)
+        torch.testing.assert_close(alone.outputs["logits"][0], together.outputs["logits"][i], atol=5e-5, rtol=1e-4)
