@@ -25,7 +25,7 @@ from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, TRMConfig
 from models.variants.trm_grid import TRMGrid, TRMGridConfig
-from models.variants.trm_memory import TRMMemory, TRMMemoryConfig
+from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMPointerMemory, TRMPointerMemoryConfig
 from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
 
 
@@ -42,6 +42,7 @@ ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBasel
 ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(TRMGrid)
 ARCH_REGISTRY.register("trm_pointer", config=TRMPointerConfig)(TRMPointer)
 ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(TRMMemory)
+ARCH_REGISTRY.register("trm_pointer_memory", config=TRMPointerMemoryConfig)(TRMPointerMemory)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:

@@ -40,10 +40,13 @@ def meta():
     )
 
 
-def build(seed=0, enc_hidden=24, **arch_kw) -> ETRM:
+ARCHS = ("trm_memory", "trm_pointer_memory")
+
+
+def build(seed=0, enc_hidden=24, name="trm_memory", **arch_kw) -> ETRM:
     torch.manual_seed(seed)
     arch = dict(
-        name="trm_memory",
+        name=name,
         hidden_size=HID,
         num_heads=4,
         expansion=2,
@@ -104,8 +107,9 @@ def take(data, rows):
     return {k: v[rows] for k, v in data.items()}
 
 
-def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder():
-    model = build(enc_hidden=24)
+@pytest.mark.parametrize("name", ARCHS)
+def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder(name):
+    model = build(enc_hidden=24, name=name)
     assert model.reads_memory and model.config.memory_width == 24
     assert model.inner.memory_read.in_proj.weight.shape == (HID, 24)
     model.train()
@@ -117,8 +121,9 @@ def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder(
     assert dead == []
 
 
-def test_the_answer_reads_the_demo_cells_and_ignores_pad_empty_slots_and_the_rest_of_the_batch():
-    model = build()
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_answer_reads_the_demo_cells_and_ignores_pad_empty_slots_and_the_rest_of_the_batch(name):
+    model = build(name=name)
     data = batch()
     ref = eval_logits(model, data)
     # a demo's output colours reach the answer
@@ -152,9 +157,10 @@ def test_memory_read_places_differ_and_read_keeps_the_trained_weights_names():
     } <= names
 
 
-def test_the_core_compiles_without_graph_breaks():
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_core_compiles_without_graph_breaks(name):
     torch._dynamo.reset()
-    model = build()
+    model = build(name=name)
     model.train()
     data = batch(demos_per_sample=(3, 3, 3, 3))
     enc = model.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"])

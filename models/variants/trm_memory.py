@@ -22,7 +22,9 @@ latent update's injection (``z_L = net(z_L, z_H + x + read)``). ``memory_read`` 
 The memory's keys and values are projected once per supervision step. Built inside an ETRM whose encoder gives the
 memory (:attr:`encoders.interface.DemoEncoder.gives_memory`: ``aggregation: tokens``, ``pair_layout: aligned``);
 ``memory_width`` (the encoder's width) is filled from the encoder when left null. Square canvas only (the grid
-offsets of ``trm_grid``, which this variant extends).
+offsets of ``trm_grid``, which this variant extends). ``arch=trm_pointer_memory``: the same memory on the
+pointer-RoPE core of ``trm_pointer`` (where a cell copies from is pointed by the context; what the demos show cell by
+cell is read from the memory).
 """
 
 from __future__ import annotations
@@ -31,28 +33,42 @@ from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from core.nn import rms_norm
 from encoders.interface import DemoMemory
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
 from models.variants.trm_grid import GridCoordEmbedding, TRMGrid, TRMGridConfig, TRMGridInner
+from models.variants.trm_pointer import TRMPointer, TRMPointerConfig, TRMPointerInner
 
 
-class TRMMemoryConfig(TRMGridConfig):
-    """``trm_grid``'s fields plus where the core reads the demo memory and the memory's sizes."""
+class MemoryFields(BaseModel):
+    """Where the core reads the demo memory and the memory's sizes (the fields every memory core adds)."""
 
-    name: Literal["trm_memory"] = "trm_memory"  # type: ignore[assignment]
+    model_config = ConfigDict(extra="forbid")
     memory_read: Literal["once", "cycle", "step"] = "cycle"
     memory_width: Optional[int] = Field(None, gt=0)  # the encoder's width; null: filled from the encoder
     memory_max_demos: int = Field(16, gt=0)  # demo-slot embeddings (a batch with more demo slots is refused)
 
-    def for_encoder(self, encoder_hidden_size: int) -> "TRMMemoryConfig":
+    def for_encoder(self, encoder_hidden_size: int):
         """This config with ``memory_width`` filled from the encoder it reads (when null)."""
         if self.memory_width is not None:
             return self
         return self.model_copy(update={"memory_width": int(encoder_hidden_size)})
+
+
+class TRMMemoryConfig(MemoryFields, TRMGridConfig):
+    """``trm_grid``'s fields plus the memory's (:class:`MemoryFields`)."""
+
+    name: Literal["trm_memory"] = "trm_memory"  # type: ignore[assignment]
+
+
+class TRMPointerMemoryConfig(MemoryFields, TRMPointerConfig):
+    """``trm_pointer``'s fields plus the memory's: pointer RoPE for where a cell copies from, the memory for what
+    the demos show cell by cell."""
+
+    name: Literal["trm_pointer_memory"] = "trm_pointer_memory"  # type: ignore[assignment]
 
 
 class MemoryRead(nn.Module):
@@ -113,7 +129,7 @@ class MemoryRead(nn.Module):
 class TRMMemoryInner(TRMGridInner):
     reads_memory = True  # models.etrm.ETRM passes the encoder's DemoMemory to forward()
 
-    def __init__(self, config: TRMMemoryConfig, **kw) -> None:
+    def __init__(self, config: MemoryFields, **kw) -> None:
         super().__init__(config, **kw)
         if config.memory_width is None:
             raise ValueError(
@@ -165,3 +181,11 @@ class TRMMemoryInner(TRMGridInner):
 
 class TRMMemory(TRMGrid):
     inner_cls = TRMMemoryInner
+
+
+class TRMPointerMemoryInner(TRMMemoryInner, TRMPointerInner):
+    """The memory read of :class:`TRMMemoryInner` on the pointer-RoPE stem of ``trm_pointer`` (its hooks)."""
+
+
+class TRMPointerMemory(TRMPointer):
+    inner_cls = TRMPointerMemoryInner
