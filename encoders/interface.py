@@ -27,9 +27,10 @@ from .probes import attach_probes
 @dataclass
 class DemoMemory:
     """Every token of every demo slot of a sample, unpooled: ``states`` [b, D*T, d] (the encoder's width), ``mask``
-    [b, D*T] (False for PAD cells and for the tokens of empty demo slots), and for each of the D*T token positions
-    ``demo`` [D*T] (its demo slot) and ``cell`` [D*T] (its canvas cell: with the aligned pair layout a token holds the
-    input and the output colour of that cell). Slot j's tokens are positions ``j*T .. j*T + T - 1``."""
+    [b, D*T] (False for PAD cells, the tokens of empty demo slots and a CLS token), ``demo`` [D*T] (the demo slot of
+    each position: slot j's tokens are positions ``j*T .. j*T + T - 1``) and ``cell`` [b, D*T] (the canvas cell of
+    each token: with the aligned pair layout a token holds the input and the output colour of that cell; 0 where
+    masked)."""
 
     states: torch.Tensor
     mask: torch.Tensor
@@ -37,11 +38,21 @@ class DemoMemory:
     cell: torch.Tensor
 
     @classmethod
-    def from_tokens(cls, states: torch.Tensor, mask: torch.Tensor, num_demos: int) -> "DemoMemory":
-        """The memory of :meth:`encoders.trunk.DemoTrunk.sample_tokens`' output (aligned layout, no CLS token)."""
+    def from_cell_tokens(cls, states: torch.Tensor, mask: torch.Tensor, cells: torch.Tensor, num_demos: int):
+        """The memory of :meth:`encoders.trunk.DemoTrunk.cell_tokens`' output (aligned layout)."""
         T = states.shape[1] // num_demos
-        ar = torch.arange(num_demos * T, device=states.device)
-        return cls(states, mask, ar // T, ar % T)
+        demo = torch.arange(num_demos * T, device=states.device) // T
+        return cls(states, mask & (cells >= 0), demo, cells.clamp_min(0))
+
+    @classmethod
+    def empty(cls, batch: int, width: int, device, dtype=torch.float32) -> "DemoMemory":
+        """No demo cell at all (every key masked): what a core reads when it is told the rule instead."""
+        return cls(
+            torch.zeros(batch, 1, width, device=device, dtype=dtype),
+            torch.zeros(batch, 1, dtype=torch.bool, device=device),
+            torch.zeros(1, dtype=torch.long, device=device),
+            torch.zeros(batch, 1, dtype=torch.long, device=device),
+        )
 
 
 @dataclass
@@ -83,9 +94,18 @@ class DemoEncoder(nn.Module):
 
     @property
     def gives_memory(self) -> bool:
-        """Whether :attr:`EncoderOutput.memory` is filled (a demo-memory core needs it): encoders that attend over
-        every demo token (``aggregation: tokens``) with one token per cell (``pair_layout: aligned``)."""
-        return False
+        """Whether :meth:`demo_memory` can give the per-cell demo states a demo-memory core reads: every encoder
+        whose per-demo trunk has one token per cell (``pair_layout: aligned``)."""
+        trunk = getattr(self, "trunk", None)
+        return trunk is not None and getattr(trunk, "aligned", False)
+
+    def demo_memory(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor) -> DemoMemory:
+        """The trunk's per-cell states of every demo (:meth:`encoders.trunk.DemoTrunk.cell_tokens`). An extra trunk
+        pass: the encoders whose forward already attends over every token (``aggregation: tokens``: standard,
+        variational) put it in :attr:`EncoderOutput.memory` themselves."""
+        return DemoMemory.from_cell_tokens(
+            *self.trunk.cell_tokens(demo_inputs, demo_labels, demo_mask), demo_inputs.shape[1]
+        )
 
     def initial_state(self, batch_size: int, device) -> Optional[torch.Tensor]:
         return None

@@ -30,12 +30,12 @@ class StandardEncoder(DemoEncoder):
         self.aggregate = DemoAggregator(cfg, q)
         self.head = ContextHead(cfg, cfg.hidden_size, q, self.hidden_size, self.puzzle_emb_len)
 
-    @property
-    def gives_memory(self) -> bool:
-        return self.cfg.aggregation == "tokens" and self.cfg.pair_layout == "aligned" and self.trunk.cls is None
-
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
-        demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
-        memory = DemoMemory.from_tokens(demos, valid, demo_inputs.shape[1]) if self.gives_memory else None
+        memory = None
+        if self.cfg.aggregation == "tokens" and self.gives_memory:  # the keys are the memory: no extra pass
+            demos, valid, cells = self.trunk.cell_tokens(demo_inputs, demo_labels, demo_mask)
+            memory = DemoMemory.from_cell_tokens(demos, valid, cells, demo_inputs.shape[1])
+        else:
+            demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
         return EncoderOutput(context=self.head(self.aggregate(demos, valid)), memory=memory)

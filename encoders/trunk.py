@@ -85,7 +85,8 @@ class DemoTrunk(nn.Module):
     @torch.compiler.disable
     def encode_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """Token states of the valid demos. Returns (x [n, T, d] or None when no demo is valid, key mask [n, T],
-        idx [n] (flat b*D index of each encoded demo), valid [b, D] bool)."""
+        idx [n] (flat b*D index of each encoded demo), valid [b, D] bool, cells [n, T] long: the canvas cell of each
+        token, -1 for the CLS token and the padding; with ``pack_tokens`` a demo's tokens come left-aligned)."""
         b, D, S = demo_inputs.shape
         if S > self.seq_len:
             raise ValueError(f"demo sequence length {S} exceeds the encoder's seq_len {self.seq_len}")
@@ -95,7 +96,7 @@ class DemoTrunk(nn.Module):
         valid = demo_mask.bool() & ((demo_inputs != PAD_ID).any(-1) | (demo_labels != PAD_ID).any(-1))
         idx = valid.flatten().nonzero().squeeze(-1)
         if idx.numel() == 0:
-            return None, None, idx, valid
+            return None, None, idx, valid, None
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         extra = self.cell_features(inp, out) if self.aligned else None  # on the full canvases
@@ -131,16 +132,21 @@ class DemoTrunk(nn.Module):
                 dim=1,
             )
             mask = torch.cat([inp != PAD_ID, out != PAD_ID], dim=1)
+        # the canvas cell of every token (-1: the CLS token); the sequence layout holds the input, then the output cells
+        cells = torch.cat([pi, po]) if not self.aligned else pi
         if self.cls is not None:
             n = x.shape[0]
             x = torch.cat([self.cls.expand(n, 1, -1), x], dim=1)
             mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=mask.device), mask], dim=1)
+            cells = torch.cat([cells.new_full((1,), -1), cells])
+        cells = cells.expand(x.shape[0], -1)
         x = self.embed_scale * x
         pointers = self._pointers(inp, li, lo) if self.cfg.pointer is not None else None
         packing = None
         if self.cfg.pack_tokens and self.blocks:  # exact: PAD tokens are never keys and never read out
             packing, order, sel = TokenPacking.build(mask)
             idx = idx.index_select(0, order)
+            cells = cells.index_select(0, order).flatten().index_select(0, sel)
             x = x.index_select(0, order).flatten(0, 1).index_select(0, sel)
             if pointers is not None:
                 pointers = pointers.select(order, sel)
@@ -151,7 +157,8 @@ class DemoTrunk(nn.Module):
                 x = blk(x, key_mask=mask, packing=packing, pointers=pointers)
         if packing is not None:
             x, mask = packing.unpack(x)
-        return x, mask, idx, valid
+            cells = cells.new_full((mask.numel(),), -1).index_copy(0, packing.dest, cells).view(mask.shape)
+        return x, mask, idx, valid, cells
 
     def _pointers(self, inp: torch.Tensor, li: int, lo: int) -> TokenPointers:
         """Pointer RoPE inputs of every token (in the token layout: [CLS,] cells, or [CLS,] input then output
@@ -173,7 +180,7 @@ class DemoTrunk(nn.Module):
     def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """Returns (pooled [b, D, d] (zeros for skipped slots), valid [b, D] bool)."""
         b, D, _ = demo_inputs.shape
-        x, mask, idx, valid = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
+        x, mask, idx, valid, _ = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
         pooled = torch.zeros(b, D, self.cfg.hidden_size, device=demo_inputs.device, dtype=self.tok.dtype)
         if x is None:
             return pooled, valid
@@ -185,22 +192,29 @@ class DemoTrunk(nn.Module):
         pooled = pooled.flatten(0, 1).index_copy(0, idx, z.to(pooled.dtype)).view(b, D, -1)
         return pooled, valid
 
-    @torch.compiler.disable
     def sample_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """Every token of every valid demo of a sample, unpooled: (tokens [b, D*T, d], key mask [b, D*T] bool;
         False for PAD tokens and for the tokens of skipped slots). T >= 1 even when no demo is valid."""
+        return self.cell_tokens(demo_inputs, demo_labels, demo_mask)[:2]
+
+    @torch.compiler.disable
+    def cell_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """:meth:`sample_tokens` plus the canvas cell of each token: (tokens [b, D*T, d], key mask [b, D*T], cells
+        [b, D*T] long, -1 for the CLS token and padding). Slot j's tokens are positions ``j*T .. j*T + T - 1``."""
         b, D, _ = demo_inputs.shape
-        x, mask, idx, valid = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
+        x, mask, idx, valid, cells = self.encode_tokens(demo_inputs, demo_labels, demo_mask)
         if x is None:
             dev = demo_inputs.device
             return (
                 torch.zeros(b, D, self.cfg.hidden_size, device=dev, dtype=self.tok.dtype),
                 torch.zeros(b, D, dtype=torch.bool, device=dev),
+                torch.full((b, D), -1, dtype=torch.long, device=dev),
             )
         T = x.shape[1]
         full = x.new_zeros(b * D, T, x.shape[-1]).index_copy(0, idx, x)
         fmask = mask.new_zeros(b * D, T).index_copy(0, idx, mask)
-        return full.view(b, D * T, -1), fmask.view(b, D * T)
+        fcells = cells.new_full((b * D, T), -1).index_copy(0, idx, cells)
+        return full.view(b, D * T, -1), fmask.view(b, D * T), fcells.view(b, D * T)
 
     def keys(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """What the aggregation attends over: every demo token (``aggregation: tokens``, :meth:`sample_tokens`)

@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
-from encoders import EncoderOutput
+from encoders import DemoMemory, EncoderOutput
 from encoders.stats import context_statistics
 from models.act import ACTCarry, ACTModel
 from models.latent_search import latent_search_context
@@ -82,7 +82,7 @@ class ETRM(ACTModel):
             raise ValueError(
                 f"arch={core.config.name} reads the demos' per-cell states, but encoder {cfg.name} (aggregation="
                 f"{getattr(cfg, 'aggregation', None)}, pair_layout={getattr(cfg, 'pair_layout', None)}) does not give "
-                f"them: use encoder=standard or variational with aggregation=tokens and pair_layout=aligned"
+                f"them: use pair_layout=aligned (one token per demo cell)"
             )
         self._last_diag: Optional[tuple] = None
         # lpn test-time latent search at evaluation (0 = off); see models/latent_search.py
@@ -164,6 +164,8 @@ class ETRM(ACTModel):
         if getattr(self.encoder, "rule_oracle", None) is not None:  # science control: the true rule, told
             return self._oracle_context(data)
         out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
+        if self.reads_memory and out.memory is None:  # an encoder that pools before aggregating: one more trunk pass
+            out.memory = self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
         ctx = out.context
         if not self.training and self.latent_search_steps > 0:
             return out, self._search_context(carry, ctx)
@@ -245,7 +247,9 @@ class ETRM(ACTModel):
             if targets is None
             else self.encoder.rule_oracle(targets).to(p.dtype)
         )
-        return EncoderOutput(context=ctx), ctx
+        # told, not read: a core that reads the demo memory gets none
+        memory = DemoMemory.empty(b, self.encoder.cfg.hidden_size, p.device, p.dtype) if self.reads_memory else None
+        return EncoderOutput(context=ctx, memory=memory), ctx
 
     def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """The auxiliary rule-readout loss and exactness per sample (encoders.probes.RuleReadout); zero for batches

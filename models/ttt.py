@@ -120,6 +120,8 @@ def decode_logits(
             raise ValueError("decode_logits: a core that reads the demo memory needs the demos each row may see")
         data.update(zip(DEMO_KEYS, demos))
         memory = model.encoder(*demos).memory
+        if memory is None:
+            memory = model.encoder.demo_memory(*demos)
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
     r = rollout(
         lambda c: ACTModel.step(model, c, prefix_context=prefix, memory=memory),

@@ -186,7 +186,7 @@ def test_science_config_builds_every_run(name):
     encoder, extra = run_plan(name)
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
-    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_grid"
+    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_memory"
     meta = DatasetMetadata(
         pad_id=0,
         ignore_label_id=0,
@@ -525,26 +525,29 @@ def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_pa
 @pytest.mark.slow
 def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science_out, tmp_path, capsys):
     """A run.json written before the arch config changed (here: its record as commit 0b65cd7 wrote it, arch name
-    trm with grid_coords=true and the other switches, models/legacy.py) is the run of today's recipe: the same
-    command reuses the run; a saved record with a switch that no variant has (context_broadcast=true) is still
+    trm with grid_coords=true and the other switches, models/legacy.py) is the run of ``arch=trm_grid`` today: the
+    same command reuses the run; a saved record with a switch that no variant has (context_broadcast=true) is still
     refused, naming it."""
     out, _ = science_out
     copy = str(tmp_path / "copy")
     shutil.copytree(out, copy)
-    spath = os.path.join(copy, "runs", "standard", "run.json")
-    spec = json.load(open(spath))
-    assert spec["recipe"]["arch"]["name"] == "trm_grid"
-    spec["recipe"]["arch"].update(
-        name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False
-    )
-    json.dump(spec, open(spath, "w"))
+    for run in ("standard", CONTROL):  # as if both had been trained with the grid core of then (arch=trm_grid now)
+        spath = os.path.join(copy, "runs", run, "run.json")
+        spec = json.load(open(spath))
+        assert spec["recipe"]["arch"]["name"] == "trm_memory"
+        arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith("memory_")}
+        arch.update(
+            name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False
+        )
+        spec["recipe"]["arch"], spec["overrides"] = arch, spec["overrides"] + ["arch=trm_grid"]
+        json.dump(spec, open(spath, "w"))
     capsys.readouterr()
-    main(["--out", copy] + ARGS)
+    main(["--out", copy] + ARGS + ["--override", "arch=trm_grid"])
     assert capsys.readouterr().out.count("training finished earlier") == 2
     spec["recipe"]["arch"]["context_broadcast"] = True
     json.dump(spec, open(spath, "w"))
     with pytest.raises(SystemExit) as e:
-        main(["--out", copy] + ARGS)
+        main(["--out", copy] + ARGS + ["--override", "arch=trm_grid"])
     assert e.value.code == 2 and "recipe.arch.context_broadcast=True" in capsys.readouterr().err
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dataset.metadata import DatasetMetadata
-from encoders import DemoMemory
+from encoders import ENCODER_REGISTRY, DemoMemory
 from models.etrm import ETRM
 from training.build import build_etrm_model, build_loss_head
 from training.config import config_from_dict
@@ -43,7 +43,7 @@ def meta():
 ARCHS = ("trm_memory", "trm_pointer_memory")
 
 
-def build(seed=0, enc_hidden=24, name="trm_memory", **arch_kw) -> ETRM:
+def build(seed=0, enc_hidden=24, name="trm_memory", encoder="standard", **arch_kw) -> ETRM:
     torch.manual_seed(seed)
     arch = dict(
         name=name,
@@ -60,7 +60,7 @@ def build(seed=0, enc_hidden=24, name="trm_memory", **arch_kw) -> ETRM:
         forward_dtype="float32",
     )
     arch.update(arch_kw)
-    enc = {"name": "standard", "hidden_size": enc_hidden, "num_heads": 4, "grid_coords": True}
+    enc = {"name": encoder, "hidden_size": enc_hidden, "num_heads": 4, "grid_coords": True}
     cfg = {"arch": arch, "encoder": enc, "global_batch_size": B}
     return build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
 
@@ -119,6 +119,64 @@ def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder(
     loss.backward()
     dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
     assert dead == []
+
+
+@pytest.mark.parametrize("encoder", sorted(set(ENCODER_REGISTRY) - {"standard"}))
+def test_every_encoder_gives_the_memory_and_trains_with_the_memory_core(encoder):
+    """Encoders that pool before aggregating (lpn: a CLS token per demo, left out of the memory) give it by one more
+    trunk pass; every parameter still gets gradient, and the memory holds each demo's cells, not its CLS."""
+    model = build(encoder=encoder)
+    data = batch()
+    m = model.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+    _assert_cells(m, data)
+    model.train()
+    head = build_loss_head(model)
+    _, loss, _, _, _ = head(head.initial_carry(data), data)
+    loss.backward()
+    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert dead == []
+
+
+def _assert_cells(m, data):
+    """The memory holds exactly the non-PAD cells of the valid demos, each once, named by its demo slot and cell."""
+    rows = torch.arange(m.mask.shape[0])[:, None]
+    held = data["demo_mask"][rows, m.demo[None, :]] & (
+        (data["demo_inputs"][rows, m.demo[None, :], m.cell] > 0)
+        | (data["demo_labels"][rows, m.demo[None, :], m.cell] > 0)
+    )
+    assert torch.equal(m.mask, m.mask & held)
+    want = data["demo_mask"][:, :, None] & ((data["demo_inputs"] > 0) | (data["demo_labels"] > 0))
+    for i in range(m.mask.shape[0]):
+        got = {(int(d), int(c)) for d, c, k in zip(m.demo, m.cell[i], m.mask[i]) if k}
+        assert got == {tuple(map(int, t)) for t in want[i].nonzero()} and len(got) == int(m.mask[i].sum())
+
+
+@pytest.mark.parametrize("encoder", ["standard", "lpn"])
+def test_packed_tokens_give_the_memory_of_the_unpacked_path_cell_by_cell(encoder):
+    """pack_tokens lays each demo's tokens out left-aligned; the memory names each token's canvas cell, so the
+    packed and the reference path (every demo padded to the canvas) agree on every (demo, cell)."""
+    data = batch()
+    mems = []
+    for packed in (True, False):
+        model = build(encoder=encoder)
+        model.encoder.cfg.pack_tokens = packed
+        with torch.no_grad():
+            mems.append(model.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"]))
+    table = []
+    for m in mems:
+        _assert_cells(m, data)
+        t = torch.zeros(B, D, S, m.states.shape[-1])
+        rows = torch.arange(B)[:, None].expand_as(m.cell)
+        t[rows[m.mask], m.demo[None, :].expand_as(m.cell)[m.mask], m.cell[m.mask]] = m.states[m.mask]
+        table.append(t)
+    torch.testing.assert_close(table[0], table[1], atol=1e-5, rtol=1e-5)
+
+
+def test_the_oracle_control_is_told_the_rule_and_reads_no_memory():
+    model = build(encoder="standard")
+    model.encoder.rule_oracle = lambda t: torch.zeros(t.shape[0], 2, HID)  # the oracle path (encoders.probes)
+    enc, _ = model._oracle_context(batch())
+    assert enc.memory is not None and not enc.memory.mask.any()
 
 
 @pytest.mark.parametrize("name", ARCHS)
@@ -183,7 +241,7 @@ def test_refusals_name_what_is_wrong():
                 "puzzle_emb_ndim": 0,
                 "puzzle_emb_len": 2,
             },
-            "encoder": {"name": "standard", "hidden_size": 16, "num_heads": 2, "aggregation": "cross_attention"},
+            "encoder": {"name": "standard", "hidden_size": 16, "num_heads": 2, "pair_layout": "sequence"},
             "global_batch_size": 2,
         }
         build_etrm_model(config_from_dict(cfg), meta(), verbose=False)

@@ -446,6 +446,12 @@ def test_omegaconf_input_and_yaml_files():
     assert names["trm_grid"].model_dump(exclude={"name"}) == trm
     ptr = names["trm_pointer"].model_dump(exclude={"name", "pointer_init", "pointer_source"})
     assert ptr == {**trm, "pos_encodings": "pointer"}
+    memory = {"memory_read": "cycle", "memory_width": None, "memory_max_demos": 16}
+    assert names["trm_memory"].model_dump(exclude={"name"}) == {**trm, **memory}
+    assert names["trm_pointer_memory"].model_dump(exclude={"name"}) == {
+        **names["trm_pointer"].model_dump(exclude={"name"}),
+        **memory,
+    }
 
 
 def test_loss_head_from_config():

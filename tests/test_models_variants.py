@@ -50,7 +50,10 @@ def grid_batch(b=4, seed=0):
 def test_every_registered_architecture_has_a_tiny_config_here_or_in_test_models_trm():
     from tests.test_models_trm import TINY
 
-    assert set(ARCH_REGISTRY) == set(TINY) | set(VARIANTS) | {"trm_memory", "trm_pointer_memory"}  # ETRM-only: tests/test_models_memory.py
+    assert set(ARCH_REGISTRY) == set(TINY) | set(VARIANTS) | {
+        "trm_memory",
+        "trm_pointer_memory",
+    }  # ETRM-only: tests/test_models_memory.py
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -108,7 +108,8 @@ class MemoryRead(nn.Module):
             + colour_in(demo_inputs.reshape(b * D, S)).view(b, D, S, -1)
             + self.colour_out(demo_labels.reshape(b * D, S).to(torch.int32)).view(b, D, S, -1)
         )
-        where = cells[:, memory.demo, memory.cell] + self.demo(memory.demo)  # [b, M, hidden]
+        rows = torch.arange(b, device=cells.device)[:, None]
+        where = cells[rows, memory.demo[None, :], memory.cell] + self.demo(memory.demo)  # [b, M, hidden]
         m = rms_norm(self.in_proj(memory.states.to(dtype)) + self.embed_scale * where.to(dtype), 1e-5)
         k, v = self.kv_proj(m).chunk(2, dim=-1)
         null_k = self.null_key.to(dtype).expand(b, 1, -1)
