@@ -531,8 +531,8 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
     out, _ = science_out
     copy = str(tmp_path / "copy")
     shutil.copytree(out, copy)
-    for run in ("standard", CONTROL):  # as if both had been trained with the grid core of then (arch=trm_grid now)
-        spath = os.path.join(copy, "runs", run, "run.json")
+    for name in ("standard", CONTROL):  # as if both had been trained with the grid core of then (arch=trm_grid now)
+        spath = os.path.join(copy, "runs", name, "run.json")
         spec = json.load(open(spath))
         assert spec["recipe"]["arch"]["name"] == "trm_memory"
         arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith("memory_")}
