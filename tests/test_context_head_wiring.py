@@ -86,8 +86,8 @@ def test_context_scale_norm_is_wired_from_config_to_checkpoint_to_evaluate(built
 
 def test_a_checkpoint_written_before_the_arch_variants_loads_as_one_or_is_refused(built, tmp_path):
     """A checkpoint of the science recipe as commit 0b65cd7 wrote it (config.arch and arch: name trm with
-    grid_coords=true, the other switches at their defaults) evaluates as arch=trm_grid, the recipe's variant
-    today: the same numbers as the checkpoint written now. One with arch.context_broadcast=true (and its trained
+    grid_coords=true, the other switches at their defaults) evaluates as arch=trm_grid (the recipe's core until
+    demo memory): the same numbers as the checkpoint written now. One with arch.context_broadcast=true (and its trained
     projection) is refused with one line naming why and the commit that builds it (models/legacy.py)."""
     import evaluate as ev  # noqa: PLC0415 - test-only imports
     from models import ArchRemovedError  # noqa: PLC0415
@@ -95,7 +95,8 @@ def test_a_checkpoint_written_before_the_arch_variants_loads_as_one_or_is_refuse
     from training.loop import train  # noqa: PLC0415
 
     cfg = load_config(
-        "cfg_science", ["encoder=standard", *TINY, f"data_paths=[{built}]", f"checkpoint_path={tmp_path / 'ck'}"]
+        "cfg_science",
+        ["encoder=standard", "arch=trm_grid", *TINY, f"data_paths=[{built}]", f"checkpoint_path={tmp_path / 'ck'}"],
     )
     assert cfg.arch.name == "trm_grid"
     summary = train(cfg)

@@ -357,6 +357,7 @@ def test_a_run_with_the_readout_learns_to_name_the_rules_and_evaluates_without_l
             f"data_paths=[{built}]",
             f"checkpoint_path={ck}",
             "max_steps=200",
+            "arch=trm_grid",  # the pooled core the thresholds below were measured with
             "encoder.rule_readout=1.0",
             f"rule_labels={rules}",
         ],
