@@ -99,6 +99,15 @@ class DemoEncoder(nn.Module):
         trunk = getattr(self, "trunk", None)
         return trunk is not None and getattr(trunk, "aligned", False)
 
+    def keys_and_memory(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
+        """What the trunk's aggregation attends over (:meth:`encoders.trunk.DemoTrunk.keys`) and, when those keys are
+        every demo cell (``aggregation: tokens``, aligned), the memory made of them (else None): (keys, mask,
+        memory)."""
+        if self.cfg.aggregation == "tokens" and self.gives_memory:  # the keys are the memory: no extra pass
+            keys, mask, cells = self.trunk.cell_tokens(demo_inputs, demo_labels, demo_mask)
+            return keys, mask, DemoMemory.from_cell_tokens(keys, mask, cells, demo_inputs.shape[1])
+        return (*self.trunk.keys(demo_inputs, demo_labels, demo_mask), None)
+
     def demo_memory(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor) -> DemoMemory:
         """The trunk's per-cell states of every demo (:meth:`encoders.trunk.DemoTrunk.cell_tokens`). An extra trunk
         pass: the encoders whose forward already attends over every token (``aggregation: tokens``: standard,

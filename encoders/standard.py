@@ -10,7 +10,7 @@ import torch
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator
-from .interface import DemoEncoder, DemoMemory, EncoderOutput
+from .interface import DemoEncoder, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -32,10 +32,5 @@ class StandardEncoder(DemoEncoder):
 
     def forward(self, demo_inputs, demo_labels, demo_mask, state: Optional[torch.Tensor] = None) -> EncoderOutput:
         self._check_inputs(demo_inputs, demo_labels, demo_mask)
-        memory = None
-        if self.cfg.aggregation == "tokens" and self.gives_memory:  # the keys are the memory: no extra pass
-            demos, valid, cells = self.trunk.cell_tokens(demo_inputs, demo_labels, demo_mask)
-            memory = DemoMemory.from_cell_tokens(demos, valid, cells, demo_inputs.shape[1])
-        else:
-            demos, valid = self.trunk.keys(demo_inputs, demo_labels, demo_mask)
+        demos, valid, memory = self.keys_and_memory(demo_inputs, demo_labels, demo_mask)
         return EncoderOutput(context=self.head(self.aggregate(demos, valid)), memory=memory)

@@ -13,31 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.metadata import DatasetMetadata
 from encoders import ENCODER_REGISTRY, DemoMemory
 from models.etrm import ETRM
+from tests.test_etrm_model import meta  # the same sizes: vocab 12, seq 16, 3 demo slots
 from training.build import build_etrm_model, build_loss_head
 from training.config import config_from_dict
 
 V, SIDE, B, D, HID = 12, 4, 4, 3, 32
 S = SIDE * SIDE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def meta():
-    return DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=V,
-        seq_len=S,
-        num_puzzle_identifiers=5,
-        total_groups=4,
-        mean_puzzle_examples=2.0,
-        sets=["all"],
-        has_demos=True,
-        max_demos=D,
-    )
 
 
 ARCHS = ("trm_memory", "trm_pointer_memory")
