@@ -259,7 +259,7 @@ def write_augmentation_lists(path: str, lists: dict, num_aug: int, seed: int) ->
     that :func:`read_augmentation_lists` and ``python -m dataset.build_arc_dataset --augmentations`` read: every
     listed puzzle gets exactly those copies instead of :func:`select_augmentations`' draw."""
     puzzles = {
-        name: [f"t{int(d)}{PUZZLE_ID_SEPARATOR}{''.join(str(int(c)) for c in lut)}" for d, lut in zip(dih, luts)]
+        name: [Augmentation(int(d), tuple(int(c) for c in lut)).tag() for d, lut in zip(dih, luts)]
         for name, (dih, luts) in lists.items()
     }
     write_json_atomic(

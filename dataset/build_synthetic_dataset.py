@@ -43,13 +43,13 @@ from dataset.arc_sources import load_puzzles
 from dataset.augment import (
     AUGMENTATION_LISTS_SUFFIX,
     ArcPuzzle,
+    Augmentation,
     read_augmentation_lists,
     select_augmentations,
     write_augmentation_lists,
 )
 from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
-from dataset.dihedral import dihedral_transform
 from dataset.errors import DatasetError
 from dataset.rule_identity import HeldOutBehaviour, conjugate_params, demos_determine_rule
 from dataset.synthetic_rules import (
@@ -89,37 +89,6 @@ def _try_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int, 
     return None
 
 
-def augmented_keys(name: str, family: str, params: dict, demo: list, test: list, num_aug: int, seed: int) -> set[str]:
-    """Rule keys that :func:`dataset.augment.select_augmentations`' copies (``num_aug``, ``seed``; the ARC
-    builder's draw without a copy list) of training puzzle ``name`` show, the identity included: a copy under
-    augmentation g of an instance R is a puzzle of g . R . g^-1 (:func:`dataset.rule_identity.conjugate_params`)
-    -- e.g. colour_map {1: 2} under a colour permutation is colour_map {pi(1): pi(2)}."""
-    dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), num_aug, seed)
-    return _copy_keys(family, params, dih, luts)
-
-
-def _copy_keys(family: str, params: dict, dih: np.ndarray, luts: np.ndarray) -> set[str]:
-    keys = set()
-    for d, lut in zip(dih.tolist(), luts):
-        p = conjugate_params(family, params, d, lut)
-        if p is not None:
-            keys.add(rule_key(family, p))
-    return keys
-
-
-def _split_key(key: str) -> tuple[str, dict]:
-    """(family, params) of a :func:`dataset.synthetic_rules.rule_key`."""
-    fam, params = key.split(":", 1)
-    return fam, json.loads(params)
-
-
-def augmented_pairs(pairs: list, dihedral: int, colour_map: np.ndarray) -> list:
-    """The pairs of a puzzle's copy under (``dihedral``, ``colour_map``), as
-    :meth:`dataset.augment.Augmentation.apply` makes them."""
-    lut = np.asarray(colour_map, dtype=np.uint8)
-    return [(dihedral_transform(lut[x], dihedral), dihedral_transform(lut[y], dihedral)) for x, y in pairs]
-
-
 @dataclass
 class LeakGuard:
     """Keeps the held-out rule instances out of training, by key and by behaviour, puzzle by puzzle and copy by
@@ -131,22 +100,21 @@ class LeakGuard:
     refused and the next candidate drawn in its place; the builder then gets these lists
     (``<prefix>_augmentations.json``). ``counts``: what was refused."""
 
-    heldout_keys: set
-    behaviour: HeldOutBehaviour
+    heldout: list  # the held-out instances, (family, params)
     num_aug: int
     seed: int
     counts: Counter = field(default_factory=Counter)
-    _taken: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.heldout_keys = {rule_key(f, p) for f, p in self.heldout}
+        self.behaviour = HeldOutBehaviour(self.heldout)
 
     def taken_shifts(self, family: str) -> set:
         """The shifts (dr, dc) a training puzzle of shift family ``family`` may not show: those held out as that
         family and, for translate, those held out as roll (an unwrapped shift is the wrapped one on content that
         stays on the grid)."""
-        if family not in self._taken:
-            fams = ("translate", "roll") if family == "translate" else (family,)
-            held = (_split_key(k) for k in self.heldout_keys)
-            self._taken[family] = {(p["dr"], p["dc"]) for f, p in held if f in fams}
-        return self._taken[family]
+        fams = ("translate", "roll") if family == "translate" else (family,)
+        return {(p["dr"], p["dc"]) for f, p in self.heldout if f in fams}
 
     def puzzle_leak(self, rule: RuleInstance, pairs: list) -> Optional[str]:
         """ "key" / "behaviour" when the puzzle itself shows a held-out instance, else None."""
@@ -167,7 +135,11 @@ class LeakGuard:
                 self.counts["copies refused by key"] += 1
                 self.counts[f"{family}: copies refused by key"] += 1
                 return False
-            if len(self.behaviour) and self.behaviour.realised_by(augmented_pairs(pairs, d, lut)) is not None:
+            aug = Augmentation(d, tuple(int(c) for c in lut))
+            if (
+                len(self.behaviour)
+                and self.behaviour.realised_by([(aug.apply(x), aug.apply(y)) for x, y in pairs]) is not None
+            ):
                 self.counts["copies refused by behaviour"] += 1
                 self.counts[f"{family}: copies refused by behaviour"] += 1
                 return False
@@ -365,14 +337,14 @@ def _reserve_heldout(
                 if len(rules) == want:
                     break
                 rule = shift_instance(fam, rng, spec, dr, dc)
-                if any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
+                if _try_puzzle(rng, rule, canvas_size) is not None:
                     rules.append(rule)
         else:
             for _ in range(500 + 20 * want):
                 if len(rules) == want:
                     break
                 rule = FAMILIES[fam](rng, spec)
-                if rule.key not in keys and any(_draw_puzzle(rng, rule, canvas_size) for _ in range(5)):
+                if rule.key not in keys and _try_puzzle(rng, rule, canvas_size) is not None:
                     rules.append(rule)
                     keys.add(rule.key)
         if count and not rules:
@@ -485,9 +457,7 @@ def generate_synthetic_arc(
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
     held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
-    held_keys = {r.key for rules in held.values() for r in rules}
-    behaviour = HeldOutBehaviour([(r.family, r.params) for rules in held.values() for r in rules])
-    guard = LeakGuard(held_keys, behaviour, num_aug, seed)
+    guard = LeakGuard([(r.family, r.params) for rules in held.values() for r in rules], num_aug, seed)
     train, lists = _sample_training(rng, train_fams, num_train, spec, guard, prefix, progress, canvas_size)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size)
     log.info(
@@ -495,12 +465,20 @@ def generate_synthetic_arc(
         "training puzzle%s (by key or by behaviour)",
         len(train),
         len(test),
-        len(held_keys),
+        len(guard.heldout_keys),
         f" nor any of its {num_aug} augmented copies" if num_aug else "",
     )
     leaks = _leak_summary(guard.counts, num_aug, lists)
     log.info("synthetic: leak checks: %s", json.dumps(leaks["total"]))
 
+    return _write_outputs(out_dir, prefix, train, test, lists, leaks, num_aug, seed)
+
+
+def _write_outputs(
+    out_dir: str, prefix: str, train: list, test: list, lists: dict, leaks: dict, num_aug: int, seed: int
+):
+    """The kaggle-layout files, ``<prefix>_rules.json`` and the sidecars (every training puzzle's copies for the ARC
+    build, the leak counts, the shift table); returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     base = os.path.join(out_dir, prefix)
     paths = {"prefix": base}
@@ -517,7 +495,6 @@ def generate_synthetic_arc(
     }
     with open(f"{base}_rules.json", "w") as f:
         json.dump(rules, f, indent=0, sort_keys=True)
-    # the sidecars: every training puzzle's copies (for the ARC build), the leak counts, the shift table
     aug_path = base + AUGMENTATION_LISTS_SUFFIX
     if num_aug:
         write_augmentation_lists(aug_path, lists, num_aug, seed)
