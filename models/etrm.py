@@ -210,7 +210,12 @@ class ETRM(ACTModel):
         carry = self.refill(carry, batch)
         if prefix_context is not None:  # evaluation with a test-time-trained context for these rows
             kl = prefix_context.new_zeros(prefix_context.shape[0], dtype=torch.float32) if self.kl_weight > 0 else None
-            memory = self.encode(carry)[0].memory if self.reads_memory else None
+            data = carry.current_data
+            memory = (
+                self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+                if self.reads_memory
+                else None
+            )
             enc, ctx = EncoderOutput(context=prefix_context, kl=kl, memory=memory), prefix_context
         else:
             enc, ctx = self.encode(carry)

@@ -119,9 +119,7 @@ def decode_logits(
         if demos is None:
             raise ValueError("decode_logits: a core that reads the demo memory needs the demos each row may see")
         data.update(zip(DEMO_KEYS, demos))
-        memory = model.encoder(*demos).memory
-        if memory is None:
-            memory = model.encoder.demo_memory(*demos)
+        memory = model.encoder.demo_memory(*demos)
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
     r = rollout(
         lambda c: ACTModel.step(model, c, prefix_context=prefix, memory=memory),

@@ -81,7 +81,7 @@ class MemoryRead(nn.Module):
         self, hidden: int, num_heads: int, width: int, side: int, max_demos: int, vocab: int, init_std: float, cast_to
     ) -> None:
         super().__init__()
-        self.hidden, self.num_heads, self.max_demos, self.side = hidden, num_heads, max_demos, side
+        self.hidden, self.num_heads, self.max_demos = hidden, num_heads, max_demos
         self.embed_scale = hidden**0.5
         self.in_proj = CastedLinear(width, hidden)
         self.coords_in = GridCoordEmbedding(side, hidden, init_std, cast_to)  # where the cell sits in the demo input
