@@ -105,21 +105,20 @@ def loo_demos(batch: dict, demos: DemoSet, leave_one_out: bool) -> tuple[torch.T
 
 
 def decode_logits(
-    model: ACTModel, inputs: torch.Tensor, prefix: torch.Tensor, demos: Optional[tuple] = None
+    model: ACTModel, inputs: torch.Tensor, prefix: torch.Tensor, demos: Optional[tuple] = None, memory=None
 ) -> torch.Tensor:
     """Logits [n, S, V] of ``inputs`` decoded with the prefix context ``prefix`` [n, P, H] through the one ACT
     rollout (``halt_max_steps`` steps, each sample's logits frozen at its halting step), with gradient. A core
     that reads the demo memory (``reads_memory``, arch=trm_memory) also gets the memory of ``demos`` (the
-    (inputs, labels, mask) each row may see: :func:`loo_demos`), encoded here, so that an ``all`` fit's encoder
-    weights act on it."""
+    (inputs, labels, mask) each row may see: :func:`loo_demos`): ``memory`` when given (encoded once, weights
+    frozen), else encoded here (an ``all`` fit's encoder weights act on it)."""
     n = inputs.shape[0]
     data = {"inputs": inputs, "puzzle_identifiers": torch.zeros(n, dtype=torch.int32, device=inputs.device)}
-    memory = None
     if getattr(model, "reads_memory", False):
         if demos is None:
             raise ValueError("decode_logits: a core that reads the demo memory needs the demos each row may see")
         data.update(zip(DEMO_KEYS, demos))
-        memory = model.encoder.demo_memory(*demos)
+        memory = model.encoder.demo_memory(*demos) if memory is None else memory
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
     r = rollout(
         lambda c: ACTModel.step(model, c, prefix_context=prefix, memory=memory),
@@ -175,10 +174,14 @@ def fit(
             groups.append({"params": list(extra_params), "lr": lr if extra_lr is None else extra_lr})
         opt = torch.optim.Adam(groups, lr=lr)
         before = after = torch.full((b,), float("nan"), device=theta0.device)
+        memory = None  # a memory core's memory of the visible demos: constant unless the weights are fitted too
+        if visible is not None and not extra_params and getattr(model, "reads_memory", False) and demos.n:
+            with torch.no_grad():
+                memory = model.encoder.demo_memory(*visible)
         for i in range(steps + 1):
             if demos.n == 0:
                 break
-            logits = decode_logits(model, demos.inputs, prefix_of(theta), visible)
+            logits = decode_logits(model, demos.inputs, prefix_of(theta), visible, memory)
             loss, exact = demo_loss(logits, demos)
             if i == 0:
                 before = per_row_fraction(exact.detach(), demos, b)

@@ -112,9 +112,9 @@ def test_leave_one_out_starts_each_demo_from_the_other_demos_latent(monkeypatch)
     seen = []
     orig = ttt.decode_logits
 
-    def spy(model, inputs, context, demos=None):
+    def spy(model, inputs, context, demos=None, memory=None):
         seen.append((inputs.clone(), context.detach().clone()))
-        return orig(model, inputs, context, demos)
+        return orig(model, inputs, context, demos, memory)
 
     monkeypatch.setattr(ttt, "decode_logits", spy)
     with torch.inference_mode():

@@ -81,9 +81,9 @@ def test_leave_one_out_never_decodes_a_demo_from_an_encoding_that_saw_it(monkeyp
     seen = []
     orig = mttt.decode_logits
 
-    def spy(model, inputs, prefix, demos=None):
+    def spy(model, inputs, prefix, demos=None, memory=None):
         seen.append(prefix.detach().clone())
-        return orig(model, inputs, prefix, demos)
+        return orig(model, inputs, prefix, demos, memory)
 
     monkeypatch.setattr(mttt, "decode_logits", spy)
     _run(models.build_loss_head(m), b, TTTSettings(steps=1, lr=0.05))
@@ -290,9 +290,9 @@ def test_a_core_that_reads_the_demo_memory_is_fitted_leave_one_out_and_restored(
     b["puzzle_identifiers"] = torch.arange(b["inputs"].shape[0], dtype=torch.int32)
     seen, orig = [], mttt.decode_logits
 
-    def spy(model, inputs, prefix, demos=None):
+    def spy(model, inputs, prefix, demos=None, memory=None):
         seen.append(tuple(t.clone() for t in demos))
-        return orig(model, inputs, prefix, demos)
+        return orig(model, inputs, prefix, demos, memory)
 
     monkeypatch.setattr(mttt, "decode_logits", spy)
     s = TTTSettings(steps=2, lr=0.05, params=params)
