@@ -122,7 +122,7 @@ class TestTimeTraining:
         """ETRM ``context`` (and ``all``): an offset on the encoder's output (its latent, for lpn); leave-one-out
         encodings for the demos, all demos for the test input."""
         s, enc = self.settings, self.encoder
-        loo = loo_demos(batch, demos, s.leave_one_out)
+        loo = visible if visible is not None else loo_demos(batch, demos, s.leave_one_out)
         full = (batch["demo_inputs"].clone(), batch["demo_labels"].clone(), batch["demo_mask"].clone().bool())
         latent = hasattr(enc, "encode_latent") and hasattr(enc, "context_from_latent")
         space = (lambda d: enc.encode_latent(*d)[0]) if latent else (lambda d: enc(*d).context)
