@@ -135,6 +135,64 @@ def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
     return torch.where(inside & (src < L), src, -1)
 
 
+# the shifts of the shift views (translate: unwrapped, roll: wrapped): every (dr, dc) with |dr|, |dc| <= 3 but (0, 0)
+# (dataset.synthetic_rules.MAX_SHIFT)
+VIEW_SHIFTS: tuple[tuple[int, int], ...] = tuple(
+    (dr, dc) for dr in range(-3, 4) for dc in range(-3, 4) if (dr, dc) != (0, 0)
+)
+# the kinds of grid views (view_sources) and how many views each has
+VIEW_KINDS = {"dihedral": 8, "shift": len(VIEW_SHIFTS), "roll": len(VIEW_SHIFTS)}
+
+
+def shift_sources(tokens: torch.Tensor, side: int, wrap: bool = False) -> torch.Tensor:
+    """For every cell of flattened ``side x side`` canvases ``tokens`` [n, L] and every shift (dr, dc) of
+    :data:`VIEW_SHIFTS`, the canvas index of the grid cell that the shift moves there, or -1: [n, K, L] long. Cell
+    (r, c) of the grid (offsets from its top-left corner) reads (r - dr, c - dc): -1 where that is off the grid
+    (``wrap=False``: the content shifted by (dr, dc), background coming in) or taken modulo the grid's height and
+    width (``wrap=True``: ``np.roll``); -1 for every cell outside the grid."""
+    n, L = tokens.shape
+    feats, _ = pointer_features(tokens, side)  # [n, L, 5]
+    t, b, l, r = (feats[..., i].round().long()[:, None, :] for i in range(4))  # [n, 1, L]
+    h, w = t + b + 1, l + r + 1
+    sh = torch.tensor(VIEW_SHIFTS, dtype=torch.long, device=tokens.device)
+    rr, cc = t - sh[None, :, 0, None], l - sh[None, :, 1, None]  # [n, K, L]
+    if wrap:
+        rr, cc = rr % h.clamp_min(1), cc % w.clamp_min(1)
+    cell_in_grid = (t >= 0) & (b >= 0) & (l >= 0) & (r >= 0)
+    inside = cell_in_grid & (rr >= 0) & (rr < h) & (cc >= 0) & (cc < w)
+    pos = torch.arange(L, device=tokens.device)
+    src = (pos // side - t + rr) * side + (pos % side - l + cc)
+    return torch.where(inside & (src >= 0) & (src < L), src, -1)
+
+
+def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:
+    """[n, V, L]: :func:`dihedral_sources` / :func:`shift_sources` (unwrapped, wrapped) for each kind of
+    :data:`VIEW_KINDS` in ``kinds``, stacked in that order (V = the sum of their sizes)."""
+    parts = {
+        "dihedral": lambda: dihedral_sources(tokens, side),
+        "shift": lambda: shift_sources(tokens, side, wrap=False),
+        "roll": lambda: shift_sources(tokens, side, wrap=True),
+    }
+    unknown = [k for k in kinds if k not in parts]
+    if unknown or not kinds:
+        raise ValueError(f"grid views: kinds must be a non-empty subset of {sorted(parts)}, got {list(kinds)}")
+    return torch.cat([parts[k]() for k in kinds], 1)
+
+
+def view_agreement(
+    inp: torch.Tensor, out: torch.Tensor, side: int, kinds: Sequence[str] = ("dihedral",), first_colour: int = 2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dihedral_agreement` for the views of ``kinds`` (:func:`view_sources`): (colour [n, V, L], agreement
+    [n, V, L] in {0: no source or no output colour, 1: differs, 2: equals})."""
+    n, L = inp.shape
+    src = view_sources(inp, side, kinds)
+    V = src.shape[1]
+    colour = inp.gather(1, src.clamp_min(0).flatten(1)).view(n, V, L).masked_fill(src < 0, 0)
+    none = (src < 0) | (out < first_colour)[:, None]
+    agreement = torch.where(none, 0, 1 + (colour == out[:, None]).long())
+    return colour, agreement
+
+
 def dihedral_agreement(
     inp: torch.Tensor, out: torch.Tensor, side: int, first_colour: int = 2
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,12 +200,7 @@ def dihedral_agreement(
     that d sends to the cell, 0 (PAD) where none; agreement [n, 8, L]: 0 = no source or no output colour there,
     1 = the output differs from it, 2 = equals it). Where the output is the input transformed by d, every output
     cell agrees under d."""
-    n, L = inp.shape
-    src = dihedral_sources(inp, side)
-    colour = inp.gather(1, src.clamp_min(0).flatten(1)).view(n, 8, L).masked_fill(src < 0, 0)
-    none = (src < 0) | (out < first_colour)[:, None]
-    agreement = torch.where(none, 0, 1 + (colour == out[:, None]).long())
-    return colour, agreement
+    return view_agreement(inp, out, side, ("dihedral",), first_colour)
 
 
 def pointer_coefficients(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:

@@ -27,6 +27,7 @@ from models.trm import TRM, TRMConfig
 from models.variants.trm_grid import TRMGrid, TRMGridConfig
 from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMPointerMemory, TRMPointerMemoryConfig
 from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
+from models.variants.trm_views import TRMViews, TRMViewsConfig
 
 
 class ArchConfigError(PlatformError, ValueError):
@@ -43,6 +44,7 @@ ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(TRMGrid)
 ARCH_REGISTRY.register("trm_pointer", config=TRMPointerConfig)(TRMPointer)
 ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(TRMMemory)
 ARCH_REGISTRY.register("trm_pointer_memory", config=TRMPointerMemoryConfig)(TRMPointerMemory)
+ARCH_REGISTRY.register("trm_views", config=TRMViewsConfig)(TRMViews)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:

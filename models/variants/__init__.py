@@ -3,9 +3,13 @@
 
 ==================  ===========================================================================================
 ``arch=trm_grid``   grid-relative positions: each cell's token embedding also gets learned embeddings of its
-                    offsets from its input grid's edges (the science recipe, config/cfg_science.yaml)
+                    offsets from its input grid's edges (the pooled science recipe before the demo memory)
 ``arch=trm_pointer``  pointer RoPE on top of ``trm_grid``: each attention query is rotated to the cell a learned,
                     context-chosen linear map of its grid offsets names (docs/record/2026-11-25-pointer-rope.md)
+``arch=trm_memory``  demo memory on top of ``trm_grid``: every cell cross-attends to the encoder's per-cell demo
+                    states (the science recipe; docs/record/2026-11-27-demo-memory.md); ``arch=trm_pointer_memory``:
+                    the same on ``trm_pointer``
+``arch=trm_views``  ``trm_memory`` plus the test input's 8 dihedral views per cell, gated per sample by the context
 ==================  ===========================================================================================
 
 A variant subclasses ``TRMConfig`` (its ``name`` and extra fields), ``TRMInner`` (overriding the stem's hooks,

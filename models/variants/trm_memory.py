@@ -148,6 +148,10 @@ class TRMMemoryInner(TRMGridInner):
             cast_to=self.forward_dtype,
         )
 
+    def embed_inputs(self, batch, prefix_context: Optional[torch.Tensor], memory: DemoMemory) -> torch.Tensor:
+        """The input embedding of a step (a variant that also reads the demos there overrides it)."""
+        return self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
+
     def recursion(self, z_H, z_L, x, cos_sin, read):
         """One outer cycle with the memory read where ``memory_read`` puts it (see the module docstring)."""
         where = self.config.memory_read
@@ -166,7 +170,7 @@ class TRMMemoryInner(TRMGridInner):
                 "whose encoder gives them (aggregation=tokens, pair_layout=aligned)"
             )
         cos_sin = self.cos_sin(batch["inputs"])
-        x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
+        x = self.embed_inputs(batch, prefix_context, memory)
         kv = self.memory_read.keys(memory, batch["demo_inputs"], batch["demo_labels"], self.token_embeddings, x.dtype)
         read = lambda h: self.memory_read(h, kv)  # noqa: E731
         if self.config.memory_read == "once":

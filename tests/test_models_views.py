@@ -1,0 +1,200 @@
+"""arch=trm_views (models/variants/trm_views.py): every test-input cell gets the colour each dihedral map sends to it,
+gated per sample by the context. A gate on map d gives exactly map d's embedding of the transformed grid (every map,
+square and non-square grids, wherever the grid sits); the gate follows the context; the rest is trm_memory's (its
+tests run on trm_views too: tests/test_models_memory.py ARCHS)."""
+
+import numpy as np
+import torch
+
+from dataset.dihedral import dihedral_transform
+from tests.test_models_memory import HID, SIDE, V, batch, build, eval_logits
+
+
+def canvas(g: np.ndarray, top: int = 0, left: int = 0) -> torch.Tensor:
+    c = np.zeros((SIDE, SIDE), dtype=np.int64)
+    c[top : top + g.shape[0], left : left + g.shape[1]] = g
+    return torch.from_numpy(c).view(-1)
+
+
+def test_a_gate_on_map_d_gives_map_d_of_the_grid_at_every_cell():
+    views = build(name="trm_views", views=["dihedral"], views_gate="context").inner.views
+    rng = np.random.default_rng(0)
+    ctx = torch.zeros(1, 2, HID)
+    for h, w, top, left in [
+        (3, 3, 0, 0),
+        (2, 3, 0, 0),
+        (3, 2, 1, 0),
+        (1, 4, 0, 0),
+        (1, 3, 0, 1),
+        (2, 3, 1, 1),
+        (2, 2, 2, 1),
+    ]:
+        g = rng.integers(2, V, size=(h, w))
+        inputs = canvas(g, top, left)[None]
+        for d in range(8):
+            with torch.no_grad():
+                views.gate.bias.copy_(torch.where(torch.arange(8) == d, 50.0, 0.0))
+                got = views(inputs, ctx)[0]
+            want_ids = canvas(dihedral_transform(g, d), top, left) + d * V  # PAD (0) where the map sends no cell
+            want = views.embed.embedding_weight[want_ids]
+            torch.testing.assert_close(got, want, msg=f"map {d}, grid {h}x{w} at ({top}, {left})")
+
+
+def test_the_gate_is_read_from_the_context_and_is_uniform_without_one():
+    views = build(name="trm_views", views_gate="context").inner.views
+    inputs = batch()["inputs"]
+    uniform = views(inputs, None)
+    torch.testing.assert_close(views(inputs, torch.randn(4, 2, HID)), uniform)  # zero-initialised gate: uniform
+    with torch.no_grad():
+        views.gate.weight.normal_()
+    a, b = views(inputs, torch.randn(4, 2, HID)), views(inputs, torch.randn(4, 2, HID))
+    assert not torch.allclose(a, b, atol=1e-4)
+    g = views.gates(torch.randn(4, 2, HID), 4, "cpu")
+    torch.testing.assert_close(g.sum(-1), torch.ones(4))
+
+
+def test_the_views_reach_the_answer():
+    model = build(name="trm_views")
+    data = batch()
+    ref = eval_logits(model, data)
+    with torch.no_grad():
+        model.inner.views.embed.embedding_weight.mul_(3.0)
+    assert not torch.allclose(eval_logits(model, data), ref, atol=1e-4)
+
+
+def test_shift_views_are_the_shifted_grid_and_roll_views_the_rolled_one():
+    """core.ops.shift_sources against numpy: view (dr, dc) at grid cell (r, c) is the input at (r - dr, c - dc),
+    PAD off the grid (shift) or taken modulo the grid's sides (roll = np.roll); PAD outside the grid."""
+    from core.ops import VIEW_SHIFTS, view_sources
+
+    rng = np.random.default_rng(1)
+    side = 7
+    for h, w, top, left in [(3, 4, 0, 0), (5, 2, 1, 3), (1, 1, 6, 6), (7, 7, 0, 0)]:
+        g = rng.integers(2, V, size=(h, w))
+        c = np.zeros((side, side), dtype=np.int64)
+        c[top : top + h, left : left + w] = g
+        inputs = torch.from_numpy(c).view(1, -1)
+        src = view_sources(inputs, side, ("shift", "roll"))[0]
+        got = torch.where(src >= 0, inputs[0][src.clamp_min(0)], 0).view(2, len(VIEW_SHIFTS), side, side)
+        for k, (dr, dc) in enumerate(VIEW_SHIFTS):
+            shifted = np.zeros_like(c)
+            for r in range(h):
+                for col in range(w):
+                    if 0 <= r - dr < h and 0 <= col - dc < w:
+                        shifted[top + r, left + col] = g[r - dr, col - dc]
+            rolled = np.zeros_like(c)
+            rolled[top : top + h, left : left + w] = np.roll(g, (dr, dc), axis=(0, 1))
+            np.testing.assert_array_equal(got[0, k].numpy(), shifted, err_msg=f"shift {(dr, dc)}, {h}x{w}")
+            np.testing.assert_array_equal(got[1, k].numpy(), rolled, err_msg=f"roll {(dr, dc)}, {h}x{w}")
+
+
+def test_the_encoder_marks_the_shift_each_demo_shows():
+    """encoder=dihedral_views with views [dihedral, shift, roll]: for a demo whose output is its input translated by
+    (dr, dc), no output cell differs under that shift view and every cell with a source agrees
+    (core.ops.view_agreement: cells the content leaves have no source, "none")."""
+    from core.ops import VIEW_SHIFTS, view_agreement
+    from dataset.synthetic_rules import rule_apply
+
+    side, g = 8, np.zeros((5, 6), dtype=np.int64)
+    g[1:3, 2:4] = [[3, 4], [5, 3]]
+    for k, (dr, dc) in enumerate(VIEW_SHIFTS):
+        out = rule_apply("translate", {"dr": dr, "dc": dc})(g)
+        if out is None:
+            continue
+        ci, co = np.zeros((side, side), np.int64), np.zeros((side, side), np.int64)
+        ci[:5, :6], co[:5, :6] = g + 2, out + 2
+        inp, outp = torch.from_numpy(ci).view(1, -1), torch.from_numpy(co).view(1, -1)
+        _, agree = view_agreement(inp, outp, side, ("dihedral", "shift"))
+        a = agree[0, 8 + k]
+        assert (a == 1).sum() == 0 and (a == 2).sum() + (a == 0).sum() == side * side, (dr, dc)
+        assert (a == 2).sum() >= 30 - 6 * (abs(dr) + abs(dc)), (dr, dc)
+
+
+def test_every_kind_of_view_trains():
+    from training.build import build_loss_head
+
+    model = build(name="trm_views", views=["dihedral", "shift", "roll"])
+    assert model.inner.views.num_views == 8 + 48 + 48
+    model.train()
+    head = build_loss_head(model)
+    data = batch()
+    _, loss, _, _, _ = head(head.initial_carry(data), data)
+    loss.backward()
+    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert dead == []
+
+
+def test_the_encoder_summarises_the_shift_views_of_each_demo():
+    """encoder=dihedral_views with views [dihedral, shift, roll]: every token of a demo gets its summary of the 96
+    shift / roll views (per view: the fraction of output cells with a source that equal it, that differ), checked
+    against a numpy count."""
+    from core.ops import VIEW_SHIFTS
+    from encoders.dihedral_views import DihedralViewsEncoderConfig, DihedralViewsTrunk
+
+    side = 6
+    cfg = DihedralViewsEncoderConfig(hidden_size=16, num_heads=2, views=["dihedral", "shift", "roll"])
+    trunk = DihedralViewsTrunk(cfg, V, side * side, pooling="mean")
+    with torch.no_grad():
+        trunk.view_tok.zero_()
+        trunk.view_eq.zero_()
+    rng = np.random.default_rng(2)
+    g = rng.integers(2, V, size=(4, 5))
+    o = rng.integers(2, V, size=(4, 5))
+    o[1:, 1:] = g[:-1, :-1]  # mostly the shift (1, 1) of g
+    ci, co = np.zeros((side, side), np.int64), np.zeros((side, side), np.int64)
+    ci[:4, :5], co[:4, :5] = g, o
+    feats = trunk.cell_features(torch.from_numpy(ci).view(1, -1), torch.from_numpy(co).view(1, -1))
+    want = []
+    for wrap in (False, True):
+        eq, ne = [], []
+        for dr, dc in VIEW_SHIFTS:
+            src = np.roll(g, (dr, dc), axis=(0, 1)) if wrap else None
+            n_eq = n_ne = 0
+            for r in range(4):
+                for c in range(5):
+                    if wrap:
+                        s = src[r, c]
+                    elif 0 <= r - dr < 4 and 0 <= c - dc < 5:
+                        s = g[r - dr, c - dc]
+                    else:
+                        continue
+                    n_eq, n_ne = n_eq + (s == o[r, c]), n_ne + (s != o[r, c])
+            eq.append(n_eq / max(1, n_eq + n_ne))
+            ne.append(n_ne / max(1, n_eq + n_ne))
+        want.append((eq, ne))
+    frac = torch.tensor(want[0][0] + want[1][0] + want[0][1] + want[1][1], dtype=torch.float32)
+    assert frac[VIEW_SHIFTS.index((1, 1))] == 1.0  # the shift view (1, 1) agrees wherever it has a source
+    expected = (frac @ trunk.view_summary).expand(side * side, -1)
+    torch.testing.assert_close(feats[0], expected)
+
+
+def test_the_match_gate_picks_the_view_every_demo_shows_and_sees_only_the_demos_the_encoder_saw():
+    """views_gate=match: demos whose outputs are their inputs under dihedral map d (or shifted by (dr, dc)) put the
+    gate on that view; a sample without a valid demo (the zero-demo control's empty memory) gets match 0."""
+    from core.ops import VIEW_SHIFTS
+
+    views = build(name="trm_views", views=["dihedral", "shift"], views_gate="match").inner.views
+    rng = np.random.default_rng(3)
+    cases = [(d, lambda g, d=d: dihedral_transform(g, d)) for d in range(1, 8)]
+    for k in (VIEW_SHIFTS.index((1, 0)), VIEW_SHIFTS.index((0, -1))):
+        dr, dc = VIEW_SHIFTS[k]
+
+        def shift(g, dr=dr, dc=dc):
+            out = np.full_like(g, 2)  # background colour 0 comes in
+            h, w = g.shape
+            out[max(0, dr) : h + min(0, dr), max(0, dc) : w + min(0, dc)] = g[
+                max(0, -dr) : h - max(0, dr), max(0, -dc) : w - max(0, dc)
+            ]
+            return out
+
+        cases.append((8 + k, shift))
+    for want, f in cases:
+        di = torch.zeros(1, 3, SIDE * SIDE, dtype=torch.int64)
+        dl = torch.zeros_like(di)
+        for j in range(3):
+            g = rng.integers(2, V, size=(3, 4))
+            di[0, j], dl[0, j] = canvas(g), canvas(f(g))
+        valid = torch.tensor([[True, True, False]])
+        match = views.match(di, dl, valid)
+        assert match[0, want] == 1.0 and int(views.gates(None, 1, "cpu", match).argmax()) == want, want
+        torch.testing.assert_close(views.match(di, dl, torch.zeros(1, 3, dtype=torch.bool)), torch.zeros_like(match))
