@@ -1,7 +1,8 @@
 """Time the exact training step of a small config: the real ``training.loop.Trainer.train_step`` on generated data,
 with a per-phase split (data, encoder forward, core forward, optimizer, the rest = loss + backward + grad norms).
 
-    python -m benchmarks.train_step --config science        # cfg_science: ETRM standard encoder + demo-memory core
+    python -m benchmarks.train_step --config science        # cfg_science: ETRM standard encoder + grid-views core
+    python -m benchmarks.train_step --config science-memory # the same with arch=trm_memory (no grid views)
     python -m benchmarks.train_step --config science-pooled # the same with arch=trm_grid (no demo memory)
     python -m benchmarks.train_step --config trm-tiny       # cfg_demo: TRM tiny on 4x4 Sudoku
     python -m benchmarks.train_step --config science --compile both --steps 30 --json out.json
@@ -40,7 +41,7 @@ from training.config import load_config
 from training.distributed import DistInfo, resolve_device
 from training.loop import Trainer
 
-CONFIGS = ("science", "science-pooled", "trm-tiny")
+CONFIGS = ("science", "science-memory", "science-pooled", "trm-tiny")
 
 
 def make_data(config: str, root: str) -> str:
@@ -87,6 +88,7 @@ def make_trainer(
 ) -> Trainer:
     name, extra = {
         "science": ("cfg_science", ["encoder=standard"]),
+        "science-memory": ("cfg_science", ["encoder=standard", "arch=trm_memory"]),  # the recipe before grid views
         "science-pooled": ("cfg_science", ["encoder=standard", "arch=trm_grid"]),  # the recipe before demo memory
         "trm-tiny": ("cfg_demo", []),
     }[config]

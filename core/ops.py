@@ -140,8 +140,54 @@ def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
 VIEW_SHIFTS: tuple[tuple[int, int], ...] = tuple(
     (dr, dc) for dr in range(-3, 4) for dc in range(-3, 4) if (dr, dc) != (0, 0)
 )
+# the (rows, columns) factors of the scale views (each cell a ky x kx block) and of the tile views (the grid repeated
+# ry x rx times, plain or with every other tile mirrored): 1..3 each, not both 1 (dataset.synthetic_rules's ranges)
+VIEW_FACTORS: tuple[tuple[int, int], ...] = tuple((a, b) for a in range(1, 4) for b in range(1, 4) if (a, b) != (1, 1))
 # the kinds of grid views (view_sources) and how many views each has
-VIEW_KINDS = {"dihedral": 8, "shift": len(VIEW_SHIFTS), "roll": len(VIEW_SHIFTS)}
+VIEW_KINDS = {
+    "dihedral": 8,
+    "shift": len(VIEW_SHIFTS),
+    "roll": len(VIEW_SHIFTS),
+    "scale": len(VIEW_FACTORS),
+    "tile": 2 * len(VIEW_FACTORS),
+}
+
+
+def _grid_frame(tokens: torch.Tensor, side: int):
+    """(t, l, h, w, row0, col0) of flattened canvases [n, L]: every cell's (row, column) offset from its grid's
+    top-left corner, the grid's height / width ([n, 1, L] each) and the corner's canvas row / column ([L]-broadcast)."""
+    n, L = tokens.shape
+    feats, _ = pointer_features(tokens, side)  # [n, L, 5]
+    t, b, l, r = (feats[..., i].round().long()[:, None, :] for i in range(4))  # [n, 1, L]
+    pos = torch.arange(L, device=tokens.device)
+    return t, l, t + b + 1, l + r + 1, pos // side - t, pos % side - l
+
+
+def _to_canvas(rr, cc, ok, row0, col0, side: int, L: int) -> torch.Tensor:
+    src = (row0 + rr) * side + col0 + cc
+    return torch.where(ok & (src >= 0) & (src < L), src, -1)
+
+
+def block_sources(tokens: torch.Tensor, side: int, kind: str) -> torch.Tensor:
+    """``kind`` scale: for every factor (ky, kx) of :data:`VIEW_FACTORS`, cell (r, c) of the ky h x kx w output
+    (offsets from the input grid's top-left corner) reads input (r // ky, c // kx) (``np.kron`` with a block of
+    ones); tile: for every (ry, rx) plain then mirrored, cell (r, c) of the ry h x rx w output reads (r mod h,
+    c mod w), with the row (column) index reflected in odd tile rows (columns) when mirrored. [n, K, L] canvas
+    indices, -1 outside that output."""
+    n, L = tokens.shape
+    t, l, h, w, row0, col0 = _grid_frame(tokens, side)
+    f = torch.tensor(VIEW_FACTORS, dtype=torch.long, device=tokens.device)
+    fy, fx = f[None, :, 0, None], f[None, :, 1, None]  # [1, K, 1]
+    ok = (t >= 0) & (l >= 0) & (t < fy * h) & (l < fx * w) & (h > 0)
+    if kind == "scale":
+        return _to_canvas(t // fy, l // fx, ok, row0, col0, side, L)
+    hh, ww = h.clamp_min(1), w.clamp_min(1)
+    rr, cc = t % hh, l % ww
+    plain = _to_canvas(rr.expand_as(ok), cc.expand_as(ok), ok, row0, col0, side, L)
+    mr = torch.where((t // hh) % 2 == 1, hh - 1 - rr, rr)
+    mc = torch.where((l // ww) % 2 == 1, ww - 1 - cc, cc)
+    mirrored = _to_canvas(mr.expand_as(ok), mc.expand_as(ok), ok, row0, col0, side, L)
+    return torch.cat((plain, mirrored), 1)
 
 
 def shift_sources(tokens: torch.Tensor, side: int, wrap: bool = False) -> torch.Tensor:
@@ -172,6 +218,8 @@ def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch
         "dihedral": lambda: dihedral_sources(tokens, side),
         "shift": lambda: shift_sources(tokens, side, wrap=False),
         "roll": lambda: shift_sources(tokens, side, wrap=True),
+        "scale": lambda: block_sources(tokens, side, "scale"),
+        "tile": lambda: block_sources(tokens, side, "tile"),
     }
     unknown = [k for k in kinds if k not in parts]
     if unknown or not kinds:

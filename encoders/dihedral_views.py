@@ -32,7 +32,7 @@ class DihedralViewsEncoderConfig(StandardEncoderConfig):
     name: Literal["dihedral_views"] = "dihedral_views"
     # which grid views each output cell is compared with (core.ops.view_sources): the 8 dihedral maps, and also the
     # 48 shifts by up to 3 cells (shift: content moved, background coming in; roll: wrapped)
-    views: List[Literal["dihedral", "shift", "roll"]] = pydantic.Field(["dihedral"], min_length=1)
+    views: List[Literal["dihedral", "shift", "roll", "scale", "tile"]] = pydantic.Field(["dihedral"], min_length=1)
 
     @pydantic.model_validator(mode="after")
     def _aligned(self):

@@ -52,7 +52,7 @@ def _update_error(params, ref, init):
     return (num / den) ** 0.5
 
 
-@pytest.mark.parametrize("config", ["science", "science-pooled", "trm-tiny"])
+@pytest.mark.parametrize("config", ["science", "science-memory", "science-pooled", "trm-tiny"])
 def test_training_steps_on_cuda_follow_the_cpu(config, root, monkeypatch):
     data = make_data(config, root)
     cpu = make_trainer(config, data, os.path.join(root, f"{config}-init"), False, "cpu", DETERMINISTIC)

@@ -198,3 +198,57 @@ def test_the_match_gate_picks_the_view_every_demo_shows_and_sees_only_the_demos_
         match = views.match(di, dl, valid)
         assert match[0, want] == 1.0 and int(views.gates(None, 1, "cpu", match).argmax()) == want, want
         torch.testing.assert_close(views.match(di, dl, torch.zeros(1, 3, dtype=torch.bool)), torch.zeros_like(match))
+
+
+def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_match():
+    """The match reads the demo tensors of the batch, but only the demos the encoder saw (the memory's): in a
+    leave-one-out decode (models.ttt), changing demo j's own output changes nothing in demo j's logits, while
+    changing another visible demo's output does."""
+    import models.ttt as mttt
+
+    model = build(name="trm_views").eval()
+    data = batch(demos_per_sample=(3, 3, 2, 3))
+    demos = mttt.demo_set(data)
+    di, dl, mask = mttt.loo_demos(data, demos, True)
+
+    def logits(labels):
+        with torch.no_grad():
+            prefix = model.encoder(di, labels, mask).context
+            return mttt.decode_logits(model, demos.inputs, prefix, (di, labels, mask))
+
+    ref = logits(dl)
+    own, other = dl.clone(), dl.clone()
+    for k in range(demos.n):
+        j = int(demos.slot[k])
+        own[k, j] = torch.where(own[k, j] > 1, 2 + (own[k, j] - 1) % (V - 2), own[k, j])
+        other[k, (j + 1) % 2] = torch.where(other[k, (j + 1) % 2] > 1, 2, other[k, (j + 1) % 2])
+    torch.testing.assert_close(logits(own), ref)
+    assert not torch.allclose(logits(other), ref, atol=1e-4)
+
+
+def test_scale_and_tile_views_are_numpys_kron_and_the_tiling_of_copy_pattern():
+    """core.ops.block_sources against numpy: scale view (ky, kx) is np.kron(grid, ones(ky, kx)); tile view (ry, rx)
+    (plain, then mirrored) is dataset.synthetic_rules's copy_pattern without recolouring; PAD outside that output."""
+    from core.ops import VIEW_FACTORS, view_sources
+    from dataset.synthetic_rules import rule_apply
+
+    rng = np.random.default_rng(4)
+    side = 9
+    for h, w, top, left in [(2, 3, 0, 0), (3, 1, 0, 2), (1, 2, 1, 1), (3, 3, 0, 0)]:
+        g = rng.integers(2, V, size=(h, w))
+        c = np.zeros((side, side), dtype=np.int64)
+        c[top : top + h, left : left + w] = g
+        inputs = torch.from_numpy(c).view(1, -1)
+        src = view_sources(inputs, side, ("scale", "tile"))[0]
+        got = torch.where(src >= 0, inputs[0][src.clamp_min(0)], 0).view(3 * len(VIEW_FACTORS), side, side).numpy()
+        K = len(VIEW_FACTORS)
+        for k, (a, b) in enumerate(VIEW_FACTORS):
+            for view, want in (
+                (k, np.kron(g, np.ones((a, b), dtype=np.int64))),
+                (K + k, rule_apply("copy_pattern", {"ry": a, "rx": b, "mirror": False, "recolour": None})(g)),
+                (2 * K + k, rule_apply("copy_pattern", {"ry": a, "rx": b, "mirror": True, "recolour": None})(g)),
+            ):
+                full = np.zeros_like(c)
+                H, W = min(want.shape[0], side - top), min(want.shape[1], side - left)
+                full[top : top + H, left : left + W] = want[:H, :W]
+                np.testing.assert_array_equal(got[view], full, err_msg=f"view {view} ({a}, {b}) of {h}x{w}")

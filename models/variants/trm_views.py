@@ -30,13 +30,17 @@ from core.ops import VIEW_KINDS, view_agreement, view_sources
 from models.layers import CastedEmbedding, CastedLinear
 from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMMemoryInner
 
+FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
+
 
 class TRMViewsConfig(TRMMemoryConfig):
     """``trm_memory``'s fields plus which views every cell gets (``core.ops.view_sources``)."""
 
     name: Literal["trm_views"] = "trm_views"  # type: ignore[assignment]
     # dihedral: the 8 maps; shift: the 48 shifts by up to 3 cells (content moved, background in); roll: wrapped
-    views: List[Literal["dihedral", "shift", "roll"]] = Field(["dihedral", "shift", "roll"], min_length=1)
+    views: List[Literal["dihedral", "shift", "roll", "scale", "tile"]] = Field(
+        ["dihedral", "shift", "roll", "scale", "tile"], min_length=1
+    )
     # the gate's logits are this times the gate projection's output (a larger scale sharpens the choice sooner)
     views_gate_scale: float = Field(1.0, gt=0)
     # what chooses the view: context (a linear gate on the mean context slot) or match (also each view's match with
@@ -84,13 +88,14 @@ class InputViews(nn.Module):
 
     def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, V] how well each view explains the valid demos (``valid`` [b, D]): per demo, (cells where the output
-        equals the view - cells where it differs) / cells with a source and an output colour, in [-1, 1]; the worst
-        over the valid demos (a view must explain every one); 0 for a sample without a valid demo."""
+        equals the view - cells where it differs) / (the two together), in [-1, 1], where a view that gives a colour
+        to a cell outside the output grid also differs there (it draws the wrong shape); the worst over the valid
+        demos (a view must explain every one); 0 for a sample without a valid demo."""
         b, D, S = demo_inputs.shape
-        _, agree = view_agreement(
-            demo_inputs.reshape(b * D, S).long(), demo_labels.reshape(b * D, S).long(), self.side, self.kinds
-        )
-        eq, ne = (agree == 2).sum(-1).float(), (agree == 1).sum(-1).float()
+        out = demo_labels.reshape(b * D, S).long()
+        colour, agree = view_agreement(demo_inputs.reshape(b * D, S).long(), out, self.side, self.kinds)
+        eq = (agree == 2).sum(-1).float()
+        ne = ((agree == 1) | ((colour > 0) & (out < FIRST_COLOUR)[:, None])).sum(-1).float()
         score = ((eq - ne) / (eq + ne).clamp_min(1.0)).view(b, D, -1)
         worst = score.masked_fill(~valid[..., None], 2.0).amin(1)
         return torch.where(valid.any(1, keepdim=True), worst, 0.0)
