@@ -211,9 +211,10 @@ def shift_sources(tokens: torch.Tensor, side: int, wrap: bool = False) -> torch.
     return torch.where(inside & (src >= 0) & (src < L), src, -1)
 
 
-def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:
-    """[n, V, L]: :func:`dihedral_sources` / :func:`shift_sources` (unwrapped, wrapped) for each kind of
-    :data:`VIEW_KINDS` in ``kinds``, stacked in that order (V = the sum of their sizes)."""
+def view_sources_reference(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:
+    """[n, V, L]: :func:`dihedral_sources` / :func:`shift_sources` (unwrapped, wrapped) / :func:`block_sources`
+    (scale, tile) for each kind of :data:`VIEW_KINDS` in ``kinds``, stacked in that order (V = the sum of their
+    sizes). The definition; :func:`view_sources` gives the same from a table."""
     parts = {
         "dihedral": lambda: dihedral_sources(tokens, side),
         "shift": lambda: shift_sources(tokens, side, wrap=False),
@@ -225,6 +226,45 @@ def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch
     if unknown or not kinds:
         raise ValueError(f"grid views: kinds must be a non-empty subset of {sorted(parts)}, got {list(kinds)}")
     return torch.cat([parts[k]() for k in kinds], 1)
+
+
+_VIEW_TABLES: dict = {}
+
+
+def _view_table(side: int, kinds: tuple, device) -> torch.Tensor:
+    """[side + 1, side + 1, V, side * side] long: for a grid of height h and width w whose top-left corner is the
+    canvas origin, the :func:`view_sources_reference` of every canvas cell (the views depend only on the grid's size
+    and on the cell's offset from its corner). Built once per (side, kinds, device)."""
+    key = (side, kinds, str(device))
+    if key not in _VIEW_TABLES:
+        canvases = torch.zeros((side + 1) ** 2, side, side, dtype=torch.long)
+        for h in range(side + 1):
+            for w in range(side + 1):
+                canvases[h * (side + 1) + w, :h, :w] = 2  # any colour: the sources do not depend on it
+        table = view_sources_reference(canvases.view(-1, side * side), side, kinds)
+        _VIEW_TABLES[key] = table.view(side + 1, side + 1, table.shape[1], side * side).to(device)
+    return _VIEW_TABLES[key]
+
+
+def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:
+    """:func:`view_sources_reference` (the same numbers, tested) from a table of every grid size: two gathers
+    instead of the views' arithmetic. ``tokens`` [n, side * side]."""
+    n, L = tokens.shape
+    if L != side * side:
+        return view_sources_reference(tokens, side, kinds)
+    table = _view_table(side, tuple(kinds), tokens.device)
+    coords = grid_coordinates(tokens, side) - side  # [n, L, 4]: offsets from the grid's top, bottom, left, right
+    t, b, l, r = coords.unbind(-1)
+    h, w = (t + b + 1).amax(1).clamp(0, side), (l + r + 1).amax(1).clamp(0, side)  # [n] (0: no grid)
+    top = torch.arange(L, device=tokens.device)[None, :] // side - t  # the corner's row (the same for every cell)
+    left = torch.arange(L, device=tokens.device)[None, :] % side - l
+    top, left = top[:, :1], left[:, :1]  # [n, 1]
+    inside = (t >= 0) & (l >= 0)  # cells at or right / below the corner (every view's output lies there)
+    rel = (t.clamp_min(0) * side + l.clamp_min(0)).clamp_max(L - 1)  # the cell in the table's frame
+    per_grid = table[h, w]  # [n, V, L]: the views of a grid of this size at the origin
+    src = per_grid.gather(2, rel[:, None, :].expand(-1, per_grid.shape[1], -1))
+    src = torch.where(src >= 0, src + top[:, :, None] * side + left[:, :, None], -1)
+    return torch.where(inside[:, None, :] & (src >= 0), src, -1)
 
 
 def view_agreement(

@@ -252,3 +252,42 @@ def test_scale_and_tile_views_are_numpys_kron_and_the_tiling_of_copy_pattern():
                 H, W = min(want.shape[0], side - top), min(want.shape[1], side - left)
                 full[top : top + H, left : left + W] = want[:H, :W]
                 np.testing.assert_array_equal(got[view], full, err_msg=f"view {view} ({a}, {b}) of {h}x{w}")
+
+
+def test_the_view_table_gives_the_views_definition_for_every_grid_size_and_place():
+    """core.ops.view_sources (a table of every grid size, two gathers) == view_sources_reference (the views'
+    arithmetic) on grids of every size at random places, with end-of-grid markers and empty canvases."""
+    from core.ops import VIEW_KINDS, view_sources, view_sources_reference
+
+    g = torch.Generator().manual_seed(0)
+    for side in (4, 7):
+        canvases = []
+        for h in range(side + 1):
+            for w in range(side + 1):
+                c = torch.zeros(side, side, dtype=torch.long)
+                top = int(torch.randint(0, side - h + 1, (1,), generator=g))
+                left = int(torch.randint(0, side - w + 1, (1,), generator=g))
+                c[top : top + h, left : left + w] = torch.randint(2, V, (h, w), generator=g)
+                if h and w and top + h < side:
+                    c[top + h, left : left + w] = 1  # the end-of-grid marker under the grid
+                canvases.append(c.view(-1))
+        tokens = torch.stack(canvases)
+        kinds = tuple(VIEW_KINDS)
+        torch.testing.assert_close(view_sources(tokens, side, kinds), view_sources_reference(tokens, side, kinds))
+
+
+def test_the_match_is_the_agreement_count_of_every_view():
+    """InputViews.match against core.ops.view_agreement: (equal - differing) / both per demo, a colour drawn outside
+    the output grid counted as differing, the worst over the valid demos."""
+    from core.ops import view_agreement
+
+    views = build(name="trm_views").inner.views
+    data = batch(demos_per_sample=(3, 2, 1, 3))
+    di, dl, valid = data["demo_inputs"].long(), data["demo_labels"].long(), data["demo_mask"]
+    b, D, S = di.shape
+    colour, agree = view_agreement(di.view(b * D, S), dl.view(b * D, S), SIDE, views.kinds)
+    eq = (agree == 2).sum(-1).float()
+    ne = ((agree == 1) | ((colour > 0) & (dl.view(b * D, S) < 2)[:, None])).sum(-1).float()
+    score = ((eq - ne) / (eq + ne).clamp_min(1)).view(b, D, -1)
+    want = torch.stack([score[i, valid[i]].amin(0) for i in range(b)])
+    torch.testing.assert_close(views.match(di, dl, valid), want)

@@ -1,20 +1,25 @@
-"""Demo memory plus the test input's dihedral views (``arch=trm_views``): a core that can *apply* a map it read.
+"""Demo memory plus the test input's grid views (``arch=trm_views``): a core that can *apply* a map it reads.
 
-The probes split flip_rotate into reading and applying: the ``dihedral_views`` encoder names a held-out map from
-the demos (1.00, docs/record/2026-11-25-rule-readout-dihedral-views.md), but the core does not apply it (train fit
-0.00 with the grid and the memory cores; the pointer core applies *told* maps, 0.90 / 0.98, but not in the 8-family
-mix). Applying a dihedral map d to a grid of any size is a gather from a cell whose position depends on the grid's
-size, which attention over 2 x 2 cycles does not learn. Here every cell of the test input gets, for every map d of
-``core.ops.DIHEDRAL_POINTERS``, an embedding of the input colour that d sends to it (``core.ops.dihedral_sources``:
-relative to the input grid wherever it sits; PAD where d sends none, which also draws the transformed grid's
-shape), mixed by a per-sample gate over the 8 maps read from the context slots:
+The probes split the spatial families into reading and applying: the ``dihedral_views`` encoder names a held-out
+dihedral map from the demos (1.00, docs/record/2026-11-25-rule-readout-dihedral-views.md), but no core applied it in
+the 8-family mix (flip_rotate, translate and roll at 0.00 train fit with the grid, memory and pointer cores).
+Applying a map to a grid of any size is a gather from a cell whose position depends on the grid's size and on the
+rule, which two cycles of attention do not learn. Here every cell of the test input holds, for every view v of
+``views`` (``core.ops.view_sources``: the 8 dihedral maps, 48 shifts, 48 rolls, 8 scalings and 16 tilings, 128 in
+all, each relative to the input grid wherever it sits), an embedding of the input colour v sends to it (PAD where
+none, which also draws v's output shape), mixed by per-sample weights:
 
-    x_cell += sum_d softmax(gate(mean of the context slots))_d * E_d[colour that d sends to the cell]
+    x_cell += sum_v softmax_v(gate(mean context slot) + s * match_v) * E_v[colour that v sends to the cell]
 
-The gate starts uniform (zero weights and bias). Which map is still read from the demos (by the encoder, into the
-context); the core only gets the 8 candidate answers side by side, as ``encoder=dihedral_views`` gives the
-encoder the 8 comparisons. Everything else is ``trm_memory`` (the demo memory on the grid core). Square canvas only.
-Parameters: ``trm_memory``'s plus ``inner.views.embedding_weight`` [8 * vocab, hidden] and ``inner.views.gate``.
+``match_v`` (``views_gate: match``, the default) is how well v explains the demos the encoder saw: per demo,
+(output cells equal to v - cells that differ, a colour drawn outside the output grid included) / both, the worst over
+those demos; ``s`` is learned from ``views_match_scale``. The gate on the context starts at zero; with
+``views_gate: context`` it is the only chooser. Which view is thus read from the demos (by a fixed comparison and a
+learned weighting) and applying it is a choice among candidate colours the cell already holds; what the view does
+not say (a recolouring, which cells of a gravity rule move) is left to the demo memory and the recursion. The
+zero-demo control's memory is empty, so its match is 0 (uniform): it never sees a demo. Everything else is
+``trm_memory``. Square canvas only. Parameters: ``trm_memory``'s plus ``inner.views.embed`` [views * vocab,
+hidden], ``inner.views.gate`` and ``inner.views.match_scale``. Measured: docs/record/2026-11-27-grid-views.md.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from core.ops import VIEW_KINDS, view_agreement, view_sources
+from core.ops import VIEW_KINDS, view_sources
 from models.layers import CastedEmbedding, CastedLinear
 from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMMemoryInner
 
@@ -37,15 +42,16 @@ class TRMViewsConfig(TRMMemoryConfig):
     """``trm_memory``'s fields plus which views every cell gets (``core.ops.view_sources``)."""
 
     name: Literal["trm_views"] = "trm_views"  # type: ignore[assignment]
-    # dihedral: the 8 maps; shift: the 48 shifts by up to 3 cells (content moved, background in); roll: wrapped
+    # dihedral: the 8 maps; shift: the 48 shifts by up to 3 cells (content moved, background in); roll: wrapped;
+    # scale: each cell a ky x kx block; tile: the grid repeated ry x rx times, plain or mirrored (factors 1-3)
     views: List[Literal["dihedral", "shift", "roll", "scale", "tile"]] = Field(
         ["dihedral", "shift", "roll", "scale", "tile"], min_length=1
     )
     # the gate's logits are this times the gate projection's output (a larger scale sharpens the choice sooner)
     views_gate_scale: float = Field(1.0, gt=0)
     # what chooses the view: context (a linear gate on the mean context slot) or match (also each view's match with
-    # the demos the encoder saw: the worst over them of (equal - different) / cells with a source, times a learned
-    # scale that starts at views_match_scale; core.ops.view_agreement)
+    # the demos the encoder saw: the worst over them of (equal - different) / both, times a learned scale that
+    # starts at views_match_scale; core.ops.view_agreement)
     views_gate: Literal["context", "match"] = "match"
     views_match_scale: float = Field(10.0, gt=0)
 
@@ -92,11 +98,14 @@ class InputViews(nn.Module):
         to a cell outside the output grid also differs there (it draws the wrong shape); the worst over the valid
         demos (a view must explain every one); 0 for a sample without a valid demo."""
         b, D, S = demo_inputs.shape
-        out = demo_labels.reshape(b * D, S).long()
-        colour, agree = view_agreement(demo_inputs.reshape(b * D, S).long(), out, self.side, self.kinds)
-        eq = (agree == 2).sum(-1).float()
-        ne = ((agree == 1) | ((colour > 0) & (out < FIRST_COLOUR)[:, None])).sum(-1).float()
-        score = ((eq - ne) / (eq + ne).clamp_min(1.0)).view(b, D, -1)
+        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
+        src = view_sources(inp, self.side, self.kinds)  # [b * D, V, S]
+        has = src >= 0
+        colour = inp.to(torch.uint8).gather(1, src.clamp_min(0).flatten(1)).view_as(src)  # uint8: less to move
+        oc = (out >= FIRST_COLOUR)[:, None, :]
+        eq = has & oc & (colour == out.to(torch.uint8)[:, None, :])  # the view gives the output's colour
+        n_eq, n_has = eq.sum(-1).float(), has.sum(-1).float()  # differing = has & ~eq (outside the output too)
+        score = ((2 * n_eq - n_has) / n_has.clamp_min(1.0)).view(b, D, -1)
         worst = score.masked_fill(~valid[..., None], 2.0).amin(1)
         return torch.where(valid.any(1, keepdim=True), worst, 0.0)
 
