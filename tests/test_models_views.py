@@ -276,18 +276,37 @@ def test_the_view_table_gives_the_views_definition_for_every_grid_size_and_place
         torch.testing.assert_close(view_sources(tokens, side, kinds), view_sources_reference(tokens, side, kinds))
 
 
-def test_the_match_is_the_agreement_count_of_every_view():
-    """InputViews.match against core.ops.view_agreement: (equal - differing) / both per demo, a colour drawn outside
-    the output grid counted as differing, the worst over the valid demos."""
-    from core.ops import view_agreement
+def test_the_match_is_the_share_of_cells_the_view_explains_up_to_a_recolouring():
+    """InputViews.match against a loop over demos, views and cells: the share of the cells the output colours or the
+    view draws on where the output is the majority output colour of the cell's view colour ("no source" counted as a
+    colour of its own), a view colour outside the output grid never explained; 2 x share - 1, the worst over the
+    valid demos."""
+    from core.ops import view_sources
 
     views = build(name="trm_views").inner.views
     data = batch(demos_per_sample=(3, 2, 1, 3))
     di, dl, valid = data["demo_inputs"].long(), data["demo_labels"].long(), data["demo_mask"]
     b, D, S = di.shape
-    colour, agree = view_agreement(di.view(b * D, S), dl.view(b * D, S), SIDE, views.kinds)
-    eq = (agree == 2).sum(-1).float()
-    ne = ((agree == 1) | ((colour > 0) & (dl.view(b * D, S) < 2)[:, None])).sum(-1).float()
-    score = ((eq - ne) / (eq + ne).clamp_min(1)).view(b, D, -1)
-    want = torch.stack([score[i, valid[i]].amin(0) for i in range(b)])
+    src = view_sources(di.view(b * D, S), SIDE, views.kinds).view(b, D, -1, S)
+    want = torch.zeros(b, src.shape[2])
+    for i in range(b):
+        scores = []
+        for j in range(D):
+            if not valid[i, j]:
+                continue
+            row = []
+            for v in range(src.shape[2]):
+                pairs, outside = {}, 0
+                for p in range(S):
+                    a = int(di[i, j, src[i, j, v, p]]) if src[i, j, v, p] >= 0 else 0
+                    c = int(dl[i, j, p])
+                    if c >= 2:
+                        pairs.setdefault(a, []).append(c)
+                    elif a:
+                        outside += 1
+                explained = sum(max(cs.count(c) for c in set(cs)) for cs in pairs.values())
+                total = sum(len(cs) for cs in pairs.values()) + outside
+                row.append(2 * explained / max(1, total) - 1)
+            scores.append(row)
+        want[i] = torch.tensor(scores).amin(0)
     torch.testing.assert_close(views.match(di, dl, valid), want)

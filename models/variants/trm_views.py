@@ -93,19 +93,26 @@ class InputViews(nn.Module):
         return torch.softmax(logits, dim=-1)
 
     def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, V] how well each view explains the valid demos (``valid`` [b, D]): per demo, (cells where the output
-        equals the view - cells where it differs) / (the two together), in [-1, 1], where a view that gives a colour
-        to a cell outside the output grid also differs there (it draws the wrong shape); the worst over the valid
-        demos (a view must explain every one); 0 for a sample without a valid demo."""
+        """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo, the share of
+        the cells that the output colours or the view draws on in which the output is *a function of the view's
+        colour* (for each view colour, and for "no source", the output colour most cells with it have: a view
+        followed by a recolouring explains the output, and the cells a view leaves uncovered must share one colour,
+        e.g. the background a shift lets in), where a colour the view draws outside the output grid is never
+        explained; 2 x share - 1, the worst over the valid demos (a view must explain every one); 0 for a sample
+        without a valid demo."""
         b, D, S = demo_inputs.shape
-        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
+        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S).long()
         src = view_sources(inp, self.side, self.kinds)  # [b * D, V, S]
         has = src >= 0
-        colour = inp.to(torch.uint8).gather(1, src.clamp_min(0).flatten(1)).view_as(src)  # uint8: less to move
-        oc = (out >= FIRST_COLOUR)[:, None, :]
-        eq = has & oc & (colour == out.to(torch.uint8)[:, None, :])  # the view gives the output's colour
-        n_eq, n_has = eq.sum(-1).float(), has.sum(-1).float()  # differing = has & ~eq (outside the output too)
-        score = ((2 * n_eq - n_has) / n_has.clamp_min(1.0)).view(b, D, -1)
+        colour = inp.long().gather(1, src.clamp_min(0).flatten(1)).view_as(src).masked_fill(~has, 0)
+        oc = (out >= FIRST_COLOUR)[:, None, :].expand_as(has)
+        # (view colour, output colour) pairs of the output's cells, counted per demo and view; other cells -> bin 0
+        pair = torch.where(oc, colour * self.vocab + out[:, None, :] + 1, 0)
+        counts = torch.zeros(*src.shape[:2], self.vocab * self.vocab + 1, device=src.device)
+        counts.scatter_add_(2, pair, torch.ones_like(pair, dtype=counts.dtype))
+        explained = counts[..., 1:].view(*src.shape[:2], self.vocab, self.vocab).amax(-1).sum(-1)
+        total = oc.sum(-1) + (has & ~oc).sum(-1)  # the output's cells and the view's colours outside it
+        score = (2 * explained / total.clamp_min(1) - 1).view(b, D, -1)
         worst = score.masked_fill(~valid[..., None], 2.0).amin(1)
         return torch.where(valid.any(1, keepdim=True), worst, 0.0)
 
