@@ -179,7 +179,7 @@ def test_the_answer_reads_the_demo_cells_and_ignores_pad_empty_slots_and_the_res
     torch.testing.assert_close(eval_logits(model, junk), ref, atol=1e-5, rtol=1e-5)
     # each sample alone (different demo counts, its own crop) = inside the batch
     for i in range(B):
-        torch.testing.assert_close(eval_logits(model, take(data, [i])), ref[i : i + 1], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(eval_logits(model, take(data, [i])), ref[i : i + 1], atol=5e-5, rtol=1e-4)
     # a sample without any demo reads the null key only: finite
     none = {k: v.clone() for k, v in data.items()}
     none["demo_mask"][1] = False

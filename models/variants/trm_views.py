@@ -101,20 +101,33 @@ class InputViews(nn.Module):
         explained; 2 x share - 1, the worst over the valid demos (a view must explain every one); 0 for a sample
         without a valid demo."""
         b, D, S = demo_inputs.shape
-        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S).long()
-        src = view_sources(inp, self.side, self.kinds)  # [b * D, V, S]
+        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
+        flat = valid.reshape(b * D)
+        if torch.compiler.is_compiling():  # one shape: every slot
+            score = self.demo_scores(inp, out)
+        else:  # only the valid demos (the zero-demo control: none); the same numbers
+            idx = flat.nonzero().squeeze(-1)
+            score = inp.new_zeros(b * D, self.num_views, dtype=torch.float32)
+            score = score.index_copy(0, idx, self.demo_scores(inp.index_select(0, idx), out.index_select(0, idx)))
+        worst = score.view(b, D, -1).masked_fill(~valid[..., None], 2.0).amin(1)
+        return torch.where(valid.any(1, keepdim=True), worst, 0.0)
+
+    def demo_scores(self, inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """[n, V] 2 x share - 1 of each demo (inputs / outputs [n, S]) and view (see :meth:`match`)."""
+        src = view_sources(inp, self.side, self.kinds)  # [n, V, S]
+        n, V, S = src.shape
         has = src >= 0
         colour = inp.long().gather(1, src.clamp_min(0).flatten(1)).view_as(src).masked_fill(~has, 0)
+        out = out.long()
         oc = (out >= FIRST_COLOUR)[:, None, :].expand_as(has)
         # (view colour, output colour) pairs of the output's cells, counted per demo and view; other cells -> bin 0
+        bins = self.vocab * self.vocab + 1
         pair = torch.where(oc, colour * self.vocab + out[:, None, :] + 1, 0)
-        counts = torch.zeros(*src.shape[:2], self.vocab * self.vocab + 1, device=src.device)
-        counts.scatter_add_(2, pair, torch.ones_like(pair, dtype=counts.dtype))
-        explained = counts[..., 1:].view(*src.shape[:2], self.vocab, self.vocab).amax(-1).sum(-1)
+        counts = torch.zeros(n, V, bins, dtype=torch.int32, device=src.device)
+        counts.scatter_add_(2, pair, torch.ones(1, 1, 1, dtype=torch.int32, device=src.device).expand(n, V, S))
+        explained = counts[..., 1:].view(n, V, self.vocab, self.vocab).amax(-1).sum(-1).float()
         total = oc.sum(-1) + (has & ~oc).sum(-1)  # the output's cells and the view's colours outside it
-        score = (2 * explained / total.clamp_min(1) - 1).view(b, D, -1)
-        worst = score.masked_fill(~valid[..., None], 2.0).amin(1)
-        return torch.where(valid.any(1, keepdim=True), worst, 0.0)
+        return 2 * explained / total.clamp_min(1) - 1
 
     def forward(
         self, inputs: torch.Tensor, context: Optional[torch.Tensor], match: Optional[torch.Tensor] = None
