@@ -56,25 +56,28 @@ def test_standard_encoder_beats_zero_demo_control_on_heldout_rules(tmp_path):
     assert min(etrm) >= ctrl + 0.1, runs
 
 
-# The recipe's own floor (config/cfg_science.yaml, trm_views) on one family it could not fit before grid views: roll,
-# the wrapped shift, read from the demos on held-out shifts. Sized to ~2 minutes on one thread.
-ROLL_ARGS = ["--families", "roll", "--num-train", "60", "--num-test", "12", "--steps", "200"]
+# The recipe's own floor (config/cfg_science.yaml, trm_views) on a family no core fitted before grid views: roll, the
+# wrapped shift, read from the demos on held-out shifts. 600 steps of batch 32, ~4 minutes on one thread.
+ROLL_ARGS = ["--families", "roll", "--num-train", "60", "--num-test", "12", "--steps", "600"]
 ROLL_ARGS += ["--override", "global_batch_size=32"]
 
 
 @pytest.mark.slow
 def test_the_recipe_reads_a_held_out_shift_from_the_demos(tmp_path):
-    """``python -m experiments.science --families roll`` with the recipe, cut to 200 steps of batch 32: held-out
-    shifts (never shown in training, by key or behaviour, also not through an augmented copy) are read from the demos
-    well above the zero-demo control. Measured on one thread: FLOOR_MEASURED (seed 0); the control 0.00. Before grid
-    views (arch=trm_memory) roll was 0.00 held-out and 0.00 train fit even at 4000 steps on the 9 families."""
+    """``python -m experiments.science --families roll`` with the recipe, cut to 600 steps of batch 32: held-out
+    shifts (never shown in training, by key or behaviour, also not through an augmented copy) are read from the demos,
+    above the zero-demo control. Measured on one thread (12 held-out puzzles, steps of 1/12): held-out 0.33 (data
+    seed 0), SEED1_MEASURED; train fit 0.72; the control 0.00. Before grid views (arch=trm_memory) roll was 0.00
+    held-out and 0.00 train fit even at 4000 steps on the 9 families. The floor sits below the lowest measured seed:
+    a core that does not read the view (control level) fails it."""
     res = main(["--out", str(tmp_path / "roll")] + ROLL_ARGS)
     fam = res["families"]["roll"]
     assert fam["count"] == 12 and all(r["status"] == "ok" for r in res["runs"].values())
     held, ctrl = fam["runs"]["standard"]["pass@1"], fam["runs"][CONTROL]["pass@1"]
     print(json.dumps({"heldout": held, "control": ctrl, "fit": fam["train_runs"]["standard"]["pass@1"]}))
     assert ctrl <= 0.1, res["families"]
-    assert held >= 0.5, res["families"]  # FLOOR placeholder
+    assert fam["train_runs"]["standard"]["pass@1"] >= 0.4, res["families"]  # fitted (measured 0.72)
+    assert held >= 0.15, res["families"]
 
 
 def test_recolour_dataset_is_few_shot_and_heldout(tmp_path):

@@ -276,14 +276,31 @@ def test_the_view_table_gives_the_views_definition_for_every_grid_size_and_place
         torch.testing.assert_close(view_sources(tokens, side, kinds), view_sources_reference(tokens, side, kinds))
 
 
-def test_the_match_is_the_share_of_cells_the_view_explains_up_to_a_recolouring():
+def test_the_agree_match_is_the_agreement_count_of_every_view():
+    """views_match=agree against core.ops.view_agreement: (equal - differing) / both per demo, a colour drawn outside
+    the output grid counted as differing, the worst over the valid demos."""
+    from core.ops import view_agreement
+
+    views = build(name="trm_views", views_match="agree").inner.views
+    data = batch(demos_per_sample=(3, 2, 1, 3))
+    di, dl, valid = data["demo_inputs"].long(), data["demo_labels"].long(), data["demo_mask"]
+    b, D, S = di.shape
+    colour, agree = view_agreement(di.view(b * D, S), dl.view(b * D, S), SIDE, views.kinds)
+    eq = (agree == 2).sum(-1).float()
+    ne = ((agree == 1) | ((colour > 0) & (dl.view(b * D, S) < 2)[:, None])).sum(-1).float()
+    score = ((eq - ne) / (eq + ne).clamp_min(1)).view(b, D, -1)
+    want = torch.stack([score[i, valid[i]].amin(0) for i in range(b)])
+    torch.testing.assert_close(views.match(di, dl, valid), want)
+
+
+def test_the_explain_match_is_the_share_of_cells_the_view_explains_up_to_a_recolouring():
     """InputViews.match against a loop over demos, views and cells: the share of the cells the output colours or the
     view draws on where the output is the majority output colour of the cell's view colour ("no source" counted as a
     colour of its own), a view colour outside the output grid never explained; 2 x share - 1, the worst over the
     valid demos."""
     from core.ops import view_sources
 
-    views = build(name="trm_views").inner.views
+    views = build(name="trm_views", views_match="explain").inner.views
     data = batch(demos_per_sample=(3, 2, 1, 3))
     di, dl, valid = data["demo_inputs"].long(), data["demo_labels"].long(), data["demo_mask"]
     b, D, S = di.shape

@@ -54,6 +54,10 @@ class TRMViewsConfig(TRMMemoryConfig):
     # starts at views_match_scale; core.ops.view_agreement)
     views_gate: Literal["context", "match"] = "match"
     views_match_scale: float = Field(10.0, gt=0)
+    # how a view's match with a demo is scored (InputViews.match): agree (the cells it draws that the output has) or
+    # explain (the output's cells it explains up to a recolouring; reads the true view better, scored lower: the
+    # record's grid views file)
+    views_match: Literal["agree", "explain"] = "agree"
 
 
 class InputViews(nn.Module):
@@ -71,9 +75,11 @@ class InputViews(nn.Module):
         cast_to: torch.dtype,
         gate_scale: float = 1.0,
         match_scale: Optional[float] = None,
+        match_kind: str = "agree",
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.kinds, self.gate_scale = side, vocab, tuple(kinds), gate_scale
+        self.match_kind = match_kind
         self.num_views = sum(VIEW_KINDS[k] for k in self.kinds)
         self.embed = CastedEmbedding(self.num_views * vocab, hidden, init_std=init_std, cast_to=cast_to)
         self.gate = CastedLinear(hidden, self.num_views, bias=True)
@@ -93,13 +99,14 @@ class InputViews(nn.Module):
         return torch.softmax(logits, dim=-1)
 
     def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo, the share of
-        the cells that the output colours or the view draws on in which the output is *a function of the view's
-        colour* (for each view colour, and for "no source", the output colour most cells with it have: a view
-        followed by a recolouring explains the output, and the cells a view leaves uncovered must share one colour,
-        e.g. the background a shift lets in), where a colour the view draws outside the output grid is never
-        explained; 2 x share - 1, the worst over the valid demos (a view must explain every one); 0 for a sample
-        without a valid demo."""
+        """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo 2 x share - 1,
+        the worst over the valid demos (a view must explain every one); 0 for a sample without a valid demo.
+        ``views_match`` says what the share is. ``agree`` (default): of the cells the view draws a colour on, those
+        where the output has that colour (a colour drawn outside the output grid is a miss). ``explain``: of the
+        cells the output colours or the view draws on, those where the output is a *function of the view's colour*
+        (for each view colour, and for "no source", the output colour most cells with it have: a view followed by a
+        recolouring explains the output, and the cells a view leaves uncovered must share one colour), a colour
+        drawn outside the output grid never explained."""
         b, D, S = demo_inputs.shape
         inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
         flat = valid.reshape(b * D)
@@ -120,7 +127,10 @@ class InputViews(nn.Module):
         colour = inp.long().gather(1, src.clamp_min(0).flatten(1)).view_as(src).masked_fill(~has, 0)
         out = out.long()
         oc = (out >= FIRST_COLOUR)[:, None, :].expand_as(has)
-        # (view colour, output colour) pairs of the output's cells, counted per demo and view; other cells -> bin 0
+        if self.match_kind == "agree":  # the cells the view draws on: equal to the output's colour or not
+            n_eq, n_has = (has & oc & (colour == out[:, None, :])).sum(-1).float(), has.sum(-1).float()
+            return (2 * n_eq - n_has) / n_has.clamp_min(1.0)  # 0 for a view that draws nothing
+        # explain: (view colour, output colour) pairs of the output's cells, per demo and view; other cells -> bin 0
         bins = self.vocab * self.vocab + 1
         pair = torch.where(oc, colour * self.vocab + out[:, None, :] + 1, 0)
         counts = torch.zeros(n, V, bins, dtype=torch.int32, device=src.device)
@@ -160,6 +170,7 @@ class TRMViewsInner(TRMMemoryInner):
             cast_to=self.forward_dtype,
             gate_scale=config.views_gate_scale,
             match_scale=config.views_match_scale if config.views_gate == "match" else None,
+            match_kind=config.views_match,
         )
 
     def embed_inputs(self, batch, prefix_context, memory):
