@@ -66,10 +66,10 @@ ROLL_ARGS += ["--override", "global_batch_size=32"]
 def test_the_recipe_reads_a_held_out_shift_from_the_demos(tmp_path):
     """``python -m experiments.science --families roll`` with the recipe, cut to 600 steps of batch 32: held-out
     shifts (never shown in training, by key or behaviour, also not through an augmented copy) are read from the demos,
-    above the zero-demo control. Measured on one thread (12 held-out puzzles, steps of 1/12): held-out 0.33 (data
-    seed 0), SEED1_MEASURED; train fit 0.72; the control 0.00. Before grid views (arch=trm_memory) roll was 0.00
-    held-out and 0.00 train fit even at 4000 steps on the 9 families. The floor sits below the lowest measured seed:
-    a core that does not read the view (control level) fails it."""
+    above the zero-demo control. Measured on one thread beside other runs (12 held-out puzzles, steps of 1/12):
+    held-out 0.33, train fit 0.72, the control 0.00 (0b5dc93, data seed 0). Before grid views (arch=trm_memory)
+    roll was 0.00 held-out and 0.00 train fit even at 4000 steps on the 9 families. The floor (2 of 12) sits below
+    the measured 4 of 12: a core that does not read the view (control level) fails it."""
     res = main(["--out", str(tmp_path / "roll")] + ROLL_ARGS)
     fam = res["families"]["roll"]
     assert fam["count"] == 12 and all(r["status"] == "ok" for r in res["runs"].values())
@@ -210,7 +210,7 @@ def test_science_config_builds_every_run(name):
     encoder, extra = run_plan(name)
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
-    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_memory"
+    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_views"
     meta = DatasetMetadata(
         pad_id=0,
         ignore_label_id=0,
@@ -558,8 +558,8 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
     for name in ("standard", CONTROL):  # as if both had been trained with the grid core of then (arch=trm_grid now)
         spath = os.path.join(copy, "runs", name, "run.json")
         spec = json.load(open(spath))
-        assert spec["recipe"]["arch"]["name"] == "trm_memory"
-        arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith("memory_")}
+        assert spec["recipe"]["arch"]["name"] == "trm_views"
+        arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith(("memory_", "views"))}
         arch.update(
             name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False
         )

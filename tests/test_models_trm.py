@@ -452,6 +452,9 @@ def test_omegaconf_input_and_yaml_files():
         **names["trm_pointer"].model_dump(exclude={"name"}),
         **memory,
     }
+    views = {"views": ["dihedral", "shift", "roll", "scale", "tile"], "views_gate": "match", "views_match": "agree"}
+    views.update(views_gate_scale=1.0, views_match_scale=10.0)
+    assert names["trm_views"].model_dump(exclude={"name"}) == {**trm, **memory, **views}
 
 
 def test_loss_head_from_config():

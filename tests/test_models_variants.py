@@ -53,7 +53,8 @@ def test_every_registered_architecture_has_a_tiny_config_here_or_in_test_models_
     assert set(ARCH_REGISTRY) == set(TINY) | set(VARIANTS) | {
         "trm_memory",
         "trm_pointer_memory",
-    }  # ETRM-only: tests/test_models_memory.py
+        "trm_views",
+    }  # ETRM-only: tests/test_models_memory.py, tests/test_models_views.py
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
