@@ -87,6 +87,16 @@ def eval_logits(model, data):
     return out["logits"]
 
 
+def dead_parameters(model) -> list[str]:
+    """The trainable parameters that get no gradient from one training step's loss on :func:`batch`."""
+    model.train()
+    head = build_loss_head(model)
+    data = batch()
+    _, loss, _, _, _ = head(head.initial_carry(data), data)
+    loss.backward()
+    return [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+
+
 def take(data, rows):
     return {k: v[rows] for k, v in data.items()}
 
@@ -96,13 +106,7 @@ def test_every_parameter_gets_gradient_and_the_memory_width_follows_the_encoder(
     model = build(enc_hidden=24, name=name)
     assert model.reads_memory and model.config.memory_width == 24
     assert model.inner.memory_read.in_proj.weight.shape == (HID, 24)
-    model.train()
-    head = build_loss_head(model)
-    data = batch()
-    _, loss, _, _, _ = head(head.initial_carry(data), data)
-    loss.backward()
-    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
-    assert dead == []
+    assert dead_parameters(model) == []
 
 
 @pytest.mark.parametrize("encoder", sorted(set(ENCODER_REGISTRY) - {"standard"}))

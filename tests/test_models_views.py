@@ -62,20 +62,29 @@ def test_the_views_reach_the_answer():
     assert not torch.allclose(eval_logits(model, data), ref, atol=1e-4)
 
 
+def views_of(g: np.ndarray, side: int, top: int, left: int, kinds) -> tuple[np.ndarray, torch.Tensor]:
+    """(the canvas [side, side] with grid g at (top, left), each view of ``kinds`` of it [V, side, side]: the colour
+    the view sends to every cell, 0 where none)."""
+    from core.ops import view_sources
+
+    c = np.zeros((side, side), dtype=np.int64)
+    c[top : top + g.shape[0], left : left + g.shape[1]] = g
+    inputs = torch.from_numpy(c).view(1, -1)
+    src = view_sources(inputs, side, kinds)[0]
+    return c, torch.where(src >= 0, inputs[0][src.clamp_min(0)], 0).view(-1, side, side)
+
+
 def test_shift_views_are_the_shifted_grid_and_roll_views_the_rolled_one():
     """core.ops.shift_sources against numpy: view (dr, dc) at grid cell (r, c) is the input at (r - dr, c - dc),
     PAD off the grid (shift) or taken modulo the grid's sides (roll = np.roll); PAD outside the grid."""
-    from core.ops import VIEW_SHIFTS, view_sources
+    from core.ops import VIEW_SHIFTS
 
     rng = np.random.default_rng(1)
     side = 7
     for h, w, top, left in [(3, 4, 0, 0), (5, 2, 1, 3), (1, 1, 6, 6), (7, 7, 0, 0)]:
         g = rng.integers(2, V, size=(h, w))
-        c = np.zeros((side, side), dtype=np.int64)
-        c[top : top + h, left : left + w] = g
-        inputs = torch.from_numpy(c).view(1, -1)
-        src = view_sources(inputs, side, ("shift", "roll"))[0]
-        got = torch.where(src >= 0, inputs[0][src.clamp_min(0)], 0).view(2, len(VIEW_SHIFTS), side, side)
+        c, got = views_of(g, side, top, left, ("shift", "roll"))
+        got = got.view(2, len(VIEW_SHIFTS), side, side)
         for k, (dr, dc) in enumerate(VIEW_SHIFTS):
             shifted = np.zeros_like(c)
             for r in range(h):
@@ -111,17 +120,11 @@ def test_the_encoder_marks_the_shift_each_demo_shows():
 
 
 def test_every_kind_of_view_trains():
-    from training.build import build_loss_head
+    from tests.test_models_memory import dead_parameters
 
     model = build(name="trm_views", views=["dihedral", "shift", "roll"])
     assert model.inner.views.num_views == 8 + 48 + 48
-    model.train()
-    head = build_loss_head(model)
-    data = batch()
-    _, loss, _, _, _ = head(head.initial_carry(data), data)
-    loss.backward()
-    dead = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
-    assert dead == []
+    assert dead_parameters(model) == []
 
 
 def test_the_encoder_summarises_the_shift_views_of_each_demo():
@@ -229,18 +232,15 @@ def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_ma
 def test_scale_and_tile_views_are_numpys_kron_and_the_tiling_of_copy_pattern():
     """core.ops.block_sources against numpy: scale view (ky, kx) is np.kron(grid, ones(ky, kx)); tile view (ry, rx)
     (plain, then mirrored) is dataset.synthetic_rules's copy_pattern without recolouring; PAD outside that output."""
-    from core.ops import VIEW_FACTORS, view_sources
+    from core.ops import VIEW_FACTORS
     from dataset.synthetic_rules import rule_apply
 
     rng = np.random.default_rng(4)
     side = 9
     for h, w, top, left in [(2, 3, 0, 0), (3, 1, 0, 2), (1, 2, 1, 1), (3, 3, 0, 0)]:
         g = rng.integers(2, V, size=(h, w))
-        c = np.zeros((side, side), dtype=np.int64)
-        c[top : top + h, left : left + w] = g
-        inputs = torch.from_numpy(c).view(1, -1)
-        src = view_sources(inputs, side, ("scale", "tile"))[0]
-        got = torch.where(src >= 0, inputs[0][src.clamp_min(0)], 0).view(3 * len(VIEW_FACTORS), side, side).numpy()
+        c, got = views_of(g, side, top, left, ("scale", "tile"))
+        got = got.numpy()
         K = len(VIEW_FACTORS)
         for k, (a, b) in enumerate(VIEW_FACTORS):
             for view, want in (
