@@ -197,18 +197,14 @@ def shift_sources(tokens: torch.Tensor, side: int, wrap: bool = False) -> torch.
     (``wrap=False``: the content shifted by (dr, dc), background coming in) or taken modulo the grid's height and
     width (``wrap=True``: ``np.roll``); -1 for every cell outside the grid."""
     n, L = tokens.shape
-    feats, _ = pointer_features(tokens, side)  # [n, L, 5]
-    t, b, l, r = (feats[..., i].round().long()[:, None, :] for i in range(4))  # [n, 1, L]
-    h, w = t + b + 1, l + r + 1
+    t, l, h, w, row0, col0 = _grid_frame(tokens, side)
     sh = torch.tensor(VIEW_SHIFTS, dtype=torch.long, device=tokens.device)
     rr, cc = t - sh[None, :, 0, None], l - sh[None, :, 1, None]  # [n, K, L]
     if wrap:
         rr, cc = rr % h.clamp_min(1), cc % w.clamp_min(1)
-    cell_in_grid = (t >= 0) & (b >= 0) & (l >= 0) & (r >= 0)
+    cell_in_grid = (t >= 0) & (t < h) & (l >= 0) & (l < w)
     inside = cell_in_grid & (rr >= 0) & (rr < h) & (cc >= 0) & (cc < w)
-    pos = torch.arange(L, device=tokens.device)
-    src = (pos // side - t + rr) * side + (pos % side - l + cc)
-    return torch.where(inside & (src >= 0) & (src < L), src, -1)
+    return _to_canvas(rr, cc, inside, row0, col0, side, L)
 
 
 def view_sources_reference(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:

@@ -25,6 +25,7 @@ import torch
 
 from core.errors import user_errors
 from core.ops import VIEW_FACTORS, VIEW_KINDS, VIEW_SHIFTS
+from dataset.canvas import grid_to_canvas
 from models.variants.trm_views import InputViews
 
 KINDS = tuple(VIEW_KINDS)
@@ -47,19 +48,8 @@ def true_view(family: str, params: dict) -> Optional[int]:
 
 
 def canvas(grid, side: int) -> torch.Tensor:
-    """A grid (colours 0-9) on a ``side`` x ``side`` canvas at the top-left: tokens colour + 2, end-of-grid markers
-    (1) under and right of it, PAD (0) elsewhere (dataset.canvas's layout)."""
-    g = np.asarray(grid, dtype=np.int64) + 2
-    h, w = g.shape
-    if h > side or w > side:
-        raise ValueError(f"a {h}x{w} grid does not fit the {side}x{side} canvas (raise --canvas-size)")
-    c = np.zeros((side, side), dtype=np.int64)
-    c[:h, :w] = g
-    if h < side:
-        c[h, :w] = 1
-    if w < side:
-        c[:h, w] = 1
-    return torch.from_numpy(c).view(-1)
+    """A grid on a ``side`` x ``side`` canvas at the top-left, the builder's layout (dataset.canvas)."""
+    return torch.from_numpy(grid_to_canvas(np.asarray(grid), size=side).astype(np.int64))
 
 
 def view_match_table(
