@@ -150,7 +150,11 @@ VIEW_KINDS = {
     "roll": len(VIEW_SHIFTS),
     "scale": len(VIEW_FACTORS),
     "tile": 2 * len(VIEW_FACTORS),
+    "settle": 4 * 10,
 }
+# settle views: the directions (each made "down" by this many np.rot90 turns: dataset.synthetic_rules's gravity) and
+# the wall candidates (none, then colours 1..9); view (d, w) is index d * 10 + w
+SETTLE_DIRECTIONS = ("down", "left", "up", "right")
 
 
 def _grid_frame(tokens: torch.Tensor, side: int):
@@ -217,6 +221,7 @@ def view_sources_reference(tokens: torch.Tensor, side: int, kinds: Sequence[str]
         "roll": lambda: shift_sources(tokens, side, wrap=True),
         "scale": lambda: block_sources(tokens, side, "scale"),
         "tile": lambda: block_sources(tokens, side, "tile"),
+        "settle": lambda: settle_sources(tokens, side),
     }
     unknown = [k for k in kinds if k not in parts]
     if unknown or not kinds:
@@ -248,6 +253,9 @@ def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch
     n, L = tokens.shape
     if L != side * side:
         return view_sources_reference(tokens, side, kinds)
+    if "settle" in kinds:  # depends on the content: computed, not looked up
+        parts = [settle_sources(tokens, side) if k == "settle" else view_sources(tokens, side, (k,)) for k in kinds]
+        return torch.cat(parts, 1)
     table = _view_table(side, tuple(kinds), tokens.device)
     coords = grid_coordinates(tokens, side) - side  # [n, L, 4]: offsets from the grid's top, bottom, left, right
     t, b, l, r = coords.unbind(-1)
@@ -326,3 +334,99 @@ def apply_pointer_rope(
     q_cos, q_sin = pointer_tables(pos, freqs)
     q32, k32 = q.float(), k.float()
     return (q32 * q_cos + rotate_half(q32) * q_sin).to(dtype), (k32 * k_cos + rotate_half(k32) * k_sin).to(dtype)
+
+
+def _canvas_cells(tokens: torch.Tensor, side: int, first_colour: int):
+    """(grid [n, side, side], cell mask [n, side, side]) of flattened square canvases ``tokens`` [n, side * side]."""
+    n, L = tokens.shape
+    if L != side * side:
+        raise ValueError(f"cell features need square canvases: rows of {L} tokens are not {side} x {side}")
+    g = tokens.view(n, side, side)
+    return g, g >= first_colour
+
+
+@torch.compiler.disable  # a data-dependent loop: one graph break where the cell features are on
+def object_sizes(tokens: torch.Tensor, side: int, first_colour: int = 2) -> torch.Tensor:
+    """[n, side * side] long: for every grid cell of the canvases ``tokens`` [n, side * side], the number of cells of
+    its object, the 4-connected component of cells of its colour (the background's components included); 0 outside
+    the grid. Labels each component by its smallest canvas index: a cell takes the least label of its same-colour
+    neighbours, then of the cell its label names (pointer jumping), until nothing changes."""
+    n, L = tokens.shape
+    g, cell = _canvas_cells(tokens, side, first_colour)
+    idx = torch.arange(L, device=tokens.device).view(1, side, side).expand(n, -1, -1)
+    lab = torch.where(cell, idx, L)  # L: not a cell (never the least label of a cell)
+    same_down = cell[:, 1:] & cell[:, :-1] & (g[:, 1:] == g[:, :-1])  # cell (r, c) joins (r + 1, c)
+    same_right = cell[:, :, 1:] & cell[:, :, :-1] & (g[:, :, 1:] == g[:, :, :-1])
+    for _ in range(L):
+        new = lab.clone()
+        new[:, :-1] = torch.minimum(new[:, :-1], torch.where(same_down, lab[:, 1:], L))
+        new[:, 1:] = torch.minimum(new[:, 1:], torch.where(same_down, lab[:, :-1], L))
+        new[:, :, :-1] = torch.minimum(new[:, :, :-1], torch.where(same_right, lab[:, :, 1:], L))
+        new[:, :, 1:] = torch.minimum(new[:, :, 1:], torch.where(same_right, lab[:, :, :-1], L))
+        flat = new.reshape(n, L)
+        jumped = torch.where(flat < L, flat.gather(1, flat.clamp_max(L - 1)), L).view(n, side, side)
+        new = torch.minimum(new, jumped)
+        if not torch.compiler.is_compiling() and torch.equal(new, lab):
+            break
+        lab = new
+    flat = lab.reshape(n, L)
+    counts = torch.zeros(n, L + 1, dtype=torch.long, device=tokens.device)
+    counts.scatter_add_(1, flat, torch.ones_like(flat))
+    return torch.where(cell.reshape(n, L), counts.gather(1, flat), 0)
+
+
+def ray_counts(tokens: torch.Tensor, side: int, first_colour: int = 2) -> torch.Tensor:
+    """[n, 4, side * side] long: for every grid cell of the canvases ``tokens`` [n, side * side], how many cells of a
+    colour other than the background (colour 0, token ``first_colour``) lie beyond it up to the grid's edge, upward,
+    downward, leftward and rightward (the cell itself not counted); 0 outside the grid."""
+    n, L = tokens.shape
+    g, cell = _canvas_cells(tokens, side, first_colour)
+    solid = (g > first_colour).long()  # PAD and end-of-grid tokens are below first_colour: never counted
+    up = solid.cumsum(1) - solid
+    down = solid.flip(1).cumsum(1).flip(1) - solid
+    left = solid.cumsum(2) - solid
+    right = solid.flip(2).cumsum(2).flip(2) - solid
+    rays = torch.stack((up, down, left, right), 1).view(n, 4, L)
+    return torch.where(cell.reshape(n, 1, L), rays, 0)
+
+
+def _settle_down(g: torch.Tensor, wall: torch.Tensor, first_colour: int) -> torch.Tensor:
+    """[n, W, L] sources of the "down" settle views of canvases ``g`` [n, side, side], one per wall token of ``wall``
+    [W] (-1: no wall): in each column, the cells of a colour other than the background and the wall fall until the
+    grid's bottom edge, a wall cell or a settled cell; a wall cell stays; every other cell reads none (-1)."""
+    n, side, _ = g.shape
+    W, L = wall.shape[0], side * side
+    rows = torch.arange(side, device=g.device)[None, None, :, None]
+    g = g[:, None]  # [n, 1, side, side]
+    in_grid = g >= first_colour
+    is_wall = in_grid & (g == wall[None, :, None, None])  # [n, W, side, side]
+    solid = in_grid & (g > first_colour) & ~is_wall
+    bottom = torch.where(in_grid, rows, -1).amax(2, keepdim=True)  # [n, 1, 1, side]: the grid's last row
+    wall_at = torch.where(is_wall, rows, side).flip(2).cummin(2).values.flip(2)  # the first wall row >= r
+    wall_below = torch.cat((wall_at[:, :, 1:], torch.full_like(wall_at[:, :, :1], side)), 2)
+    end = torch.minimum(wall_below, bottom + 1)  # one past the cell's segment
+    after = F.pad(solid.long().flip(2).cumsum(2).flip(2), (0, 0, 0, 1))  # [n, W, side + 1, side]: solid in rows >= r
+    below = after[:, :, 1:] - after.gather(2, end)  # solid cells below the cell, in its segment
+    idx = torch.arange(L, device=g.device).view(1, 1, side, side).expand(n, W, -1, -1)
+    dest = torch.where(solid, (end - 1 - below) * side + idx % side, L)
+    src = torch.full((n, W, L + 1), -1, dtype=torch.long, device=g.device)  # slot L: where non-solid cells go
+    src.scatter_(2, dest.reshape(n, W, L), idx.reshape(n, W, L))
+    return torch.where(is_wall.reshape(n, W, L), idx.reshape(n, W, L), src[..., :L])
+
+
+def settle_sources(tokens: torch.Tensor, side: int, first_colour: int = 2) -> torch.Tensor:
+    """[n, 40, L] long: the settle views of flattened canvases ``tokens`` [n, side * side] (view d * 10 + w: direction
+    :data:`SETTLE_DIRECTIONS` [d], wall colour w, none for w = 0). Cell sources as :func:`_settle_down` after turning
+    the canvas so that the direction is down (``dataset.synthetic_rules`` gravity, tested against it); -1 where no
+    cell lands (the background). Unlike the other views it depends on the colours."""
+    n, L = tokens.shape
+    g = tokens.long().view(n, side, side)
+    walls = torch.tensor([-1] + [first_colour + w for w in range(1, 10)], device=tokens.device)
+    out = []
+    for k in range(len(SETTLE_DIRECTIONS)):
+        where = torch.rot90(torch.arange(L, device=tokens.device).view(side, side), k).reshape(L)  # turned -> canvas
+        src = _settle_down(torch.rot90(g, k, dims=(1, 2)), walls, first_colour)  # [n, 10, L] in turned indices
+        canvas = torch.full_like(src, -1)
+        canvas[..., where] = torch.where(src >= 0, where[src.clamp_min(0)], -1)
+        out.append(canvas)
+    return torch.cat(out, 1)

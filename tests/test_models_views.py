@@ -4,6 +4,7 @@ square and non-square grids, wherever the grid sits); the gate follows the conte
 tests run on trm_views too: tests/test_models_memory.py ARCHS)."""
 
 import numpy as np
+import pytest
 import torch
 
 from dataset.dihedral import dihedral_transform
@@ -203,13 +204,17 @@ def test_the_match_gate_picks_the_view_every_demo_shows_and_sees_only_the_demos_
         torch.testing.assert_close(views.match(di, dl, torch.zeros(1, 3, dtype=torch.bool)), torch.zeros_like(match))
 
 
-def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_match():
-    """The match reads the demo tensors of the batch, but only the demos the encoder saw (the memory's): in a
-    leave-one-out decode (models.ttt), changing demo j's own output changes nothing in demo j's logits, while
-    changing another visible demo's output does."""
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"demo_lookup": True, "views_gate": "context"}, {"demo_lookup": True, "cell_features": ["object_size"]}],
+)
+def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_match(extra):
+    """The match (and the demo lookup) read the demo tensors of the batch, but only the demos the encoder saw (the
+    memory's): in a leave-one-out decode (models.ttt), changing demo j's own output changes nothing in demo j's
+    logits, while changing another visible demo's output does."""
     import models.ttt as mttt
 
-    model = build(name="trm_views").eval()
+    model = build(name="trm_views", **extra).eval()
     data = batch(demos_per_sample=(3, 3, 2, 3))
     demos = mttt.demo_set(data)
     di, dl, mask = mttt.loo_demos(data, demos, True)
@@ -327,3 +332,51 @@ def test_the_explain_match_is_the_share_of_cells_the_view_explains_up_to_a_recol
             scores.append(row)
         want[i] = torch.tensor(scores).amin(0)
     torch.testing.assert_close(views.match(di, dl, valid), want)
+
+
+def test_settle_views_are_the_gravity_rule_for_every_direction_and_wall():
+    """core.ops.settle_sources: view d * 10 + w draws dataset.synthetic_rules' gravity (direction d, wall colour w,
+    none for 0) of grids of every size and place, the background where no cell lands, nothing outside the grid."""
+    from core.ops import SETTLE_DIRECTIONS, settle_sources
+    from dataset.canvas import grid_to_canvas
+    from dataset.synthetic_rules import _gravity_apply
+
+    rng, side = np.random.default_rng(0), 8
+    for _ in range(60):
+        h, w = (int(v) for v in rng.integers(1, side, 2))
+        g = rng.integers(0, 5, (h, w)).astype(np.uint8)
+        top, left = int(rng.integers(0, side - h + 1)), int(rng.integers(0, side - w + 1))
+        c = torch.from_numpy(grid_to_canvas(g, (top, left), side).astype(np.int64))[None]
+        src = settle_sources(c, side)[0].view(-1, side, side)
+        for d, name in enumerate(SETTLE_DIRECTIONS):
+            for wall in range(10):
+                s = src[d * 10 + wall]
+                drawn = torch.where(s >= 0, c[0][s.clamp_min(0)], 2)[top : top + h, left : left + w] - 2
+                want = _gravity_apply({"direction": name, "wall": wall or None})(g)
+                np.testing.assert_array_equal(drawn.numpy(), want, err_msg=f"{name}, wall {wall}: {g}")
+                s[top : top + h, left : left + w] = -1
+                assert (s == -1).all(), "a settle view draws outside the grid"
+
+
+def test_the_match_names_the_settle_view_of_gravity_demos_and_settle_views_train():
+    """Demos of gravity (direction, wall) match that settle view fully (1.0, the best); with every kind of view on, the
+    settle tables get gradient like the others."""
+    from core.ops import SETTLE_DIRECTIONS, VIEW_KINDS
+    from dataset.synthetic_rules import _gravity_apply
+    from tests.test_models_memory import dead_parameters
+
+    model = build(name="trm_views", views=list(VIEW_KINDS))
+    views = model.inner.views
+    first = views.num_views - VIEW_KINDS["settle"]
+    rng = np.random.default_rng(5)
+    for d, name in enumerate(SETTLE_DIRECTIONS):
+        wall = 4
+        di = torch.zeros(1, 3, SIDE * SIDE, dtype=torch.int64)
+        dl = torch.zeros_like(di)
+        for j in range(3):
+            g = rng.choice([0, 1, 2, wall], size=(4, 4), p=[0.5, 0.2, 0.15, 0.15]).astype(np.uint8)
+            g[0, 0] = wall
+            di[0, j], dl[0, j] = canvas(g + 2), canvas(_gravity_apply({"direction": name, "wall": wall})(g) + 2)
+        match = views.match(di, dl, torch.tensor([[True, True, True]]))
+        assert match[0, first + d * 10 + wall] == 1.0 == match.max(), name
+    assert dead_parameters(model) == []

@@ -17,7 +17,10 @@ those demos; ``s`` is learned from ``views_match_scale``. The gate on the contex
 ``views_gate: context`` it is the only chooser. Which view is thus read from the demos (by a fixed comparison and a
 learned weighting) and applying it is a choice among candidate colours the cell already holds; what the view does
 not say (a recolouring, which cells of a gravity rule move) is left to the demo memory and the recursion. The
-zero-demo control's memory is empty, so its match is 0 (uniform): it never sees a demo. Everything else is
+zero-demo control's memory is empty, so its match is 0 (uniform): it never sees a demo. Optional: ``settle`` views
+(40, the colours fall in a direction until a wall colour: they depend on the content, ``core.ops.settle_sources``),
+per-cell counts in the colour embedding (``cell_features``: object size, non-background cells up to each edge) and a
+fixed lookup of what the demo cells of a cell's colour and object size became (``demo_lookup``). Everything else is
 ``trm_memory``. Square canvas only. Parameters: ``trm_memory``'s plus ``inner.views.embed`` [views * vocab,
 hidden], ``inner.views.gate`` and ``inner.views.match_scale``. Measured: docs/record/2026-11-27-grid-views.md.
 """
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from core.ops import VIEW_KINDS, view_sources
+from core.ops import VIEW_KINDS, object_sizes, ray_counts, view_sources
 from models.layers import CastedEmbedding, CastedLinear
 from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMMemoryInner
 
@@ -43,8 +46,10 @@ class TRMViewsConfig(TRMMemoryConfig):
 
     name: Literal["trm_views"] = "trm_views"  # type: ignore[assignment]
     # dihedral: the 8 maps; shift: the 48 shifts by up to 3 cells (content moved, background in); roll: wrapped;
-    # scale: each cell a ky x kx block; tile: the grid repeated ry x rx times, plain or mirrored (factors 1-3)
-    views: List[Literal["dihedral", "shift", "roll", "scale", "tile"]] = Field(
+    # scale: each cell a ky x kx block; tile: the grid repeated ry x rx times, plain or mirrored (factors 1-3);
+    # settle: the non-background cells fall in one of 4 directions, stopped by the grid's edge or a wall colour (none
+    # or 1-9): 40 views that depend on the colours (core.ops.settle_sources)
+    views: List[Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]] = Field(
         ["dihedral", "shift", "roll", "scale", "tile"], min_length=1
     )
     # the gate's logits are this times the gate projection's output (a larger scale sharpens the choice sooner)
@@ -58,6 +63,43 @@ class TRMViewsConfig(TRMMemoryConfig):
     # explain (the output's cells it explains up to a recolouring; reads the true view better, scored lower: the
     # record's grid views file)
     views_match: Literal["agree", "explain"] = "agree"
+    # per-cell counts added to every grid cell's colour embedding, of the test input and of the demo inputs the memory
+    # keys (CellFeatures): object_size (cells in its same-colour 4-connected object, 1-9+) and rays (non-background
+    # cells beyond it up to each edge, 0-7+); the counts recolour_by_size and gravity depend on. [] = none
+    cell_features: List[Literal["object_size", "rays"]] = []
+    # per test cell, an embedding of what the demo cells of its colour and object size became (DemoLookup): the share
+    # of each output colour at the same place of the demos the encoder saw, or "none seen"
+    demo_lookup: bool = False
+
+
+class CellFeatures(nn.Module):
+    """``forward(tokens [n, S]) -> [n, S, hidden]``: per grid cell, the sum of one learned embedding per count of
+    ``kinds`` (``object_size``: :func:`core.ops.object_sizes` clipped to 1..SIZE_MAX; ``rays``: the four
+    :func:`core.ops.ray_counts` clipped to 0..RAY_MAX, a table per direction); 0 outside the grid."""
+
+    SIZE_MAX, RAY_MAX = 9, 7
+
+    def __init__(self, side: int, hidden: int, kinds, init_std: float, cast_to: torch.dtype) -> None:
+        super().__init__()
+        self.side, self.kinds = side, tuple(kinds)
+        rows = {"object_size": self.SIZE_MAX + 1, "rays": 4 * (self.RAY_MAX + 1)}
+        self.embed = nn.ModuleDict(
+            {k: CastedEmbedding(rows[k], hidden, init_std=init_std, cast_to=cast_to) for k in self.kinds}
+        )
+        self.num_tables = sum(4 if k == "rays" else 1 for k in self.kinds)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = 0
+        with torch.no_grad():
+            cell = (tokens >= FIRST_COLOUR)[..., None]
+        if "object_size" in self.kinds:
+            size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.SIZE_MAX)
+            out = out + self.embed["object_size"](size)
+        if "rays" in self.kinds:
+            rays = ray_counts(tokens, self.side, FIRST_COLOUR).clamp_max(self.RAY_MAX)  # [n, 4, S]
+            ids = rays + (self.RAY_MAX + 1) * torch.arange(4, device=tokens.device)[None, :, None]
+            out = out + self.embed["rays"](ids).sum(1)
+        return out * cell
 
 
 class InputViews(nn.Module):
@@ -158,6 +200,40 @@ class InputViews(nn.Module):
         return out.view(b, S, -1).to(self.embed.cast_to)
 
 
+class DemoLookup(nn.Module):
+    """``forward(inputs [b, S], demo_inputs / demo_labels [b, D, S], valid [b, D]) -> [b, S, hidden]``: for every grid
+    cell of the test input, keyed by its colour and its object's size (:func:`core.ops.object_sizes`, clipped to
+    ``size_max``), the output colours of the valid demos' input cells with the same key (the output's colour at the
+    same canvas cell, where both grids have one) as shares, embedded as ``sum_k share_k * E[k]``; ``E[none]`` where
+    no demo cell has the key (always for a sample without valid demos); 0 outside the grid. A fixed lookup, as
+    attention over the memory with the key (colour, size) would do it."""
+
+    def __init__(self, side: int, vocab: int, hidden: int, size_max: int, init_std: float, cast_to) -> None:
+        super().__init__()
+        self.side, self.vocab, self.size_max = side, vocab, size_max
+        self.embed = CastedEmbedding(vocab + 1, hidden, init_std=init_std, cast_to=cast_to)  # row vocab: none seen
+
+    def keys(self, tokens: torch.Tensor) -> torch.Tensor:
+        size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.size_max)
+        return tokens.long() * (self.size_max + 1) + size  # a non-grid cell has size 0: its own keys, never asked
+
+    def forward(self, inputs, demo_inputs, demo_labels, valid) -> torch.Tensor:
+        b, D, S = demo_inputs.shape
+        K = self.vocab * (self.size_max + 1)
+        key = self.keys(demo_inputs.reshape(b * D, S)).view(b, D, S)
+        out = demo_labels.long()
+        seen = valid[:, :, None] & (demo_inputs >= FIRST_COLOUR) & (out >= FIRST_COLOUR)
+        table = torch.zeros(b, K * self.vocab + 1, device=inputs.device)  # the last bin: cells not counted
+        pair = torch.where(seen, key * self.vocab + out, K * self.vocab).view(b, D * S)
+        table.scatter_add_(1, pair, torch.ones_like(pair, dtype=table.dtype))
+        table = table[:, :-1].view(b, K, self.vocab)
+        counts = table.gather(1, self.keys(inputs)[..., None].expand(-1, -1, self.vocab))  # [b, S, vocab]
+        total = counts.sum(-1, keepdim=True)
+        share = torch.cat((counts / total.clamp_min(1.0), (total == 0).float()), -1)  # [b, S, vocab + 1]
+        w = self.embed.embedding_weight.to(self.embed.cast_to)
+        return (share.to(w.dtype) @ w) * (inputs >= FIRST_COLOUR)[..., None]
+
+
 class TRMViewsInner(TRMMemoryInner):
     def __init__(self, config: TRMViewsConfig, **kw) -> None:
         super().__init__(config, **kw)
@@ -172,19 +248,46 @@ class TRMViewsInner(TRMMemoryInner):
             match_scale=config.views_match_scale if config.views_gate == "match" else None,
             match_kind=config.views_match,
         )
+        self.demo_lookup = None
+        if config.demo_lookup:
+            self.demo_lookup = DemoLookup(
+                self.views.side,
+                self.vocab_size,
+                config.hidden_size,
+                CellFeatures.SIZE_MAX,
+                self.embed_init_std,
+                self.forward_dtype,
+            )
+        self.cell_features = None
+        if config.cell_features:
+            self.cell_features = CellFeatures(
+                self.views.side, config.hidden_size, config.cell_features, self.embed_init_std, self.forward_dtype
+            )
+
+    def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The colour (and grid offset) embedding plus, with ``cell_features``, the cell's counts: of the test input
+        here and, through the memory's keys, of every demo input cell (the variance kept)."""
+        x = super().token_embeddings(inputs)
+        if self.cell_features is None:
+            return x
+        return (x + self.cell_features(inputs).to(x.dtype)) * (1 + self.cell_features.num_tables) ** -0.5
 
     def embed_inputs(self, batch, prefix_context, memory):
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
-        match = None
-        if self.views.match_scale is not None:  # the demos the encoder saw (none for the zero-demo control)
-            b, D = batch["demo_inputs"].shape[:2]
+        match, valid = None, None
+        if self.views.match_scale is not None or self.demo_lookup is not None:
+            b, D = batch["demo_inputs"].shape[:2]  # the demos the encoder saw (none for the zero-demo control)
             valid = torch.zeros(b, D, device=x.device).scatter_reduce(
                 1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
             )
-            match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid > 0)
+            valid = valid > 0
+        if self.views.match_scale is not None:
+            match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid)
         P = self.puzzle_emb_len
-        views = self.embed_scale * self.views(batch["inputs"], prefix_context, match)
-        return torch.cat((x[:, :P], x[:, P:] + views.to(x.dtype)), dim=1)
+        views = self.views(batch["inputs"], prefix_context, match)
+        if self.demo_lookup is not None:
+            views = views + self.demo_lookup(batch["inputs"], batch["demo_inputs"], batch["demo_labels"], valid)
+        return torch.cat((x[:, :P], x[:, P:] + (self.embed_scale * views).to(x.dtype)), dim=1)
 
 
 class TRMViews(TRMMemory):
