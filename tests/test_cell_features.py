@@ -85,8 +85,8 @@ def test_the_counts_reach_the_cells_embedding_and_every_feature_table_trains(fea
 def test_the_demo_lookup_gives_what_the_demo_cells_of_the_cells_colour_and_object_size_became():
     """recolour-by-size demos: a test cell of an object of size 1 gets the small colour's embedding, of size 3 the big
     one's, a size no demo shows gets "none seen"; an invalid demo counts nothing; outside the grid 0; it trains."""
-    model = build(name="trm_views", demo_lookup=True)
-    lookup = model.inner.demo_lookup
+    model = build(name="trm_views", demo_lookup=["colour", "object"])
+    lookup, by_colour = model.inner.demo_lookup[1], model.inner.demo_lookup[0]
     E = lookup.embed.embedding_weight
     # 4 x 4 canvases (tests.test_models_memory's side); colour 1 (token 3) objects, big (>= 3) -> 2, small -> 4
     di = torch.tensor([[3, 2, 3, 3], [2, 2, 3, 2], [3, 2, 2, 2], [1, 1, 1, 1]])  # objects of size 1, 3, 1
@@ -115,4 +115,9 @@ def test_the_demo_lookup_gives_what_the_demo_cells_of_the_cells_colour_and_objec
             torch.ones(1, 2, dtype=torch.bool),
         )
     torch.testing.assert_close(mixed[0][0], (E[4] + E[7]) / 2)
+    with torch.no_grad():  # by colour alone: colour 1 became 2 in 3 cells and 4 in 2 of the demo
+        colour = by_colour(test, demo_inputs, demo_labels, torch.tensor([[True, False]]))[0]
+    Ec = by_colour.embed.embedding_weight
+    for cell in (0, 7, 8):
+        torch.testing.assert_close(colour[cell], (3 * Ec[4] + 2 * Ec[6]) / 5)
     assert dead_parameters(model) == []

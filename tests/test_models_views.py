@@ -206,7 +206,11 @@ def test_the_match_gate_picks_the_view_every_demo_shows_and_sees_only_the_demos_
 
 @pytest.mark.parametrize(
     "extra",
-    [{}, {"demo_lookup": True, "views_gate": "context"}, {"demo_lookup": True, "cell_features": ["object_size"]}],
+    [
+        {},
+        {"demo_lookup": ["colour", "object"], "views_gate": "context"},
+        {"demo_lookup": ["object"], "cell_features": ["rays"]},
+    ],
 )
 def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_match(extra):
     """The match (and the demo lookup) read the demo tensors of the batch, but only the demos the encoder saw (the

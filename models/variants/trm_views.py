@@ -67,9 +67,10 @@ class TRMViewsConfig(TRMMemoryConfig):
     # keys (CellFeatures): object_size (cells in its same-colour 4-connected object, 1-9+) and rays (non-background
     # cells beyond it up to each edge, 0-7+); the counts recolour_by_size and gravity depend on. [] = none
     cell_features: List[Literal["object_size", "rays"]] = []
-    # per test cell, an embedding of what the demo cells of its colour and object size became (DemoLookup): the share
-    # of each output colour at the same place of the demos the encoder saw, or "none seen"
-    demo_lookup: bool = False
+    # per test cell, an embedding of what the demo cells with its key became (DemoLookup; one table per key): the share
+    # of each output colour at the same place of the demos the encoder saw, or "none seen"; colour: the cell's colour;
+    # object: its colour and object size. [] = none
+    demo_lookup: List[Literal["colour", "object"]] = []
 
 
 class CellFeatures(nn.Module):
@@ -203,7 +204,7 @@ class InputViews(nn.Module):
 class DemoLookup(nn.Module):
     """``forward(inputs [b, S], demo_inputs / demo_labels [b, D, S], valid [b, D]) -> [b, S, hidden]``: for every grid
     cell of the test input, keyed by its colour and its object's size (:func:`core.ops.object_sizes`, clipped to
-    ``size_max``), the output colours of the valid demos' input cells with the same key (the output's colour at the
+    ``size_max``; the colour alone for ``size_max`` 0), the output colours of the valid demos' input cells with the same key (the output's colour at the
     same canvas cell, where both grids have one) as shares, embedded as ``sum_k share_k * E[k]``; ``E[none]`` where
     no demo cell has the key (always for a sample without valid demos); 0 outside the grid. A fixed lookup, as
     attention over the memory with the key (colour, size) would do it."""
@@ -214,6 +215,8 @@ class DemoLookup(nn.Module):
         self.embed = CastedEmbedding(vocab + 1, hidden, init_std=init_std, cast_to=cast_to)  # row vocab: none seen
 
     def keys(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.size_max == 0:  # the colour alone
+            return tokens.long()
         size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.size_max)
         return tokens.long() * (self.size_max + 1) + size  # a non-grid cell has size 0: its own keys, never asked
 
@@ -250,13 +253,17 @@ class TRMViewsInner(TRMMemoryInner):
         )
         self.demo_lookup = None
         if config.demo_lookup:
-            self.demo_lookup = DemoLookup(
-                self.views.side,
-                self.vocab_size,
-                config.hidden_size,
-                CellFeatures.SIZE_MAX,
-                self.embed_init_std,
-                self.forward_dtype,
+            size_max = {"colour": 0, "object": CellFeatures.SIZE_MAX}
+            self.demo_lookup = nn.ModuleList(
+                DemoLookup(
+                    self.views.side,
+                    self.vocab_size,
+                    config.hidden_size,
+                    size_max[k],
+                    self.embed_init_std,
+                    self.forward_dtype,
+                )
+                for k in config.demo_lookup
             )
         self.cell_features = None
         if config.cell_features:
@@ -286,7 +293,8 @@ class TRMViewsInner(TRMMemoryInner):
         P = self.puzzle_emb_len
         views = self.views(batch["inputs"], prefix_context, match)
         if self.demo_lookup is not None:
-            views = views + self.demo_lookup(batch["inputs"], batch["demo_inputs"], batch["demo_labels"], valid)
+            for lookup in self.demo_lookup:
+                views = views + lookup(batch["inputs"], batch["demo_inputs"], batch["demo_labels"], valid)
         return torch.cat((x[:, :P], x[:, P:] + (self.embed_scale * views).to(x.dtype)), dim=1)
 
 
