@@ -204,10 +204,10 @@ class InputViews(nn.Module):
 class DemoLookup(nn.Module):
     """``forward(inputs [b, S], demo_inputs / demo_labels [b, D, S], valid [b, D]) -> [b, S, hidden]``: for every grid
     cell of the test input, keyed by its colour and its object's size (:func:`core.ops.object_sizes`, clipped to
-    ``size_max``; the colour alone for ``size_max`` 0), the output colours of the valid demos' input cells with the same key (the output's colour at the
-    same canvas cell, where both grids have one) as shares, embedded as ``sum_k share_k * E[k]``; ``E[none]`` where
-    no demo cell has the key (always for a sample without valid demos); 0 outside the grid. A fixed lookup, as
-    attention over the memory with the key (colour, size) would do it."""
+    ``size_max``; the colour alone for ``size_max`` 0), the output colours of the valid demos' input cells with the
+    same key (the output's colour at the same canvas cell, where both grids have one) as shares, embedded as
+    ``sum_k share_k * E[k]``; ``E[none]`` where no demo cell has the key (always for a sample without valid demos);
+    0 outside the grid. A fixed lookup, as attention over the memory with the key (colour, size) would do it."""
 
     def __init__(self, side: int, vocab: int, hidden: int, size_max: int, init_std: float, cast_to) -> None:
         super().__init__()
