@@ -16,7 +16,7 @@ none, which also draws v's output shape), mixed by per-sample weights:
 those demos; ``s`` is learned from ``views_match_scale``. The gate on the context starts at zero; with
 ``views_gate: context`` it is the only chooser. Which view is thus read from the demos (by a fixed comparison and a
 learned weighting) and applying it is a choice among candidate colours the cell already holds; what the view does
-not say (a recolouring, which cells of a gravity rule move) is left to the demo memory and the recursion. The
+not say (a recolouring, what a settle view leaves unfilled) is left to the demo memory and the recursion. The
 zero-demo control's memory is empty, so its match is 0 (uniform): it never sees a demo. Optional: ``settle`` views
 (40, the colours fall in a direction until a wall colour: they depend on the content, ``core.ops.settle_sources``),
 per-cell counts in the colour embedding (``cell_features``: object size, non-background cells up to each edge) and a
