@@ -90,9 +90,7 @@ class CellFeatures(nn.Module):
         self.num_tables = sum(4 if k == "rays" else 1 for k in self.kinds)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = 0
-        with torch.no_grad():
-            cell = (tokens >= FIRST_COLOUR)[..., None]
+        out, cell = 0, (tokens >= FIRST_COLOUR)[..., None]
         if "object_size" in self.kinds:
             size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.SIZE_MAX)
             out = out + self.embed["object_size"](size)
