@@ -253,9 +253,11 @@ def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch
     n, L = tokens.shape
     if L != side * side:
         return view_sources_reference(tokens, side, kinds)
-    if "settle" in kinds:  # depends on the content: computed, not looked up
-        parts = [settle_sources(tokens, side) if k == "settle" else view_sources(tokens, side, (k,)) for k in kinds]
-        return torch.cat(parts, 1)
+    if "settle" in kinds:  # depends on the content: computed, not looked up; the others in one table gather
+        shape_kinds = [k for k in kinds if k != "settle"]
+        sizes = [VIEW_KINDS[k] for k in shape_kinds]
+        parts = iter(view_sources(tokens, side, shape_kinds).split(sizes, 1) if shape_kinds else ())
+        return torch.cat([settle_sources(tokens, side) if k == "settle" else next(parts) for k in kinds], 1)
     table = _view_table(side, tuple(kinds), tokens.device)
     coords = grid_coordinates(tokens, side) - side  # [n, L, 4]: offsets from the grid's top, bottom, left, right
     t, b, l, r = coords.unbind(-1)
