@@ -9,8 +9,10 @@ rule, which two cycles of attention do not learn. Here every cell of the test in
 all, each relative to the input grid wherever it sits), an embedding of the input colour v sends to it (PAD where
 none, which also draws v's output shape), mixed by per-sample weights:
 
-    x_cell += sum_v softmax_v(gate(mean context slot) + s * match_v) * E_v[colour that v sends to the cell]
+    x_cell += sum_v softmax_v(gate(mean context slot) + s * match_v) * E_t(v)[colour that v sends to the cell]
 
+``E_t(v)`` is the table of v (``views_embed``: v's own, the one of its kind, or one for every view; a table of
+its own is trained only where v is chosen, so a held-out rule instance's view is applied with its initial rows).
 ``match_v`` (``views_gate: match``, the default) is how well v explains the demos the encoder saw: per demo,
 (output cells equal to v - cells that differ, a colour drawn outside the output grid included) / both, the worst over
 those demos; ``s`` is learned from ``views_match_scale``. The gate on the context starts at zero; with
@@ -21,7 +23,7 @@ zero-demo control's memory is empty, so its match is 0 (uniform): it never sees 
 (40, the colours fall in a direction until a wall colour: they depend on the content, ``core.ops.settle_sources``),
 per-cell counts in the colour embedding (``cell_features``: object size, non-background cells up to each edge) and a
 fixed lookup of what the demo cells of a cell's colour and object size became (``demo_lookup``). Everything else is
-``trm_memory``. Square canvas only. Parameters: ``trm_memory``'s plus ``inner.views.embed`` [views * vocab,
+``trm_memory``. Square canvas only. Parameters: ``trm_memory``'s plus ``inner.views.embed`` [tables * vocab,
 hidden], ``inner.views.gate`` and ``inner.views.match_scale``. Measured: docs/record/2026-11-27-grid-views.md.
 """
 
@@ -63,6 +65,11 @@ class TRMViewsConfig(TRMMemoryConfig):
     # explain (the output's cells it explains up to a recolouring; reads the true view better, scored lower: the
     # record's grid views file)
     views_match: Literal["agree", "explain"] = "agree"
+    # which embedding table the colour a view sends is looked up in: view (one table per view: a view never chosen in
+    # training keeps its initial rows, so a held-out rule instance whose view the match names is applied with
+    # untrained rows), kind (one per kind of view: dihedral, shift, ...) or shared (one table for every view: what
+    # the cell gets depends on the colour and the gate, not on which view sent it)
+    views_embed: Literal["view", "kind", "shared"] = "view"
     # per-cell counts added to every grid cell's colour embedding, of the test input and of the demo inputs the memory
     # keys (CellFeatures): object_size (cells in its same-colour 4-connected object, 1-9+) and rays (non-background
     # cells beyond it up to each edge, 0-7+); the counts recolour_by_size and gravity depend on. [] = none
@@ -103,8 +110,8 @@ class CellFeatures(nn.Module):
 
 class InputViews(nn.Module):
     """``forward(inputs [b, S], context [b, P, hidden] or None) -> [b, S, hidden]``: per cell, the gated sum over the
-    views of ``kinds`` of an embedding (one table per view) of the input colour the view sends to the cell (PAD
-    where none). Without a context the gate is uniform."""
+    views of ``kinds`` of an embedding (``embed``: one table per view, per kind of view, or one for all) of the input
+    colour the view sends to the cell (PAD where none). Without a context the gate is uniform."""
 
     def __init__(
         self,
@@ -117,12 +124,20 @@ class InputViews(nn.Module):
         gate_scale: float = 1.0,
         match_scale: Optional[float] = None,
         match_kind: str = "agree",
+        embed: str = "view",
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.kinds, self.gate_scale = side, vocab, tuple(kinds), gate_scale
         self.match_kind = match_kind
         self.num_views = sum(VIEW_KINDS[k] for k in self.kinds)
-        self.embed = CastedEmbedding(self.num_views * vocab, hidden, init_std=init_std, cast_to=cast_to)
+        # the embedding table of each view: its own (view), its kind's (kind) or the one of every view (shared)
+        per_kind = [i for i, k in enumerate(self.kinds) for _ in range(VIEW_KINDS[k])]
+        rows = {"view": list(range(self.num_views)), "kind": per_kind, "shared": [0] * self.num_views}
+        if embed not in rows:
+            raise ValueError(f"InputViews: embed must be one of {sorted(rows)}, got {embed!r}")
+        self.register_buffer("table_of_view", torch.tensor(rows[embed]), persistent=False)
+        self.num_tables = max(rows[embed]) + 1
+        self.embed = CastedEmbedding(self.num_tables * vocab, hidden, init_std=init_std, cast_to=cast_to)
         self.gate = CastedLinear(hidden, self.num_views, bias=True)
         self.match_scale = nn.Parameter(torch.tensor(float(match_scale))) if match_scale else None
         with torch.no_grad():
@@ -187,7 +202,7 @@ class InputViews(nn.Module):
         V = self.num_views
         src = view_sources(inputs, self.side, self.kinds)  # [b, V, S], -1 where the view sends no cell
         colour = inputs.long().gather(1, src.clamp_min(0).flatten(1)).view(b, V, S).masked_fill(src < 0, 0)
-        ids = colour + self.vocab * torch.arange(V, device=inputs.device)[None, :, None]
+        ids = colour + self.vocab * self.table_of_view[None, :, None]
         g = self.gates(context, b, inputs.device, match)  # [b, V]
         # one weighted bag of V rows per cell (never a [b, V, S, hidden] tensor)
         out = F.embedding_bag(
@@ -248,6 +263,7 @@ class TRMViewsInner(TRMMemoryInner):
             gate_scale=config.views_gate_scale,
             match_scale=config.views_match_scale if config.views_gate == "match" else None,
             match_kind=config.views_match,
+            embed=config.views_embed,
         )
         self.demo_lookup = None
         if config.demo_lookup:
