@@ -210,6 +210,7 @@ def test_the_match_gate_picks_the_view_every_demo_shows_and_sees_only_the_demos_
         {},
         {"demo_lookup": ["colour", "object"], "views_gate": "context"},
         {"demo_lookup": ["object"], "cell_features": ["rays"]},
+        {"views_gate": "tiebreak", "views_embed": "kind"},
     ],
 )
 def test_test_time_training_decodes_a_demo_without_its_own_answer_in_the_view_match(extra):
@@ -442,3 +443,25 @@ def test_a_shared_view_table_applies_a_held_out_shift_that_one_table_per_view_ca
     assert min(fit_view, fit_shared, fit_kind) > 0.9, (fit_view, fit_shared, fit_kind)
     assert held_shared > 0.9 and held_kind > 0.9, (held_shared, held_kind)
     assert held_view < 0.6, held_view  # measured 0.43 (shared and kind: 1.00)
+
+
+def test_the_tiebreak_gate_lets_the_context_choose_only_among_the_best_matching_views():
+    """views_gate=tiebreak: a context that prefers view 5 cannot outvote the match of view 3 (with views_gate=match
+    it does); between two views tied at the best match it chooses; with no demo (every view ties) it alone
+    chooses, as the context gate does."""
+    from models.variants.trm_views import InputViews
+
+    kw = dict(side=SIDE, vocab=V, hidden=HID, kinds=["dihedral"], init_std=0.1, cast_to=torch.float32)
+    tie, plain = InputViews(**kw, match_scale=10.0, tiebreak=True), InputViews(**kw, match_scale=10.0)
+    for views in (tie, plain):
+        with torch.no_grad():
+            views.gate.bias.copy_(torch.where(torch.arange(8) == 5, 30.0, 0.0))
+    ctx = torch.zeros(3, 2, HID)
+    match = torch.full((3, 8), -0.5)
+    match[0, 3] = 1.0  # view 3 explains the demos, view 5 does not
+    match[1, 3] = match[1, 5] = 1.0  # both do
+    match[2] = 0.0  # no valid demo
+    g, g_plain = tie.gates(ctx, 3, "cpu", match), plain.gates(ctx, 3, "cpu", match)
+    assert g[0, 3] == 1.0 and int(g_plain[0].argmax()) == 5
+    assert g[1, 5] > 0.99 and g[1, [0, 1, 2, 4, 6, 7]].sum() == 0
+    torch.testing.assert_close(g[2], torch.softmax(tie.gate.bias, -1))

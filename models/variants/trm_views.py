@@ -59,7 +59,11 @@ class TRMViewsConfig(TRMMemoryConfig):
     # what chooses the view: context (a linear gate on the mean context slot) or match (also each view's match with
     # the demos the encoder saw: the worst over them of (equal - different) / both, times a learned scale that
     # starts at views_match_scale; core.ops.view_agreement)
-    views_gate: Literal["context", "match"] = "match"
+    # tiebreak: the match alone says which views can be the rule (those within 1e-4 of the best match); the context
+    # gate chooses among them only (ties: a view and its wrapped twin, tilings of a symmetric grid; the zero-demo
+    # control, where every view ties). With match, a context that names a trained instance can outvote the match of
+    # a held-out one
+    views_gate: Literal["context", "match", "tiebreak"] = "match"
     views_match_scale: float = Field(10.0, gt=0)
     # how a view's match with a demo is scored (InputViews.match): agree (the cells it draws that the output has) or
     # explain (the output's cells it explains up to a recolouring; reads the true view better, scored lower: the
@@ -113,6 +117,8 @@ class InputViews(nn.Module):
     views of ``kinds`` of an embedding (``embed``: one table per view, per kind of view, or one for all) of the input
     colour the view sends to the cell (PAD where none). Without a context the gate is uniform."""
 
+    TIE = 1e-4  # tiebreak: matches this close to the best one count as tied
+
     def __init__(
         self,
         side: int,
@@ -125,10 +131,11 @@ class InputViews(nn.Module):
         match_scale: Optional[float] = None,
         match_kind: str = "agree",
         embed: str = "view",
+        tiebreak: bool = False,
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.kinds, self.gate_scale = side, vocab, tuple(kinds), gate_scale
-        self.match_kind = match_kind
+        self.match_kind, self.tiebreak = match_kind, tiebreak
         self.num_views = sum(VIEW_KINDS[k] for k in self.kinds)
         # the embedding table of each view: its own (view), its kind's (kind) or the one of every view (shared)
         per_kind = [i for i, k in enumerate(self.kinds) for _ in range(VIEW_KINDS[k])]
@@ -146,11 +153,15 @@ class InputViews(nn.Module):
 
     def gates(self, context: Optional[torch.Tensor], b: int, device, match: Optional[torch.Tensor] = None):
         """[b, V] the weight of each view: softmax of the gate over the mean context slot (zero without one) plus,
-        given ``match`` [b, V] (:meth:`match`), ``match_scale * match``."""
+        given ``match`` [b, V] (:meth:`match`), ``match_scale * match``; with ``tiebreak``, the views below the best
+        match (by more than ``TIE``) get no weight, and the context term chooses among the rest."""
         logits = torch.zeros(b, self.num_views, device=device)
         if context is not None:
             logits = logits + self.gate_scale * self.gate(context.mean(1)).float()
         if match is not None:
+            if self.tiebreak:
+                best = match >= match.amax(-1, keepdim=True) - self.TIE
+                return torch.softmax(logits.masked_fill(~best, float("-inf")), dim=-1)
             logits = logits + self.match_scale.float() * match
         return torch.softmax(logits, dim=-1)
 
@@ -261,9 +272,10 @@ class TRMViewsInner(TRMMemoryInner):
             init_std=self.embed_init_std,
             cast_to=self.forward_dtype,
             gate_scale=config.views_gate_scale,
-            match_scale=config.views_match_scale if config.views_gate == "match" else None,
+            match_scale=config.views_match_scale if config.views_gate != "context" else None,
             match_kind=config.views_match,
             embed=config.views_embed,
+            tiebreak=config.views_gate == "tiebreak",
         )
         self.demo_lookup = None
         if config.demo_lookup:
