@@ -455,6 +455,7 @@ def test_omegaconf_input_and_yaml_files():
     views = {"views": ["dihedral", "shift", "roll", "scale", "tile", "settle"], "views_gate": "match"}
     views.update(views_match="agree", views_gate_scale=1.0, views_match_scale=10.0)
     views.update(cell_features=["object_size", "rays"], demo_lookup=["colour", "object"])  # the science recipe's
+    views.update(views_embed="kind")
     assert names["trm_views"].model_dump(exclude={"name"}) == {**trm, **memory, **views}
 
 
