@@ -100,7 +100,8 @@ def test_the_recipe_reads_held_out_size_thresholds_without_copies(tmp_path):
     batch 32: no augmented copy anywhere, so a held-out (colour, threshold) instance is solved on itself or not at
     all, and the zero-demo control (no demos: no lookup) stays near 0. Measured on one thread beside a training run
     (f5bd108, data seed 0): held-out 0.33 (4 of 12), train fit 0.92, the control 0.00; the floor (2 of 12) sits below
-    it. The same test of roll (above) measured 0.50 / 0.71 / 0.00 on f5bd108."""
+    it. The same test of roll (above) measured 0.50 / 0.71 / 0.00 on f5bd108. With one colour table per kind of view
+    (9b0bf3b), one thread beside two runs: recolour_by_size 0.54 / 0.975 / 0.00, roll 1.00 / 1.00 / 0.00."""
     held, ctrl, fit = family_scores(tmp_path, "recolour_by_size", SIZE_ARGS)
     assert ctrl <= 0.1 and fit >= 0.6, (held, ctrl, fit)  # fitted (measured 0.92)
     assert held >= 0.15, (held, ctrl, fit)
