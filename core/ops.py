@@ -232,13 +232,13 @@ def view_sources_reference(tokens: torch.Tensor, side: int, kinds: Sequence[str]
 _VIEW_TABLES: dict = {}
 
 
-@torch.compiler.disable
 def _view_table(side: int, kinds: tuple, device) -> torch.Tensor:
     """[side + 1, side + 1, V, side * side] long: for a grid of height h and width w whose top-left corner is the
     canvas origin, the :func:`view_sources_reference` of every canvas cell (the views depend only on the grid's size
-    and on the cell's offset from its corner). Built once per (side, kinds, device), eagerly: traced by
-    torch.compile on a cold cache, the build became a CPU kernel inside the CUDA graph, which inductor's C++
-    codegen failed to compile on an AVX-512 host (H200, torch 2.11, 2026-11-27)."""
+    and on the cell's offset from its corner). Built once per (side, kinds, device). Known issue: traced by
+    torch.compile on a cold cache, the build becomes a CPU kernel inside the CUDA graph, which inductor's C++
+    codegen failed to compile on an AVX-512 host (H200, torch 2.11, 2026-11-27); torch.compiler.disable here
+    breaks the core's graph (tests/test_models_memory.py), so the fix is open: warm the cache with one eager step."""
     key = (side, kinds, str(device))
     if key not in _VIEW_TABLES:
         canvases = torch.zeros((side + 1) ** 2, side, side, dtype=torch.long)
