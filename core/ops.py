@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -232,36 +232,41 @@ def view_sources_reference(tokens: torch.Tensor, side: int, kinds: Sequence[str]
 _VIEW_TABLES: dict = {}
 
 
-def _view_table(side: int, kinds: tuple, device) -> torch.Tensor:
-    """[side + 1, side + 1, V, side * side] long: for a grid of height h and width w whose top-left corner is the
-    canvas origin, the :func:`view_sources_reference` of every canvas cell (the views depend only on the grid's size
-    and on the cell's offset from its corner). Built once per (side, kinds, device). Known issue: traced by
-    torch.compile on a cold cache, the build becomes a CPU kernel inside the CUDA graph, which inductor's C++
-    codegen failed to compile on an AVX-512 host (H200, torch 2.11, 2026-11-27); torch.compiler.disable here
-    breaks the core's graph (tests/test_models_memory.py), so the fix is open: warm the cache with one eager step."""
-    key = (side, kinds, str(device))
+def view_table(side: int, kinds: Sequence[str]) -> torch.Tensor:
+    """[side + 1, side + 1, V, side * side] long, on the CPU: for a grid of height h and width w whose top-left corner
+    is the canvas origin, the :func:`view_sources_reference` of every canvas cell of the shape views of ``kinds``
+    (every kind but ``settle``: they depend only on the grid's size and on the cell's offset from its corner). Built
+    once per (side, kinds) and process; a module keeps it as a buffer (``InputViews.table``), so a compiled forward
+    reads it as an input and never traces its build (traced on a cold cache, the build became a CPU kernel inside the
+    CUDA graph that inductor failed to compile: H200, torch 2.11, 2026-11-27)."""
+    shape_kinds = tuple(k for k in kinds if k != "settle")
+    key = (side, shape_kinds)
     if key not in _VIEW_TABLES:
         canvases = torch.zeros((side + 1) ** 2, side, side, dtype=torch.long)
         for h in range(side + 1):
             for w in range(side + 1):
                 canvases[h * (side + 1) + w, :h, :w] = 2  # any colour: the sources do not depend on it
-        table = view_sources_reference(canvases.view(-1, side * side), side, kinds)
-        _VIEW_TABLES[key] = table.view(side + 1, side + 1, table.shape[1], side * side).to(device)
+        table = view_sources_reference(canvases.view(-1, side * side), side, shape_kinds)
+        _VIEW_TABLES[key] = table.view(side + 1, side + 1, table.shape[1], side * side)
     return _VIEW_TABLES[key]
 
 
-def view_sources(tokens: torch.Tensor, side: int, kinds: Sequence[str]) -> torch.Tensor:
+def view_sources(
+    tokens: torch.Tensor, side: int, kinds: Sequence[str], table: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """:func:`view_sources_reference` (the same numbers, tested) from a table of every grid size: two gathers
-    instead of the views' arithmetic. ``tokens`` [n, side * side]."""
+    instead of the views' arithmetic. ``tokens`` [n, side * side]; ``table``: :func:`view_table` of (side, kinds) on
+    the tokens' device (None: built or cached here)."""
     n, L = tokens.shape
     if L != side * side:
         return view_sources_reference(tokens, side, kinds)
     if "settle" in kinds:  # depends on the content: computed, not looked up; the others in one table gather
         shape_kinds = [k for k in kinds if k != "settle"]
         sizes = [VIEW_KINDS[k] for k in shape_kinds]
-        parts = iter(view_sources(tokens, side, shape_kinds).split(sizes, 1) if shape_kinds else ())
+        parts = iter(view_sources(tokens, side, shape_kinds, table).split(sizes, 1) if shape_kinds else ())
         return torch.cat([settle_sources(tokens, side) if k == "settle" else next(parts) for k in kinds], 1)
-    table = _view_table(side, tuple(kinds), tokens.device)
+    if table is None:
+        table = view_table(side, kinds).to(tokens.device)
     coords = grid_coordinates(tokens, side) - side  # [n, L, 4]: offsets from the grid's top, bottom, left, right
     t, b, l, r = coords.unbind(-1)
     h, w = (t + b + 1).amax(1).clamp(0, side), (l + r + 1).amax(1).clamp(0, side)  # [n] (0: no grid)

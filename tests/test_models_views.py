@@ -432,9 +432,10 @@ def _fit_views_then_apply_held_out_shifts(embed: str, held_out: list, steps: int
 
 def test_a_shared_view_table_applies_a_held_out_shift_that_one_table_per_view_cannot():
     """views_embed: with one table per view, a shift never chosen in training is applied with the rows it was
-    initialised with, although the match names it; with one table for every view the colour it sends is read
-    like any other's. Both fit the training shifts."""
+    initialised with, although the match names it; with one table for every view (or for every shift) the colour it
+    sends is read like any other's. All fit the training shifts. Per kind, each view uses its kind's table."""
     from core.ops import VIEW_SHIFTS
+    from models.variants.trm_views import InputViews
 
     held_out = [VIEW_SHIFTS.index(s) for s in [(1, 2), (-2, 1), (0, -2), (2, 2), (-1, -1)]]
     fit_view, held_view = _fit_views_then_apply_held_out_shifts("view", held_out)
@@ -443,6 +444,9 @@ def test_a_shared_view_table_applies_a_held_out_shift_that_one_table_per_view_ca
     assert min(fit_view, fit_shared, fit_kind) > 0.9, (fit_view, fit_shared, fit_kind)
     assert held_shared > 0.9 and held_kind > 0.9, (held_shared, held_kind)
     assert held_view < 0.6, held_view  # measured 0.43 (shared and kind: 1.00)
+    kinds = InputViews(SIDE, V, 8, ["dihedral", "settle", "shift"], 0.1, torch.float32, embed="kind")
+    torch.testing.assert_close(kinds.table_of_view, torch.tensor([0] * 8 + [1] * 40 + [2] * 48))
+    assert kinds.embed.embedding_weight.shape == (3 * V, 8)
 
 
 def test_the_tiebreak_gate_lets_the_context_choose_only_among_the_best_matching_views():
@@ -465,3 +469,35 @@ def test_the_tiebreak_gate_lets_the_context_choose_only_among_the_best_matching_
     assert g[0, 3] == 1.0 and int(g_plain[0].argmax()) == 5
     assert g[1, 5] > 0.99 and g[1, [0, 1, 2, 4, 6, 7]].sum() == 0
     torch.testing.assert_close(g[2], torch.softmax(tie.gate.bias, -1))
+
+
+def test_the_tiebreak_core_trains_every_parameter_and_has_no_match_scale():
+    """views_gate=tiebreak reads the match but never scales it: no match_scale parameter, every other one trains."""
+    from tests.test_models_memory import dead_parameters
+
+    model = build(name="trm_views", views_gate="tiebreak", views_embed="kind")
+    assert model.inner.views.match_scale is None and model.inner.views.reads_match
+    assert dead_parameters(model) == []
+
+
+def test_the_compiled_core_reads_its_view_table_and_never_builds_one():
+    """The shape views' table is the module's buffer (core.ops.view_table): a compiled forward on a cold process-wide
+    cache reads the buffer and builds nothing (traced, the build became a CPU kernel inside the CUDA graph that
+    inductor failed to compile on an H200), one graph, the eager numbers."""
+    import core.ops as ops
+    from encoders import DemoMemory
+    from tests.test_models_memory import B
+
+    torch._dynamo.reset()
+    model = build(name="trm_views", views=["dihedral", "settle", "shift"])
+    model.train()
+    ops._VIEW_TABLES.clear()
+    data = batch(demos_per_sample=(3, 3, 3, 3))
+    enc = model.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+    assert isinstance(enc.memory, DemoMemory)
+    carry = model.inner.reset_carry(torch.ones(B, dtype=torch.bool), model.inner.empty_carry(B, torch.device("cpu")))
+    compiled = torch.compile(model.inner, backend="eager", fullgraph=True)
+    _, logits, _ = compiled(carry, data, prefix_context=enc.context, memory=enc.memory)
+    assert ops._VIEW_TABLES == {}
+    _, eager, _ = model.inner(carry, data, prefix_context=enc.context, memory=enc.memory)
+    torch.testing.assert_close(logits, eager)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from core.ops import VIEW_KINDS, object_sizes, ray_counts, view_sources
+from core.ops import VIEW_KINDS, object_sizes, ray_counts, view_sources, view_table
 from models.layers import CastedEmbedding, CastedLinear
 from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMMemoryInner
 
@@ -136,6 +136,7 @@ class InputViews(nn.Module):
         super().__init__()
         self.side, self.vocab, self.kinds, self.gate_scale = side, vocab, tuple(kinds), gate_scale
         self.match_kind, self.tiebreak = match_kind, tiebreak
+        self.reads_match = match_scale is not None or tiebreak  # the gate needs each view's match with the demos
         self.num_views = sum(VIEW_KINDS[k] for k in self.kinds)
         # the embedding table of each view: its own (view), its kind's (kind) or the one of every view (shared)
         per_kind = [i for i, k in enumerate(self.kinds) for _ in range(VIEW_KINDS[k])]
@@ -143,6 +144,10 @@ class InputViews(nn.Module):
         if embed not in rows:
             raise ValueError(f"InputViews: embed must be one of {sorted(rows)}, got {embed!r}")
         self.register_buffer("table_of_view", torch.tensor(rows[embed]), persistent=False)
+        # the shape views' sources of every grid size: a buffer, so it moves with the module and a compiled forward
+        # reads it instead of tracing its build (core.ops.view_table)
+        shape = any(k != "settle" for k in self.kinds)
+        self.register_buffer("table", view_table(side, self.kinds).clone() if shape else None, persistent=False)
         self.num_tables = max(rows[embed]) + 1
         self.embed = CastedEmbedding(self.num_tables * vocab, hidden, init_std=init_std, cast_to=cast_to)
         self.gate = CastedLinear(hidden, self.num_views, bias=True)
@@ -188,7 +193,7 @@ class InputViews(nn.Module):
 
     def demo_scores(self, inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """[n, V] 2 x share - 1 of each demo (inputs / outputs [n, S]) and view (see :meth:`match`)."""
-        src = view_sources(inp, self.side, self.kinds)  # [n, V, S]
+        src = view_sources(inp, self.side, self.kinds, self.table)  # [n, V, S]
         n, V, S = src.shape
         has = src >= 0
         colour = inp.long().gather(1, src.clamp_min(0).flatten(1)).view_as(src).masked_fill(~has, 0)
@@ -211,7 +216,7 @@ class InputViews(nn.Module):
     ) -> torch.Tensor:
         b, S = inputs.shape
         V = self.num_views
-        src = view_sources(inputs, self.side, self.kinds)  # [b, V, S], -1 where the view sends no cell
+        src = view_sources(inputs, self.side, self.kinds, self.table)  # [b, V, S], -1 where the view sends no cell
         colour = inputs.long().gather(1, src.clamp_min(0).flatten(1)).view(b, V, S).masked_fill(src < 0, 0)
         ids = colour + self.vocab * self.table_of_view[None, :, None]
         g = self.gates(context, b, inputs.device, match)  # [b, V]
@@ -272,7 +277,7 @@ class TRMViewsInner(TRMMemoryInner):
             init_std=self.embed_init_std,
             cast_to=self.forward_dtype,
             gate_scale=config.views_gate_scale,
-            match_scale=config.views_match_scale if config.views_gate != "context" else None,
+            match_scale=config.views_match_scale if config.views_gate == "match" else None,
             match_kind=config.views_match,
             embed=config.views_embed,
             tiebreak=config.views_gate == "tiebreak",
@@ -308,13 +313,13 @@ class TRMViewsInner(TRMMemoryInner):
     def embed_inputs(self, batch, prefix_context, memory):
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         match, valid = None, None
-        if self.views.match_scale is not None or self.demo_lookup is not None:
+        if self.views.reads_match or self.demo_lookup is not None:
             b, D = batch["demo_inputs"].shape[:2]  # the demos the encoder saw (none for the zero-demo control)
             valid = torch.zeros(b, D, device=x.device).scatter_reduce(
                 1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
             )
             valid = valid > 0
-        if self.views.match_scale is not None:
+        if self.views.reads_match:
             match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid)
         P = self.puzzle_emb_len
         views = self.views(batch["inputs"], prefix_context, match)
