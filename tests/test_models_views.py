@@ -485,19 +485,10 @@ def test_the_compiled_core_reads_its_view_table_and_never_builds_one():
     cache reads the buffer and builds nothing (traced, the build became a CPU kernel inside the CUDA graph that
     inductor failed to compile on an H200), one graph, the eager numbers."""
     import core.ops as ops
-    from encoders import DemoMemory
-    from tests.test_models_memory import B
+    from tests.test_models_memory import compiled_core_logits
 
-    torch._dynamo.reset()
     model = build(name="trm_views", views=["dihedral", "settle", "shift"])
-    model.train()
     ops._VIEW_TABLES.clear()
-    data = batch(demos_per_sample=(3, 3, 3, 3))
-    enc = model.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
-    assert isinstance(enc.memory, DemoMemory)
-    carry = model.inner.reset_carry(torch.ones(B, dtype=torch.bool), model.inner.empty_carry(B, torch.device("cpu")))
-    compiled = torch.compile(model.inner, backend="eager", fullgraph=True)
-    _, logits, _ = compiled(carry, data, prefix_context=enc.context, memory=enc.memory)
+    logits, eager = compiled_core_logits(model)
     assert ops._VIEW_TABLES == {}
-    _, eager, _ = model.inner(carry, data, prefix_context=enc.context, memory=enc.memory)
-    torch.testing.assert_close(logits, eager)
+    torch.testing.assert_close(logits, eager())
