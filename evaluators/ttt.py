@@ -73,17 +73,21 @@ class TestTimeTraining:
             self.records = [r for part in parts for r in part]
 
     def summary(self) -> dict[str, float]:
-        """``ttt/fit_before``, ``ttt/fit_after`` (mean over fitted puzzles with demos), ``ttt/steps``,
-        ``ttt/seconds_per_puzzle`` and ``ttt/num_puzzles`` (call :meth:`gather` first on several ranks)."""
+        """``ttt/fit_before``, ``ttt/fit_after`` (mean over fits of puzzles with demos), ``ttt/steps``,
+        ``ttt/num_puzzles`` (puzzle copies fitted), ``ttt/num_fits`` (fits: a copy whose test inputs fall in two
+        batches is fitted in each) and ``ttt/seconds_per_puzzle`` (all fitting time over the puzzle copies, so a
+        copy fitted twice costs both); call :meth:`gather` first on several ranks."""
         recs = [r for r in self.records if r["num_demos"] > 0]
         mean = lambda k: sum(r[k] for r in recs) / len(recs) if recs else math.nan  # noqa: E731
         seconds = sum(r["seconds"] for r in self.records)
+        puzzles = len({r["puzzle_identifier"] for r in self.records})
         return {
             "ttt/fit_before": mean("fit_before"),
             "ttt/fit_after": mean("fit_after"),
             "ttt/steps": float(self.settings.steps),
-            "ttt/num_puzzles": float(len(self.records)),
-            "ttt/seconds_per_puzzle": seconds / len(self.records) if self.records else math.nan,
+            "ttt/num_puzzles": float(puzzles),
+            "ttt/num_fits": float(len(self.records)),
+            "ttt/seconds_per_puzzle": seconds / puzzles if puzzles else math.nan,
         }
 
     # -- context / embedding: per-row tensors ----------------------------------------------------------------

@@ -201,7 +201,8 @@ def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
     assert m["ttt/steps"] == 2 and m["ttt/num_puzzles"] > 0 and 0 <= m["ttt/fit_after"] <= 1
     assert "ttt/steps" not in plain and m["ARC/num_puzzles"] == plain["ARC/num_puzzles"]
     rec = json.load(open(os.path.join(d, "ttt", "ttt.json")))
-    assert rec["settings"]["steps"] == 2 and len(rec["puzzles"]) == m["ttt/num_puzzles"]
+    assert rec["settings"]["steps"] == 2 and len(rec["puzzles"]) == m["ttt/num_fits"] >= m["ttt/num_puzzles"]
+    assert m["ttt/num_puzzles"] == len({r["puzzle_identifier"] for r in rec["puzzles"]})
     assert {"fit_before", "fit_after", "seconds", "num_demos", "puzzle_identifier"} <= set(rec["puzzles"][0])
     with pytest.raises(ev.EvaluateError, match="num_augmentations"):
         ev.run(ev.EvaluateConfig(**base, ttt_steps=1, ttt_augment=1, num_augmentations=5))
@@ -311,3 +312,21 @@ def test_a_core_that_reads_the_demo_memory_is_fitted_leave_one_out_and_restored(
     for i in (0, 2):
         alone, _ = _run(head, _rows(b, [i]), s)
         torch.testing.assert_close(alone.outputs["logits"][0], together.outputs["logits"][i], atol=5e-5, rtol=1e-4)
+
+
+def test_a_puzzle_copy_fitted_in_two_batches_counts_once_with_both_fits_time():
+    """A copy whose test inputs fall in two batches is fitted in each: the summary counts the copy once (puzzles),
+    both fits (fits), and charges the copy the time of both."""
+    from types import SimpleNamespace
+
+    rec = lambda pid, before, after, sec: dict(  # noqa: E731
+        puzzle_identifier=pid, num_demos=3, fit_before=before, fit_after=after, steps=4, seconds=sec
+    )
+    runner = SimpleNamespace(
+        settings=SimpleNamespace(steps=4),
+        records=[rec(7, 0.0, 1.0, 1.0), rec(7, 0.0, 1.0, 1.0), rec(9, 0.5, 0.5, 2.0)],
+    )
+    m = TTTRunner.summary(runner)
+    assert (m["ttt/num_puzzles"], m["ttt/num_fits"]) == (2.0, 3.0)
+    assert m["ttt/seconds_per_puzzle"] == pytest.approx(2.0)  # (1 + 1 + 2) s over 2 copies
+    assert m["ttt/fit_before"] == pytest.approx(1 / 6) and m["ttt/fit_after"] == pytest.approx(5 / 6)

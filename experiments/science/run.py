@@ -187,6 +187,7 @@ _METRIC_KEYS = (
     "ttt/fit_after",
     "ttt/seconds_per_puzzle",
     "ttt/num_puzzles",
+    "ttt/num_fits",
 )
 
 
