@@ -145,9 +145,10 @@ class InputViews(nn.Module):
             raise ValueError(f"InputViews: embed must be one of {sorted(rows)}, got {embed!r}")
         self.register_buffer("table_of_view", torch.tensor(rows[embed]), persistent=False)
         # the shape views' sources of every grid size: a buffer, so it moves with the module and a compiled forward
-        # reads it instead of tracing its build (core.ops.view_table)
+        # reads it instead of tracing its build (core.ops.view_table). It is the process cache's tensor itself (only
+        # ever read: a copy per module would cost (side + 1)^2 x V x side^2 longs, 0.9 GB at side 30)
         shape = any(k != "settle" for k in self.kinds)
-        self.register_buffer("table", view_table(side, self.kinds).clone() if shape else None, persistent=False)
+        self.register_buffer("table", view_table(side, self.kinds) if shape else None, persistent=False)
         self.num_tables = max(rows[embed]) + 1
         self.embed = CastedEmbedding(self.num_tables * vocab, hidden, init_std=init_std, cast_to=cast_to)
         self.gate = CastedLinear(hidden, self.num_views, bias=True)
