@@ -2,6 +2,9 @@
 # Set up (if needed) and run the test suite. Exit status: 0 only when tests ran and all passed.
 #   bash scripts/test.sh [pytest args]          the whole suite (tests/)
 #   bash scripts/test.sh PATH... [pytest args]  only the given test files / directories / node ids
+# Runs on both cores: pytest-xdist, TRM_TEST_WORKERS processes (default 2; 0 = in this process), each test file
+# kept on one worker (its module fixtures are built once). The science floors (learning-threshold claims) are their
+# own command: python -m experiments.science.floors --out DIR (.ci/run runs both).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh" || { echo "[test] set-up failed"; exit 1; }
@@ -20,7 +23,12 @@ if [ "${TRM_SKIP_STYLE:-0}" != 1 ]; then
     "$VPY" -m ruff check . || { echo "[test] ruff check failed (ruff check --fix . fixes the import order)"; exit 1; }
     "$VPY" -m ruff format --check . || { echo "[test] ruff format --check failed (run: ruff format .)"; exit 1; }
 fi
-"$VPY" -m pytest -q "${targets[@]}" "$@"
+workers="${TRM_TEST_WORKERS:-2}"
+xdist=()
+[ "$workers" != 0 ] && xdist=(-n "$workers" --dist loadfile)
+start=$(date +%s)
+"$VPY" -m pytest -q "${xdist[@]}" "${targets[@]}" "$@"
 rc=$?
+echo "[test] pytest exit status $rc after $(( $(date +%s) - start )) s on $workers worker(s)"
 if [ "$rc" -eq 5 ]; then echo "[test] pytest collected no tests: failing"; exit 1; fi
 exit "$rc"
