@@ -1,0 +1,94 @@
+"""``python -m experiments.arc``: the small-grid subset (every grid of a task within --max-side, kaggle layout
+written back exactly), and the whole command end to end on generated tasks with a tiny model (ETRM + zero-demo
+control trained on the training tasks only, scored on the evaluation tasks, arc.json / arc.md, pictures)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from core.errors import PlatformError
+from dataset.arc_sources import load_puzzles
+from experiments.arc import main, write_subset
+
+
+def _task(rng, side_in, side_out=None, demos=3):
+    side_out = side_out or side_in
+    pairs = [
+        {
+            "input": rng.integers(0, 10, (side_in, side_in)).tolist(),
+            "output": rng.integers(0, 10, (side_out, side_out)).tolist(),
+        }
+        for _ in range(demos + 1)
+    ]
+    return pairs[:demos], pairs[demos:]
+
+
+def write_tasks(d, sizes: dict) -> str:
+    """Kaggle-layout files P_{training,evaluation}_{challenges,solutions}.json; ``sizes``: subset -> list of
+    (input side, output side) per task (test outputs in the solutions file)."""
+    rng = np.random.default_rng(0)
+    os.makedirs(d, exist_ok=True)
+    prefix = os.path.join(d, "arc-agi")
+    for subset, tasks in sizes.items():
+        ch, so = {}, {}
+        for i, (si, sout) in enumerate(tasks):
+            train, test = _task(rng, si, sout)
+            name = f"{subset[:2]}{i:03d}"
+            ch[name] = {"train": train, "test": [{"input": t["input"]} for t in test]}
+            so[name] = [t["output"] for t in test]
+        for kind, obj in (("challenges", ch), ("solutions", so)):
+            with open(f"{prefix}_{subset}_{kind}.json", "w") as f:
+                json.dump(obj, f)
+    return prefix
+
+
+SIZES = {"training": [(3, 3)] * 6 + [(3, 5), (6, 2)], "evaluation": [(2, 2), (3, 3), (4, 3), (3, 2)]}
+
+
+def test_subset_keeps_tasks_whose_every_grid_fits_and_writes_them_back_exactly(tmp_path):
+    prefix = write_tasks(str(tmp_path / "src"), SIZES)
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", prefix)
+    sub = write_subset(str(tmp_path / "out"), puzzles, max_side=3)
+    # (3, 5) and (6, 2) do not fit 3 in training; (4, 3) does not in evaluation
+    assert sub["counts"] == {
+        "training": {"tasks": 6, "of": 8, "test_outputs": 6},
+        "evaluation": {"tasks": 3, "of": 4, "test_outputs": 3},
+    }
+    again = load_puzzles(["training", "evaluation"], "evaluation", sub["prefix"])
+    kept = {p.name: p for p in puzzles if max(g.shape[0] for pr in p.train + p.test for g in pr) <= 3}
+    assert sorted(p.name for p in again) == sorted(kept)
+    for p in again:
+        q = kept[p.name]
+        assert p.subset == q.subset
+        assert all((a == c).all() and (b == d).all() for (a, b), (c, d) in zip(p.train + p.test, q.train + q.test))
+    groups = json.load(open(sub["groups"]))
+    assert set(groups) == set(kept) and set(groups.values()) == {"arc"}
+    with pytest.raises(PlatformError, match=r"--max-side 1: no training task fits \(of 8\)"):
+        write_subset(str(tmp_path / "none"), puzzles, max_side=1)
+    assert not (tmp_path / "none").exists()  # refused before anything was written
+
+
+@pytest.mark.slow
+def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tmp_path):
+    prefix = write_tasks(str(tmp_path / "src"), SIZES)
+    out = tmp_path / "arc"
+    tiny = ["arch.hidden_size=16", "encoder.hidden_size=16", "global_batch_size=4", "checkpoint_every=2"]
+    args = ["--out", str(out), "--input-file-prefix", prefix, "--max-side", "3", "--steps", "2", "--num-aug", "1"]
+    res = main(args + [a for o in tiny for a in ("--override", o)])
+    assert res["counts"]["evaluation"]["tasks"] == 3 and res["counts"]["training"]["tasks"] == 6
+    assert set(res["protocols"]) == {"standard", "control"}
+    for row in res["protocols"].values():
+        assert row["status"] == "ok" and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
+    # ETRM mode: no evaluation task in the training split
+    built = out / "runs" / "data" / "built"
+    ids = json.load(open(built / "identifiers.json"))
+    trained = {ids[i].split("|||")[0] for i in np.load(built / "train" / "all__puzzle_identifiers.npy")}
+    tested = {ids[i].split("|||")[0] for i in np.load(built / "test" / "all__puzzle_identifiers.npy")}
+    assert trained == {f"tr{i:03d}" for i in range(6)} and tested - {"<blank>"} == {"ev000", "ev001", "ev003"}
+    assert json.load(open(out / "arc.json")) == json.loads(json.dumps(res))
+    text = (out / "arc.md").read_text()
+    assert "evaluation 3 of 4" in text and "zero-demo control" in text
+    pics = res["pictures"]["solved"] + res["pictures"]["failed"]
+    assert len(pics) == 3 and all(os.path.getsize(p) > 1000 for p in pics)  # 3 evaluation tasks, each drawn once
