@@ -60,7 +60,7 @@ class ETRM(ACTModel):
     DIAGNOSTIC_KEYS = DIAGNOSTIC_KEYS  # the outputs diagnostics() reads (the loop asks the loss head for them)
 
     def __init__(self, core: ACTModel, encoder: nn.Module, *, encoder_cache: bool = False) -> None:
-        super().__init__()
+        super().__init__(core.config, core.inner)  # the core's parts: its config and inner model (and ACT step)
         if getattr(core, "puzzle_emb", None) is not None:
             raise ValueError("ETRM core must be built with puzzle_emb_ndim=0 (the encoder provides the prefix)")
         if core.puzzle_emb_len <= 0:
@@ -69,14 +69,11 @@ class ETRM(ACTModel):
             raise ValueError(
                 "encoder_cache=true is incompatible with the recurrent encoder (it refines z_E every ACT step)"
             )
-        self.config = core.config
-        self.inner = core.inner
         self.encoder = encoder
         self.encoder_cache = bool(encoder_cache)
         self.halt_early_in_eval = core.halt_early_in_eval
         self._core_cls = type(core)
         # a core that reads the demos cell by cell (arch=trm_memory) gets the encoder's DemoMemory every step
-        self.reads_memory = bool(getattr(core.inner, "reads_memory", False))
         if self.reads_memory and not getattr(encoder, "gives_memory", False):
             cfg = encoder.cfg
             raise ValueError(
