@@ -87,6 +87,15 @@ class ContextHead(nn.Module):
         elif self.mode == "norm":  # RMS context_scale_init / sqrt(hidden): RMS context_scale_init in the decoder
             self.norm_gain, self.eps = float(cfg.context_scale_init) / math.sqrt(hidden_size), cfg.norm_eps
 
+    def learned_gain(self) -> "float | None":
+        """The learned scale of the context: ``scalar`` -> the scale, ``gate`` -> the mean sigmoid gate; None for
+        the modes without a learned one (none, norm)."""
+        if self.mode == "scalar":
+            return float(self.scale.detach())
+        if self.mode == "gate":
+            return float(torch.sigmoid(self.gate.detach()).mean())
+        return None
+
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         ctx = self.proj(z).reshape(z.shape[0], self.L, self.hidden)
         if self.mode == "scalar":

@@ -11,7 +11,7 @@ from torch import nn
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator, Gaussian
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, EncoderCapabilities, EncoderOutput
 from .layers import Block
 from .trunk import DemoTrunk
 
@@ -25,11 +25,14 @@ class HybridEncoderConfig(BaseEncoderConfig):
 
 @ENCODER_REGISTRY.register("hybrid", config=HybridEncoderConfig)
 class HybridEncoder(DemoEncoder):
+    @classmethod
+    def declare(cls, cfg: HybridEncoderConfig) -> EncoderCapabilities:
+        return EncoderCapabilities(gives_kl=True, kl_weight=cfg.kl_weight, gives_memory=cfg.pair_layout == "aligned")
+
     def __init__(self, cfg: HybridEncoderConfig, **kw):
         super().__init__(cfg, **kw)
         q = cfg.num_queries or self.puzzle_emb_len
         d = cfg.hidden_size
-        self.kl_weight = cfg.kl_weight
         self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
         self.cross_demo = nn.ModuleList(
             Block(d, cfg.num_heads, cfg.expansion, cfg.norm_eps) for _ in range(cfg.cross_demo_layers)

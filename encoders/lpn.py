@@ -14,7 +14,7 @@ from torch import nn
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, Gaussian, masked_mean
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, EncoderCapabilities, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -47,9 +47,19 @@ class LPNEncoderConfig(BaseEncoderConfig):
 
 @ENCODER_REGISTRY.register("lpn", config=LPNEncoderConfig)
 class LPNEncoder(DemoEncoder):
+    @classmethod
+    def declare(cls, cfg: LPNEncoderConfig) -> EncoderCapabilities:
+        return EncoderCapabilities(
+            gives_kl=cfg.variational,
+            kl_weight=cfg.kl_weight if cfg.variational else 0.0,
+            gives_memory=cfg.pair_layout == "aligned",
+            latent_search=True,
+            search_steps=cfg.search_steps,
+            search_lr=cfg.search_lr,
+        )
+
     def __init__(self, cfg: LPNEncoderConfig, **kw):
         super().__init__(cfg, **kw)
-        self.kl_weight = cfg.kl_weight if cfg.variational else 0.0
         self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="cls")
         if cfg.variational:
             self.bottleneck = Gaussian(cfg.hidden_size, cfg.latent_dim)

@@ -15,7 +15,7 @@ from core.nn import trunc_normal_init_
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, EncoderCapabilities, EncoderOutput
 from .layers import Block
 from .trunk import DemoTrunk
 
@@ -39,7 +39,9 @@ class RecurrentEncoderConfig(BaseEncoderConfig):
 
 @ENCODER_REGISTRY.register("recurrent", config=RecurrentEncoderConfig)
 class RecurrentEncoder(DemoEncoder):
-    is_recurrent = True
+    @classmethod
+    def declare(cls, cfg: RecurrentEncoderConfig) -> EncoderCapabilities:
+        return EncoderCapabilities(recurrent=True, gives_memory=cfg.pair_layout == "aligned")
 
     def __init__(self, cfg: RecurrentEncoderConfig, **kw):
         super().__init__(cfg, **kw)

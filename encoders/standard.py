@@ -10,7 +10,7 @@ import torch
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, EncoderCapabilities, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -22,6 +22,10 @@ class StandardEncoderConfig(BaseEncoderConfig):
 @ENCODER_REGISTRY.register("standard", config=StandardEncoderConfig)
 class StandardEncoder(DemoEncoder):
     trunk_cls = DemoTrunk  # a variant's trunk (encoders/dihedral_views.py)
+
+    @classmethod
+    def declare(cls, cfg: StandardEncoderConfig) -> EncoderCapabilities:
+        return EncoderCapabilities(gives_memory=cfg.pair_layout == "aligned")
 
     def __init__(self, cfg: StandardEncoderConfig, **kw):
         super().__init__(cfg, **kw)

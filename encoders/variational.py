@@ -10,7 +10,7 @@ import torch
 
 from .config import ENCODER_REGISTRY, BaseEncoderConfig
 from .heads import ContextHead, DemoAggregator, Gaussian
-from .interface import DemoEncoder, EncoderOutput
+from .interface import DemoEncoder, EncoderCapabilities, EncoderOutput
 from .trunk import DemoTrunk
 
 
@@ -23,10 +23,13 @@ class VariationalEncoderConfig(BaseEncoderConfig):
 
 @ENCODER_REGISTRY.register("variational", config=VariationalEncoderConfig)
 class VariationalEncoder(DemoEncoder):
+    @classmethod
+    def declare(cls, cfg: VariationalEncoderConfig) -> EncoderCapabilities:
+        return EncoderCapabilities(gives_kl=True, kl_weight=cfg.kl_weight, gives_memory=cfg.pair_layout == "aligned")
+
     def __init__(self, cfg: VariationalEncoderConfig, **kw):
         super().__init__(cfg, **kw)
         q = cfg.num_queries or self.puzzle_emb_len
-        self.kl_weight = cfg.kl_weight
         self.trunk = DemoTrunk(cfg, self.vocab_size, self.seq_len, pooling="mean")
         self.aggregate = DemoAggregator(cfg, q)
         self.bottleneck = Gaussian(cfg.hidden_size, cfg.latent_dim)

@@ -46,7 +46,7 @@ class TestTimeTraining:
                 "ttt_params=context refines a demo encoder's context; this model has no encoder "
                 "(TRM): use ttt_params=embedding (a fresh puzzle embedding) or all"
             )
-        if self.encoder is not None and getattr(self.encoder, "is_recurrent", False):
+        if self.encoder is not None and self.encoder.capabilities.recurrent:
             raise ValueError(
                 "test-time training is not supported for the recurrent encoder (its context changes at every ACT "
                 "step, a fitted context or copy of the weights has no fixed encoding to start from)"
@@ -96,7 +96,7 @@ class TestTimeTraining:
         s, act = self.settings, self.act
         demos = demo_set(batch)
         # a core that reads the demo memory sees, for demo j, the memory of the demos the encoder may see
-        visible = loo_demos(batch, demos, s.leave_one_out) if getattr(act, "reads_memory", False) else None
+        visible = loo_demos(batch, demos, s.leave_one_out) if act.reads_memory else None
         if self.encoder is None:  # TRM: a puzzle embedding per row (its own if trained, else the trained mean)
             theta0 = embedding_init(act, batch["puzzle_identifiers"])
             res = fit(

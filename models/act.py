@@ -139,7 +139,13 @@ def prefix_length(puzzle_emb_ndim: int, puzzle_emb_len: int, hidden_size: int) -
 
 class IOStem(nn.Module):
     """Token/puzzle/position embeddings, LM head and Q head (submodule names as in the published code, so
-    original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods."""
+    original checkpoints map 1:1). Subclasses add their reasoning modules and the carry methods
+    (:class:`models.base.RecurrentInner` for the recurrent cores)."""
+
+    # declared for models.etrm.ETRM: True for an inner whose forward reads the encoder's per-cell demo states
+    # (``forward(..., memory=DemoMemory)``, models/variants/trm_memory.py)
+    reads_memory: bool = False
+    puzzle_emb: Optional[SparsePuzzleEmbedding]  # None with puzzle_emb_ndim = 0
 
     def __init__(self, config, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
         """``config``: the arch config (an :class:`ArchConfig`); its stem fields set the embeddings/heads."""
@@ -169,6 +175,7 @@ class IOStem(nn.Module):
         )
         self.lm_head = CastedLinear(hidden_size, vocab_size, bias=False)
         self.q_head = CastedLinear(hidden_size, 2, bias=True)
+        self.puzzle_emb = None
         if puzzle_emb_ndim > 0:
             self.puzzle_emb = SparsePuzzleEmbedding(
                 num_puzzle_identifiers, puzzle_emb_ndim, batch_size=batch_size, init_std=0.0, cast_to=self.forward_dtype
@@ -292,16 +299,20 @@ class IOStem(nn.Module):
 
 
 class ACTModel(nn.Module):
-    """Base ACT wrapper; subclasses set ``self.config`` and ``self.inner`` (an :class:`IOStem` with
+    """The ACT wrapper of an architecture's ``config`` and ``inner`` (an :class:`IOStem` with
     ``empty_carry(b, device)``, ``reset_carry(flag, carry)`` and
-    ``forward(carry, data, prefix_context=None) -> (carry, logits, (q_halt, q_continue))``)."""
+    ``forward(carry, data, prefix_context=None) -> (carry, logits, (q_halt, q_continue))``). An architecture's
+    behaviour lives in its inner (and config); the ACT methods here are every model's, so models.etrm.ETRM, built
+    from a core's config and inner, runs the core's step."""
 
     config: Any
-    inner: nn.Module
+    inner: IOStem
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any, inner: IOStem) -> None:
         super().__init__()
-        self.halt_early_in_eval = False  # evaluators may flip this at run time
+        self.config = config
+        self.inner = inner
+        self.halt_early_in_eval = bool(config.halt_early_in_eval)  # evaluators may flip this at run time
 
     # -- properties used by the loop / evaluators -------------------------------------------
     @property
@@ -310,7 +321,12 @@ class ACTModel(nn.Module):
 
     @property
     def puzzle_emb(self) -> Optional[SparsePuzzleEmbedding]:
-        return getattr(self.inner, "puzzle_emb", None)
+        return self.inner.puzzle_emb
+
+    @property
+    def reads_memory(self) -> bool:
+        """Whether the inner reads the demos' per-cell states (:attr:`IOStem.reads_memory`; ETRM passes them)."""
+        return self.inner.reads_memory
 
     @property
     def puzzle_emb_len(self) -> int:

@@ -1,9 +1,12 @@
 """ETRM: the TRM core whose puzzle-embedding prefix is replaced by a neural encoding of the demo pairs.
 
 ``ETRM(core, encoder)`` (an :class:`models.act.ACTModel`; built from a training config by
-``training.build.build_etrm_model``): submodules ``inner`` (the TRM
-core's inner model, so parameter names match TRM checkpoints) and ``encoder`` (so the encoder's parameters are
-named ``encoder.*`` for the loop's optimizer groups and gradient norms).
+``training.build.build_etrm_model``): the ACT wrapper of the core's config and inner model (submodule ``inner``, so
+parameter names match TRM checkpoints; its ACT step is every architecture's, :meth:`models.act.ACTModel.step`)
+plus ``encoder`` (so the encoder's parameters are named ``encoder.*`` for the loop's optimizer groups and gradient
+norms). What the encoder does beyond giving a context (a recurrent state, a KL, per-cell memory, latent search, the
+rule probes) is read from its declared ``encoder.capabilities`` (encoders.interface.EncoderCapabilities); whether
+the core reads the demo memory from ``core.reads_memory`` (models.act.IOStem.reads_memory).
 
 One ACT step (``forward(carry, batch)``)::
 
@@ -24,14 +27,12 @@ context is never detached (pitfall 1).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
-from torch import nn
 
-from encoders import DemoMemory, EncoderOutput
+from encoders import DemoEncoder, DemoMemory, EncoderOutput
 from encoders.stats import context_statistics
 from models.act import ACTCarry, ACTModel
 from models.latent_search import latent_search_context
@@ -52,51 +53,48 @@ class ETRMCarry(ACTCarry):
 
     @classmethod
     def extend(cls, base: ACTCarry, **encoder_state) -> "ETRMCarry":
-        """The ACT fields of ``base`` plus the given encoder fields."""
-        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(ACTCarry)}, **encoder_state)
+        """The ACT fields of ``base`` (an :class:`ACTCarry`, not an ETRMCarry) plus the given encoder fields."""
+        return cls(**vars(base), **encoder_state)
 
 
 class ETRM(ACTModel):
     DIAGNOSTIC_KEYS = DIAGNOSTIC_KEYS  # the outputs diagnostics() reads (the loop asks the loss head for them)
 
-    def __init__(self, core: ACTModel, encoder: nn.Module, *, encoder_cache: bool = False) -> None:
-        super().__init__()
-        if getattr(core, "puzzle_emb", None) is not None:
+    def __init__(self, core: ACTModel, encoder: DemoEncoder, *, encoder_cache: bool = False) -> None:
+        super().__init__(core.config, core.inner)  # the core's parts: its config and inner model (and ACT step)
+        if core.puzzle_emb is not None:
             raise ValueError("ETRM core must be built with puzzle_emb_ndim=0 (the encoder provides the prefix)")
         if core.puzzle_emb_len <= 0:
             raise ValueError("ETRM core needs puzzle_emb_len > 0 prefix positions for the encoder context")
-        if encoder_cache and getattr(encoder, "is_recurrent", False):
+        caps = encoder.capabilities
+        if encoder_cache and caps.recurrent:
             raise ValueError(
                 "encoder_cache=true is incompatible with the recurrent encoder (it refines z_E every ACT step)"
             )
-        self.config = core.config
-        self.inner = core.inner
         self.encoder = encoder
         self.encoder_cache = bool(encoder_cache)
         self.halt_early_in_eval = core.halt_early_in_eval
-        self._core_cls = type(core)
         # a core that reads the demos cell by cell (arch=trm_memory) gets the encoder's DemoMemory every step
-        self.reads_memory = bool(getattr(core.inner, "reads_memory", False))
-        if self.reads_memory and not getattr(encoder, "gives_memory", False):
+        if self.reads_memory and not caps.gives_memory:
             cfg = encoder.cfg
             raise ValueError(
                 f"arch={core.config.name} reads the demos' per-cell states, but encoder {cfg.name} (aggregation="
-                f"{getattr(cfg, 'aggregation', None)}, pair_layout={getattr(cfg, 'pair_layout', None)}) does not give "
-                f"them: use pair_layout=aligned (one token per demo cell)"
+                f"{cfg.aggregation}, pair_layout={cfg.pair_layout}) does not give them: use pair_layout=aligned (one "
+                f"token per demo cell)"
             )
         self._last_diag: Optional[tuple] = None
-        # lpn test-time latent search at evaluation (0 = off); see models/latent_search.py
-        self.latent_search_steps = int(getattr(encoder.cfg, "search_steps", 0) or 0)
-        self.latent_search_lr = float(getattr(encoder.cfg, "search_lr", 0.1) or 0.1)
+        # lpn test-time latent search at evaluation (0 = off; evaluate.py may set both); see models/latent_search.py
+        self.latent_search_steps = caps.search_steps
+        self.latent_search_lr = caps.search_lr
 
     # -- properties --------------------------------------------------------------------------------
     @property
     def kl_weight(self) -> float:
-        return float(getattr(self.encoder, "kl_weight", 0.0))
+        return self.encoder.capabilities.kl_weight
 
     @property
     def rule_readout_weight(self) -> float:
-        return float(self.encoder.cfg.rule_readout) if getattr(self.encoder, "rule_head", None) is not None else 0.0
+        return self.encoder.capabilities.rule_readout
 
     @property
     def extra_loss_weights(self) -> Dict[str, float]:
@@ -122,7 +120,7 @@ class ETRM(ACTModel):
         base = super().initial_carry(batch)
         b, device = batch["inputs"].shape[0], batch["inputs"].device
         z_E = None
-        if getattr(self.encoder, "is_recurrent", False):
+        if self.encoder.capabilities.recurrent:
             z_E = torch.zeros_like(self.encoder.initial_state(b, device).detach())
         cached = None
         if self.encoder_cache:
@@ -132,7 +130,7 @@ class ETRM(ACTModel):
 
     def refill(self, carry: ETRMCarry, batch: Dict[str, torch.Tensor]) -> ETRMCarry:
         base = super().refill(carry, batch)
-        return ETRMCarry.extend(base, **{k: getattr(carry, k, None) for k in ("z_E", "cached_context", "cached_kl")})
+        return ETRMCarry.extend(base, z_E=carry.z_E, cached_context=carry.cached_context, cached_kl=carry.cached_kl)
 
     def _reuses_eval_context(self) -> bool:
         """Eval with a non-recurrent encoder: the context of a slot depends only on its demos (posterior mean, no
@@ -140,7 +138,7 @@ class ETRM(ACTModel):
         return (
             not self.training
             and not self.encoder.training
-            and not getattr(self.encoder, "is_recurrent", False)
+            and not self.encoder.capabilities.recurrent
             and not self.reads_memory  # the per-cell memory is not cached: the encoder runs at every step
         )
 
@@ -156,12 +154,12 @@ class ETRM(ACTModel):
         ):  # eval, no slot refilled: same demos, same context
             return EncoderOutput(context=carry.cached_context, kl=carry.cached_kl), carry.cached_context
         state = None
-        if getattr(self.encoder, "is_recurrent", False):
+        if self.encoder.capabilities.recurrent:
             b = data["inputs"].shape[0]
             init = self.encoder.initial_state(b, data["inputs"].device)  # carries gradient to z_init
             prev = carry.z_E if carry.z_E is not None else torch.zeros_like(init)
             state = torch.where(carry.halted.view(-1, 1, 1), init, prev.to(init.dtype))
-        if getattr(self.encoder, "rule_oracle", None) is not None:  # science control: the true rule, told
+        if self.encoder.capabilities.rule_oracle:  # science control: the true rule, told
             return self._oracle_context(data)
         out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
         if self.reads_memory and out.memory is None:  # an encoder that pools before aggregating: one more trunk pass
@@ -219,9 +217,7 @@ class ETRM(ACTModel):
             enc, ctx = EncoderOutput(context=prefix_context, kl=kl, memory=memory), prefix_context
         else:
             enc, ctx = self.encode(carry)
-        new, outputs = self._core_cls.step(
-            self, carry, prefix_context=ctx, memory=enc.memory if self.reads_memory else None
-        )
+        new, outputs = self.step(carry, prefix_context=ctx, memory=enc.memory if self.reads_memory else None)
         outputs["encoder_context"] = ctx
         outputs["encoder_sample_mask"] = carry.current_data["demo_mask"].any(-1)
         # fallback for diagnostics() when the loss head does not return these outputs (runs eagerly)
@@ -278,10 +274,8 @@ class ETRM(ACTModel):
             return {}
         if mask is not None and int(mask.sum()) == 0:
             mask = None
-        stats = context_statistics(ctx.float() * float(getattr(self.inner, "embed_scale", 1.0)), mask)
-        head = getattr(self.encoder, "head", None)
-        if head is not None and hasattr(head, "scale"):
-            stats["train/encoder_context_scale"] = float(head.scale)
-        elif head is not None and hasattr(head, "gate"):
-            stats["train/encoder_context_scale"] = float(torch.sigmoid(head.gate).mean())
+        stats = context_statistics(ctx.float() * self.inner.embed_scale, mask)
+        gain = self.encoder.context_gain()
+        if gain is not None:
+            stats["train/encoder_context_scale"] = gain
         return stats

@@ -14,8 +14,8 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTArchConfig, ACTModel, IOStem
-from models.layers import trunc_normal_init_
+from models.act import ACTArchConfig
+from models.base import ACTCore, LatentCarry, RecurrentInner
 
 
 class HRMConfig(ACTArchConfig):
@@ -31,40 +31,16 @@ class HRMConfig(ACTArchConfig):
 
 
 @dataclass
-class HRMInnerCarry:
-    z_H: torch.Tensor
-    z_L: torch.Tensor
+class HRMInnerCarry(LatentCarry):
+    """(z_H, z_L) of HRM (the class name its checkpoints' carry stores)."""
 
 
-class HRMInner(IOStem):
-    def __init__(
-        self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
+class HRMInner(RecurrentInner):
+    carry_cls = HRMInnerCarry
+
+    def build_levels(self, config: HRMConfig) -> None:
         self.H_level = self.blocks(config.H_layers)
         self.L_level = self.blocks(config.L_layers)
-        self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
-        self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
-
-    def empty_carry(self, batch_size: int, device: torch.device) -> HRMInnerCarry:
-        shape = (batch_size, self.total_seq_len, self.hidden_size)
-        return HRMInnerCarry(
-            z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-            z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-        )
-
-    def reset_carry(self, reset: torch.Tensor, carry: HRMInnerCarry) -> HRMInnerCarry:
-        flag = reset.view(-1, 1, 1)
-        return HRMInnerCarry(
-            z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
-            z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L),
-        )
 
     def forward(
         self, carry: HRMInnerCarry, batch: Dict[str, torch.Tensor], prefix_context: Optional[torch.Tensor] = None
@@ -86,17 +62,5 @@ class HRMInner(IOStem):
         return HRMInnerCarry(z_H=z_H.detach(), z_L=z_L.detach()), logits, (q_halt, q_continue)
 
 
-class HRM(ACTModel):
-    def __init__(
-        self, config: HRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.inner = HRMInner(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
-        self.halt_early_in_eval = config.halt_early_in_eval
+class HRM(ACTCore):
+    inner_cls = HRMInner

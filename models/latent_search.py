@@ -37,7 +37,7 @@ def latent_search_context(
     ``model`` is an ETRM whose encoder is ``lpn``. ``rows`` (bool [b]) restricts the search to those samples
     (others get the plain encoder context)."""
     enc = model.encoder
-    if not hasattr(enc, "encode_latent"):
+    if not enc.capabilities.latent_search:
         raise TypeError(f"latent search needs the lpn encoder, got {type(enc).__name__}")
     with torch.inference_mode(False), torch.enable_grad(), frozen_weights(model):
         batch = {

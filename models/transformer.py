@@ -12,7 +12,8 @@ from typing import Dict, Literal, Optional
 import torch
 from pydantic import Field
 
-from models.act import ACTModel, ArchConfig, IOStem
+from models.act import ArchConfig, IOStem
+from models.base import ACTCore
 
 
 class TransformerConfig(ArchConfig):
@@ -26,18 +27,15 @@ class TransformerConfig(ArchConfig):
     def halt_max_steps(self) -> int:
         return 1
 
+    @property
+    def halt_early_in_eval(self) -> bool:
+        return False  # one step: nothing to halt early
+
 
 class TransformerInner(IOStem):
-    def __init__(
-        self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
+    def __init__(self, config: TransformerConfig, **sizes) -> None:
+        """``sizes``: ``vocab_size``, ``seq_len``, ``num_puzzle_identifiers``, ``batch_size`` (see IOStem)."""
+        super().__init__(config, **sizes)
         self.layers = self.blocks(config.num_layers)
 
     def empty_carry(self, batch_size: int, device: torch.device) -> None:
@@ -53,16 +51,5 @@ class TransformerInner(IOStem):
         return None, logits, (q_halt, q_continue)
 
 
-class TransformerBaseline(ACTModel):
-    def __init__(
-        self, config: TransformerConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.inner = TransformerInner(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
+class TransformerBaseline(ACTCore):
+    inner_cls = TransformerInner

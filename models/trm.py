@@ -26,8 +26,8 @@ from typing import Dict, Literal, Optional, Tuple
 import torch
 from pydantic import Field
 
-from models.act import ACTArchConfig, ACTModel, IOStem
-from models.layers import trunc_normal_init_
+from models.act import ACTArchConfig
+from models.base import ACTCore, LatentCarry, RecurrentInner
 
 
 class TRMConfig(ACTArchConfig):
@@ -43,39 +43,15 @@ class TRMConfig(ACTArchConfig):
 
 
 @dataclass
-class TRMInnerCarry:
-    z_H: torch.Tensor
-    z_L: torch.Tensor
+class TRMInnerCarry(LatentCarry):
+    """(z_H, z_L) of TRM (the class name its checkpoints' carry stores)."""
 
 
-class TRMInner(IOStem):
-    def __init__(
-        self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
-        self.L_level = self.blocks(config.L_layers)
-        self.register_buffer("H_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
-        self.register_buffer("L_init", trunc_normal_init_(torch.empty(config.hidden_size), std=1.0), persistent=True)
+class TRMInner(RecurrentInner):
+    carry_cls = TRMInnerCarry
 
-    def empty_carry(self, batch_size: int, device: torch.device) -> TRMInnerCarry:
-        shape = (batch_size, self.total_seq_len, self.hidden_size)
-        return TRMInnerCarry(
-            z_H=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-            z_L=torch.zeros(shape, dtype=self.forward_dtype, device=device),
-        )
-
-    def reset_carry(self, reset: torch.Tensor, carry: TRMInnerCarry) -> TRMInnerCarry:
-        flag = reset.view(-1, 1, 1)
-        return TRMInnerCarry(
-            z_H=torch.where(flag, self.H_init.to(carry.z_H.dtype), carry.z_H),
-            z_L=torch.where(flag, self.L_init.to(carry.z_L.dtype), carry.z_L),
-        )
+    def build_levels(self, config: TRMConfig) -> None:
+        self.L_level = self.blocks(config.L_layers)  # the one network of both updates
 
     def latent_recursion(
         self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor, cos_sin
@@ -100,21 +76,7 @@ class TRMInner(IOStem):
         return TRMInnerCarry(z_H=z_H.detach(), z_L=z_L.detach()), logits, (q_halt, q_continue)
 
 
-class TRM(ACTModel):
+class TRM(ACTCore):
     """TRM with the ACT wrapper (see :mod:`models.act`). A variant sets ``inner_cls`` (models/variants/)."""
 
     inner_cls = TRMInner
-
-    def __init__(
-        self, config: TRMConfig, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int
-    ) -> None:
-        super().__init__()
-        self.config = config
-        self.inner = self.inner_cls(
-            config,
-            vocab_size=vocab_size,
-            seq_len=seq_len,
-            num_puzzle_identifiers=num_puzzle_identifiers,
-            batch_size=batch_size,
-        )
-        self.halt_early_in_eval = config.halt_early_in_eval

@@ -114,14 +114,14 @@ def decode_logits(
     frozen), else encoded here (an ``all`` fit's encoder weights act on it)."""
     n = inputs.shape[0]
     data = {"inputs": inputs, "puzzle_identifiers": torch.zeros(n, dtype=torch.int32, device=inputs.device)}
-    if getattr(model, "reads_memory", False):
+    if model.reads_memory:
         if demos is None:
             raise ValueError("decode_logits: a core that reads the demo memory needs the demos each row may see")
         data.update(zip(DEMO_KEYS, demos))
         memory = model.encoder.demo_memory(*demos) if memory is None else memory
     carry = ACTModel.refill(model, ACTModel.initial_carry(model, data), data)
     r = rollout(
-        lambda c: ACTModel.step(model, c, prefix_context=prefix, memory=memory),
+        lambda c: model.step(c, prefix_context=prefix, memory=memory),
         carry,
         max_steps=max(1, halt_max_steps(model)),
         keep=("logits",),
@@ -175,7 +175,7 @@ def fit(
         opt = torch.optim.Adam(groups, lr=lr)
         before = after = torch.full((b,), float("nan"), device=theta0.device)
         memory = None  # a memory core's memory of the visible demos: constant unless the weights are fitted too
-        if visible is not None and not extra_params and getattr(model, "reads_memory", False) and demos.n:
+        if visible is not None and not extra_params and model.reads_memory and demos.n:
             with torch.no_grad():
                 memory = model.encoder.demo_memory(*visible)
         for i in range(steps + 1):

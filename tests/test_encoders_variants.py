@@ -31,7 +31,7 @@ def demos(b=3, d=3, s=S, seed=1):
 
 def run(enc, di, dl, m):
     out = enc(di, dl, m, state=None)
-    if enc.is_recurrent:  # second ACT step from the returned state
+    if enc.capabilities.recurrent:  # second ACT step from the returned state
         out = enc(di, dl, m, state=out.state)
     return out
 
@@ -153,7 +153,7 @@ def test_variational_sampling_train_vs_eval(name):
     enc.eval()
     c, d = enc(di, dl, m), enc(di, dl, m)
     torch.testing.assert_close(c.context, d.context)  # mean in evaluation
-    assert enc.kl_weight == pytest.approx(1e-3)
+    assert enc.capabilities.kl_weight == pytest.approx(1e-3)
 
 
 def test_config_errors_name_the_field():
@@ -283,7 +283,7 @@ def test_settings_an_encoder_does_not_use_are_refused_not_ignored(name, over, fi
         make(name, **over)
     make(name)  # the defaults (as in config/encoder/*.yaml) stay valid
     if name == "lpn" and field == "kl_weight":
-        assert make(name, variational=True, **over).kl_weight == 0.5
+        assert make(name, variational=True, **over).capabilities.kl_weight == 0.5
 
 
 # ------------------------------------------------------------------ trunk options: token aggregation, aligned pairs

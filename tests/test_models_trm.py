@@ -120,6 +120,59 @@ def test_registry_and_build_model_types():
     assert isinstance(make("transformer"), TransformerBaseline)
 
 
+STEM_KEYS = ["embed_tokens.embedding_weight", "lm_head.weight", "q_head.weight", "q_head.bias", "puzzle_emb.weights"]
+BLOCK_KEYS = ["self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight"]
+
+
+@pytest.mark.parametrize(
+    "name,states,levels",
+    [
+        ("trm", True, [("L_level", 2)]),
+        ("hrm", True, [("H_level", 1), ("L_level", 1)]),
+        ("transformer", False, [("layers", 2)]),
+    ],
+)
+def test_one_core_base_keeps_the_published_names_and_resets_to_the_initial_states(name, states, levels):
+    """TRM, HRM and the transformer are one ACTCore (built from ``inner_cls``); TRM and HRM share RecurrentInner
+    (the initial states and their reset). The state_dict names (old checkpoints load) and the carry's class name
+    (stored in a checkpoint's ACT carry) are those of the published models."""
+    from models.base import ACTCore, RecurrentInner
+
+    model = make(name)
+    assert isinstance(model, ACTCore) and "__init__" not in type(model).__dict__
+    assert isinstance(model.inner, RecurrentInner) == states
+    blocks = [f"{lvl}.layers.{i}.{k}" for lvl, n in levels for i in range(n) for k in BLOCK_KEYS]
+    assert list(model.state_dict()) == [
+        f"inner.{k}" for k in (["H_init", "L_init"] if states else []) + STEM_KEYS + blocks
+    ]
+    b = batch_of()
+    carry = model.refill(model.initial_carry(b), b)  # every slot takes new data: the fixed initial states
+    if not states:
+        assert carry.inner_carry is None
+        return
+    assert f"{type(carry.inner_carry).__module__}:{type(carry.inner_carry).__qualname__}" == (
+        f"models.{name}:{name.upper()}InnerCarry"
+    )
+    assert torch.equal(carry.inner_carry.z_H, model.inner.H_init.expand_as(carry.inner_carry.z_H))
+    assert torch.equal(carry.inner_carry.z_L, model.inner.L_init.expand_as(carry.inner_carry.z_L))
+    carry.halted[:] = torch.tensor([True, False, True, False])
+    moved = type(carry.inner_carry)(carry.inner_carry.z_H + 1, carry.inner_carry.z_L - 1)
+    reset = model.inner.reset_carry(carry.halted, moved)
+    assert torch.equal(reset.z_H[0], model.inner.H_init.expand_as(reset.z_H[0])) and torch.equal(
+        reset.z_H[1], moved.z_H[1]
+    )
+    assert torch.equal(reset.z_L[2], model.inner.L_init.expand_as(reset.z_L[2])) and torch.equal(
+        reset.z_L[3], moved.z_L[3]
+    )
+
+
+def test_declared_core_attributes_no_puzzle_embedding_and_no_memory_read():
+    model = make("trm", puzzle_emb_ndim=0)
+    assert model.puzzle_emb is None and model.inner.puzzle_emb is None and not model.reads_memory
+    assert "puzzle_emb" not in dict(model.named_modules())  # nothing in the state_dict either
+    assert make("transformer").halt_early_in_eval is False
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_every_trainable_parameter_gets_gradient(name):
     """Pitfall 1: one backward pass reaches every parameter (and the sparse puzzle embedding's local copy). The

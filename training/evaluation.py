@@ -334,7 +334,7 @@ def _configure_latent_search(head: Any, cfg: EvaluateConfig) -> None:
             f"({type(model).__name__}) has no demonstration encoder to search"
         )
     encoder = getattr(model, "encoder", None)
-    if cfg.latent_search_steps and not hasattr(encoder, "encode_latent"):
+    if cfg.latent_search_steps and not encoder.capabilities.latent_search:
         raise EvaluateError(
             f"latent_search_steps={cfg.latent_search_steps}: test-time latent search needs an "
             f"LPN-style encoder (encoder=lpn); this checkpoint's encoder is "

@@ -40,9 +40,9 @@ def _load(checkpoint: str, need_head: bool):
     model, _, _ = load_model_for_inference(checkpoint, device="cpu")
     if getattr(model, "encoder", None) is None:
         raise ValueError(f"{checkpoint}: not an ETRM checkpoint (no demo encoder)")
-    if need_head and getattr(model.encoder, "rule_head", None) is None:
+    if need_head and not model.encoder.capabilities.rule_readout:
         raise ValueError(f"{checkpoint}: the run has no rule-readout head (train with encoder.rule_readout > 0)")
-    if getattr(model.encoder, "rule_oracle", None) is not None:
+    if model.encoder.capabilities.rule_oracle:
         raise ValueError(
             f"{checkpoint}: an oracle_context run's context is the rule labels themselves; reading them "
             "back measures nothing"
@@ -135,7 +135,7 @@ def context_separation(
     the same context (the rule oracle's table), ~1 when the context ignores the slot. ``norm``: the mean per-sample
     context norm at that scale. Needs no readout head; works on any ETRM run of labelled data."""
     model = _load(checkpoint, need_head=False)
-    scale = float(getattr(model.inner, "embed_scale", 1.0))
+    scale = float(model.inner.embed_scale)
     parts = list(_labelled_contexts(model, data_dir, rules_path, split, max_examples, batch_size))
     ctx = torch.cat([c.flatten(1).double() for c, _ in parts]) * scale
     t = torch.cat([t for _, t in parts])
