@@ -51,8 +51,15 @@ def _leaves(obj, prefix=""):
     return {prefix[:-1]: obj}
 
 
-def _same_tensors(a: dict, b: dict, tol: float = 1e-6) -> list[str]:
-    return [k for k, v in a.items() if torch.is_tensor(v) and not torch.allclose(v.float(), b[k].float(), atol=tol)]
+def _same_tensors(a: dict, b: dict, tol: float = 1e-6, rtol: float = 1e-5) -> list[str]:
+    """Keys whose tensors differ beyond float32 rounding. The relative term: the fixture was written on another CPU,
+    and the ACT carry's states (|z| up to ~2.5 after 4 recursive steps) differ there by float32 rounding of other
+    kernels (3.5e-6 on z_L, a relative 1.4e-6, measured on an Intel Xeon here); a changed format differs by far more."""
+    return [
+        k
+        for k, v in a.items()
+        if torch.is_tensor(v) and not torch.allclose(v.float(), b[k].float(), atol=tol, rtol=rtol)
+    ]
 
 
 @pytest.fixture(scope="module")
