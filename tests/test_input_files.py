@@ -19,6 +19,7 @@ from dataset.arc_sources import load_kaggle_subset
 from dataset.build_arc_dataset import main as build_main
 from dataset.errors import DatasetError
 from dataset.metadata import load_metadata
+from dataset.rule_labels import rule_label_table
 from experiments.science.cli import main as science_main
 from training import compare_runs, plot_run
 from training.logging import _truncate_after
@@ -122,6 +123,14 @@ def test_non_utf8_dataset_json_is_a_dataset_error_naming_it(tmp_path):
     (split / "dataset.json").write_text("[1, 2]")
     with pytest.raises(DatasetError, match="expected a JSON object of dataset fields, got list"):
         load_metadata(str(split))
+
+
+def test_non_utf8_rule_labels_file_is_a_dataset_error_naming_it(tmp_path):
+    rules = tmp_path / "s_rules.json"
+    rules.write_bytes(BAD)
+    with pytest.raises(DatasetError) as e:
+        rule_label_table(str(tmp_path), str(rules))
+    assert str(e.value) == f"{rules}: not UTF-8 text (byte 0xe9 at offset 11); save it as UTF-8"
 
 
 # ---------------------------------------------------------------------------------------------- run folders
