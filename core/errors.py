@@ -226,7 +226,7 @@ def run_hydra_main(main, code: int = EXIT_USER_ERROR, known_keys: Optional[Calla
         main()
 
 
-_HYDRA_FLAGS = {"--config-path": "dir", "-cp": "dir", "--config-dir": "dir", "-cd": "dir"}
+_HYDRA_DIR_FLAGS = ("--config-path", "-cp", "--config-dir", "-cd")
 _HYDRA_NAME_FLAGS = ("--config-name", "-cn")
 
 
@@ -238,7 +238,7 @@ def _primary_config_files(argv: list[str]) -> list[str]:
         flag, eq, value = arg.partition("=")
         if not eq:
             value = argv[i + 1] if i + 1 < len(argv) else ""
-        if flag in _HYDRA_FLAGS:
+        if flag in _HYDRA_DIR_FLAGS:
             dirs.append(value)
         elif flag in _HYDRA_NAME_FLAGS:
             name = value
