@@ -4,7 +4,9 @@ the model, and ``python -m training.checkpoint convert`` on files already in the
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 
 import pytest
 import torch
@@ -12,11 +14,15 @@ from omegaconf import OmegaConf
 
 from core.errors import PlatformError, user_error_message
 from evaluate import config_from_hydra
+from experiments.queue.jobfile import FAILED, JobFile
+from experiments.queue.runner import Runner, RunnerConfig
 from tests.toy_data import toy_train_config
 from training import checkpoint as ckpt
 from training.config import ConfigError, config_from_dict
 from training.evaluate_config import EvaluateError
 from training.loop import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------------------------------------- non-finite
@@ -94,6 +100,32 @@ def test_resume_from_a_checkpoint_that_does_not_fit_is_refused_in_one_line(toy, 
     assert msg is not None and "\n" not in msg and msg.startswith(f"{path}: its {problem}"), msg
     assert msg.endswith("resume with the code that wrote it, or start a new run")
     assert open(path, "rb").read() == before and ckpt.list_checkpoints(run) == [(2, path)]  # nothing written
+
+
+def test_the_queue_fails_such_a_resume_at_once_instead_of_retrying_it(toy, tmp_path, monkeypatch):
+    """The real command under run_jobs.py (``pretrain.py --config-path <run> --config-name config resume=true``,
+    retries=2): one attempt, the line failed with the one-line reason."""
+    run = str(tmp_path / "r")
+    train(toy_train_config(toy, run, epochs=1, max_steps=2))
+    _edit_newest(run, _extra)
+    monkeypatch.setenv("PYTHONPATH", ROOT)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (tmp_path / "jobs.txt").write_text(
+        f"[ ] {sys.executable} {os.path.join(ROOT, 'pretrain.py')} --config-path {run} --config-name config "
+        "resume=true max_steps=3 hydra.run.dir=h  # id=resume retries=2\n"
+    )
+    out = io.StringIO()
+    rc = Runner(
+        RunnerConfig(jobs_path=str(tmp_path / "jobs.txt"), workdir=str(tmp_path), poll_interval=0.05), out
+    ).run()
+    (job,) = JobFile.read(str(tmp_path / "jobs.txt")).jobs
+    assert rc == 1 and job.mark == FAILED and "rerunning" not in out.getvalue()
+    assert (
+        "not retried; bad input: " in job.note
+        and "its 'model' state does not fit this run (unexpected keys inner.extra_gate)" in job.note
+    ), job.note
+    log = (tmp_path / "logs" / "resume.log").read_text()
+    assert log.count("=== $ ") == 1 and "Traceback" not in log
 
 
 # ---------------------------------------------------------------------------------------------- convert
