@@ -233,3 +233,19 @@ def test_yaml_errors_from_omegaconf_are_bad_input_naming_the_file(tmp_path):
         f"{y}: malformed YAML at line 3, column 1: expected ',' or ']', but got '<stream end>' (while parsing a "
         "flow sequence from line 2, column 13)"
     )
+
+
+def test_a_non_utf8_jobs_file_is_one_line_naming_it(tmp_path):
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_bytes(b"[ ] echo caf\xe9\n")
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "run_jobs.py"), str(jobs)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        cwd=str(tmp_path),
+        timeout=60,
+    )
+    assert r.returncode == 2 and _one_line(r.stderr) == (
+        f"run_jobs.py: error: {jobs}: not UTF-8 text (byte 0xe9 at offset 12); save it as UTF-8"
+    )

@@ -39,6 +39,7 @@ from typing import Iterator, Optional, Union
 
 import filelock
 
+from core.errors import not_utf8_message
 from core.io import atomic_write
 
 from .requirements import JobFileError, parse_requirement
@@ -354,6 +355,8 @@ class JobFile:
                 text = f.read()
         except FileNotFoundError:
             raise JobFileError(f"jobs file not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise JobFileError(not_utf8_message(path, e)) from None
         return cls.parse(text, path)
 
     def render(self) -> str:
