@@ -14,7 +14,7 @@ import os
 import sys
 
 from experiments.queue.check import check_jobs
-from experiments.queue.jobfile import JobFileError
+from experiments.queue.jobfile import JobFileError, parse_duration
 from experiments.queue.runner import Runner, RunnerConfig
 
 
@@ -58,7 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--once", action="store_true", help="take one job, run it, exit")
     p.add_argument(
-        "--kill-grace", type=float, default=30.0, help="seconds between SIGINT and SIGKILL for running jobs on Ctrl-C"
+        "--kill-grace",
+        type=float,
+        default=30.0,
+        help="seconds between SIGINT and SIGKILL for running jobs on Ctrl-C (SIGTERM and SIGKILL past a timeout)",
+    )
+    p.add_argument(
+        "--timeout",
+        default="none",
+        help="time limit of each job attempt, e.g. 90m, 12h, 1d (per job: timeout=DURATION or timeout=none); past "
+        "it the job's process group gets SIGTERM, SIGKILL after --kill-grace, and the line is marked failed "
+        "(timed out), not retried",
     )
     p.add_argument("--workdir", default=None, help="working directory of the commands (default: current)")
     return p
@@ -78,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             once=args.once,
             resume_arg=args.resume_arg,
             kill_grace=args.kill_grace,
+            timeout=parse_duration(args.timeout, "--timeout"),
             workdir=args.workdir,
         )
         if not os.path.isfile(args.jobs):

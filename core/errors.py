@@ -14,7 +14,13 @@ What counts as bad input:
 * Hydra's composition errors (an unknown or misspelt override such as ``encoder.hiden_size=…``, a missing config
   group option, override syntax); :func:`run_hydra_main` lets them reach :func:`user_errors`;
 * an ``OSError`` about a named path that retrying cannot fix: permission denied, read-only file system, no such
-  file or directory, not a directory, is a directory, exists (disk full / I/O errors stay crashes).
+  file or directory, not a directory, is a directory, exists (disk full / I/O errors stay crashes);
+* a malformed YAML file (PyYAML's error names the file and the line), wherever it is read: a config Hydra
+  composes (``--config-path <run dir> --config-name config``), ``OmegaConf.load``.
+
+The platform's own readers of input files (:mod:`core.io`: ``read_text`` / ``read_json`` / ``read_yaml``) turn a
+file that is not UTF-8 text or not well-formed into a PlatformError naming the file (:func:`not_utf8_message`,
+:func:`yaml_error_message`).
 
 When the environment names a file in ``TRM_JOB_ERROR_FILE`` (``run_jobs.py`` sets it for every job) the message
 is also written there: the queue then marks the job failed instead of retrying it (a deterministic error fails
@@ -31,6 +37,7 @@ import re
 import sys
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 
+import yaml
 from hydra.errors import CompactHydraException
 
 #: exit status of bad input (pretrain.py, pretrain_encoder.py, evaluate.py)
@@ -114,6 +121,28 @@ def _os_error_message(e: OSError) -> Optional[str]:
     return f"{where}: {what}{hint}"
 
 
+def not_utf8_message(path: str, e: UnicodeDecodeError) -> str:
+    """``<path>: not UTF-8 text (byte 0xff at offset 12)``: the one-line message of a file that does not decode."""
+    bad = e.object[e.start : e.start + 1] if isinstance(e.object, (bytes, bytearray)) else b""
+    byte = f"byte 0x{bad[0]:02x} " if bad else ""
+    return f"{path}: not UTF-8 text ({byte}at offset {e.start}); save it as UTF-8"
+
+
+def yaml_error_message(e: yaml.YAMLError, path: Optional[str] = None) -> str:
+    """One line for a PyYAML error, naming the file (``path``, else the name PyYAML recorded) and the line:
+    ``run/config.yaml: malformed YAML at line 2, column 1: expected ',' or ']', but got '<stream end>' (while
+    parsing a flow sequence from line 1, column 5)``."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"{path or '<yaml>'}: malformed YAML ({first})"
+    mark = e.problem_mark
+    where = path or mark.name
+    msg = f"{where}: malformed YAML at line {mark.line + 1}, column {mark.column + 1}: {e.problem or e.context}"
+    if e.context and e.problem and e.context_mark is not None:
+        msg += f" ({e.context} from line {e.context_mark.line + 1}, column {e.context_mark.column + 1})"
+    return msg
+
+
 def user_error_message(exc: BaseException) -> Optional[str]:
     """The one-line message of ``exc`` when it is bad input; None for a crash (keep the traceback)."""
     if isinstance(exc, user_error_types()):
@@ -126,6 +155,8 @@ def user_error_message(exc: BaseException) -> Optional[str]:
         return one_line(msg)
     if isinstance(exc, OSError):
         return _os_error_message(exc)
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        return one_line(yaml_error_message(exc))
     return None
 
 
@@ -186,7 +217,43 @@ def run_hydra_main(main, code: int = EXIT_USER_ERROR, known_keys: Optional[Calla
     (Hydra re-raises instead of printing when HYDRA_FULL_ERROR=1.)"""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     with user_errors(code, known_keys):
+        for path in _primary_config_files(sys.argv):  # Hydra's read of a non-UTF-8 file names no file
+            try:
+                with open(path, encoding="utf-8") as f:
+                    f.read()
+            except UnicodeDecodeError as e:
+                fail(not_utf8_message(path, e), code)
         main()
+
+
+_HYDRA_DIR_FLAGS = ("--config-path", "-cp", "--config-dir", "-cd")
+_HYDRA_NAME_FLAGS = ("--config-name", "-cn")
+
+
+def _primary_config_files(argv: list[str]) -> list[str]:
+    """The config file a command line names with ``--config-path`` / ``--config-dir`` and ``--config-name``
+    (``<dir>/<name>.yaml``; a relative dir: from the working directory or the script's), when it exists."""
+    dirs, name = [], None
+    for i, arg in enumerate(argv[1:], start=1):
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if flag in _HYDRA_DIR_FLAGS:
+            dirs.append(value)
+        elif flag in _HYDRA_NAME_FLAGS:
+            name = value
+    if not name:
+        return []
+    name = name if name.endswith((".yaml", ".yml")) else name + ".yaml"
+    script_dir = os.path.dirname(os.path.abspath(argv[0])) if argv and argv[0] else os.getcwd()
+    found = []
+    for d in dirs:
+        for base in (os.getcwd(), script_dir):
+            path = os.path.join(base, d, name)
+            if os.path.isfile(path):
+                found.append(path)
+                break
+    return found
 
 
 __all__ = [
@@ -197,6 +264,8 @@ __all__ = [
     "ERROR_FILE_ENV",
     "user_error_types",
     "user_error_message",
+    "not_utf8_message",
+    "yaml_error_message",
     "one_line",
     "fail",
     "user_errors",

@@ -9,10 +9,10 @@ a pipe, the job queue or SLURM get no carriage-return bar frames.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from typing import Any, Optional, Sequence, TypeVar
 
+from core.io import read_json
 from dataset.errors import DatasetError
 
 T = TypeVar("T")
@@ -60,7 +60,7 @@ def first_per_subset(puzzles: Sequence[T], max_puzzles: Optional[int]) -> list[T
 
 def read_json_unique_ids(path: str) -> Any:
     """The JSON in ``path``, refusing a top-level object that names one key (a puzzle id) twice: ``json.load``
-    would silently keep the last one and a puzzle would vanish from the build. A missing or malformed file
+    would silently keep the last one and a puzzle would vanish from the build. A missing, non-UTF-8 or malformed file
     raises :class:`DatasetError` naming it."""
     last: list = [None, ()]  # (object, its duplicated keys) of the latest object the decoder closed
 
@@ -72,13 +72,7 @@ def read_json_unique_ids(path: str) -> Any:
             last[1] = tuple((k, n) for k, n in counts.items() if n > 1)
         return obj
 
-    try:
-        with open(path) as f:
-            data = json.load(f, object_pairs_hook=pairs_hook)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: malformed JSON ({e})") from None
+    data = read_json(path, DatasetError, object_pairs_hook=pairs_hook)
     if data is last[0] and last[1]:  # the top-level object is the last one closed
         (key, n), rest = last[1][0], len(last[1]) - 1
         more = f" (and {rest} more duplicated id{'s' if rest > 1 else ''})" if rest else ""

@@ -6,13 +6,13 @@ optional), the sha256 of its ``identifiers.json``, and whether a directory is a 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Optional
 
 import numpy as np
 import pydantic
 
+from core.io import read_json
 from dataset.errors import DatasetError
 from dataset.tokens import ARC_MAX_GRID
 
@@ -80,13 +80,9 @@ def identifiers_sha256(data_dir: str) -> Optional[str]:
 
 def load_metadata(split_dir: str) -> DatasetMetadata:
     path = os.path.join(split_dir, "dataset.json")
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing (is this a built dataset directory?)") from None
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: malformed JSON ({e})") from None
+    raw = read_json(path, DatasetError, "missing (is this a built dataset directory?)")
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{path}: expected a JSON object of dataset fields, got {type(raw).__name__}")
     if "total_puzzles" not in raw:
         idx = os.path.join(split_dir, "all__puzzle_indices.npy")
         if os.path.exists(idx):

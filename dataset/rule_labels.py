@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 
+from core.io import read_json
 from dataset.build_arc_dataset import read_identifiers_map
 from dataset.errors import DatasetError
 from dataset.rule_identity import conjugate_params
@@ -96,11 +97,7 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
 def _read_rules(path: str) -> dict:
     if not os.path.isfile(path):
         raise DatasetError(f"rule labels {path}: no such file (the synthetic builder's <prefix>_rules.json)")
-    with open(path) as f:
-        try:
-            rules = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DatasetError(f"rule labels {path}: not valid JSON ({e})") from None
+    rules = read_json(path, DatasetError)
     if not isinstance(rules, dict) or not rules:
         raise DatasetError(
             f"rule labels {path}: expected a non-empty object puzzle name -> {{'family': ..., 'params': ...}}"

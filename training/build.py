@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
+from core.io import read_omegaconf_yaml
 from dataset.loader import PuzzleDatasetConfig, create_dataloader
 from dataset.metadata import DatasetMetadata
 from dataset.rule_labels import rule_label_table
@@ -393,7 +393,7 @@ def _load_original_layout(path: str) -> Tuple[Dict[str, torch.Tensor], Optional[
     cfg_path = os.path.join(os.path.dirname(os.path.abspath(path)), "all_config.yaml")
     arch = None
     if os.path.isfile(cfg_path):
-        raw = OmegaConf.to_container(OmegaConf.load(cfg_path), resolve=True)
+        raw = read_omegaconf_yaml(cfg_path, CheckpointError)
         if isinstance(raw, dict) and isinstance(raw.get("arch"), dict):
             arch = compat.original_arch_to_ours(raw["arch"])
     if arch is None:

@@ -413,11 +413,12 @@ def _legacy_global(name: str) -> Optional[Any]:
     return None
 
 
-def convert_legacy(path: str) -> str:
+def convert_legacy(path: str) -> bool:
     """Rewrite a checkpoint of an older version of this code (pickled numpy RNG state / carry dataclasses) as
-    plain data. The file is unpickled with ``weights_only=True`` and an allow-list of the globals such files hold
-    (numpy arrays / scalars / dtypes, this project's dataclasses): a file naming anything else is refused before
-    anything in it runs."""
+    plain data; True when it was rewritten, False when it is already in the current format (left as it is). The
+    file is unpickled with ``weights_only=True`` and an allow-list of the globals such files hold (numpy arrays /
+    scalars / dtypes, this project's dataclasses): a file naming anything else is refused before anything in it
+    runs."""
     if not zipfile.is_zipfile(path):
         raise CheckpointError(
             f"{path}: not a torch checkpoint (no zip archive: a raw pickle or torch's pre-1.6 "
@@ -429,6 +430,9 @@ def convert_legacy(path: str) -> str:
         raise CheckpointError(
             f"{path}: not a torch checkpoint ({_first_line(e)}); refused, nothing in it was executed"
         ) from None
+    if not names:  # plain data only: the current format (read_checkpoint refuses anything else)
+        read_checkpoint(path, mmap=True)
+        return False
     allowed = {n: _legacy_global(n) for n in names}
     refused = sorted(n for n, obj in allowed.items() if obj is None)
     if refused:
@@ -443,7 +447,7 @@ def convert_legacy(path: str) -> str:
         raise CheckpointError(f"{path}: not a trm-platform checkpoint; nothing converted")
     save_checkpoint_atomic(state, path)
     read_checkpoint(path)  # loads with weights_only=True now
-    return path
+    return True
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -456,15 +460,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("paths", nargs="+", help="step_*.pt files (or run directories: all their step_*.pt)")
     args = ap.parse_args(argv)
     files = [p for a in args.paths for p in ([c for _, c in list_checkpoints(a)] if os.path.isdir(a) else [a])]
-    try:
-        for f in files:
+    failed = 0
+    for f in files:  # one file that cannot be converted does not stop the others
+        try:
             if not os.path.isfile(f):
                 raise CheckpointError(f"{f}: checkpoint file not found")
-            print(f"converted {convert_legacy(f)}")
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+            print(f"converted {f}" if convert_legacy(f) else f"skipped {f}: already in the current format")
+        except CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ class ConfigError(PlatformError, ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: a float key set to inf / nan (lr=inf) is refused at validation, in one line
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class WandbConfig(_Strict):

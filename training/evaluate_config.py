@@ -20,7 +20,8 @@ class EvaluateConfig(pydantic.BaseModel):
     """Validated evaluation config (unknown keys raise, pitfall 8). These field defaults are the only defaults:
     config/cfg_evaluate.yaml composes them (Hydra ConfigStore node ``evaluate_defaults``) with an arch group."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    # allow_inf_nan=False: ttt_lr=inf (or nan) is refused here in one line, not after a whole evaluation
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
 
     checkpoint: str  # our checkpoint file / run dir, or an original TRM state-dict file
     data_path: str  # built dataset directory (test/; ARC-format data also identifiers.json, test_puzzles.json)

@@ -28,10 +28,9 @@ import time
 from typing import Any, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 import models
-from core.io import atomic_write, write_json_atomic
+from core.io import atomic_write, read_omegaconf_yaml, write_json_atomic
 from dataset.metadata import load_metadata
 from dataset.rule_labels import rule_label_table
 from evaluators import ARCEvaluator
@@ -219,7 +218,7 @@ def load_model(
             raise EvaluateError("original_trm_checkpoint=true needs an arch (the format stores no config): arch=trm")
         original_arch = None
         if cfg.original_arch_config:
-            raw = OmegaConf.to_container(OmegaConf.load(cfg.original_arch_config), resolve=True)
+            raw = read_omegaconf_yaml(cfg.original_arch_config, EvaluateError)
             original_arch = raw.get("arch", raw) if isinstance(raw, dict) else None
             if not isinstance(original_arch, dict):
                 raise EvaluateError(f"original_arch_config={cfg.original_arch_config!r}: no arch section")

@@ -91,19 +91,21 @@ def eval_line(step: int, metrics: dict[str, Any]) -> Optional[str]:
 
 def _truncate_after(path: str, step: int) -> None:
     """Keep the lines of a metrics.jsonl logged at or before ``step`` (a resumed run logs the later ones again);
-    a line cut short by a crash mid-write is dropped."""
+    a line cut short by a crash mid-write (or damaged: not UTF-8, not a JSON object) is dropped."""
     if not os.path.isfile(path):
         return
     keep = []
-    with open(path) as f:
-        for line in f:
+    with open(path, "rb") as f:
+        for raw in f:
             try:
+                line = raw.decode("utf-8")
                 row = json.loads(line)
             except ValueError:
                 continue
-            if row.get("step", 0) <= step:
+            at = row.get("step", 0) if isinstance(row, dict) else None
+            if isinstance(at, (int, float)) and at <= step:
                 keep.append(line.rstrip("\n") + "\n")
-    atomic_write(path, lambda f: f.writelines(keep))
+    atomic_write(path, lambda f: f.writelines(keep), encoding="utf-8")
 
 
 def _isatty(stream: Any) -> bool:

@@ -13,9 +13,8 @@ import logging
 import os
 from typing import Any, Optional
 
-import yaml
-
 from core.errors import PlatformError
+from core.io import read_yaml
 from training.checkpoint import CheckpointError, find_latest_checkpoint, read_checkpoint
 from training.report import METRICS_FILE
 from training.summary import SUMMARY_FILE
@@ -38,21 +37,21 @@ def run_folder(path: str) -> str:
 
 def read_metrics(run_dir: str) -> Series:
     """``{metric: (steps, values)}`` from ``<run_dir>/metrics.jsonl`` (or that file's own path). Lines that are
-    not a JSON object with a ``step`` (e.g. a half-written last line of a running run) are skipped with a
-    warning."""
+    not a UTF-8 JSON object with a finite ``step`` (e.g. a half-written last line of a running run, a damaged
+    byte, ``"step": Infinity``) are skipped with a warning."""
     path = run_dir if os.path.isfile(run_dir) else os.path.join(run_dir, METRICS_FILE)
     if not os.path.isfile(path):
         raise RunFilesError(f"{path}: not found (is {run_dir} a run directory of this platform's training loop?)")
     series: Series = {}
     skipped = 0
-    with open(path) as f:
+    with open(path, "rb") as f:  # line by line: one damaged line is skipped, not the file
         for line in f:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
-                step = int(rec["step"])
-            except (ValueError, TypeError, KeyError):
+                rec = json.loads(line.decode("utf-8"))
+                step = int(rec["step"])  # OverflowError: Infinity; ValueError: NaN, not UTF-8, not JSON
+            except (ValueError, TypeError, KeyError, OverflowError):
                 skipped += 1
                 continue
             for k, v in rec.items():
@@ -61,9 +60,13 @@ def read_metrics(run_dir: str) -> Series:
                     steps.append(step)
                     values.append(float(v))
     if skipped:
-        log.warning("%s: skipped %d line(s) that are not a JSON object with a step", path, skipped)
+        log.warning("%s: skipped %d line(s) that are not a JSON object with a finite step", path, skipped)
     if not series:
-        raise RunFilesError(f"{path}: no metrics logged yet")
+        raise RunFilesError(
+            f"{path}: none of its {skipped} line(s) is a JSON object with a finite step (is it a metrics.jsonl?)"
+            if skipped
+            else f"{path}: no metrics logged yet"
+        )
     return series
 
 
@@ -92,11 +95,7 @@ def run_labels(run_dirs: list[str]) -> list[str]:
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        raise RunFilesError(f"{path}: malformed YAML ({str(e).splitlines()[0]})") from None
+    data = read_yaml(path, RunFilesError)
     if not isinstance(data, dict):
         raise RunFilesError(f"{path}: not a config (a YAML mapping), got {type(data).__name__}")
     return data

@@ -197,6 +197,46 @@ def training_components(
     }
 
 
+def _module_mismatch(module: nn.Module, saved: Any) -> Optional[str]:
+    """What keeps ``saved`` from loading into ``module`` (missing / unexpected keys, other shapes), or None."""
+    if not isinstance(saved, Mapping):
+        return f"a {type(saved).__name__}, not a state_dict"
+    own = module.state_dict()
+    missing, unexpected = sorted(own.keys() - saved.keys()), sorted(saved.keys() - own.keys())
+    shapes = [
+        f"{k} {tuple(saved[k].shape)} vs {tuple(own[k].shape)}"
+        for k in sorted(own.keys() & saved.keys())
+        if isinstance(saved[k], torch.Tensor) and saved[k].shape != own[k].shape
+    ]
+    parts = [
+        f"{what} {', '.join(names[:6])}{f' (+{len(names) - 6} more)' if len(names) > 6 else ''}"
+        for what, names in (("missing keys", missing), ("unexpected keys", unexpected), ("other shapes", shapes))
+        if names
+    ]
+    return "; ".join(parts) or None
+
+
+def _restore_component(key: str, component: Component, saved: Any, path: str) -> None:
+    """``component.load_state_dict(saved)``; a saved state that does not fit (a model state_dict with missing or
+    extra keys or other shapes, an EMA / optimizer of other parameters) is refused with one line
+    (:class:`~training.checkpoint.CheckpointError`: the job queue fails the job instead of retrying it, as every
+    attempt would fail the same way)."""
+    advice = (
+        "the code or the run's config changed since it was saved; resume with the code that wrote it, or start a "
+        "new run"
+    )
+    problem = _module_mismatch(component, saved) if isinstance(component, nn.Module) else None
+    if problem is None:
+        try:
+            component.load_state_dict(saved)
+            return
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+            text = e.args[0] if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str) else str(e)
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            problem = f"{type(e).__name__}: {' '.join(lines)}" if lines else type(e).__name__
+    raise ckpt.CheckpointError(f"{path}: its '{key}' state does not fit this run ({problem}); {advice}")
+
+
 # ---------------------------------------------------------------------------------------------------
 class CheckpointManager:
     """Saves and restores one run's full state (see module docstring).
@@ -304,10 +344,10 @@ class CheckpointManager:
         for key, component in self.components.items():
             saved = state.get(key, _ABSENT_IN_OLDER_FILES.get(key))
             if component is not None and saved is not None:
-                component.load_state_dict(saved)
+                _restore_component(key, component, saved, state["_path"])
         mine = state["per_rank"][self.info.rank]
         for key, component in self.per_rank.items():
-            component.load_state_dict(mine[key])
+            _restore_component(key, component, mine.get(key), state["_path"])
         p.carry = (
             ckpt.tree_map_tensors(mine["carry"], lambda t: t.to(self.info.device))
             if mine["carry"] is not None

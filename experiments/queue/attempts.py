@@ -58,6 +58,11 @@ def fmt_duration(s: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
+def fmt_limit(s: float) -> str:
+    """A time limit (or the time run up to it): ``0.5s``, ``45s``, ``1m30s``, ``2h00m00s``."""
+    return f"{round(s, 1):g}s" if s < 60 else fmt_duration(s)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -177,6 +182,8 @@ class Attempt:
     log_path: str
     summary: Optional[str]
     job_id: Optional[str] = None  # the line's id=, exported as TRM_JOB_ID (the run's default W&B group)
+    timeout: Optional[float] = None  # seconds an attempt may run (the line's timeout=, else run_jobs.py --timeout)
+    timed_out_at: Optional[float] = None  # when this attempt ran out of time and was sent SIGTERM
     started: float = field(default_factory=time.time)
     attempt_started: float = field(default_factory=time.time)
     proc: Optional[subprocess.Popen] = None
@@ -213,6 +220,7 @@ class Attempt:
     def spawn(self, *, workdir: str, shell: str, set_gpus: bool) -> str:
         """Start this attempt's command (its header lines appended to the log first); returns the command run."""
         self.attempt_started = time.time()
+        self.timed_out_at = None
         cmd = self.effective_command
         env = self.environment(set_gpus=set_gpus)
         try:
@@ -238,14 +246,35 @@ class Attempt:
             )
         return cmd
 
-    def kill(self, sig: int) -> None:
-        """Signal the command's whole process group (no-op once it exited)."""
-        if self.proc is None or self.proc.poll() is not None:
+    def kill(self, sig: int, *, leftovers: bool = False) -> None:
+        """Signal the command's whole process group (no-op once it exited; ``leftovers``: also after the command
+        itself exited, to end what is left of its group, e.g. a child that ignored SIGTERM)."""
+        if self.proc is None or (self.proc.poll() is not None and not leftovers):
             return
         try:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def check_timeout(self, kill_grace: float) -> Optional[str]:
+        """Enforce the time limit on a running attempt: past ``timeout`` its process group gets SIGTERM (the
+        training loop then stops at the next step with a checkpoint), ``kill_grace`` seconds later SIGKILL.
+        Returns a line to log when it sends SIGTERM (else None)."""
+        if self.timeout is None or self.proc is None or self.proc.poll() is not None:
+            return None
+        t = time.time()
+        if self.timed_out_at is None:
+            if t - self.attempt_started < self.timeout:
+                return None
+            self.timed_out_at = t
+            self.kill(signal.SIGTERM)
+            return (
+                f"{self.label}: timed out (timeout {fmt_limit(self.timeout)}); SIGTERM to its process group, "
+                f"SIGKILL after {kill_grace:g}s"
+            )
+        if t - self.timed_out_at >= kill_grace:
+            self.kill(signal.SIGKILL)
+        return None
 
     def summary_written(self) -> Optional[dict]:
         """The run's summary.json if this attempt wrote it (else None)."""

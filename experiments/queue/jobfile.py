@@ -39,6 +39,7 @@ from typing import Iterator, Optional, Union
 
 import filelock
 
+from core.errors import not_utf8_message
 from core.io import atomic_write
 
 from .requirements import JobFileError, parse_requirement
@@ -46,7 +47,7 @@ from .requirements import JobFileError, parse_requirement
 PENDING, RUNNING, DONE, FAILED, SKIPPED = " ", "~", "x", "!", "-"
 MARKS = {PENDING: "pending", RUNNING: "running", DONE: "done", FAILED: "failed", SKIPPED: "skipped"}
 #: keys accepted in a metadata segment
-META_KEYS = ("id", "requires", "summary", "retries", "resume", "gpus")
+META_KEYS = ("id", "requires", "summary", "retries", "resume", "gpus", "timeout")
 #: first word of a status note (the runner's segment)
 STATUS_WORDS = ("done", "running", "failed", "skipped", "interrupted", "crashed")
 #: a pending line whose note starts with one of these is started with the resume argument
@@ -60,6 +61,27 @@ _TOKEN_RE = re.compile(r"\[t=([0-9a-zA-Z_-]+)\]")
 _KV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _ID_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _RUN_NAME_RE = re.compile(r"(?:^|\s)\+{0,2}run_name=['\"]?([^\s'\"]+)")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([dhms]?)")
+_DURATION_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
+#: values of ``timeout=`` (and ``run_jobs.py --timeout``) that mean no time limit
+NO_LIMIT = ("none", "off")
+
+
+def parse_duration(text: str, where: str = "timeout") -> Optional[float]:
+    """Seconds of a duration: ``90`` (seconds), ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m``, ``1.5h``; None for
+    ``none`` / ``off`` / ``0`` (no limit). Anything else raises :class:`JobFileError` naming ``where``."""
+    t = text.strip().lower()
+    if t in NO_LIMIT:
+        return None
+    parts = _DURATION_PART_RE.findall(t)
+    if not t or "".join(n + u for n, u in parts) != t or (len(parts) > 1 and not all(u for _, u in parts)):
+        raise JobFileError(
+            f"{where}: bad duration {text!r}; expected e.g. 90s, 30m, 2h, 1h30m, 1d (a bare number: seconds) or none"
+        )
+    seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise JobFileError(f"{where}: a duration must be > 0 (none: no limit), got {text!r}")
+    return seconds
 
 
 def split_shell_comment(text: str) -> tuple[str, str]:
@@ -135,6 +157,11 @@ class Job:
     @property
     def status(self) -> str:
         return MARKS[self.mark]
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds an attempt may run (its ``timeout=`` tag; None: no tag, or ``timeout=none``)."""
+        return parse_duration(self.meta["timeout"]) if "timeout" in self.meta else None
 
     @property
     def wants_resume(self) -> bool:
@@ -232,6 +259,8 @@ def _parse_meta(segment: str, where: str) -> Optional[tuple[dict[str, str], list
     for k in ("retries", "gpus"):
         if k in meta and not meta[k].isdigit():
             raise JobFileError(f"{where}: job tag '{k}' must be a non-negative integer, got '{meta[k]}'")
+    if "timeout" in meta:
+        parse_duration(meta["timeout"], f"{where}: job tag 'timeout'")
     return meta, requires
 
 
@@ -326,6 +355,8 @@ class JobFile:
                 text = f.read()
         except FileNotFoundError:
             raise JobFileError(f"jobs file not found: {path}") from None
+        except UnicodeDecodeError as e:
+            raise JobFileError(not_utf8_message(path, e)) from None
         return cls.parse(text, path)
 
     def render(self) -> str:

@@ -46,6 +46,7 @@ from .attempts import (
     describe_exit,
     deterministic_error,
     fmt_duration,
+    fmt_limit,
     job_slug,
     last_output_line,
     now,
@@ -70,7 +71,8 @@ class RunnerConfig:
     max_retries: int = 1  # reruns (with resume) of a crashed job
     once: bool = False  # take one job only
     resume_arg: str = "resume=true"
-    kill_grace: float = 30.0  # seconds between SIGINT and SIGKILL on Ctrl-C
+    kill_grace: float = 30.0  # seconds between SIGINT and SIGKILL on Ctrl-C (SIGTERM and SIGKILL on a timeout)
+    timeout: Optional[float] = None  # seconds an attempt may run unless its line says timeout=; None = no limit
     poll_interval: float = 0.5
     workdir: Optional[str] = None  # cwd of the commands and base of relative summary paths
     shell: str = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
@@ -80,6 +82,8 @@ class RunnerConfig:
             raise ValueError(f"--parallel must be >= 1, got {self.parallel}")
         if self.max_retries < 0:
             raise ValueError(f"--max-retries must be >= 0, got {self.max_retries}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ValueError(f"--timeout must be > 0 seconds (or none), got {self.timeout}")
         if self.gpus is not None:
             if not self.gpus or any(not g.strip() for g in self.gpus):
                 raise ValueError(f"--gpus must be a comma-separated list of GPU ids, got {self.gpus!r}")
@@ -122,6 +126,9 @@ class Runner:
     def _max_attempts(self, job: Job) -> int:
         return 1 + int(job.meta.get("retries", self.cfg.max_retries))
 
+    def _timeout(self, job: Job) -> Optional[float]:
+        return job.timeout if "timeout" in job.meta else self.cfg.timeout
+
     def _running_note(self, a: Attempt, child: Optional[int] = None) -> str:
         parts = [f"running: pid {os.getpid()} on {self.host}"]
         if child is not None:
@@ -130,6 +137,8 @@ class Runner:
         parts.append(f"attempt {a.attempt}/{a.max_attempts}" + (" (resume)" if a.resume else ""))
         if a.gpus:
             parts.append(f"gpus {'+'.join(a.gpus)}")
+        if a.timeout is not None:
+            parts.append(f"timeout {fmt_limit(a.timeout)}")
         parts.append(f"log {os.path.relpath(a.log_path, self.workdir)} [t={a.token}]")
         return ", ".join(parts)
 
@@ -237,6 +246,7 @@ class Runner:
                     log_path=os.path.join(self.logs_dir, job_slug(job) + ".log"),
                     summary=summary_path(job, self.workdir),
                     job_id=job.id,
+                    timeout=self._timeout(job),
                 )
                 if dec.reason:
                     self.log(f"{job.label}: {dec.reason}")
@@ -257,6 +267,9 @@ class Runner:
 
     # ------------------------------------------------------------------ finishing
     def _finish(self, a: Attempt, rc: int) -> None:
+        if a.timed_out_at is not None:  # even an exit status 0: it was stopped, it did not finish
+            self._finish_timed_out(a, rc)
+            return
         dur = fmt_duration(time.time() - a.started)
         logrel = os.path.relpath(a.log_path, self.workdir)
         if rc == 0:
@@ -289,6 +302,24 @@ class Runner:
         elif last:
             parts.append(f"last output: {last}")
         parts.append(f"log {logrel}")
+        self._set(a, FAILED, "; ".join(parts))
+        self.log(f"FAILED {a.label}: {'; '.join(parts)[8:]}")
+
+    def _finish_timed_out(self, a: Attempt, rc: int) -> None:
+        """An attempt stopped for running past its timeout: failed (a hanging job would hang again), never
+        retried; what is left of its process group is killed."""
+        a.kill(signal.SIGKILL, leftovers=True)
+        self.active.pop(a.token)
+        self.free_gpus.extend(a.gpus)
+        self.n_failed += 1
+        ran = fmt_limit((a.timed_out_at or time.time()) - a.attempt_started)
+        parts = [
+            f"failed: timed out after {ran} (timeout {fmt_limit(a.timeout or 0)}), {describe_exit(rc)}, not retried"
+        ]
+        last = last_output_line(a.log_path)
+        if last:
+            parts.append(f"last output: {last}")
+        parts.append(f"log {os.path.relpath(a.log_path, self.workdir)}")
         self._set(a, FAILED, "; ".join(parts))
         self.log(f"FAILED {a.label}: {'; '.join(parts)[8:]}")
 
@@ -343,6 +374,10 @@ class Runner:
                 for a in list(self.active.values()):
                     if a.proc is not None and a.proc.poll() is not None:
                         self._finish(a, a.proc.returncode)
+                    else:
+                        said = a.check_timeout(self.cfg.kill_grace)
+                        if said:
+                            self.log(said)
                 can_take = not (self.cfg.once and self.n_taken >= 1)
                 waiting = 0
                 while can_take and len(self.active) < slots and not self._interrupts:
@@ -405,6 +440,8 @@ class Runner:
                 else:
                     when = "later"
             n_slots -= 1
+            if self._timeout(job) is not None:
+                extra += f" [timeout {fmt_limit(self._timeout(job))}]"
             if dec.reason:
                 extra += f" [{dec.reason}]"
             self.out.write(f"  would run  {when} {head}{extra}\n      $ {cmd}\n")
