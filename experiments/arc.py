@@ -201,7 +201,8 @@ def draw_pictures(out: str, prefix: str, eval_dir: str, per_kind: int) -> dict[s
     drawn: dict[str, list[str]] = {"solved": [], "failed": []}
     for name in sorted(predictions):
         tests = sorted(predictions[name], key=lambda t: t["test_index"])
-        kind = "solved" if all(t["correct_rank"] is not None and t["correct_rank"] < 2 for t in tests) else "failed"
+        # correct_rank: 1-based rank of the true grid among the voted candidates (None: not among them)
+        kind = "solved" if all(t["correct_rank"] is not None and t["correct_rank"] <= 2 for t in tests) else "failed"
         if len(drawn[kind]) >= per_kind:
             continue
         puzzle = {

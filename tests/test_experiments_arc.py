@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import PlatformError
 from dataset.arc_sources import load_puzzles
-from experiments.arc import main, write_subset
+from experiments.arc import draw_pictures, main, write_subset
 
 
 def _task(rng, side_in, side_out=None, demos=3):
@@ -115,3 +115,25 @@ def test_the_trm_protocol_trains_with_the_evaluation_demos_and_scores_their_test
     again = main(args + ["--protocols", "trm"] + [a for o in tiny for a in ("--override", o)])
     assert again["protocols"]["trm"]["pass@1"] == row["pass@1"]
     assert (out / "trm" / "train.log").read_text().count("$ ") == 1  # trained once
+
+
+def test_pictures_sort_tasks_by_the_evaluator_s_one_based_rank(tmp_path):
+    """predictions.json's ``correct_rank`` is 1-based (None: the truth is not among the candidates): a task is
+    solved when every test output ranks 1 or 2."""
+    prefix = write_tasks(str(tmp_path / "src"), {"training": [(2, 2)], "evaluation": [(2, 2)] * 4})
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    grid = [[1, 2], [3, 4]]
+    cand = {"grid": grid, "votes": 1, "mean_q": 0.5}
+    ranks = {"ev000": 1, "ev001": 2, "ev002": 3, "ev003": None}
+    preds = {n: [{"test_index": 0, "correct_rank": r, "candidates": [cand]}] for n, r in ranks.items()}
+    (ev / "predictions.json").write_text(json.dumps(preds))
+    drawn = draw_pictures(str(tmp_path / "out"), prefix, str(ev), per_kind=3)
+    names = {k: [os.path.basename(p) for p in v] for k, v in drawn.items()}
+    assert names == {
+        "solved": ["solved_ev000.png", "solved_ev001.png"],
+        "failed": ["failed_ev002.png", "failed_ev003.png"],
+    }
+    assert draw_pictures(str(tmp_path / "out2"), prefix, str(ev), per_kind=1)["failed"] == [
+        str(tmp_path / "out2" / "pictures" / "failed_ev002.png")
+    ]
