@@ -40,7 +40,6 @@ from models.layers import (
     CastedLinear,
     ReasoningModule,
     RotaryEmbedding,
-    RotaryEmbedding2D,
     TransformerBlock,
     resolve_dtype,
 )
@@ -94,10 +93,9 @@ class ArchConfig(BaseModel):
     expansion: float = Field(4.0, gt=0)
     puzzle_emb_ndim: int = Field(512, ge=0)
     puzzle_emb_len: int = Field(16, ge=0)
-    # rope: 1D RoPE over the flattened canvas (published TRM); rope2d: RoPE over (row, column) of the square
-    # canvas (a fixed flip of 2-6-sided grids: 0.75 train exact in 800 steps against 0.38 for rope; 076a67b,
-    # docs/record/2026-11-25-spatial-core-fit-probes.md); learned: absolute embeddings; none
-    pos_encodings: Literal["rope", "rope2d", "learned", "none"] = "rope"
+    # rope: 1D RoPE over the flattened canvas (published TRM); learned: absolute embeddings; none (rope2d: removed,
+    # models.legacy.REMOVED)
+    pos_encodings: Literal["rope", "learned", "none"] = "rope"
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     forward_dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
@@ -105,7 +103,7 @@ class ArchConfig(BaseModel):
 
     def for_encoder(self, encoder_hidden_size: int) -> "ArchConfig":
         """This config as the core of an ETRM whose encoder has width ``encoder_hidden_size`` (a variant that
-        reads the encoder's states fills its sizes here, ``models/variants/trm_memory.py``; others: unchanged)."""
+        reads the encoder's states fills its sizes here, ``models/variants/trm_views.py``; others: unchanged)."""
         return self
 
     @model_validator(mode="after")
@@ -114,12 +112,6 @@ class ArchConfig(BaseModel):
         head_dim = head_dim_of(self)
         if self.pos_encodings == "rope" and head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got hidden_size/num_heads = {head_dim}")
-        if self.pos_encodings == "rope2d" and head_dim % 4:
-            raise ValueError(
-                f"2D RoPE (pos_encodings=rope2d) needs a head dimension divisible by 4 (half of its "
-                f"frequency pairs turn with the row, half with the column), got hidden_size/num_heads = "
-                f"{head_dim}"
-            )
         return self
 
 
@@ -188,24 +180,20 @@ class IOStem(nn.Module):
 
     # -- the hooks a variant (models/variants/) overrides ---------------------------------------------
     def build_positions(self, config) -> None:
-        """``rotary_emb`` (rope, rope2d) or ``embed_pos`` (learned) of ``config.pos_encodings``."""
+        """``rotary_emb`` (rope) or ``embed_pos`` (learned) of ``config.pos_encodings``."""
         head_dim = config.hidden_size // config.num_heads
         if self.pos_encodings == "rope":
             self.rotary_emb = RotaryEmbedding(head_dim, self.total_seq_len, base=config.rope_theta)
-        elif self.pos_encodings == "rope2d":
-            self.rotary_emb = RotaryEmbedding2D(
-                head_dim, self.canvas_side("pos_encodings=rope2d"), self.puzzle_emb_len, base=config.rope_theta
-            )
         elif self.pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(
                 self.total_seq_len, config.hidden_size, init_std=self.embed_init_std, cast_to=self.forward_dtype
             )
         elif self.pos_encodings != "none":
-            raise ValueError(f"pos_encodings must be rope, rope2d, learned or none, got {self.pos_encodings!r}")
+            raise ValueError(f"pos_encodings must be rope, learned or none, got {self.pos_encodings!r}")
 
     def cos_sin(self, inputs: torch.Tensor):
-        """What every attention layer of this forward gets: the RoPE tables (rope, rope2d) or None."""
-        return self.rotary_emb() if self.pos_encodings in ("rope", "rope2d") else None
+        """What every attention layer of this forward gets: the RoPE tables (rope) or None."""
+        return self.rotary_emb() if self.pos_encodings == "rope" else None
 
     def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
         """[b, seq, hidden] embeddings of the tokens (before the prefix and the sqrt(hidden) scale)."""

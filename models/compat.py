@@ -35,31 +35,26 @@ import torch
 from torch import nn
 
 from core.errors import PlatformError
-from models.registry import _to_dict, parse_arch_config
+from models.registry import ARCH_REGISTRY, _to_dict, parse_arch_config
 
-# Fields that change what the weights mean: a mismatch is refused unless explicitly allowed. (A variant's
-# parameters differ from TRM's by its name: trm vs trm_grid.)
-STRUCTURAL_FIELDS = (
-    "name",
-    "hidden_size",
-    "num_heads",
-    "expansion",
-    "L_layers",
-    "H_layers",
-    "num_layers",
-    "H_cycles",
-    "L_cycles",
-    "puzzle_emb_ndim",
-    "puzzle_emb_len",
-    "pos_encodings",
-    "mlp_t",
-    "rope_theta",
-    "rms_norm_eps",
-    "pointer_source",
+# Every field of the architecture's config class is compared (structural: a mismatch is refused unless allowed), but
+# these: run-time choices, never compared (dtype, exploration, eval-halting, the loss; vocab_size / seq_len are
+# statements about the data, checked against it) ...
+RUNTIME_FIELDS = frozenset(
+    {"forward_dtype", "halt_exploration_prob", "halt_early_in_eval", "loss", "vocab_size", "seq_len"}
 )
-# Fields that change behaviour but not the meaning of weights: a mismatch only warns.
-# (forward_dtype, exploration and eval-halting are run-time choices and are not compared.)
-BEHAVIOURAL_FIELDS = ("halt_max_steps", "no_ACT_continue")
+# ... and behavioural ones, which change the computation but not the meaning of the weights: a mismatch only warns.
+BEHAVIOURAL_FIELDS = frozenset({"halt_max_steps", "no_ACT_continue"})
+
+
+def compared_fields(cfg: Mapping[str, Any]) -> list:
+    """The fields :func:`check_arch_compat` compares for a config of this name: every field of its config class (of
+    every registered class for an unknown name, e.g. a removed one) minus :data:`RUNTIME_FIELDS`."""
+    configs = ARCH_REGISTRY.configs()
+    if cfg.get("name") in ARCH_REGISTRY:
+        configs = [ARCH_REGISTRY.entry(cfg["name"]).config]
+    fields = dict.fromkeys(f for c in configs for f in c.model_fields)
+    return [f for f in fields if f not in RUNTIME_FIELDS]
 
 
 class ArchMismatchError(PlatformError, ValueError):
@@ -82,23 +77,25 @@ def normalise_arch(cfg: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 def check_arch_compat(stored: Any, current: Any, *, allow: Iterable[str] = (), context: str = "checkpoint") -> None:
-    """Refuse a load whose stored architecture config differs from the current one on a structural field.
+    """Refuse a load whose stored architecture config differs from the current one on a structural field: any field
+    of the config class (:func:`compared_fields`: a variant's own fields too, e.g. ``memory_read``) but the run-time
+    and behavioural ones.
 
     Raises :class:`ArchMismatchError` naming every differing field with both values (e.g.
     ``L_cycles: checkpoint has 4, model has 6``) unless the field is in ``allow``; behavioural differences
-    (halt_max_steps, ...) and allowed ones are reported with ``warnings.warn``.
+    (halt_max_steps, no_ACT_continue) and allowed ones are reported with ``warnings.warn``.
     """
     s, c = normalise_arch(_as_dict(stored)), normalise_arch(_as_dict(current))
     allow = set(allow)
     refused, warned = [], []
-    for key in STRUCTURAL_FIELDS + BEHAVIOURAL_FIELDS:
+    for key in dict.fromkeys(compared_fields(s) + compared_fields(c)):
         if key not in s and key not in c:
             continue
         sv, cv = s.get(key, "<missing>"), c.get(key, "<missing>")
-        if sv == cv:
+        if sv == cv or cv is None:  # None: a size the model fills at build time (memory_width from the encoder)
             continue
         line = f"{key}: {context} has {sv!r}, model has {cv!r}"
-        if key in STRUCTURAL_FIELDS and key not in allow:
+        if key not in BEHAVIOURAL_FIELDS and key not in allow:
             refused.append(line)
         else:
             warned.append(line)

@@ -28,8 +28,8 @@ from core.nn import SwiGLU, rms_norm, trunc_normal_init_
 from core.nn import swiglu_width as swiglu_intermediate_size  # noqa: F401
 from core.ops import linear_chunks, rotate_half  # noqa: F401 (rotate_half: re-exported)
 
-# what every attention layer of one forward gets: RoPE tables (cos, sin), None, or a variant's own positions
-# (models.variants.trm_pointer.PointerPositions, read by its attention layer)
+# what every attention layer of one forward gets: RoPE tables (cos, sin), None, or a variant's own positions (read by
+# its own attention layer, IOStem.attention)
 CosSin = Optional[Any]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -109,29 +109,6 @@ def _set_rope_tables(module: nn.Module, angles: torch.Tensor) -> None:
     module.register_buffer("sin_cached", angles.sin(), persistent=False)
 
 
-class RotaryEmbedding2D(nn.Module):
-    """RoPE over grid coordinates: ``(cos, sin)`` [prefix + side*side, dim] in the "rotate half" layout, where the
-    first half of the ``dim / 2`` frequency pairs turn with a cell's row and the second half with its column, so
-    an attention score depends on the (row, column) offset between two cells instead of their distance in the
-    flattened canvas. Cell ``i`` of the canvas (after ``prefix`` context positions) sits at (i // side, i % side);
-    context position ``j`` sits at (-1 - j, -1 - j), off the grid."""
-
-    def __init__(self, dim: int, side: int, prefix: int = 0, base: float = 10000.0) -> None:
-        super().__init__()
-        if dim % 4:
-            raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {dim}")
-        quarter = dim // 4
-        inv_freq = 1.0 / (base ** (torch.arange(0, quarter, dtype=torch.float32) / quarter))
-        cells = torch.arange(side * side)
-        ctx = -1 - torch.arange(prefix)
-        rows = torch.cat((ctx, cells // side)).to(torch.float32)
-        cols = torch.cat((ctx, cells % side)).to(torch.float32)
-        _set_rope_tables(self, torch.cat((torch.outer(rows, inv_freq), torch.outer(cols, inv_freq)), dim=-1))
-
-    def forward(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.cos_cached, self.sin_cached
-
-
 def apply_rotary_pos_emb(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +152,7 @@ class Attention(nn.Module):
         self, cos_sin: CosSin, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """q, k [b, s, heads, head_dim] with their positions applied (RoPE tables, or none). ``hidden_states``:
-        for a subclass whose rotation depends on them (models.variants.trm_pointer)."""
+        for a subclass whose rotation depends on them."""
         if cos_sin is not None:
             cos, sin = cos_sin
             s = q.shape[1]

@@ -5,16 +5,18 @@ lists them (a checkpoint's ``config.arch`` and ``arch``, a science ``run.json`` 
 
 =====================================================  ===========================================================
 ``grid_coords: true`` (``name: trm``)                  read as ``arch=trm_grid`` (the same parameters)
-``pos_encodings: pointer`` + ``pointer_init`` /        read as ``arch=trm_pointer`` with those two fields (the same
-``pointer_source`` + ``grid_coords: true``             parameters)
+``pos_encodings: pointer`` + ``grid_coords: true``     read as ``arch=trm_pointer``, which is removed (:data:`REMOVED`)
 ``context_broadcast: true``                            refused: removed, measured negative (:data:`REMOVED`)
 the switches at their defaults (false, ``identity``,   dropped (every stored ``trm`` / ``hrm`` / ``transformer``
 ``token``)                                             config has them)
 =====================================================  ===========================================================
 
-Anything else with a switch set (``grid_coords`` on ``hrm``, a pointer without grid offsets, ...) is refused with
-one line naming the commit that still builds it. :func:`upgrade_arch` is the one place this mapping happens;
-``models.parse_arch_config`` applies it to every arch config it reads.
+Variants and options that lost on the record leave the code (docs/architecture.md, "Variants and removal"):
+:data:`REMOVED` names each with the measurement that retired it and the last commit that builds it, and a config
+or checkpoint that uses one is refused in one line. A ``trm_views`` config stored before ``views_embed`` existed
+(every field of its time, no ``views_embed``) had one table per view and is refused as ``views_embed=view``.
+:func:`upgrade_arch` is the one place this mapping happens; ``models.parse_arch_config`` applies it to every arch
+config it reads.
 """
 
 from __future__ import annotations
@@ -26,14 +28,50 @@ from core.errors import PlatformError
 
 #: the last commit whose ``trm`` / ``hrm`` / ``transformer`` configs have the switches
 LAST_COMMIT = "0b65cd7"
-#: arch names whose configs had the switches (a variant's own fields, e.g. trm_pointer's pointer_init, are not old)
+#: the last commit with the variants and options pruned by the renovation (issue 43)
+LAST_COMMIT_WITH_REMOVED = "3548346"
+#: arch names whose configs had the switches
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
-#: removed switch -> why (the measurement, its commit and its record file)
-REMOVED = {
-    "context_broadcast": "measured negative: run f8-bc scored held-out 0.08 / train fit 0.11 against the recipe's "
-    "0.09 / 0.09 at 2000 steps (02456e9, docs/record/2026-11-26-8-families-6000-steps.md)",
+#: removed variant (``name=...``) or option (``key=value``; a bare key: any value but its old default) ->
+#: (why: the measurement, its commit and its record file under docs/record/; the last commit that builds it)
+REMOVED: dict[str, tuple[str, str]] = {
+    "context_broadcast": (
+        "measured negative: run f8-bc scored held-out 0.08 / train fit 0.11 against the recipe's 0.09 / 0.09 at 2000 "
+        "steps (02456e9, docs/record/2026-11-26-8-families-6000-steps.md)",
+        LAST_COMMIT,
+    ),
+    "name=trm_pointer": (
+        "measured negative: pointer RoPE on the 8 families scored held-out 0.08 / 0.06 (pointer_source token / "
+        "context) against 0.10 for the grid core at 2000 steps (5695a84, docs/record/2026-11-25-pointer-rope.md); "
+        "grid views apply the maps since (docs/record/2026-11-27-grid-views.md)",
+        LAST_COMMIT_WITH_REMOVED,
+    ),
+    "name=trm_pointer_memory": (
+        "measured negative: held-out 0.18 / fit 0.20 against 0.25 / 0.25 for trm_memory at 2000 steps, data seed 0 "
+        "(5bbfd92, docs/record/2026-11-27-grid-views.md)",
+        LAST_COMMIT_WITH_REMOVED,
+    ),
+    "pos_encodings=rope2d": (
+        "measured negative: the 8 families with rope2d stayed at token accuracy 0.55 where the recipe reached 0.68 "
+        "(e42f783, docs/record/2026-11-25-8-family-gap-steps-and-size.md); grid offsets (arch=trm_grid) replaced it "
+        "(1fd0952, docs/record/2026-11-25-grid-relative-positions.md)",
+        LAST_COMMIT_WITH_REMOVED,
+    ),
+    "views_gate=context": (
+        "measured negative: the context gate alone scored held-out 0.24-0.25 against 0.36 for the match gate at 2000 "
+        "steps (5bbfd92, docs/record/2026-11-27-grid-views.md)",
+        LAST_COMMIT_WITH_REMOVED,
+    ),
+    "views_embed=view": (
+        "measured negative: one colour table per view left a held-out view untrained; one per kind took the default "
+        "command's one-copy headline 0.58 -> 0.67 / 0.55 -> 0.70 (seeds 0 / 1) (9b0bf3b, "
+        "docs/record/2026-11-27-view-tables.md)",
+        LAST_COMMIT_WITH_REMOVED,
+    ),
 }
+#: the fields every stored trm_views config has had (a full dump); one of those without views_embed predates it
+_VIEWS_DUMP = ("views", "views_gate", "views_gate_scale", "views_match_scale", "memory_max_demos")
 
 
 class ArchRemovedError(PlatformError):
@@ -45,22 +83,35 @@ def _value(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _needs_commit(what: str, why: str) -> ArchRemovedError:
+def _needs_commit(what: str, why: str, commit: str = LAST_COMMIT) -> ArchRemovedError:
     return ArchRemovedError(
-        f"{what} was removed ({why}); a config or checkpoint that uses it needs commit "
-        f"{LAST_COMMIT} (git checkout {LAST_COMMIT})"
+        f"{what} was removed ({why}); a config or checkpoint that uses it needs commit {commit} (git checkout {commit})"
     )
+
+
+def _refuse_removed(d: Mapping[str, Any], read_from: str = "") -> None:
+    """Raise for the first entry of :data:`REMOVED` that ``d`` uses (whatever its name)."""
+    for entry, (why, commit) in REMOVED.items():
+        key, _, value = entry.partition("=")
+        if key not in d:
+            continue
+        if value and _value(d[key]) == value:
+            what = f"arch={value}" if key == "name" else f"arch.{key}={value}"
+            raise _needs_commit(what + read_from, why, commit)
+        if not value and d[key] != _SWITCHES[key]:
+            raise _needs_commit(f"arch.{key}={_value(d[key])}", why, commit)
 
 
 def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``cfg`` in today's terms (see the module docstring); a config without the old switches is returned as it
-    is. Raises :class:`ArchRemovedError` naming the switch for what no variant of today builds."""
+    is. Raises :class:`ArchRemovedError` naming the variant or option for what no variant of today builds."""
     d = dict(cfg)
-    for key, why in REMOVED.items():  # whatever the name (a config of today given an old override too)
-        if d.get(key, _SWITCHES[key]) != _SWITCHES[key]:
-            raise _needs_commit(f"arch.{key}={_value(d[key])}", why)
+    _refuse_removed({k: v for k, v in d.items() if k != "name"})
+    if d.get("name") == "trm_views" and "views_embed" not in d and all(k in d for k in _VIEWS_DUMP):
+        _refuse_removed({"views_embed": "view"})  # stored before views_embed existed: a table per view
     name = d.get("name")
     if name not in _OLD_NAMES or not any(k in d for k in _SWITCHES):
+        _refuse_removed({"name": name})
         return d
     old = {k: d.pop(k, default) for k, default in _SWITCHES.items()}
     pointer = d.get("pos_encodings") == "pointer"
@@ -68,7 +119,8 @@ def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for key in ("pointer_init", "pointer_source"):
             if old[key] != _SWITCHES[key]:
                 raise ArchRemovedError(
-                    f"arch.{key}={_value(old[key])} applies to the pointer variant only (arch=trm_pointer)"
+                    f"arch.{key}={_value(old[key])} applies to the pointer variant only (arch=trm_pointer, removed; "
+                    f"git checkout {LAST_COMMIT_WITH_REMOVED})"
                 )
         if not old["grid_coords"]:
             return d
@@ -83,7 +135,7 @@ def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
             f"{what} without arch.grid_coords=true",
             "arch=trm_pointer always has the grid offsets, as every measured pointer run did",
         )
-    d["name"] = "trm_pointer" if pointer else "trm_grid"
     if pointer:
-        d.update(pointer_init=old["pointer_init"], pointer_source=old["pointer_source"])
+        _refuse_removed({"name": "trm_pointer"}, read_from=f" (read from {what})")
+    d["name"] = "trm_grid"
     return d

@@ -5,7 +5,9 @@ unknown or mistyped keys raise :class:`ArchConfigError` naming the dotted key, p
 the training config is composed (``training.config.PretrainConfig.arch`` holds the validated model), and reads
 a config written by an earlier version through ``models.legacy.upgrade_arch``.
 
-A research variant (``models/variants/``) is one module and one line below.
+A research variant (``models/variants/``) is one module and one line below; one that left is refused by
+``models.legacy.REMOVED``. :func:`hydra_defaults` is every field of an architecture's config class at its default:
+the Hydra node ``arch/defaults/<name>`` that ``config/arch/<name>.yaml`` starts from (the one source of defaults).
 """
 
 from __future__ import annotations
@@ -24,10 +26,7 @@ from models.legacy import upgrade_arch
 from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, TRMConfig
-from models.variants.trm_grid import TRMGrid, TRMGridConfig
-from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMPointerMemory, TRMPointerMemoryConfig
-from models.variants.trm_pointer import TRMPointer, TRMPointerConfig
-from models.variants.trm_views import TRMViews, TRMViewsConfig
+from models.variants.trm_views import GridTRM, TRMGridConfig, TRMMemoryConfig, TRMViewsConfig
 
 
 class ArchConfigError(PlatformError, ValueError):
@@ -40,11 +39,10 @@ ARCH_REGISTRY = Registry("arch", ArchConfigError)
 ARCH_REGISTRY.register("trm", config=TRMConfig)(TRM)
 ARCH_REGISTRY.register("hrm", config=HRMConfig)(HRM)
 ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBaseline)
-ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(TRMGrid)
-ARCH_REGISTRY.register("trm_pointer", config=TRMPointerConfig)(TRMPointer)
-ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(TRMMemory)
-ARCH_REGISTRY.register("trm_pointer_memory", config=TRMPointerMemoryConfig)(TRMPointerMemory)
-ARCH_REGISTRY.register("trm_views", config=TRMViewsConfig)(TRMViews)
+# the grid core (models/variants/trm_views.py): one model, its components switched on by the config class
+ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(GridTRM)
+ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(GridTRM)
+ARCH_REGISTRY.register("trm_views", config=TRMViewsConfig)(GridTRM)
 
 
 def _to_dict(cfg: Any) -> Dict[str, Any]:
@@ -64,6 +62,12 @@ def parse_arch_config(arch_cfg: Any) -> ArchConfig:
     if isinstance(arch_cfg, ArchConfig) and type(arch_cfg) in ARCH_REGISTRY.configs():
         return arch_cfg
     return ARCH_REGISTRY.parse(upgrade_arch(_to_dict(arch_cfg)), prefix="arch")
+
+
+def hydra_defaults(name: str) -> Dict[str, Any]:
+    """Every field of arch ``name``'s config class at its default, as plain data (the fields excluded from a dump,
+    ``vocab_size`` / ``seq_len``, are not in it)."""
+    return ARCH_REGISTRY.entry(name).config(name=name).model_dump(mode="json")
 
 
 def build_model(

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.ops import object_sizes, ray_counts
 from dataset.canvas import grid_to_canvas
 from dataset.synthetic_rules import _components
+from models.variants.views_ops import object_sizes, ray_counts
 from tests.test_models_memory import build, dead_parameters
 
 SIDE = 8
@@ -72,7 +72,7 @@ def test_the_counts_reach_the_cells_embedding_and_every_feature_table_trains(fea
     embeddings without the features, different with them (the same method keys the demo memory's cells)."""
     a = torch.tensor([[2, 3, 3, 1], [2, 2, 2, 1], [3, 2, 2, 1], [1, 1, 1, 0]]).view(1, -1)
     b = torch.tensor([[2, 3, 2, 1], [2, 2, 2, 1], [2, 2, 3, 1], [1, 1, 1, 0]]).view(1, -1)  # cell 1: object 2 -> 1
-    plain, feat = build(name="trm_views"), build(name="trm_views", cell_features=features)
+    plain, feat = build(name="trm_views", cell_features=[]), build(name="trm_views", cell_features=features)
     with torch.no_grad():
         e_plain = plain.inner.token_embeddings(torch.cat([a, b]))
         e_feat = feat.inner.token_embeddings(torch.cat([a, b]))

@@ -204,3 +204,47 @@ def test_original_arch_translation():
         }
     )
     assert ours == {"name": "trm", "hidden_size": 512, "L_cycles": 4, "loss": {"loss_type": "stablemax_cross_entropy"}}
+
+
+# ----------------------------------------------------------------- every field of the config class is compared
+def test_every_config_field_is_compared_unless_declared_run_time():
+    """compat takes its fields from the config classes: each field of each registered class is compared (refused or,
+    declared behavioural, warned) unless it is in the declared run-time set; nothing is compared that no class has."""
+    from models import ARCH_REGISTRY
+    from models.compat import BEHAVIOURAL_FIELDS, RUNTIME_FIELDS, compared_fields
+
+    every = {f for c in ARCH_REGISTRY.configs() for f in c.model_fields}
+    assert RUNTIME_FIELDS | BEHAVIOURAL_FIELDS <= every
+    for name in ARCH_REGISTRY:
+        fields = set(ARCH_REGISTRY.entry(name).config.model_fields)
+        assert set(compared_fields({"name": name})) == fields - RUNTIME_FIELDS, name
+    assert {"memory_read", "views", "views_gate", "cell_features", "demo_lookup"} <= set(
+        compared_fields({"name": "trm_views"})
+    )
+
+
+MEMORY = dict(CFG, name="trm_memory", puzzle_emb_ndim=0, puzzle_emb_len=2, memory_width=16, memory_read="cycle")
+
+
+def test_a_fine_tune_across_memory_read_is_refused_in_one_line(tmp_path):
+    """load_checkpoint= of a trm_memory checkpoint trained with memory_read=cycle into memory_read=step: the same name
+    and parameters, another computation. Refused in one line naming the field and both values (at 3548346 it loaded
+    silently: compat compared two hand-written lists without the variant's fields). The same values load."""
+    from core.errors import one_line
+    from training.checkpoint import FORMAT, CheckpointError, check_arch_compatible, load_weights
+
+    with pytest.raises(ArchMismatchError, match="memory_read: checkpoint has 'cycle', model has 'step'"):
+        check_arch_compat(MEMORY, {**MEMORY, "memory_read": "step"})
+    path = str(tmp_path / "step_5.pt")
+    torch.save({"format": FORMAT, "arch": MEMORY, "model": {}}, path)
+    with pytest.raises(CheckpointError) as e:
+        load_weights(torch.nn.Linear(1, 1), path, arch={**MEMORY, "memory_read": "step"}, strict=False)
+    msg = str(e.value)
+    assert (
+        one_line(msg) == msg and msg.startswith(path) and "memory_read: checkpoint has 'cycle', model has 'step'" in msg
+    )
+    check_arch_compatible(MEMORY, dict(MEMORY))  # the same config: accepted
+    check_arch_compatible(MEMORY, {**MEMORY, "memory_width": None})  # a width the encoder fills: not compared
+    with pytest.raises(CheckpointError, match="views_gate: checkpoint has 'match', model has 'tiebreak'"):
+        views = {**MEMORY, "name": "trm_views"}
+        check_arch_compatible(views, {**views, "views_gate": "tiebreak"})

@@ -9,9 +9,8 @@ import torch
 from core.errors import one_line
 from models import ArchRemovedError, TRMConfig, build_model, parse_arch_config
 from models.compat import ArchMismatchError, check_arch_compat, normalise_arch
-from models.legacy import LAST_COMMIT, upgrade_arch
-from models.variants.trm_grid import TRMGridConfig
-from models.variants.trm_pointer import TRMPointerConfig
+from models.legacy import LAST_COMMIT, LAST_COMMIT_WITH_REMOVED, REMOVED
+from models.variants.trm_views import TRMGridConfig
 
 SEQ = 16  # a square canvas (4 x 4)
 # what a stored config of commit 0b65cd7 holds: every field, the four switches at their defaults
@@ -61,7 +60,6 @@ TRM_KEYS = {
     ],
 }
 GRID_KEYS = TRM_KEYS | {"inner.embed_grid.embedding_weight"}
-POINTER_KEYS = GRID_KEYS | {f"inner.L_level.layers.0.self_attn.pointer.{w}" for w in ("weight", "bias")}
 
 
 def today(**kw):
@@ -79,33 +77,23 @@ def state(cfg, seed=0):
     [
         ({}, TRMConfig, TRM_KEYS),
         ({"grid_coords": True}, TRMGridConfig, GRID_KEYS),
-        ({"grid_coords": True, "pos_encodings": "rope2d"}, TRMGridConfig, GRID_KEYS),
-        (
-            {"grid_coords": True, "pos_encodings": "pointer", "pointer_init": "dihedral", "pointer_source": "context"},
-            TRMPointerConfig,
-            POINTER_KEYS,
-        ),
-        ({"grid_coords": True, "pos_encodings": "pointer"}, TRMPointerConfig, POINTER_KEYS),
     ],
-    ids=["trm", "grid", "grid-rope2d", "pointer-dihedral-context", "pointer-identity-token"],
+    ids=["trm", "grid"],
 )
 def test_a_stored_trm_config_reads_as_its_variant_with_the_same_parameter_names(old, cls, keys):
-    """name trm + grid_coords=true is arch=trm_grid, + pos_encodings=pointer is arch=trm_pointer (with the stored
-    pointer_init / pointer_source, whatever today's defaults): every other field as stored, the state-dict keys
-    those of the old model, and the model the one the same config written today builds (same weights)."""
+    """name trm + grid_coords=true is arch=trm_grid: every other field as stored, the state-dict keys those of the old
+    model, and the model the one the same config written today builds (same weights)."""
     stored = {**OLD, **old}
     cfg = parse_arch_config(stored)
     assert type(cfg) is cls
     assert {k: v for k, v in cfg.model_dump().items() if k != "name"} == {
         k: v
         for k, v in stored.items()
-        if k not in ("name", "grid_coords", "context_broadcast")
-        and (cls is TRMPointerConfig or k not in ("pointer_init", "pointer_source"))
+        if k not in ("name", "grid_coords", "context_broadcast", "pointer_init", "pointer_source")
     }
     sd = state(stored)
     assert set(sd) == keys
-    pointer = {k: stored[k] for k in ("pointer_init", "pointer_source")} if cls is TRMPointerConfig else {}
-    new = state({**today(**old), "name": cfg.name, **pointer})
+    new = state({**today(**old), "name": cfg.name})
     assert list(sd) == list(new) and all(torch.equal(v, new[k]) for k, v in sd.items())
 
 
@@ -173,9 +161,6 @@ def test_a_pointer_field_without_the_pointer_variant_is_refused_not_dropped():
         parse_arch_config({**OLD, "grid_coords": True, "pointer_source": "context"})
     with pytest.raises(ArchRemovedError, match="context_broadcast=true was removed"):  # today's name, an old switch
         parse_arch_config({**today(), "name": "trm_grid", "context_broadcast": True})
-    # a variant's own fields are not old switches
-    d = {**today(), "name": "trm_pointer", "pos_encodings": "pointer", "pointer_init": "identity"}
-    assert upgrade_arch(d) == d and parse_arch_config(d).pointer_init == "identity"
 
 
 def test_resume_and_decoder_checks_compare_an_old_arch_with_today_s():
@@ -191,3 +176,51 @@ def test_resume_and_decoder_checks_compare_an_old_arch_with_today_s():
         check_arch_compat(old, today())
     with pytest.raises(ArchMismatchError, match="L_cycles: checkpoint has 2, model has 3"):
         check_arch_compat(old, {**new, "L_cycles": 3})
+
+
+# ------------------------------------------------------------------------- pruned by the renovation (issue 43)
+VIEWS = {**today(), "name": "trm_views", "memory_width": 16}
+PRUNED = [  # (a config that uses it, the REMOVED entry, a figure of its measurement)
+    ({**today(), "name": "trm_pointer", "pos_encodings": "pointer"}, "name=trm_pointer", "0.08 / 0.06"),
+    ({**today(), "name": "trm_pointer_memory", "pos_encodings": "pointer"}, "name=trm_pointer_memory", "0.18"),
+    ({**OLD, "grid_coords": True, "pos_encodings": "pointer"}, "name=trm_pointer", "0.08 / 0.06"),  # 0b65cd7's form
+    ({**today(), "name": "trm_grid", "pos_encodings": "rope2d"}, "pos_encodings=rope2d", "0.55"),
+    ({**OLD, "grid_coords": True, "pos_encodings": "rope2d"}, "pos_encodings=rope2d", "0.55"),
+    ({**today(), "name": "hrm", "H_layers": 1, "pos_encodings": "rope2d"}, "pos_encodings=rope2d", "0.55"),
+    ({**VIEWS, "views_gate": "context"}, "views_gate=context", "0.24-0.25"),
+    ({**VIEWS, "views_embed": "view"}, "views_embed=view", "0.58 -> 0.67"),
+]
+
+
+@pytest.mark.parametrize("stored,entry,figure", PRUNED, ids=[f"{e}-{i}" for i, (_, e, _) in enumerate(PRUNED)])
+def test_a_pruned_variant_or_option_is_refused_in_one_line_naming_its_measurement_and_the_last_commit(
+    stored, entry, figure
+):
+    """Parsing a config, validating a training config (a checkpoint's) and the resume / fine-tune check all refuse
+    it with the REMOVED line: what, the measurement (a figure, its commit and record file) and 3548346."""
+    from training.checkpoint import CheckpointError, check_arch_compatible
+    from training.config import PretrainConfig
+
+    if stored["name"] == "hrm":
+        stored = {k: v for k, v in stored.items() if k not in ("H_cycles", "L_cycles", "L_layers", "mlp_t")}
+    why, commit = REMOVED[entry]
+    assert commit == LAST_COMMIT_WITH_REMOVED == "3548346" and figure in why and "docs/record/" in why
+    with pytest.raises(ArchRemovedError) as e:
+        parse_arch_config(stored)
+    msg = str(e.value)
+    assert one_line(msg) == msg and why in msg and msg.endswith("needs commit 3548346 (git checkout 3548346)")
+    assert f"arch={entry.partition('=')[2]}" in msg if entry.startswith("name=") else f"arch.{entry}" in msg
+    with pytest.raises(ArchRemovedError, match="git checkout 3548346"):
+        PretrainConfig.model_validate({"arch": stored, "data_paths": ["unused"]})
+    with pytest.raises(CheckpointError, match="^ck/step_9.pt: .*needs commit 3548346"):
+        check_arch_compatible(stored, today(), source="ck/step_9.pt")
+
+
+def test_a_views_config_stored_before_views_embed_existed_is_refused_as_one_table_per_view():
+    """A trm_views dump without views_embed (written before 1eb95e2) had one table per view: refused, not read as
+    today's default (kind); a hand-written config without it is today's default."""
+    dump = parse_arch_config(VIEWS).model_dump()
+    old = {k: v for k, v in dump.items() if k not in ("views_embed", "cell_features", "demo_lookup")}
+    with pytest.raises(ArchRemovedError, match=r"arch\.views_embed=view was removed"):
+        parse_arch_config(old)
+    assert parse_arch_config({**today(), "name": "trm_views"}).views_embed == "kind"

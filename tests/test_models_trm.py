@@ -415,54 +415,6 @@ def _scores(table, q, k):
     return qr[0, :, 0] @ kr[0, :, 0].T
 
 
-def test_rope2d_scores_depend_on_the_row_and_column_offset_only():
-    from models.layers import RotaryEmbedding, RotaryEmbedding2D
-
-    torch.manual_seed(0)
-    side, P, dim = 5, 2, 8
-    q, k = torch.randn(dim, dtype=torch.float64), torch.randn(dim, dtype=torch.float64)
-    s2 = _scores(tuple(t.double() for t in RotaryEmbedding2D(dim, side, prefix=P)()), q, k)
-    s1 = _scores(tuple(t.double() for t in RotaryEmbedding(dim, P + side * side)()), q, k)
-    cell = lambda r, c: P + r * side + c
-    # the same (row, column) offset anywhere on the grid gives the same score
-    for (r1, c1), (r2, c2), (dr, dc) in (((0, 0), (2, 3), (1, 1)), ((3, 4), (0, 1), (1, -1)), ((1, 1), (1, 3), (2, 0))):
-        a = s2[cell(r1, c1), cell(r2, c2)]
-        b = s2[cell(r1 + dr, c1 + dc), cell(r2 + dr, c2 + dc)]
-        assert torch.allclose(a, b, atol=1e-9), ((r1, c1), (r2, c2), (dr, dc))
-    # end of one row -> start of the next: 1 apart in the flattened canvas (1D RoPE sees the same offset as two
-    # neighbours in a row), but (+1, -4) on the grid (2D RoPE does not)
-    wrap, right = (cell(0, 4), cell(1, 0)), (cell(2, 1), cell(2, 2))
-    assert torch.allclose(s1[wrap], s1[right], atol=1e-9)
-    assert not torch.allclose(s2[wrap], s2[right], atol=1e-3)
-    # context positions are off the grid: none shares its rotation with a cell
-    rot = torch.cat(RotaryEmbedding2D(dim, side, prefix=P)(), dim=-1)
-    assert all(not torch.allclose(rot[j], rot[i]) for j in range(P) for i in range(P, P + side * side))
-
-
-def test_rope2d_needs_a_square_canvas_and_a_head_dim_divisible_by_4():
-    with pytest.raises(ArchConfigError, match="divisible by 4"):
-        parse_arch_config({**TINY["trm"], "hidden_size": 12, "num_heads": 2, "pos_encodings": "rope2d"})  # head dim 6
-    with pytest.raises(ValueError, match="square canvas"):
-        make("trm", pos_encodings="rope2d")  # this file's toy sequence (8) is not a square
-    torch.manual_seed(0)
-    model = build_model(
-        {**TINY["trm"], "pos_encodings": "rope2d"},
-        vocab_size=VOCAB,
-        seq_len=9,
-        num_puzzle_identifiers=NPUZ,
-        batch_size=4,
-    )
-    g = torch.Generator().manual_seed(0)
-    batch = {
-        "inputs": torch.randint(0, VOCAB, (4, 9), generator=g, dtype=torch.int32),
-        "labels": torch.randint(0, VOCAB, (4, 9), generator=g).long(),
-        "puzzle_identifiers": torch.randint(1, NPUZ, (4,), generator=g, dtype=torch.int32),
-    }
-    _, out = model(model.initial_carry(batch), batch)
-    assert out["logits"].shape == (4, 9, VOCAB) and torch.isfinite(out["logits"]).all()
-
-
-# ---------------------------------------------------------------------------------------------- config strictness
 def test_unknown_key_is_an_error_naming_it():
     with pytest.raises(ArchConfigError, match="unknown key 'arch.latent_dim'"):
         parse_arch_config({**TINY["trm"], "latent_dim": 7})
@@ -481,35 +433,44 @@ def test_unknown_key_is_an_error_naming_it():
 
 
 def test_omegaconf_input_and_yaml_files():
-    """Every config/arch/*.yaml validates (an OmegaConf DictConfig is accepted as it is) into the config class its
-    name registers; a variant's file holds trm.yaml's values (the science recipe trains trm_grid with them)."""
+    """Every config/arch/*.yaml composes (Hydra, over its class defaults: node arch/defaults/<name>) into the config
+    class its name registers, an OmegaConf DictConfig is accepted as it is, and each file holds only what differs
+    from the class defaults: the variants' defaults are the science recipe's core (trm.yaml's values)."""
     from pathlib import Path
 
+    import yaml
     from omegaconf import OmegaConf
 
+    from models import hydra_defaults
+    from training.config import load_config
+
     root = Path(__file__).resolve().parents[1] / "config" / "arch"
-    names = {f.stem: parse_arch_config(OmegaConf.load(f)) for f in sorted(root.glob("*.yaml"))}
+    names = {
+        f.stem: load_config("cfg_pretrain", [f"arch={f.stem}", "data_paths=[x]"]).arch for f in root.glob("*.yaml")
+    }
+    assert parse_arch_config(OmegaConf.create(names["trm"].model_dump())) == names["trm"]
     assert names["trm"].L_cycles == 4 and names["trm"].hidden_size == 512 and names["trm"].puzzle_emb_len == 16
     assert names["trm"].loss.loss_type == "stable_max_cross_entropy"
     assert names["trm_mlp_t"].mlp_t and names["trm_mlp_t"].L_cycles == 6
     assert names["hrm"].name == "hrm" and names["transformer"].name == "transformer"
     for stem, cfg in names.items():
         assert type(cfg) is ARCH_REGISTRY.entry(cfg.name).config, stem
+        own = {k: v for k, v in yaml.safe_load((root / f"{stem}.yaml").read_text()).items() if k != "defaults"}
+        defaults = hydra_defaults(cfg.name)
+        assert all(v != defaults.get(k) for k, v in own.items() if k != "loss"), stem  # only what differs
     trm = names["trm"].model_dump(exclude={"name"})
     assert names["trm_grid"].model_dump(exclude={"name"}) == trm
-    ptr = names["trm_pointer"].model_dump(exclude={"name", "pointer_init", "pointer_source"})
-    assert ptr == {**trm, "pos_encodings": "pointer"}
     memory = {"memory_read": "cycle", "memory_width": None, "memory_max_demos": 16}
     assert names["trm_memory"].model_dump(exclude={"name"}) == {**trm, **memory}
-    assert names["trm_pointer_memory"].model_dump(exclude={"name"}) == {
-        **names["trm_pointer"].model_dump(exclude={"name"}),
-        **memory,
-    }
     views = {"views": ["dihedral", "shift", "roll", "scale", "tile", "settle"], "views_gate": "match"}
     views.update(views_match="agree", views_gate_scale=1.0, views_match_scale=10.0)
     views.update(cell_features=["object_size", "rays"], demo_lookup=["colour", "object"])  # the science recipe's
     views.update(views_embed="kind")
     assert names["trm_views"].model_dump(exclude={"name"}) == {**trm, **memory, **views}
+    # the class defaults are the recipe's (what the tests build is what runs): the file adds the paper's loss only
+    assert {k: v for k, v in hydra_defaults("trm_views").items() if k != "loss"} == {
+        k: v for k, v in names["trm_views"].model_dump(mode="json").items() if k != "loss"
+    }
 
 
 def test_loss_head_from_config():

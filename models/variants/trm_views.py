@@ -1,30 +1,37 @@
-"""Demo memory plus the test input's grid views (``arch=trm_views``): a core that can *apply* a map it reads.
+"""The grid core: TRM whose cells know their grid, read the demos cell by cell, and hold the test input's grid views.
 
-The probes split the spatial families into reading and applying: the ``dihedral_views`` encoder names a held-out
-dihedral map from the demos (1.00, docs/record/2026-11-25-rule-readout-dihedral-views.md), but no core applied it in
-the 8-family mix (flip_rotate, translate and roll at 0.00 train fit with the grid, memory and pointer cores).
-Applying a map to a grid of any size is a gather from a cell whose position depends on the grid's size and on the
-rule, which two cycles of attention do not learn. Here every cell of the test input holds, for every view v of
-``views`` (``core.ops.view_sources``: the 8 dihedral maps, 48 shifts, 48 rolls, 8 scalings and 16 tilings, 128 in
-all, each relative to the input grid wherever it sits), an embedding of the input colour v sends to it (PAD where
-none, which also draws v's output shape), mixed by per-sample weights:
+One model class (:class:`GridTRM`), three arch names, each a config that switches components on
+(:mod:`models.variants.views_parts`):
 
-    x_cell += sum_v softmax_v(gate(mean context slot) + s * match_v) * E_t(v)[colour that v sends to the cell]
+================  ===================================================================================================
+``trm_grid``      every canvas cell's token embedding is averaged with learned embeddings of its offsets from the top,
+                  bottom, left and right edge of its input grid: ``(token + grid) / sqrt(2)``
+                  (:class:`~models.variants.views_parts.GridCoordEmbedding`, ``inner.embed_grid``)
+``trm_memory``    + the demo memory: every cell cross-attends to the encoder's per-cell demo states
+                  (:class:`~models.variants.views_parts.MemoryRead`, ``inner.memory_read``), beside the pooled
+                  context slots; ETRM only, with an encoder that gives the memory (``gives_memory``)
+``trm_views``     + the test input's grid views (:class:`~models.variants.views_parts.InputViews`, ``inner.views``):
+                  every cell also holds, for every view v of ``views`` (``core.ops.view_sources``: dihedral maps,
+                  shifts, rolls, scalings, tilings, settles), an embedding of the input colour v sends to it, mixed by
+                  per-sample weights ``softmax_v(gate(mean context slot) + s * match_v)`` where ``match_v`` is how well
+                  v explains the demos the encoder saw; optional per-cell counts (``cell_features``) and demo lookups
+                  (``demo_lookup``)
+================  ===================================================================================================
 
-``E_t(v)`` is the table of v (``views_embed``: v's own, the one of its kind, or one for every view; a table of
-its own is trained only where v is chosen, so a held-out rule instance's view is applied with its initial rows).
-``match_v`` (``views_gate: match``, the default) is how well v explains the demos the encoder saw: per demo,
-(output cells equal to v - cells that differ, a colour drawn outside the output grid included) / both, the worst over
-those demos; ``s`` is learned from ``views_match_scale``. The gate on the context starts at zero; with
-``views_gate: context`` it is the only chooser. Which view is thus read from the demos (by a fixed comparison and a
-learned weighting) and applying it is a choice among candidate colours the cell already holds; what the view does
-not say (a recolouring, what a settle view leaves unfilled) is left to the demo memory and the recursion. The
-zero-demo control's memory is empty, so its match is 0 (uniform): it never sees a demo. Optional: ``settle`` views
-(40, the colours fall in a direction until a wall colour: they depend on the content, ``core.ops.settle_sources``),
-per-cell counts in the colour embedding (``cell_features``: object size, non-background cells up to each edge) and a
-fixed lookup of what the demo cells of a cell's colour and object size became (``demo_lookup``). Everything else is
-``trm_memory``. Square canvas only. Parameters: ``trm_memory``'s plus ``inner.views.embed`` [tables * vocab,
-hidden], ``inner.views.gate`` and ``inner.views.match_scale``. Measured: docs/record/2026-11-27-grid-views.md.
+One supervision step (:meth:`GridTRMInner.forward`), ``x`` the input embedding (+ the views' embedding on the grid
+cells), ``read(h)`` the memory read of ``h`` (zero without memory)::
+
+    once:  x = x + read(x)
+    repeat H_cycles times (all but the last without gradient):
+        inj = z_H + x;  cycle: inj = inj + read(inj)
+        repeat L_cycles times:  z_L = net(z_L, inj)      (step: inj + read(z_L + inj))
+        z_H = net(z_H, z_L)
+
+``memory_read`` (``once`` | ``cycle`` | ``step``) places the read; the memory's keys and values are projected once
+per supervision step. Square canvas only. ``memory_width`` (the encoder's width) is filled from the encoder when
+null (:meth:`TRMMemoryConfig.for_encoder`). The class defaults are the science recipe's values
+(config/cfg_science.yaml's core); which option was measured against which is in docs/record/ and docs/science.md, and
+options that lost are refused with the measurement that retired them (``models.variants.REMOVED``).
 """
 
 from __future__ import annotations
@@ -32,303 +39,196 @@ from __future__ import annotations
 from typing import List, Literal, Optional
 
 import torch
-import torch.nn.functional as F
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from core.ops import VIEW_KINDS, object_sizes, ray_counts, view_sources, view_table
-from models.layers import CastedEmbedding, CastedLinear
-from models.variants.trm_memory import TRMMemory, TRMMemoryConfig, TRMMemoryInner
+from encoders.interface import DemoMemory
+from models.trm import TRM, TRMConfig, TRMInner
+from models.variants.views_parts import CellFeatures, DemoLookup, GridCoordEmbedding, InputViews, MemoryRead
 
-FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
+ViewKind = Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]
+
+
+class TRMGridConfig(TRMConfig):
+    """TRM's fields; the grid offsets have no switch (they are what this variant is)."""
+
+    name: Literal["trm_grid"] = "trm_grid"  # type: ignore[assignment]
+
+
+class MemoryFields(BaseModel):
+    """Where the core reads the demo memory and the memory's sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+    # once (per supervision step, from x) | cycle (per H cycle, from z_H + x) | step (every L step, from z_L + z_H + x)
+    memory_read: Literal["once", "cycle", "step"] = "cycle"
+    memory_width: Optional[int] = Field(None, gt=0)  # the encoder's width; null: filled from the encoder
+    memory_max_demos: int = Field(16, gt=0)  # demo-slot embeddings (a batch with more demo slots is refused)
+
+    def for_encoder(self, encoder_hidden_size: int):
+        """This config with ``memory_width`` filled from the encoder it reads (when null)."""
+        if self.memory_width is not None:
+            return self
+        return self.model_copy(update={"memory_width": int(encoder_hidden_size)})
+
+
+class TRMMemoryConfig(MemoryFields, TRMGridConfig):
+    """``trm_grid``'s fields plus the memory's (:class:`MemoryFields`)."""
+
+    name: Literal["trm_memory"] = "trm_memory"  # type: ignore[assignment]
 
 
 class TRMViewsConfig(TRMMemoryConfig):
-    """``trm_memory``'s fields plus which views every cell gets (``core.ops.view_sources``)."""
+    """``trm_memory``'s fields plus the views', the cell counts' and the lookups' (defaults: the recipe's)."""
 
     name: Literal["trm_views"] = "trm_views"  # type: ignore[assignment]
     # dihedral: the 8 maps; shift: the 48 shifts by up to 3 cells (content moved, background in); roll: wrapped;
     # scale: each cell a ky x kx block; tile: the grid repeated ry x rx times, plain or mirrored (factors 1-3);
     # settle: the non-background cells fall in one of 4 directions, stopped by the grid's edge or a wall colour (none
     # or 1-9): 40 views that depend on the colours (core.ops.settle_sources)
-    views: List[Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]] = Field(
-        ["dihedral", "shift", "roll", "scale", "tile"], min_length=1
-    )
-    # the gate's logits are this times the gate projection's output (a larger scale sharpens the choice sooner)
+    views: List[ViewKind] = Field(["dihedral", "shift", "roll", "scale", "tile", "settle"], min_length=1)
+    # the gate's context term is this times the gate projection's output (a larger scale sharpens it sooner)
     views_gate_scale: float = Field(1.0, gt=0)
-    # what chooses the view: context (a linear gate on the mean context slot) or match (also each view's match with
-    # the demos the encoder saw: the worst over them of (equal - different) / both, times a learned scale that
-    # starts at views_match_scale; core.ops.view_agreement)
-    # tiebreak: the match alone says which views can be the rule (those within 1e-4 of the best match); the context
-    # gate chooses among them only (ties: a view and its wrapped twin, tilings of a symmetric grid; the zero-demo
-    # control, where every view ties). With match, a context that names a trained instance can outvote the match of
-    # a held-out one
-    views_gate: Literal["context", "match", "tiebreak"] = "match"
+    # match: softmax(context term + s * match), s learned from views_match_scale; tiebreak: the match alone keeps the
+    # views within 1e-4 of the best match and the context term chooses among them (no s)
+    views_gate: Literal["match", "tiebreak"] = "match"
     views_match_scale: float = Field(10.0, gt=0)
-    # how a view's match with a demo is scored (InputViews.match): agree (the cells it draws that the output has) or
-    # explain (the output's cells it explains up to a recolouring; reads the true view better, scored lower: the
-    # record's grid views file)
+    # how a view's match with a demo is scored (InputViews.match): agree (of the cells it draws, those the output has)
+    # or explain (of the output's cells, those it explains up to a recolouring)
     views_match: Literal["agree", "explain"] = "agree"
-    # which embedding table the colour a view sends is looked up in: view (one table per view: a view never chosen in
-    # training keeps its initial rows, so a held-out rule instance whose view the match names is applied with
-    # untrained rows), kind (one per kind of view: dihedral, shift, ...) or shared (one table for every view: what
-    # the cell gets depends on the colour and the gate, not on which view sent it)
-    views_embed: Literal["view", "kind", "shared"] = "view"
+    # which table embeds the colour a view sends: kind (one per kind of view) or shared (one for every view)
+    views_embed: Literal["kind", "shared"] = "kind"
     # per-cell counts added to every grid cell's colour embedding, of the test input and of the demo inputs the memory
-    # keys (CellFeatures): object_size (cells in its same-colour 4-connected object, 1-9+) and rays (non-background
-    # cells beyond it up to each edge, 0-7+); the counts recolour_by_size and gravity depend on. [] = none
-    cell_features: List[Literal["object_size", "rays"]] = []
-    # per test cell, an embedding of what the demo cells with its key became (DemoLookup; one table per key): the share
-    # of each output colour at the same place of the demos the encoder saw, or "none seen"; colour: the cell's colour;
-    # object: its colour and object size. [] = none
-    demo_lookup: List[Literal["colour", "object"]] = []
+    # keys (CellFeatures): object_size (cells in its same-colour 4-connected object) and rays (non-background cells
+    # beyond it up to each edge). [] = none
+    cell_features: List[Literal["object_size", "rays"]] = ["object_size", "rays"]
+    # per test cell, an embedding of what the demo cells with its key became (DemoLookup; one table per key): colour
+    # (the cell's colour) and object (its colour and object size). [] = none
+    demo_lookup: List[Literal["colour", "object"]] = ["colour", "object"]
 
 
-class CellFeatures(nn.Module):
-    """``forward(tokens [n, S]) -> [n, S, hidden]``: per grid cell, the sum of one learned embedding per count of
-    ``kinds`` (``object_size``: :func:`core.ops.object_sizes` clipped to 1..SIZE_MAX; ``rays``: the four
-    :func:`core.ops.ray_counts` clipped to 0..RAY_MAX, a table per direction); 0 outside the grid."""
+class GridTRMInner(TRMInner):
+    """TRM's inner model with the components its config names (see the module docstring); the parameter names are
+    those of the subclass chain this module replaced (``inner.embed_grid``, ``inner.memory_read``, ``inner.views``,
+    ``inner.demo_lookup``, ``inner.cell_features``), created in the same order (the same initial weights per seed)."""
 
-    SIZE_MAX, RAY_MAX = 9, 7
-
-    def __init__(self, side: int, hidden: int, kinds, init_std: float, cast_to: torch.dtype) -> None:
-        super().__init__()
-        self.side, self.kinds = side, tuple(kinds)
-        rows = {"object_size": self.SIZE_MAX + 1, "rays": 4 * (self.RAY_MAX + 1)}
-        self.embed = nn.ModuleDict(
-            {k: CastedEmbedding(rows[k], hidden, init_std=init_std, cast_to=cast_to) for k in self.kinds}
-        )
-        self.num_tables = sum(4 if k == "rays" else 1 for k in self.kinds)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out, cell = 0, (tokens >= FIRST_COLOUR)[..., None]
-        if "object_size" in self.kinds:
-            size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.SIZE_MAX)
-            out = out + self.embed["object_size"](size)
-        if "rays" in self.kinds:
-            rays = ray_counts(tokens, self.side, FIRST_COLOUR).clamp_max(self.RAY_MAX)  # [n, 4, S]
-            ids = rays + (self.RAY_MAX + 1) * torch.arange(4, device=tokens.device)[None, :, None]
-            out = out + self.embed["rays"](ids).sum(1)
-        return out * cell
-
-
-class InputViews(nn.Module):
-    """``forward(inputs [b, S], context [b, P, hidden] or None) -> [b, S, hidden]``: per cell, the gated sum over the
-    views of ``kinds`` of an embedding (``embed``: one table per view, per kind of view, or one for all) of the input
-    colour the view sends to the cell (PAD where none). Without a context the gate is uniform."""
-
-    TIE = 1e-4  # tiebreak: matches this close to the best one count as tied
-
-    def __init__(
-        self,
-        side: int,
-        vocab: int,
-        hidden: int,
-        kinds,
-        init_std: float,
-        cast_to: torch.dtype,
-        gate_scale: float = 1.0,
-        match_scale: Optional[float] = None,
-        match_kind: str = "agree",
-        embed: str = "view",
-        tiebreak: bool = False,
-    ) -> None:
-        super().__init__()
-        self.side, self.vocab, self.kinds, self.gate_scale = side, vocab, tuple(kinds), gate_scale
-        self.match_kind, self.tiebreak = match_kind, tiebreak
-        self.reads_match = match_scale is not None or tiebreak  # the gate needs each view's match with the demos
-        self.num_views = sum(VIEW_KINDS[k] for k in self.kinds)
-        # the embedding table of each view: its own (view), its kind's (kind) or the one of every view (shared)
-        per_kind = [i for i, k in enumerate(self.kinds) for _ in range(VIEW_KINDS[k])]
-        rows = {"view": list(range(self.num_views)), "kind": per_kind, "shared": [0] * self.num_views}
-        if embed not in rows:
-            raise ValueError(f"InputViews: embed must be one of {sorted(rows)}, got {embed!r}")
-        self.register_buffer("table_of_view", torch.tensor(rows[embed]), persistent=False)
-        # the shape views' sources of every grid size: a buffer, so it moves with the module and a compiled forward
-        # reads it instead of tracing its build (core.ops.view_table). It is the process cache's tensor itself (only
-        # ever read: a copy per module would cost (side + 1)^2 x V x side^2 longs, 0.9 GB at side 30)
-        shape = any(k != "settle" for k in self.kinds)
-        self.register_buffer("table", view_table(side, self.kinds) if shape else None, persistent=False)
-        self.num_tables = max(rows[embed]) + 1
-        self.embed = CastedEmbedding(self.num_tables * vocab, hidden, init_std=init_std, cast_to=cast_to)
-        self.gate = CastedLinear(hidden, self.num_views, bias=True)
-        self.match_scale = nn.Parameter(torch.tensor(float(match_scale))) if match_scale else None
-        with torch.no_grad():
-            self.gate.weight.zero_()
-            self.gate.bias.zero_()  # type: ignore[union-attr]
-
-    def gates(self, context: Optional[torch.Tensor], b: int, device, match: Optional[torch.Tensor] = None):
-        """[b, V] the weight of each view: softmax of the gate over the mean context slot (zero without one) plus,
-        given ``match`` [b, V] (:meth:`match`), ``match_scale * match``; with ``tiebreak``, the views below the best
-        match (by more than ``TIE``) get no weight, and the context term chooses among the rest."""
-        logits = torch.zeros(b, self.num_views, device=device)
-        if context is not None:
-            logits = logits + self.gate_scale * self.gate(context.mean(1)).float()
-        if match is not None:
-            if self.tiebreak:
-                best = match >= match.amax(-1, keepdim=True) - self.TIE
-                return torch.softmax(logits.masked_fill(~best, float("-inf")), dim=-1)
-            logits = logits + self.match_scale.float() * match
-        return torch.softmax(logits, dim=-1)
-
-    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo 2 x share - 1,
-        the worst over the valid demos (a view must explain every one); 0 for a sample without a valid demo.
-        ``views_match`` says what the share is. ``agree`` (default): of the cells the view draws a colour on, those
-        where the output has that colour (a colour drawn outside the output grid is a miss). ``explain``: of the
-        cells the output colours or the view draws on, those where the output is a *function of the view's colour*
-        (for each view colour, and for "no source", the output colour most cells with it have: a view followed by a
-        recolouring explains the output, and the cells a view leaves uncovered must share one colour), a colour
-        drawn outside the output grid never explained."""
-        b, D, S = demo_inputs.shape
-        inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
-        flat = valid.reshape(b * D)
-        if torch.compiler.is_compiling():  # one shape: every slot
-            score = self.demo_scores(inp, out)
-        else:  # only the valid demos (the zero-demo control: none); the same numbers
-            idx = flat.nonzero().squeeze(-1)
-            score = inp.new_zeros(b * D, self.num_views, dtype=torch.float32)
-            score = score.index_copy(0, idx, self.demo_scores(inp.index_select(0, idx), out.index_select(0, idx)))
-        worst = score.view(b, D, -1).masked_fill(~valid[..., None], 2.0).amin(1)
-        return torch.where(valid.any(1, keepdim=True), worst, 0.0)
-
-    def demo_scores(self, inp: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """[n, V] 2 x share - 1 of each demo (inputs / outputs [n, S]) and view (see :meth:`match`)."""
-        src = view_sources(inp, self.side, self.kinds, self.table)  # [n, V, S]
-        n, V, S = src.shape
-        has = src >= 0
-        colour = inp.long().gather(1, src.clamp_min(0).flatten(1)).view_as(src).masked_fill(~has, 0)
-        out = out.long()
-        oc = (out >= FIRST_COLOUR)[:, None, :].expand_as(has)
-        if self.match_kind == "agree":  # the cells the view draws on: equal to the output's colour or not
-            n_eq, n_has = (has & oc & (colour == out[:, None, :])).sum(-1).float(), has.sum(-1).float()
-            return (2 * n_eq - n_has) / n_has.clamp_min(1.0)  # 0 for a view that draws nothing
-        # explain: (view colour, output colour) pairs of the output's cells, per demo and view; other cells -> bin 0
-        bins = self.vocab * self.vocab + 1
-        pair = torch.where(oc, colour * self.vocab + out[:, None, :] + 1, 0)
-        counts = torch.zeros(n, V, bins, dtype=torch.int32, device=src.device)
-        counts.scatter_add_(2, pair, torch.ones(1, 1, 1, dtype=torch.int32, device=src.device).expand(n, V, S))
-        explained = counts[..., 1:].view(n, V, self.vocab, self.vocab).amax(-1).sum(-1).float()
-        total = oc.sum(-1) + (has & ~oc).sum(-1)  # the output's cells and the view's colours outside it
-        return 2 * explained / total.clamp_min(1) - 1
-
-    def forward(
-        self, inputs: torch.Tensor, context: Optional[torch.Tensor], match: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        b, S = inputs.shape
-        V = self.num_views
-        src = view_sources(inputs, self.side, self.kinds, self.table)  # [b, V, S], -1 where the view sends no cell
-        colour = inputs.long().gather(1, src.clamp_min(0).flatten(1)).view(b, V, S).masked_fill(src < 0, 0)
-        ids = colour + self.vocab * self.table_of_view[None, :, None]
-        g = self.gates(context, b, inputs.device, match)  # [b, V]
-        # one weighted bag of V rows per cell (never a [b, V, S, hidden] tensor)
-        out = F.embedding_bag(
-            ids.permute(0, 2, 1).reshape(b * S, V),
-            self.embed.embedding_weight,
-            mode="sum",
-            per_sample_weights=g[:, None, :].expand(b, S, V).reshape(b * S, V),
-        )
-        return out.view(b, S, -1).to(self.embed.cast_to)
-
-
-class DemoLookup(nn.Module):
-    """``forward(inputs [b, S], demo_inputs / demo_labels [b, D, S], valid [b, D]) -> [b, S, hidden]``: for every grid
-    cell of the test input, keyed by its colour and its object's size (:func:`core.ops.object_sizes`, clipped to
-    ``size_max``; the colour alone for ``size_max`` 0), the output colours of the valid demos' input cells with the
-    same key (the output's colour at the same canvas cell, where both grids have one) as shares, embedded as
-    ``sum_k share_k * E[k]``; ``E[none]`` where no demo cell has the key (always for a sample without valid demos);
-    0 outside the grid. A fixed lookup, as attention over the memory with the key (colour, size) would do it."""
-
-    def __init__(self, side: int, vocab: int, hidden: int, size_max: int, init_std: float, cast_to) -> None:
-        super().__init__()
-        self.side, self.vocab, self.size_max = side, vocab, size_max
-        self.embed = CastedEmbedding(vocab + 1, hidden, init_std=init_std, cast_to=cast_to)  # row vocab: none seen
-
-    def keys(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.size_max == 0:  # the colour alone
-            return tokens.long()
-        size = object_sizes(tokens, self.side, FIRST_COLOUR).clamp_max(self.size_max)
-        return tokens.long() * (self.size_max + 1) + size  # a non-grid cell has size 0: its own keys, never asked
-
-    def forward(self, inputs, demo_inputs, demo_labels, valid) -> torch.Tensor:
-        b, D, S = demo_inputs.shape
-        K = self.vocab * (self.size_max + 1)
-        key = self.keys(demo_inputs.reshape(b * D, S)).view(b, D, S)
-        out = demo_labels.long()
-        seen = valid[:, :, None] & (demo_inputs >= FIRST_COLOUR) & (out >= FIRST_COLOUR)
-        table = torch.zeros(b, K * self.vocab + 1, device=inputs.device)  # the last bin: cells not counted
-        pair = torch.where(seen, key * self.vocab + out, K * self.vocab).view(b, D * S)
-        table.scatter_add_(1, pair, torch.ones_like(pair, dtype=table.dtype))
-        table = table[:, :-1].view(b, K, self.vocab)
-        counts = table.gather(1, self.keys(inputs)[..., None].expand(-1, -1, self.vocab))  # [b, S, vocab]
-        total = counts.sum(-1, keepdim=True)
-        share = torch.cat((counts / total.clamp_min(1.0), (total == 0).float()), -1)  # [b, S, vocab + 1]
-        w = self.embed.embedding_weight.to(self.embed.cast_to)
-        return (share.to(w.dtype) @ w) * (inputs >= FIRST_COLOUR)[..., None]
-
-
-class TRMViewsInner(TRMMemoryInner):
-    def __init__(self, config: TRMViewsConfig, **kw) -> None:
-        super().__init__(config, **kw)
-        self.views = InputViews(
-            self.canvas_side("arch=trm_views"),
-            self.vocab_size,
-            config.hidden_size,
-            config.views,
-            init_std=self.embed_init_std,
-            cast_to=self.forward_dtype,
-            gate_scale=config.views_gate_scale,
-            match_scale=config.views_match_scale if config.views_gate == "match" else None,
-            match_kind=config.views_match,
-            embed=config.views_embed,
-            tiebreak=config.views_gate == "tiebreak",
-        )
-        self.demo_lookup = None
-        if config.demo_lookup:
-            size_max = {"colour": 0, "object": CellFeatures.SIZE_MAX}
-            self.demo_lookup = nn.ModuleList(
-                DemoLookup(
-                    self.views.side,
-                    self.vocab_size,
-                    config.hidden_size,
-                    size_max[k],
-                    self.embed_init_std,
-                    self.forward_dtype,
+    def __init__(self, config: TRMConfig, **kw) -> None:
+        super().__init__(config, **kw)  # TRM's stem and net; build_positions adds embed_grid
+        side = self.embed_grid.side
+        self.reads_memory = isinstance(config, MemoryFields)  # models.etrm.ETRM passes the DemoMemory to forward()
+        self.memory_read: Optional[MemoryRead] = None
+        self.views: Optional[InputViews] = None
+        self.demo_lookup: Optional[nn.ModuleList] = None
+        self.cell_features: Optional[CellFeatures] = None
+        std, dtype = self.embed_init_std, self.forward_dtype
+        if self.reads_memory:
+            if config.memory_width is None:
+                raise ValueError(
+                    f"arch={config.name}: memory_width is null; the model is built inside an ETRM, which fills it "
+                    f"from the encoder's hidden_size (training.build.build_etrm_model)"
                 )
-                for k in config.demo_lookup
+            self.memory_read = MemoryRead(
+                config.hidden_size,
+                config.num_heads,
+                config.memory_width,
+                side,
+                config.memory_max_demos,
+                self.vocab_size,
+                init_std=std,
+                cast_to=dtype,
             )
-        self.cell_features = None
-        if config.cell_features:
-            self.cell_features = CellFeatures(
-                self.views.side, config.hidden_size, config.cell_features, self.embed_init_std, self.forward_dtype
+        if isinstance(config, TRMViewsConfig):
+            self.views = InputViews(
+                side,
+                self.vocab_size,
+                config.hidden_size,
+                config.views,
+                init_std=std,
+                cast_to=dtype,
+                gate_scale=config.views_gate_scale,
+                match_scale=config.views_match_scale if config.views_gate == "match" else None,
+                match_kind=config.views_match,
+                embed=config.views_embed,
+                tiebreak=config.views_gate == "tiebreak",
             )
+            if config.demo_lookup:
+                size_max = {"colour": 0, "object": CellFeatures.SIZE_MAX}
+                self.demo_lookup = nn.ModuleList(
+                    DemoLookup(side, self.vocab_size, config.hidden_size, size_max[k], std, dtype)
+                    for k in config.demo_lookup
+                )
+            if config.cell_features:
+                self.cell_features = CellFeatures(side, config.hidden_size, config.cell_features, std, dtype)
+
+    def build_positions(self, config) -> None:
+        """TRM's positions, then ``embed_grid``: the four offset tables."""
+        super().build_positions(config)
+        self.embed_grid = GridCoordEmbedding(
+            self.canvas_side(f"arch={config.name} (grid offsets)"),
+            self.hidden_size,
+            self.embed_init_std,
+            self.forward_dtype,
+        )
 
     def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
-        """The colour (and grid offset) embedding plus, with ``cell_features``, the cell's counts: of the test input
-        here and, through the memory's keys, of every demo input cell (the variance kept)."""
-        x = super().token_embeddings(inputs)
+        """The colour and grid-offset embedding (the variance kept), plus with ``cell_features`` the cell's counts:
+        of the test input here and, through the memory's keys, of every demo input cell."""
+        x = 0.707106781 * (super().token_embeddings(inputs) + self.embed_grid(inputs))
         if self.cell_features is None:
             return x
         return (x + self.cell_features(inputs).to(x.dtype)) * (1 + self.cell_features.num_tables) ** -0.5
 
-    def embed_inputs(self, batch, prefix_context, memory):
+    def embed_inputs(self, batch, prefix_context: Optional[torch.Tensor], memory: DemoMemory) -> torch.Tensor:
+        """The input embedding of a step; with views, the grid cells also get the gated views and the lookups."""
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
-        match, valid = None, None
-        if self.views.reads_match or self.demo_lookup is not None:
-            b, D = batch["demo_inputs"].shape[:2]  # the demos the encoder saw (none for the zero-demo control)
-            valid = torch.zeros(b, D, device=x.device).scatter_reduce(
-                1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
-            )
-            valid = valid > 0
-        if self.views.reads_match:
-            match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid)
-        P = self.puzzle_emb_len
+        if self.views is None:
+            return x
+        b, D = batch["demo_inputs"].shape[:2]  # the demos the encoder saw (none for the zero-demo control)
+        valid = torch.zeros(b, D, device=x.device).scatter_reduce(
+            1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
+        )
+        valid = valid > 0
+        match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid)
         views = self.views(batch["inputs"], prefix_context, match)
-        if self.demo_lookup is not None:
-            for lookup in self.demo_lookup:
-                views = views + lookup(batch["inputs"], batch["demo_inputs"], batch["demo_labels"], valid)
+        for lookup in self.demo_lookup or ():
+            views = views + lookup(batch["inputs"], batch["demo_inputs"], batch["demo_labels"], valid)
+        P = self.puzzle_emb_len
         return torch.cat((x[:, :P], x[:, P:] + (self.embed_scale * views).to(x.dtype)), dim=1)
 
+    def recursion(self, z_H, z_L, x, cos_sin, read):
+        """One outer cycle with the memory read where ``memory_read`` puts it (see the module docstring)."""
+        where = self.config.memory_read
+        inj = z_H + x
+        if where == "cycle":
+            inj = inj + read(inj)
+        for _ in range(self.config.L_cycles):
+            z_L = self.L_level(z_L, inj + read(z_L + inj) if where == "step" else inj, cos_sin)
+        z_H = self.L_level(z_H, z_L, cos_sin)
+        return z_H, z_L
 
-class TRMViews(TRMMemory):
-    inner_cls = TRMViewsInner
+    def forward(self, carry, batch, prefix_context: Optional[torch.Tensor] = None, memory: Optional[DemoMemory] = None):
+        if self.memory_read is None:  # trm_grid: TRM's step on these embeddings
+            return super().forward(carry, batch, prefix_context)
+        if memory is None:
+            raise ValueError(
+                f"arch={self.config.name} reads the demonstrations' per-cell states: run it as an ETRM "
+                f"(pretrain_encoder.py) whose encoder gives them (aggregation=tokens, pair_layout=aligned)"
+            )
+        cos_sin = self.cos_sin(batch["inputs"])
+        x = self.embed_inputs(batch, prefix_context, memory)
+        kv = self.memory_read.keys(memory, batch["demo_inputs"], batch["demo_labels"], self.token_embeddings, x.dtype)
+        read = lambda h: self.memory_read(h, kv)  # noqa: E731
+        if self.config.memory_read == "once":
+            x = x + read(x)
+        z_H, z_L = carry.z_H, carry.z_L
+        with torch.no_grad():
+            for _ in range(self.config.H_cycles - 1):
+                z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read)
+        z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read)  # the only cycle with gradient
+        logits, q_halt, q_continue = self.heads(z_H)
+        return type(carry)(z_H=z_H.detach(), z_L=z_L.detach()), logits, (q_halt, q_continue)
+
+
+class GridTRM(TRM):
+    """The ACT model of ``trm_grid``, ``trm_memory`` and ``trm_views`` (the config says which components it has)."""
+
+    inner_cls = GridTRMInner
