@@ -205,14 +205,17 @@ def test_ddp_gather_two_gloo_processes(arc_data, tmp_path):
 
 
 # ---------------------------------------------------------------- the real model + loss head
-def _tiny_trm(meta, batch_size):
-    from omegaconf import OmegaConf
+def _tiny_arch() -> dict:
+    """config/arch/trm_tiny.yaml as Hydra composes it (the file holds only what differs from the class defaults)."""
+    from training.config import load_config
 
+    return load_config("cfg_pretrain", ["arch=trm_tiny", "data_paths=[x]"]).arch.model_dump(mode="json")
+
+
+def _tiny_trm(meta, batch_size):
     import models
 
-    arch = OmegaConf.to_container(
-        OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch", "trm_tiny.yaml"))
-    )
+    arch = _tiny_arch()
     arch.update(
         hidden_size=32,
         num_heads=2,
@@ -272,7 +275,6 @@ def test_return_keys_are_saved_without_padding_rows(arc_data, tmp_path):
 
 def test_etrm_model_in_encoder_mode(arc_data):
     """The same path serves ETRM: encoder-mode batches (demos) through models.etrm + the ARC evaluator."""
-    from omegaconf import OmegaConf
 
     import models
     from training.build import build_etrm_model
@@ -280,9 +282,7 @@ def test_etrm_model_in_encoder_mode(arc_data):
 
     d, n_puz, n_inputs = arc_data
     loader, meta = build_eval_loader(d, global_batch_size=8, num_augmentations=1, encoder_mode=True, max_demos=3)
-    arch = OmegaConf.to_container(
-        OmegaConf.load(os.path.join(os.path.dirname(__file__), "..", "config", "arch", "trm_tiny.yaml"))
-    )
+    arch = _tiny_arch()
     arch.update(
         hidden_size=32,
         num_heads=2,
