@@ -60,7 +60,10 @@ RECOLOUR_OK = {  # seeds 0 / 1 at 500 steps, one thread (289a2b8): 0.43 / 0.48, 
               "control": 0.0},
     "seed1": {"exit_status": 0, "heldout_count": 60, "heldout": 0.48, "fit": 0.99},
 }  # fmt: skip
-FAMILY_OK = {"run": {"count": 12, "all_ok": True, "heldout": 0.33, "control": 0.0, "fit": 0.72}}
+FAMILY_OK = {
+    "run": {"count": 12, "all_ok": True, "heldout": 0.33, "fit": 0.72},
+    "control": {"count": 12, "all_ok": True, "heldout": 0.0},
+}
 
 
 def _with(parts: dict, part: str, **changes) -> dict:
@@ -80,9 +83,11 @@ def _with(parts: dict, part: str, **changes) -> dict:
         ("roll", FAMILY_OK, 0),
         ("roll", _with(FAMILY_OK, "run", heldout=0.0), 1),
         ("roll", _with(FAMILY_OK, "run", fit=0.2, all_ok=False), 2),
+        ("roll", _with(FAMILY_OK, "control", heldout=0.25), 1),  # the control answers: the demos leak
         ("recolour_by_size", _with(FAMILY_OK, "run", fit=0.92), 0),
         ("recolour_by_size", _with(FAMILY_OK, "run", fit=0.55), 1),  # fits roll's floor (0.4), not this one (0.6)
-        ("recolour_by_size", _with(FAMILY_OK, "run", fit=0.5, control=0.25), 2),
+        ("recolour_by_size", _with(_with(FAMILY_OK, "run", fit=0.5), "control", heldout=0.25), 2),
+        ("recolour_by_size", _with(FAMILY_OK, "control", count=11), 1),  # a dropped puzzle
     ],
 )
 def test_each_floor_holds_on_the_recorded_figures_and_fails_on_broken_ones(floor, parts, failed):
