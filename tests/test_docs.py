@@ -408,3 +408,29 @@ def test_citation_checker_catches_stale_sections_and_files(tmp_path):
         "stale.py:4: docs/target.md: a quoted section title that does not close",
     ):
         assert stale in text, (stale, text)
+
+
+# --------------------------------------------------------------------------------- figures the docs restate
+def test_the_demos_lr_and_eval_figure_are_stated_alike_everywhere():
+    """The demo's learning rate as the getting-started page and docs/training.md state it is config/cfg_demo.yaml's,
+    and the demo checkpoint's eval exact accuracy that docs/evaluation.md quotes is the one measured in
+    docs/training.md (and quoted in the README), at the same commit."""
+    import yaml
+
+    lr = yaml.safe_load((ROOT / "config" / "cfg_demo.yaml").read_text(encoding="utf-8"))["lr"]
+    for page in ("getting_started.md", "training.md"):
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        stated = re.search(r"\blr (\d(?:\.\d+)?e-\d+)", text)
+        assert stated and float(stated.group(1)) == float(lr), (page, stated and stated.group(0), lr)
+    measured = re.search(
+        r"at `[0-9a-f]+` and again at `([0-9a-f]+)`.*?eval exact ([0-9.]+)",
+        (ROOT / "docs" / "training.md").read_text(encoding="utf-8"),
+        re.S,
+    )
+    commit, figure = measured.groups()
+    quoted = re.search(
+        r"measured at `([0-9a-f]+)`: all\.exact_accuracy ([0-9.]+) on its 200 test puzzles",
+        (ROOT / "docs" / "evaluation.md").read_text(encoding="utf-8"),
+    )
+    assert quoted and quoted.groups() == (commit, figure), (quoted and quoted.groups(), commit, figure)
+    assert f"({figure} in " in (ROOT / "README.md").read_text(encoding="utf-8")

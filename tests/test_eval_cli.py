@@ -545,3 +545,55 @@ def test_grid_offsets_are_wired_from_config_to_checkpoint_to_evaluate(tmp_path, 
         )
     )
     assert m0["all.lm_loss"] != pytest.approx(m["all.lm_loss"], rel=1e-4)
+
+
+def test_evaluate_logs_to_the_training_runs_project_by_default(toy, tmp_path, monkeypatch):
+    """No wandb_project=: the evaluation's W&B run goes to the checkpoint's project, in the mode the training run
+    had (offline here; WANDB_MODE=disabled, or a run trained with W&B disabled: no W&B run); wandb_project= still
+    names another project."""
+    import wandb
+
+    import evaluate
+    from tests.toy_data import toy_train_config
+    from training.loop import train
+
+    class Run:
+        def __init__(self, **kw):
+            self.kw, self.summary, self.id, self.dir = kw, {}, "fake", None
+
+        def log(self, *a, **k):
+            pass
+
+        def log_code(self, *a, **k):
+            pass
+
+        def finish(self, *a, **k):
+            pass
+
+    runs = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: runs.append(Run(**kw)) or runs[-1])
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("TRM_JOB_ID", raising=False)
+    ck = str(tmp_path / "offline")
+    train(toy_train_config(toy, ck, epochs=1, project_name="proj", wandb={"mode": "offline", "save_code": False}))
+    assert [r.kw["job_type"] for r in runs] == ["train"]
+
+    def ev(**kw):
+        evaluate.run(evaluate.EvaluateConfig(checkpoint=ck, data_path=toy, device="cpu", progress=False, **kw))
+
+    ev()
+    assert len(runs) == 2 and (runs[1].kw["project"], runs[1].kw["mode"], runs[1].kw["job_type"]) == (
+        "proj",
+        "offline",
+        "eval",
+    )
+    ev(wandb_project="other")
+    assert (runs[2].kw["project"], runs[2].kw["group"]) == ("other", "toy")
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the tests' environment: no W&B run
+    ev()
+    assert len(runs) == 3
+    monkeypatch.delenv("WANDB_MODE")
+    quiet = str(tmp_path / "disabled")
+    train(toy_train_config(toy, quiet, epochs=1))  # wandb.mode disabled
+    evaluate.run(evaluate.EvaluateConfig(checkpoint=quiet, data_path=toy, device="cpu", progress=False))
+    assert len(runs) == 3

@@ -64,6 +64,52 @@ def test_a_resume_without_run_name_keeps_the_runs_name_and_group(toy, tmp_path):
     assert stored["wandb"]["group"] == first["run_name"] and again["steps"] > first["steps"]
 
 
+def test_a_resume_by_folder_records_no_false_changes_and_keeps_its_names(toy, tmp_path, monkeypatch):
+    """checkpoint_path=DIR resume=true without the names: summary.json's warnings name only what the resume really
+    changed (epochs), config.yaml keeps the run's names and group, and compare_runs lists only epochs as a
+    differing key (run-time keys such as resume left out)."""
+    from training.compare_runs import config_differences, load_runs
+
+    monkeypatch.delenv("TRM_JOB_ID", raising=False)
+    run, before = str(tmp_path / "runB"), str(tmp_path / "runB-before")
+    first = train(toy_train_config(toy, run, epochs=1, run_name="runB", project_name="P"))
+    import shutil
+
+    shutil.copytree(run, before)
+    again = train(toy_train_config(toy, run, epochs=2, run_name=None, project_name=None, resume=True))
+    assert (again["run_name"], again["project_name"]) == ("runB", "P") and again["steps"] > first["steps"]
+    assert [w for w in again["warnings"] if w.startswith("resume:")] == [
+        "resume: config changed since the checkpoint: epochs: 1 -> 2"
+    ]
+    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(run, "config.yaml")))
+    assert (saved["run_name"], saved["project_name"], saved["wandb"]["group"]) == ("runB", "P", "runB")
+    differ, _ = config_differences(load_runs([before, run]))
+    assert differ == ["epochs"]
+
+
+@pytest.mark.parametrize("summary", ["missing", "corrupt"])
+def test_a_resume_without_a_readable_summary_takes_names_and_group_from_the_checkpoint(
+    toy, tmp_path, monkeypatch, summary
+):
+    """summary.json missing or corrupt: the resumed run still has its own name, project and W&B group (the queue
+    line's id here), read from the checkpoint, not newly generated ones."""
+    monkeypatch.setenv("TRM_JOB_ID", "overfit-32")
+    run = str(tmp_path / "r")
+    first = train(toy_train_config(toy, run, epochs=1, run_name=None, project_name=None))
+    path = os.path.join(run, "summary.json")
+    if summary == "missing":
+        os.remove(path)
+    else:
+        with open(path, "w") as f:
+            f.write('{"run_name": ')
+    monkeypatch.delenv("TRM_JOB_ID")  # resumed by hand, outside the queue
+    again = train(toy_train_config(toy, run, epochs=2, run_name=None, project_name=None, resume=True))
+    assert (again["run_name"], again["project_name"]) == (first["run_name"], first["project_name"])
+    assert again["steps"] > first["steps"] and not [w for w in again["warnings"] if "run_name" in w]
+    stored = ckpt.read_checkpoint(ckpt.find_latest_checkpoint(run))["config"]
+    assert stored["wandb"]["group"] == "overfit-32" and stored["run_name"] == first["run_name"]
+
+
 def test_pace_reports_window_seconds_per_step_elapsed_and_eta():
     now = [100.0]
     pace = Pace(total_steps=100, initial_step=10, clock=lambda: now[0])

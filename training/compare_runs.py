@@ -8,8 +8,9 @@ Each DIR is a run folder (the training loop's ``checkpoint_path``). Prints three
 run (named by summary.json's ``run_name``):
 
 * the runs: folder, status and steps (summary.json), where the config was read;
-* the config keys that differ, as dotted keys (``arch.hidden_size``, ``lr``; ``run_name`` and ``checkpoint_path``
-  always differ and are left out); the config is ``<run>/config.yaml``, else the file summary.json's
+* the config keys that differ, as dotted keys (``arch.hidden_size``, ``lr``; the run-time keys
+  :data:`RUN_TIME_KEYS` -- ``run_name``, ``checkpoint_path``, ``resume``, ``wandb.group`` ... -- name the run or
+  say how it was started and are left out); the config is ``<run>/config.yaml``, else the file summary.json's
   ``config_path`` names, else the one stored in the newest checkpoint (:func:`training.runs.read_run_config`);
 * every metric with a direction (:func:`training.metrics.metric_direction`: accuracies and pass@K, best = max;
   losses, best = min) as ``final / best @step``, from ``metrics.jsonl`` (a run without one: summary.json's
@@ -43,8 +44,9 @@ from training.runs import (
     run_labels,
 )
 
-# keys that name the run itself: different in every run, never the difference that matters
-RUN_IDENTITY_KEYS = ("run_name", "checkpoint_path")
+# run-time keys: they name the run or say how it was started (its folder, whether it resumed, its W&B group), never
+# what it learns; left out of the differing keys
+RUN_TIME_KEYS = ("run_name", "checkpoint_path", "resume", "resume_allow_data_change", "wandb.group")
 UNSET = "(unset)"
 
 
@@ -128,10 +130,17 @@ def config_differences(rows: Sequence[RunRow]) -> tuple[list[str], int]:
     section that is a plain value in one run and has keys in another is compared key by key), and how many keys
     are the same in all of them."""
     cfgs = [r.config for r in rows if r.config is not None]
-    keys = {k for c in cfgs for k in c if k not in RUN_IDENTITY_KEYS}
+    keys = {k for c in cfgs for k in c if k not in RUN_TIME_KEYS}
     keys = sorted(k for k in keys if not any(o.startswith(k + ".") for o in keys))
     differ = [k for k in keys if len({config_value(c, k) for c in cfgs}) > 1]
     return differ, len(keys) - len(differ)
+
+
+def left_out_keys(rows: Sequence[RunRow]) -> str:
+    """The run-time keys (:data:`RUN_TIME_KEYS`) that some run's config has, as text: ``a``, ``a and b``,
+    ``a, b and c``."""
+    keys = [k for k in RUN_TIME_KEYS if any(r.config is not None and k in r.config for r in rows)] or ["none"]
+    return keys[0] if len(keys) == 1 else ", ".join(keys[:-1]) + " and " + keys[-1]
 
 
 def _metric_order(name: str) -> tuple[int, str]:
@@ -161,7 +170,7 @@ def _config_table(rows: Sequence[RunRow]) -> list[str]:
     if len(with_cfg) < 2:
         return [f"Config: {len(with_cfg)} of the {len(rows)} runs with a config found; nothing to compare."]
     differ, same = config_differences(rows)
-    left_out = " and ".join(RUN_IDENTITY_KEYS)
+    left_out = left_out_keys(rows)
     if not differ:
         return [f"Config: the same in every run ({same} keys; {left_out} left out)."]
     head = f"Config keys that differ ({same} other keys the same in every run; {left_out} left out):"

@@ -67,9 +67,13 @@ class EvaluateConfig(pydantic.BaseModel):
     submission_k: int = pydantic.Field(default=10, ge=1)
     progress: bool = True
     seed: int = 0
-    wandb_project: Optional[str] = None  # set to log metrics, prediction table and pictures to W&B
+    # W&B run of the evaluation (metrics, prediction table, pictures): None = the training run's project (none for
+    # an original TRM checkpoint: no W&B run)
+    wandb_project: Optional[str] = None
     wandb_run_name: Optional[str] = None
-    wandb_mode: str = "auto"  # auto: online with an API key / login, else offline (as training)
+    # auto: WANDB_MODE, else the training run's wandb.mode (offline / disabled as it was), else online with an API
+    # key / login and offline without (as training)
+    wandb_mode: str = "auto"
     # an encoder.oracle_context run (the science control whose context is the true rule): the synthetic builder's
     # rules.json, whose labels of the evaluated puzzles (each augmented copy's conjugate) become the context
     rule_labels: Optional[str] = None

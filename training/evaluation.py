@@ -100,7 +100,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             if arc
             else []
         )
-        run_wandb = _start_wandb(cfg, info, out_dir) if cfg.wandb_project and dist_info.is_main else None
+        run_wandb = _start_wandb(cfg, info, out_dir) if dist_info.is_main else None
         t0 = time.time()
         metrics = evaluate(
             model,
@@ -276,6 +276,9 @@ def load_model(
             "step": step,
             "identifiers_sha256": getattr(train_meta, "identifiers_sha256", None),
             "config": pcfg.model_dump(mode="json"),
+            # the training run's names (older checkpoints store them beside the config only)
+            "run_name": state.get("run_name") or pcfg.run_name,
+            "project_name": state.get("project_name") or pcfg.project_name,
             # the model evaluated (the checkpoint's own config; the evaluation config's arch does not apply)
             "arch": pcfg.arch.model_dump(mode="json"),
             "encoder": None if pcfg.encoder is None else pcfg.encoder.model_dump(mode="json"),
@@ -390,27 +393,44 @@ class _LabelledLoader:
             yield set_name, with_rule_targets(batch, self.table.to(batch["puzzle_identifiers"].device)), n
 
 
+def eval_wandb_target(cfg: EvaluateConfig, info: dict[str, Any]) -> tuple[Optional[str], str]:
+    """``(project, mode)`` of the evaluation's W&B run: ``wandb_project``, else the training run's project (from
+    the checkpoint; an original TRM checkpoint has none: no W&B run); ``wandb_mode``, else (``auto``) the
+    environment's ``WANDB_MODE``, else the training run's ``wandb.mode`` (a run trained offline or disabled is
+    evaluated so), else online with a login and offline without."""
+    trained = info.get("config") or {}
+    project = cfg.wandb_project or info.get("project_name") or trained.get("project_name")
+    mode = cfg.wandb_mode
+    if mode == "auto" and not os.environ.get("WANDB_MODE"):
+        mode = (trained.get("wandb") or {}).get("mode") or "auto"
+    return (str(project) if project else None), resolve_wandb_mode(mode)
+
+
 def _start_wandb(cfg: EvaluateConfig, info: dict[str, Any], out_dir: str) -> Any:
-    """A W&B run (job_type eval) in the training run's group with its tags, named ``<run>-eval-<checkpoint>``,
-    whose config is the checkpoint's own (the evaluation's settings under ``evaluate``), so that it sits beside
-    the training run on the same charts; offline without a login (like training: ``wandb_mode`` auto)."""
+    """A W&B run (job_type eval) in the training run's project (or ``wandb_project``) and group with its tags,
+    named ``<run>-eval-<checkpoint>``, whose config is the checkpoint's own (the evaluation's settings under
+    ``evaluate``), so that it sits beside the training run on the same charts; its mode:
+    :func:`eval_wandb_target`. None when there is no project or the mode is disabled."""
+    project, mode = eval_wandb_target(cfg, info)
+    if project is None or mode == "disabled":
+        return None
     import wandb  # optional at run time: only when logging to W&B
 
     trained = info.get("config") or {}
     ck_file = info.get("file") or out_dir
-    run_name = str(trained.get("run_name") or os.path.basename(os.path.dirname(ck_file)))
+    run_name = str(info.get("run_name") or trained.get("run_name") or os.path.basename(os.path.dirname(ck_file)))
     ident = wandb_identity(trained, run_name)
     settings = cfg.model_dump()
     if not cfg.original_trm_checkpoint:  # the evaluation config's arch group is unused: the checkpoint has its own
         settings.pop("arch", None)
     name = cfg.wandb_run_name or f"{run_name}-eval-{os.path.splitext(os.path.basename(ck_file))[0]}"
     return wandb.init(
-        project=cfg.wandb_project,
+        project=project,
         name=name,
         job_type="eval",
         group=ident["group"],
         tags=ident["tags"],
-        mode=resolve_wandb_mode(cfg.wandb_mode),
+        mode=mode,
         dir=out_dir,
         config={**ident["config"], "evaluate": settings},
     )

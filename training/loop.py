@@ -18,14 +18,14 @@ from training import build
 from training import checkpoint as ckpt
 from training import distributed as D
 from training import summary as S
-from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra, with_wandb_group
+from training.config import ConfigError, PretrainConfig, config_from_dict, config_from_hydra
 from training.ema import EMA
 from training.eval_hook import eval_is_due, run_eval
 from training.health import HealthConfig, HealthMonitor
 from training.metrics import reduce_window
 from training.optim import apply_update, describe_optimizers, global_grad_norm
 from training.report import CONFIG_FILE, RunReport
-from training.rundir import RunDir, run_dir, run_names
+from training.rundir import RunDir, run_dir, run_identity, with_identity
 from training.schedule import lr_of, schedulers_of
 from training.signals import StopSignals
 from training.state import CheckpointManager, Progress, RunRecord, check_checkpoint_data, training_components
@@ -43,11 +43,13 @@ class Trainer:
     def __init__(self, cfg: PretrainConfig, info: D.DistInfo):
         self.cfg, self.info, self.device = cfg, info, info.device
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
-        self.project_name, self.run_name = D.broadcast_object(run_names(cfg))
-        self.cfg = cfg = with_wandb_group(cfg, self.run_name)  # stored with the config: evaluate.py joins the group
-        self.checkpoint_dir = run_dir(cfg, self.project_name, self.run_name)
         if cfg.resume and cfg.run_name is None and cfg.checkpoint_path is None:
             raise ConfigError("resume=true needs +run_name=… or checkpoint_path=… to find the run")
+        self.project_name, self.run_name, group = D.broadcast_object(run_identity(cfg))
+        # the resolved names and group are stored with the config (config.yaml, checkpoints): a resume reads the
+        # names the run had, and evaluate.py joins the group
+        self.cfg = cfg = with_identity(cfg, self.project_name, self.run_name, group)
+        self.checkpoint_dir = run_dir(cfg, self.project_name, self.run_name)
         self.rundir = RunDir(self.checkpoint_dir, info, resume=cfg.resume, warn=self._print)
         self.rundir.claim()
         try:

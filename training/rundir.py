@@ -22,7 +22,7 @@ import filelock
 from dataset.metadata import looks_like_dataset
 from training import checkpoint as ckpt
 from training import distributed as D
-from training.config import ConfigError, PretrainConfig
+from training.config import ConfigError, PretrainConfig, with_wandb_group
 from training.summary import SUMMARY_FILE
 
 RUN_LOCK_FILE = ".run.lock"  # in the checkpoint dir: held (OS lock) by the run writing there
@@ -122,11 +122,12 @@ def run_dir(cfg: PretrainConfig, project: str, run: str) -> str:
     return os.path.abspath(cfg.checkpoint_path or os.path.join("checkpoints", project, run))
 
 
-def run_names(cfg: PretrainConfig) -> tuple[str, str]:
-    """``(project_name, run_name)`` of a run: the configured ones; else, when resuming ``checkpoint_path=DIR``, the
-    names that run already has (its summary.json), so that a resume keeps its name and W&B group; else the
-    defaults (``<dataset dir>-ACT-torch``, ``<arch>-<date>-<time>-<hex>``)."""
-    before = _names_on_disk(cfg.checkpoint_path) if cfg.resume and cfg.checkpoint_path else {}
+def run_identity(cfg: PretrainConfig) -> tuple[str, str, str]:
+    """``(project_name, run_name, wandb_group)`` of a run: the configured ones; else, for ``resume=true``, the ones
+    the resumed run already has (:func:`resumed_identity`), so that a resume keeps its name, its folder and its
+    W&B group; else the defaults (``<dataset dir>-ACT-torch``, ``<arch>-<date>-<time>-<hex>``; the group:
+    :func:`training.config.with_wandb_group`)."""
+    before = resumed_identity(cfg.checkpoint_path) if cfg.resume and cfg.checkpoint_path else {}
     project = (
         cfg.project_name
         or before.get("project_name")
@@ -137,13 +138,42 @@ def run_names(cfg: PretrainConfig) -> tuple[str, str]:
         or before.get("run_name")
         or f"{cfg.arch.name}-{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
     )
-    return project, run
+    if cfg.resume and not cfg.checkpoint_path:  # resumed by +run_name=: the run's folder follows from the names
+        before = resumed_identity(run_dir(cfg, project, run))
+    group = cfg.wandb.group or before.get("wandb_group") or with_wandb_group(cfg, run).wandb.group
+    return project, run, group
 
 
-def _names_on_disk(checkpoint_dir: str) -> dict[str, str]:
-    """The run_name / project_name recorded in ``<checkpoint_dir>/summary.json`` ({} without a readable one)."""
+def with_identity(cfg: PretrainConfig, project: str, run: str, group: str) -> PretrainConfig:
+    """``cfg`` with its resolved names and W&B group in place of ``None``: what the run stores (config.yaml, the
+    checkpoint's config), so that a resume or a comparison reads the names the run had."""
+    return cfg.model_copy(
+        update={
+            "project_name": project,
+            "run_name": run,
+            "wandb": cfg.wandb.model_copy(update={"group": group}),
+        }
+    )
+
+
+def resumed_identity(checkpoint_dir: str) -> dict[str, str]:
+    """The ``run_name`` / ``project_name`` / ``wandb_group`` of the run in ``checkpoint_dir``: from its newest
+    readable checkpoint (the state that is resumed; read memory-mapped, tensors untouched), else its summary.json
+    (names only); ``{}`` when it has neither. A missing or corrupt summary.json does not lose the names."""
+    for _, path in reversed(ckpt.list_checkpoints(checkpoint_dir)):
+        try:
+            state = ckpt.read_checkpoint(path, "cpu", mmap=True)
+        except ckpt.CheckpointError:
+            continue  # the resume itself reports (and moves aside) a corrupt file
+        cfg = state.get("config") if isinstance(state.get("config"), dict) else {}
+        found = {
+            "run_name": state.get("run_name") or cfg.get("run_name"),
+            "project_name": state.get("project_name") or cfg.get("project_name"),
+            "wandb_group": (cfg.get("wandb") or {}).get("group"),
+        }
+        return {k: str(v) for k, v in found.items() if v}
     try:
-        with open(os.path.join(checkpoint_dir, SUMMARY_FILE)) as f:
+        with open(os.path.join(checkpoint_dir, SUMMARY_FILE), encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError):
         return {}

@@ -96,8 +96,8 @@ class RunRecord:
         }
 
 
-# keys that are expected to differ between a run and its resume
-_RESUME_KEYS = ("resume", "resume_allow_data_change")
+# keys that are expected to differ between a run and its resume (how it is resumed, where its folder is)
+_RESUME_KEYS = ("resume", "resume_allow_data_change", "checkpoint_path")
 # components added to the format later: what a checkpoint without their key means (None: keep the built state)
 _ABSENT_IN_OLDER_FILES: dict[str, Any] = {"schedulers": {}}  # no saved schedule: its position from the step
 
@@ -112,6 +112,16 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += config_changes(old.get(k, "<unset>"), new.get(k, "<unset>"), f"{prefix}{k}.")
         return out
     return [] if old == new else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+def _with_names(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's config with the run's names filled in where it stored none (files written before the config
+    held the resolved names): a resume that keeps them is no change."""
+    cfg = dict(state.get("config") or {})
+    for k in ("run_name", "project_name"):
+        if cfg.get(k) is None and state.get(k):
+            cfg[k] = state[k]
+    return cfg
 
 
 def check_checkpoint_data(state: dict[str, Any], metadata: DatasetMetadata, data_dir: str) -> None:
@@ -358,7 +368,7 @@ class CheckpointManager:
         say(f"[train] resumed from {state['_path']} at step {p.step}")
         notes = [
             f"resume: config changed since the checkpoint: {c}"
-            for c in config_changes(state.get("config") or {}, self.record.cfg.model_dump(mode="json"))
+            for c in config_changes(_with_names(state), self.record.cfg.model_dump(mode="json"))
         ]
         if state.get("data_fingerprint") not in (None, self.record.data_fingerprint):
             notes.append("resume: the training data differs from the checkpoint's (resume_allow_data_change=true)")
