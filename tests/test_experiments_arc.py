@@ -70,13 +70,18 @@ def test_subset_keeps_tasks_whose_every_grid_fits_and_writes_them_back_exactly(t
     assert not (tmp_path / "none").exists()  # refused before anything was written
 
 
+def _tiny_args(tmp_path, out, steps: int, more: list) -> list:
+    """The command on the SIZES tasks (max side 3), a 16-wide model, ``steps`` steps, one copy per task."""
+    prefix = write_tasks(str(tmp_path / "src"), SIZES)
+    args = ["--out", str(out), "--input-file-prefix", prefix, "--max-side", "3", "--steps", str(steps)]
+    tiny = ["arch.hidden_size=16", "encoder.hidden_size=16", "global_batch_size=4"] + more
+    return args + ["--num-aug", "1"] + [a for o in tiny for a in ("--override", o)]
+
+
 @pytest.mark.slow
 def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tmp_path):
-    prefix = write_tasks(str(tmp_path / "src"), SIZES)
     out = tmp_path / "arc"
-    tiny = ["arch.hidden_size=16", "encoder.hidden_size=16", "global_batch_size=4", "checkpoint_every=2"]
-    args = ["--out", str(out), "--input-file-prefix", prefix, "--max-side", "3", "--steps", "2", "--num-aug", "1"]
-    res = main(args + [a for o in tiny for a in ("--override", o)])
+    res = main(_tiny_args(tmp_path, out, 2, ["checkpoint_every=2"]))
     assert res["counts"]["evaluation"]["tasks"] == 3 and res["counts"]["training"]["tasks"] == 6
     assert set(res["protocols"]) == {"standard", "control"}
     for row in res["protocols"].values():
@@ -96,11 +101,9 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
 
 @pytest.mark.slow
 def test_the_trm_protocol_trains_with_the_evaluation_demos_and_scores_their_tests(tmp_path):
-    prefix = write_tasks(str(tmp_path / "src"), SIZES)
     out = tmp_path / "arc"
-    tiny = ["arch.hidden_size=16", "arch.puzzle_emb_ndim=16", "global_batch_size=4", "encoder.hidden_size=16"]
-    args = ["--out", str(out), "--input-file-prefix", prefix, "--max-side", "3", "--steps", "3", "--num-aug", "1"]
-    res = main(args + ["--protocols", "trm"] + [a for o in tiny for a in ("--override", o)])
+    args = _tiny_args(tmp_path, out, 3, ["arch.puzzle_emb_ndim=16"]) + ["--protocols", "trm"]
+    res = main(args)
     row = res["protocols"]["trm"]
     assert set(res["protocols"]) == {"trm"} and row["status"] == "ok", row
     assert 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0 and row["train_fit_pass@1"] is not None
@@ -112,7 +115,7 @@ def test_the_trm_protocol_trains_with_the_evaluation_demos_and_scores_their_test
     config = (out / "trm" / "checkpoint" / "config.yaml").read_text()
     assert "name: trm\n" in config and "puzzle_emb_ndim: 16" in config and "max_steps: 3" in config
     # a second call reuses the data, the finished run and its evaluation
-    again = main(args + ["--protocols", "trm"] + [a for o in tiny for a in ("--override", o)])
+    again = main(args)
     assert again["protocols"]["trm"]["pass@1"] == row["pass@1"]
     assert (out / "trm" / "train.log").read_text().count("$ ") == 1  # trained once
 
