@@ -42,6 +42,7 @@ __all__ = [
     "check_config",
     "config_from_hydra",
     "evaluate_defaults",
+    "known_keys",
     "printed_metrics",
     "run",
     "uses_arc_voting",
@@ -59,6 +60,12 @@ def evaluate_defaults() -> dict[str, Any]:
 
 
 ConfigStore.instance().store(name="evaluate_defaults", node=evaluate_defaults())
+
+
+def known_keys() -> list[str]:
+    """The keys evaluate.py's config takes (for "did you mean …?" on a misspelt one, here and in
+    ``run_jobs.py --check``)."""
+    return list(EvaluateConfig.model_fields)
 
 
 def printed_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -121,7 +128,7 @@ def _main() -> None:
         if metrics:
             print(json.dumps(printed_metrics(metrics), indent=1))
 
-    run_hydra_main(main, known_keys=lambda: list(EvaluateConfig.model_fields))  # "did you mean …?" on a typo
+    run_hydra_main(main, known_keys=known_keys)  # "did you mean …?" on a typo
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 import pretrain
 from pretrain import CONFIG_DIR, execute, main_with_sweep_status
+from training.config import known_keys  # noqa: F401 - run_jobs.py --check: "did you mean …?" on a misspelt key
 
 
 def check_config(cfg: DictConfig, overrides: Sequence[str] = ()) -> pretrain.PretrainConfig:

@@ -192,6 +192,15 @@ def closest_key(message: str, known: Iterable[str]) -> Optional[str]:
     return None
 
 
+def with_key_hint(message: str, known: Iterable[str]) -> str:
+    """``message`` ending with the closest known key (``; did you mean lr?``) when it refuses an unknown one, Hydra's
+    advice to add the key with ``+`` (which the strict config refuses next) dropped; else ``message`` itself."""
+    best = closest_key(message, known)
+    if best is None:
+        return message
+    return re.sub(r"\s*To append to your config use \S+\.?;?", "", message) + f"; did you mean {best}?"
+
+
 @contextlib.contextmanager
 def user_errors(
     code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None
@@ -205,10 +214,7 @@ def user_errors(
         msg = user_error_message(e)
         if msg is None:
             raise
-        best = closest_key(msg, known_keys()) if known_keys is not None else None
-        if best is not None:
-            msg = re.sub(r"\s*To append to your config use \S+\.?;?", "", msg) + f"; did you mean {best}?"
-        fail(msg, code)
+        fail(with_key_hint(msg, known_keys()) if known_keys is not None else msg, code)
 
 
 def run_hydra_main(main, code: int = EXIT_USER_ERROR, known_keys: Optional[Callable[[], Iterable[str]]] = None) -> None:
@@ -259,6 +265,7 @@ def _primary_config_files(argv: list[str]) -> list[str]:
 __all__ = [
     "PlatformError",
     "closest_key",
+    "with_key_hint",
     "validation_problems",
     "EXIT_USER_ERROR",
     "ERROR_FILE_ENV",

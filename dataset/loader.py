@@ -96,6 +96,23 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
         return self
 
 
+def _no_canvas(split_dir: str, meta: DatasetMetadata, asked: Optional[bool]) -> str:
+    """Why translation cannot apply to a split that is not a square canvas: a dataset.json whose grid_size and
+    seq_len disagree (the file was edited, or written by another tool), else data that is no canvas at all."""
+    where = f"{split_dir}/dataset.json"
+    if meta.grid_size is not None:
+        g = int(meta.grid_size)
+        return (
+            f"{where}: grid_size={g} but seq_len={meta.seq_len} (a {g}x{g} canvas has {g * g} tokens): the file "
+            f"disagrees with itself; rebuild the data (python -m dataset.build_*)"
+        )
+    source = "translate_augment=true" if asked else "the data's translate_augment"
+    return (
+        f"{where}: {source} moves grids inside a square canvas, but this data has no grid_size and seq_len="
+        f"{meta.seq_len} is not a 30x30 ARC canvas" + ("" if asked else "; pass translate_augment=false")
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 class PuzzleDataset(IterableDataset):
     """Fixed-size global batches from built puzzle data, sharded over ranks (docs/architecture.md §1)."""
@@ -119,12 +136,6 @@ class PuzzleDataset(IterableDataset):
         # canvas side of canvas datasets: metadata.grid_size (ours), else 30 for a published 900-token ARC
         # directory; None when seq_len is not a square canvas
         self.canvas_size: Optional[int] = canvas_side(self.metadata)
-        if self.translate and self.canvas_size is None:
-            raise DatasetError(
-                f"{split_dirs[0]}/dataset.json: translate_augment needs a square canvas dataset "
-                f"(grid_size N with seq_len N*N), got grid_size={self.metadata.grid_size}, "
-                f"seq_len={self.metadata.seq_len}"
-            )
 
         if config.encoder_mode:
             for m, d in zip(metas, split_dirs):
@@ -143,6 +154,8 @@ class PuzzleDataset(IterableDataset):
             self.max_demos = None
 
         self.sets: list[SetData] = load_sets(metas, split_dirs, self.metadata, config.encoder_mode)
+        if self.translate and self.canvas_size is None:  # after load_sets: arrays that disagree are named first
+            raise DatasetError(_no_canvas(split_dirs[0], self.metadata, config.translate_augment))
 
         # --- seeded choice of groups (same on every rank / worker) ---
         self.active_groups: list[np.ndarray] = []

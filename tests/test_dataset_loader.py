@@ -526,3 +526,31 @@ def test_train_group_pattern_reaches_the_training_loader(synth_dir, tmp_path):
     )
     assert set(part.train_dataset.active_groups[0].tolist()) == _family_groups(synth_dir, ("gravity",))
     assert part.total_steps < full.total_steps  # an epoch (and the step count) is of the matching groups only
+
+
+def test_a_canvas_split_whose_seq_len_disagrees_is_named_by_its_cause_not_translate_augment(tmp_path):
+    """ARC-kind data (translate_augment on in its train split) whose dataset.json seq_len disagrees: with the arrays,
+    the arrays are named; with its own grid_size, the grid_size / seq_len pair is; translate_augment is blamed only
+    when it was asked for on data that is no canvas."""
+
+    def variant(name, **fields):
+        d = write_toy_dataset(str(tmp_path / name), seq_len=16)
+        p = os.path.join(d, "train", "dataset.json")
+        meta = json.load(open(p))
+        meta.update(kind="arc", translate_augment=True, **fields)
+        json.dump(meta, open(p, "w"))
+        return d
+
+    def refusal(d, **kw):
+        with pytest.raises(DatasetError) as e:
+            PuzzleDataset(PuzzleDatasetConfig(data_paths=[d], global_batch_size=4, **kw), "train")
+        return str(e.value)
+
+    msg = refusal(variant("rows", grid_size=5, seq_len=25))
+    assert "seq_len 25 but all__inputs.npy has rows of 16" in msg and "translate" not in msg, msg
+    msg = refusal(variant("grid", grid_size=5))
+    assert "grid_size=5 but seq_len=16 (a 5x5 canvas has 25 tokens)" in msg and "translate" not in msg, msg
+    plain = write_toy_dataset(str(tmp_path / "plain"), seq_len=8)
+    msg = refusal(plain, translate_augment=True)
+    assert "translate_augment=true moves grids inside a square canvas" in msg and "seq_len=8" in msg, msg
+    assert PuzzleDataset(PuzzleDatasetConfig(data_paths=[variant("ok", grid_size=4)], global_batch_size=4), "train")

@@ -179,3 +179,30 @@ def test_evaluate_line_needs_checkpoint_and_data_path():
         "python evaluate.py checkpoint=ck data_path=d original_trm_checkpoint=true arch.L_cycles=4", ROOT
     )
     assert st == "ok" and msg == "cfg_evaluate (evaluate.py): composes and validates as EvaluateConfig", msg
+
+
+# ---------------------------------------------------------------------------------- what a new user gets told
+@pytest.mark.parametrize(
+    "line, hint",
+    [
+        ("python pretrain.py lrr=1e-3 +run_name=x", "did you mean lr?"),
+        (
+            "python pretrain_encoder.py --config-name " + ETRM_CFG + " encoder.hiden_size=8 +run_name=x",
+            "did you mean encoder.hidden_size?",
+        ),
+        ("python evaluate.py checkpoint=c data_path=d use_emma=false", "did you mean use_ema?"),
+    ],
+)
+def test_a_misspelt_key_in_a_queued_line_names_the_closest_known_key(line, hint):
+    """--check says what the script itself would say: the closest known key, not Hydra's advice to add the key with
+    + (which the strict config refuses next)."""
+    st, msg = check_command(line, ROOT)
+    assert st == "error" and hint in msg and "To append to your config" not in msg, msg
+
+
+def test_a_sweep_line_without_multirun_is_refused_naming_its_sweep():
+    """Without --multirun Hydra refuses a sweep value (nothing runs): --check names the line's own sweep and the
+    number of values, not a placeholder."""
+    st, msg = check_command("python pretrain.py lr=1e-3,2e-3 seed=0,1,2 +run_name=x", ROOT)
+    assert st == "error" and "(a=1,2)" not in msg, msg
+    assert msg.startswith("lr=1e-3,2e-3 (2 values), seed=0,1,2 (3 values): ") and "--multirun" in msg, msg

@@ -432,3 +432,19 @@ def test_only_platform_errors_are_one_line_a_bug_keeps_its_traceback(monkeypatch
         evaluate._main()
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and err.startswith("error: checkpoint= and data_path= required") and "\n" not in err
+
+
+def test_the_demo_and_the_science_command_name_the_closest_key_of_a_misspelt_override(capsys):
+    """`python -m training.demo lrr=…` (the README's first command takes overrides) and `experiments.science
+    --override lrr=…` end with the closest known key, as pretrain.py does."""
+    from experiments.science.common import ScienceError
+    from experiments.science.recipe import resolve_recipe
+    from training import demo
+
+    with pytest.raises(SystemExit) as e:
+        demo.main(["lrr=1e-3"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and err.count("\n") == 0, err
+    assert err.endswith("did you mean lr?") and "+lrr" not in err, err
+    with pytest.raises(ScienceError, match=r"Could not override 'lrr'.*did you mean lr\?$"):
+        resolve_recipe("cfg_science", "standard", None, ["lrr=1e-3"])

@@ -19,7 +19,7 @@ import torch
 
 from core.errors import user_errors
 from dataset import build_sudoku_dataset
-from training.config import load_config
+from training.config import known_keys, load_config
 from training.loop import train
 
 DEMO_DATA_ARGS = ["--generate-train", "2000", "--generate-test", "200", "--size", "4", "--num-aug", "20", "--seed", "0"]
@@ -43,7 +43,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     # user asked otherwise through OMP_NUM_THREADS.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.time()
-    with user_errors():  # bad input (override key, occupied run dir, ...): one line, exit 1
+    with user_errors(known_keys=known_keys):  # bad input (override key, occupied run dir, ...): one line, exit 1
         cfg = load_config("cfg_demo", overrides)
         ensure_demo_dataset(cfg.data_paths[0], progress=cfg.progress)
         summary = train(cfg)

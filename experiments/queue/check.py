@@ -29,7 +29,7 @@ from hydra.errors import MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from core.errors import one_line, user_error_message
+from core.errors import one_line, user_error_message, with_key_hint
 
 from .hydra_command import COMPOSING_ACTIONS, RUNNING_ACTIONS, CommandError, HydraCommand, parse_hydra_command
 from .jobfile import PENDING, JobFile
@@ -118,11 +118,27 @@ def _missing_config(hc: HydraCommand) -> str:
     )
 
 
-def _failure(hc: HydraCommand, e: BaseException, overrides: list[str]) -> str:
+def _failure(hc: HydraCommand, e: BaseException, overrides: list[str], known_keys: Any = None) -> str:
+    """One line for a command that fails to compose or validate; a misspelt key ends with the closest of the
+    script's ``known_keys()`` (as the script itself would say it)."""
     if isinstance(e, MissingConfigException) and e.missing_cfg_file == hc.config_name and "primary config" in str(e):
         return _missing_config(hc)
-    msg = f"{hc.config_name} ({hc.script_name}): " + (user_error_message(e) or one_line(f"{type(e).__name__}: {e}"))
+    said = user_error_message(e) or one_line(f"{type(e).__name__}: {e}")
+    if callable(known_keys):
+        said = with_key_hint(said, known_keys())
+    msg = f"{hc.config_name} ({hc.script_name}): " + said
     return f"{msg} (overrides: {' '.join(overrides)})" if overrides else msg
+
+
+def _sweep_without_multirun(overrides: list[str]) -> str:
+    """What a line with sweep values but no ``--multirun`` does: Hydra refuses it before running anything."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    sweeps = [(o.input_line, len(list(o.sweep_string_iterator()))) for o in parsed if o.is_sweep_override()]
+    shown = ", ".join(f"{line} ({n} values)" for line, n in sweeps)
+    return (
+        f"{shown}: sweep values without --multirun; the line would not run (Hydra refuses an ambiguous value): add "
+        f"--multirun to run every value, or give one value"
+    )
 
 
 def _resume_warning(configs: list[DictConfig]) -> str:
@@ -150,12 +166,13 @@ def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - hydra's parser raises several types
         return "error", f"bad override syntax: {one_line(str(e))}"
     if len(variants) > 1 and not hc.multirun:
-        return "error", "sweep values (a=1,2) need --multirun"
+        return "error", _sweep_without_multirun(hc.overrides)
     root = os.path.dirname(hc.script)
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
-        validate = _validator(_entry_module(hc.script))
+        module = _entry_module(hc.script)
+        validate = _validator(module)
     except Exception as e:  # noqa: BLE001 - the script itself does not import
         return "error", f"{hc.script}: cannot be imported ({type(e).__name__}: {e})"
     configs, validated = [], None
@@ -164,7 +181,7 @@ def check_command(command: str, workdir: str = ".") -> tuple[str, str]:
             cfg, task = compose_command(hc, ov)
             validated = validate(cfg, task) if validate is not None else None
         except Exception as e:  # noqa: BLE001 - report any composition / validation error
-            return "error", _failure(hc, e, ov)
+            return "error", _failure(hc, e, ov, getattr(module, "known_keys", None))
         configs.append(cfg)
     n = len(variants)
     if validate is None:

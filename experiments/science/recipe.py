@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 from typing import Optional, Sequence
 
+from core.errors import with_key_hint
 from encoders import ENCODER_REGISTRY, EncoderConfigError
 from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from models import ArchConfigError
 from models.compat import normalise_arch
-from training.config import CONFIG_DIR, ConfigError, PretrainConfig, load_config
+from training.config import CONFIG_DIR, ConfigError, PretrainConfig, known_keys, load_config
 
 _PER_RUN_KEYS = (
     "data_paths",
@@ -79,5 +80,6 @@ def resolve_recipe(config: str, name: str, steps: Optional[int], overrides: Sequ
     except (ConfigError, ArchConfigError, EncoderConfigError) as e:
         raise ScienceError(f"config/{config}.yaml with {over}: {e}") from None
     except Exception as e:  # noqa: BLE001 - Hydra's override / composition errors, one line
-        raise ScienceError(f"config/{config}.yaml with {over}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        said = with_key_hint(str(e).splitlines()[0], known_keys())  # a misspelt key: the closest known one
+        raise ScienceError(f"config/{config}.yaml with {over}: {type(e).__name__}: {said}") from None
     return recipe_record(cfg)
