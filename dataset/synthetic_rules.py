@@ -9,86 +9,36 @@ rule-readout head is asked to name: :mod:`dataset.rule_labels`.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from dataset.dihedral import dihedral_transform
+from dataset.rule_grids import (  # noqa: F401  (re-exported: the families' users import them from here)
+    INPUT_ONLY_PARAMS,
+    Grid,
+    GridSpec,
+    RuleInstance,
+    _colours,
+    _components,
+    _maybe_recolour,
+    _random_grid,
+    _recolour,
+    rule_key,
+)
+from dataset.shift_rules import (  # noqa: F401  (re-exported, as above)
+    MAX_SHIFT,
+    SHIFT_CELLS,
+    SHIFT_FAMILIES,
+    _roll_apply,
+    _translate_apply,
+    draw_shift,
+    roll,
+    shift_cells,
+    shift_instance,
+    translate,
+)
 from dataset.tokens import ARC_MAX_GRID
-
-Grid = np.ndarray
-
-
-@dataclass
-class RuleInstance:
-    family: str
-    params: dict
-    apply: Callable[[Grid], Optional[Grid]]  # output grid, or None if this input is unsuitable
-    make_input: Callable[[np.random.Generator], Grid]
-
-    @property
-    def key(self) -> str:
-        """The rule's identity (:func:`rule_key`): equal keys = the same input -> output mapping."""
-        return rule_key(self.family, self.params)
-
-
-@dataclass
-class GridSpec:
-    min_grid: int = 3
-    max_grid: int = 10
-
-    def size(self, rng: np.random.Generator, max_side: Optional[int] = None) -> tuple[int, int]:
-        hi = self.max_grid if max_side is None else max(1, min(self.max_grid, max_side))
-        lo = min(self.min_grid, hi)
-        return int(rng.integers(lo, hi + 1)), int(rng.integers(lo, hi + 1))
-
-
-def _colours(rng: np.random.Generator, k: int, exclude: tuple = (0,)) -> list[int]:
-    pool = [c for c in range(10) if c not in exclude]
-    return [int(c) for c in rng.choice(pool, size=k, replace=False)]
-
-
-def _random_grid(rng: np.random.Generator, shape: tuple[int, int], colours: list[int], density: float) -> Grid:
-    g = np.zeros(shape, dtype=np.uint8)
-    mask = rng.random(shape) < density
-    g[mask] = rng.choice(colours, size=int(mask.sum()))
-    return g
-
-
-def _components(mask: np.ndarray) -> list[list[tuple[int, int]]]:
-    """4-connected components of True cells."""
-    h, w = mask.shape
-    seen = np.zeros_like(mask, dtype=bool)
-    comps = []
-    for r in range(h):
-        for c in range(w):
-            if mask[r, c] and not seen[r, c]:
-                stack, comp = [(r, c)], []
-                seen[r, c] = True
-                while stack:
-                    y, x = stack.pop()
-                    comp.append((y, x))
-                    for dy, dx in ((1, 0), (-1, 0), (0, 1), (0, -1)):
-                        ny, nx = y + dy, x + dx
-                        if 0 <= ny < h and 0 <= nx < w and mask[ny, nx] and not seen[ny, nx]:
-                            seen[ny, nx] = True
-                            stack.append((ny, nx))
-                comps.append(comp)
-    return comps
-
-
-def _maybe_recolour(rng: np.random.Generator) -> Optional[list[int]]:
-    """Optional extra parameter of small families: afterwards colour a becomes colour b (None = off)."""
-    return None if rng.random() < 0.5 else _colours(rng, 2)
-
-
-def _recolour(g: Grid, rc: Optional[list[int]]) -> Grid:
-    if rc:
-        g = g.copy()
-        g[g == rc[0]] = rc[1]
-    return g
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,121 +80,6 @@ def flip_rotate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
 
 def _flip_rotate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
     return lambda g: _recolour(dihedral_transform(g, p["dihedral"]), p["recolour"])
-
-
-# translate / roll: a shift (dr, dc) with |dr|, |dc| <= MAX_SHIFT, not both 0. The 15 cells (|dr|, |dc|) are drawn
-# uniformly, then the signs, so that every shift magnitude is as common as any other (docs/data.md, "Synthetic rule
-# families": the shift table).
-MAX_SHIFT = 3
-SHIFT_CELLS: tuple[tuple[int, int], ...] = tuple(
-    (a, b) for a in range(MAX_SHIFT + 1) for b in range(MAX_SHIFT + 1) if (a, b) != (0, 0)
-)
-SHIFT_FAMILIES = ("translate", "roll")
-
-
-def shift_cells(spec: GridSpec) -> list[tuple[int, int]]:
-    """The (|dr|, |dc|) cells a shift family draws from under ``spec``: a shift must leave at least one row and
-    column of the largest grid on it (|dr|, |dc| < max_grid)."""
-    m = min(MAX_SHIFT, spec.max_grid - 1)
-    return [(a, b) for a, b in SHIFT_CELLS if a <= m and b <= m]
-
-
-def draw_shift(rng: np.random.Generator, spec: GridSpec) -> tuple[int, int]:
-    """A shift: a uniform cell of :func:`shift_cells`, then uniform signs."""
-    cells = shift_cells(spec)
-    if not cells:
-        raise ValueError(f"no shift fits grids of side {spec.max_grid} (translate / roll need max_grid >= 2)")
-    a, b = cells[int(rng.integers(len(cells)))]
-    sr, sc = (int(s) * 2 - 1 for s in rng.integers(0, 2, size=2))
-    return a * sr, b * sc
-
-
-def _shift_size(rng: np.random.Generator, spec: GridSpec, dr: int, dc: int) -> tuple[int, int]:
-    """A grid size within ``spec`` with h > |dr| and w > |dc|."""
-    lo_h, lo_w = max(spec.min_grid, abs(dr) + 1), max(spec.min_grid, abs(dc) + 1)
-    hi_h, hi_w = max(spec.max_grid, lo_h), max(spec.max_grid, lo_w)
-    return int(rng.integers(lo_h, hi_h + 1)), int(rng.integers(lo_w, hi_w + 1))
-
-
-def shift_instance(family: str, rng: np.random.Generator, spec: GridSpec, dr: int, dc: int) -> RuleInstance:
-    """The translate or roll instance of shift (dr, dc), with its input colours drawn from ``rng``."""
-    cols = _colours(rng, 2)
-    params = {"dr": int(dr), "dc": int(dc)}
-    if family == "translate":
-        return RuleInstance("translate", params, _translate_apply(params), _translate_input(spec, dr, dc, cols))
-    if family == "roll":
-        return RuleInstance("roll", params, _roll_apply(params), _roll_input(spec, dr, dc, cols))
-    raise ValueError(f"not a shift family: {family!r}")
-
-
-def translate(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
-    """Shift all content by (dr, dc) (|dr|, |dc| <= 3), background 0 fills in; no wrap-around: the content lies in
-    the part of the grid that stays on it."""
-    return shift_instance("translate", rng, spec, *draw_shift(rng, spec))
-
-
-def _translate_input(spec: GridSpec, dr: int, dc: int, cols: list[int]) -> Callable[[np.random.Generator], Grid]:
-    def make(r):
-        h, w = _shift_size(r, spec, dr, dc)
-        g = np.zeros((h, w), np.uint8)
-        rows, cols_ = slice(max(0, -dr), h - max(0, dr)), slice(max(0, -dc), w - max(0, dc))
-        sub = _random_grid(r, (h - abs(dr), w - abs(dc)), cols, 0.25)
-        if not sub.any():  # never all background
-            sub[int(r.integers(sub.shape[0])), int(r.integers(sub.shape[1]))] = cols[int(r.integers(len(cols)))]
-        g[rows, cols_] = sub
-        return g
-
-    return make
-
-
-def _translate_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
-    dr, dc = p["dr"], p["dc"]
-
-    def apply(g):
-        h, w = g.shape
-        if abs(dr) >= h or abs(dc) >= w:
-            return None
-        src = g[max(0, -dr) : h - max(0, dr), max(0, -dc) : w - max(0, dc)]
-        if np.count_nonzero(g) != np.count_nonzero(src):
-            return None  # content would fall off the grid
-        out = np.zeros_like(g)
-        out[max(0, dr) : max(0, dr) + src.shape[0], max(0, dc) : max(0, dc) + src.shape[1]] = src
-        return out
-
-    return apply
-
-
-def roll(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
-    """Shift all cells by (dr, dc) (|dr|, |dc| <= 3) with wrap-around (np.roll): what leaves one side comes back on
-    the other. Every input has content on a cell that wraps, so no pair is an unwrapped shift."""
-    return shift_instance("roll", rng, spec, *draw_shift(rng, spec))
-
-
-def _roll_input(spec: GridSpec, dr: int, dc: int, cols: list[int]) -> Callable[[np.random.Generator], Grid]:
-    def make(r):
-        h, w = _shift_size(r, spec, dr, dc)
-        g = _random_grid(r, (h, w), cols, 0.25)
-        wraps = np.zeros((h, w), bool)  # the cells the shift carries across an edge
-        if dr > 0:
-            wraps[h - dr :] = True
-        elif dr < 0:
-            wraps[:-dr] = True
-        if dc > 0:
-            wraps[:, w - dc :] = True
-        elif dc < 0:
-            wraps[:, :-dc] = True
-        if not (g[wraps] != 0).any():
-            ys, xs = np.nonzero(wraps)
-            i = int(r.integers(len(ys)))
-            g[ys[i], xs[i]] = cols[int(r.integers(len(cols)))]
-        return g
-
-    return make
-
-
-def _roll_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
-    dr, dc = p["dr"], p["dc"]
-    return lambda g: np.roll(g, (dr, dc), axis=(0, 1))
 
 
 def scale_up(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
@@ -496,21 +331,8 @@ _APPLY: dict[str, Callable[[dict], Callable[[Grid], Optional[Grid]]]] = {
     "copy_pattern": _copy_pattern_apply,
     "roll": _roll_apply,
 }
-# Parameters that shape only the random *inputs* of an instance, not its input -> output mapping.
-INPUT_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"fill_enclosed": ("noise",)}
 
 
 def rule_apply(family: str, params: dict) -> Callable[[Grid], Optional[Grid]]:
     """The mapping (input grid -> output grid, or None for an unsuitable input) of the instance ``params``."""
     return _APPLY[family](params)
-
-
-def rule_key(family: str, params: dict) -> str:
-    """Canonical identity of a rule instance: family + the parameters that define its mapping. Two instances
-    that differ only in how their inputs are drawn (fill_enclosed's noise colour) or in no-op entries (a
-    colour_map entry c -> c) are the same rule."""
-    drop = INPUT_ONLY_PARAMS.get(family, ())
-    p = {k: v for k, v in params.items() if k not in drop}
-    if family == "colour_map":
-        p["map"] = {a: b for a, b in p["map"].items() if int(a) != int(b)}
-    return f"{family}:{json.dumps(p, sort_keys=True)}"

@@ -1,0 +1,245 @@
+"""Held-out rule instances of the synthetic builder (:mod:`dataset.build_synthetic_dataset`) and what keeps them out
+of training: drawing a puzzle whose demos determine its rule, reserving the held-out instances (the shift families
+hold out shifts spread over the (|dr|, |dc|) cells), the :class:`LeakGuard` that refuses training puzzles and
+augmented copies showing a held-out instance, and the sidecars that report on it (``<prefix>_leaks.json``, the shift
+table ``<prefix>_shifts.json``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from dataset.augment import ArcPuzzle, Augmentation, select_augmentations
+from dataset.errors import DatasetError
+from dataset.rule_identity import HeldOutBehaviour, conjugate_params, demos_determine_rule
+from dataset.synthetic_rules import (
+    FAMILIES,
+    MAX_SHIFT,
+    SHIFT_CELLS,
+    SHIFT_FAMILIES,
+    GridSpec,
+    RuleInstance,
+    make_pairs,
+    rule_key,
+    shift_cells,
+    shift_instance,
+)
+
+
+def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int) -> Optional[tuple[list, list]]:
+    """(demo pairs, test pairs) of one puzzle of ``rule``, or None (no pairs fit, or the demos do not determine
+    the rule: :func:`dataset.rule_identity.demos_determine_rule`)."""
+    n_demo, n_test = int(rng.integers(2, 6)), int(rng.integers(1, 3))
+    pairs = make_pairs(rule, rng, n_demo + n_test, max_side=canvas_size)
+    if pairs is None or not demos_determine_rule(rule.family, rule.params, pairs[:n_demo]):
+        return None
+    return pairs[:n_demo], pairs[n_demo:]
+
+
+def _try_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int, tries: int = 5):
+    """:func:`_draw_puzzle`, up to ``tries`` times (an instance whose demos rarely determine it, a roll by 2 on grids
+    of 4 rows, is not thereby made rarer than the others)."""
+    for _ in range(tries):
+        drawn = _draw_puzzle(rng, rule, canvas_size)
+        if drawn is not None:
+            return drawn
+    return None
+
+
+@dataclass
+class LeakGuard:
+    """Keeps the held-out rule instances out of training, by key and by behaviour, puzzle by puzzle and copy by
+    copy. A training candidate is redrawn when its own instance is held out (by key) or when a held-out instance
+    (any family) maps every one of its pair inputs to the pair's output (by behaviour:
+    :class:`dataset.rule_identity.HeldOutBehaviour`). Its augmented copies (:meth:`copies`) are drawn as the
+    ARC builder draws them, except that a copy that would show a held-out instance -- its conjugate instance
+    (:func:`dataset.rule_identity.conjugate_params`) is held out, or a held-out instance produces its pairs -- is
+    refused and the next candidate drawn in its place; the builder then gets these lists
+    (``<prefix>_augmentations.json``). ``counts``: what was refused."""
+
+    heldout: list  # the held-out instances, (family, params)
+    num_aug: int
+    seed: int
+    counts: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.heldout_keys = {rule_key(f, p) for f, p in self.heldout}
+        self.behaviour = HeldOutBehaviour(self.heldout)
+
+    def taken_shifts(self, family: str) -> set:
+        """The shifts (dr, dc) a training puzzle of shift family ``family`` may not show: those held out as that
+        family and, for translate, those held out as roll (an unwrapped shift is the wrapped one on content that
+        stays on the grid)."""
+        fams = ("translate", "roll") if family == "translate" else (family,)
+        return {(p["dr"], p["dc"]) for f, p in self.heldout if f in fams}
+
+    def puzzle_leak(self, rule: RuleInstance, pairs: list) -> Optional[str]:
+        """ "key" / "behaviour" when the puzzle itself shows a held-out instance, else None."""
+        if rule.key in self.heldout_keys:
+            return "key"
+        if len(self.behaviour) and self.behaviour.realised_by(pairs) is not None:
+            return "behaviour"
+        return None
+
+    def copies(self, name: str, family: str, params: dict, demo: list, test: list) -> tuple[np.ndarray, np.ndarray]:
+        """The puzzle's copies (identity first): :func:`dataset.augment.select_augmentations` with the leaking
+        candidates refused."""
+        pairs = demo + test
+
+        def accept(d: int, lut: np.ndarray) -> bool:
+            p = conjugate_params(family, params, d, lut)
+            if p is not None and rule_key(family, p) in self.heldout_keys:
+                self.counts["copies refused by key"] += 1
+                self.counts[f"{family}: copies refused by key"] += 1
+                return False
+            aug = Augmentation(d, tuple(int(c) for c in lut))
+            if (
+                len(self.behaviour)
+                and self.behaviour.realised_by([(aug.apply(x), aug.apply(y)) for x, y in pairs]) is not None
+            ):
+                self.counts["copies refused by behaviour"] += 1
+                self.counts[f"{family}: copies refused by behaviour"] += 1
+                return False
+            return True
+
+        dih, luts = select_augmentations(ArcPuzzle("training", name, demo, test), self.num_aug, self.seed, accept)
+        if len(dih) < self.num_aug + 1:
+            self.counts["copies missing (candidates ran out)"] += self.num_aug + 1 - len(dih)
+        return dih, luts
+
+
+def _free_shift(rng: np.random.Generator, spec: GridSpec, rule: RuleInstance, taken: set) -> RuleInstance:
+    """A shift-family candidate whose shift is held out becomes another sign variant of the same (|dr|, |dc|) cell
+    that is not (when there is one), so a cell with a held-out shift stays as common in training as the others."""
+    dr, dc = rule.params["dr"], rule.params["dc"]
+    if (dr, dc) not in taken:
+        return rule
+    free = sorted({(sr * abs(dr), sc * abs(dc)) for sr in (1, -1) for sc in (1, -1)} - taken)
+    if not free:
+        return rule
+    return shift_instance(rule.family, rng, spec, *free[int(rng.integers(len(free)))])
+
+
+def _shift_plan(rng: np.random.Generator, spec: GridSpec, n: int) -> list[tuple[int, int]]:
+    """``n`` distinct shifts (at most all of them) spread over the (|dr|, |dc|) cells: cycles through the cells in
+    seeded orders, taking one unused sign variant of each, so that no cell is held out more than the others."""
+    cells = shift_cells(spec)
+    variants = {}
+    for a, b in cells:
+        signed = sorted({(sr * a, sc * b) for sr in (1, -1) for sc in (1, -1)})
+        variants[(a, b)] = [signed[i] for i in rng.permutation(len(signed))]
+    plan: list[tuple[int, int]] = []
+    while len(plan) < n and any(variants.values()):
+        for i in rng.permutation(len(cells)):
+            if variants[cells[i]] and len(plan) < n:
+                plan.append(variants[cells[i]].pop())
+    return plan
+
+
+def _reserve_heldout(
+    rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int, canvas_size: int
+) -> dict[str, list[RuleInstance]]:
+    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out. The
+    shift families (translate, roll) hold out the same shifts (:func:`_shift_plan`; the first ones of one plan):
+    an unwrapped shift is also a wrapped one on content that stays on the grid, so a shift held out as roll alone
+    would take that shift from translate's training puzzles as well (a leak by behaviour)."""
+    held: dict[str, list[RuleInstance]] = {}
+    plan = _shift_plan(rng, spec, 4 * len(SHIFT_CELLS)) if any(f in SHIFT_FAMILIES for f in counts) else []
+    for fam, count in counts.items():
+        want, rules, keys = -(-count // per_instance), [], set()
+        if fam in SHIFT_FAMILIES:  # the plan's first shifts that make a puzzle
+            for dr, dc in plan:
+                if len(rules) == want:
+                    break
+                rule = shift_instance(fam, rng, spec, dr, dc)
+                if _try_puzzle(rng, rule, canvas_size) is not None:
+                    rules.append(rule)
+        else:
+            for _ in range(500 + 20 * want):
+                if len(rules) == want:
+                    break
+                rule = FAMILIES[fam](rng, spec)
+                if rule.key not in keys and _try_puzzle(rng, rule, canvas_size) is not None:
+                    rules.append(rule)
+                    keys.add(rule.key)
+        if count and not rules:
+            raise DatasetError(
+                f"--families: family {fam!r} makes no puzzle within the grid limits "
+                f"(--max-grid {spec.max_grid}, --canvas-size {canvas_size})"
+            )
+        held[fam] = rules
+    return held
+
+
+SHIFTS_SUFFIX = "_shifts.json"
+SHIFT_TABLE_COLUMNS = ("training", "training_copies", "heldout")
+
+
+def shift_table(train: list, test: list, lists: dict) -> dict:
+    """Per shift family present (translate, roll): how often each (|dr|, |dc|) occurs, a 4 x 4 count table (rows
+    |dr| 0..3, columns |dc| 0..3; the (0, 0) cell is empty by construction) for the training puzzles, every
+    copy training sees (the identity and the augmented copies of ``lists``; a copy shows the conjugate shift) and
+    the held-out puzzles. Empty when no shift family is present."""
+    size = MAX_SHIFT + 1
+    out: dict = {}
+
+    def count(fam: str, column: str, dr: int, dc: int) -> None:
+        if fam not in out:
+            out[fam] = {c: [[0] * size for _ in range(size)] for c in SHIFT_TABLE_COLUMNS}
+        out[fam][column][abs(dr)][abs(dc)] += 1
+
+    for name, meta, _, _ in train:
+        fam, p = meta["family"], meta["params"]
+        if fam not in SHIFT_FAMILIES:
+            continue
+        count(fam, "training", p["dr"], p["dc"])
+        dih, luts = lists.get(name, (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None]))
+        for d, lut in zip(dih.tolist(), luts):
+            q = conjugate_params(fam, p, d, lut)
+            count(fam, "training_copies", q["dr"], q["dc"])
+    for _, meta, _, _ in test:
+        if meta["family"] in SHIFT_FAMILIES:
+            count(meta["family"], "heldout", meta["params"]["dr"], meta["params"]["dc"])
+    return (
+        {
+            "doc": "per shift family and column: counts[|dr|][|dc|] (rows |dr| 0..3, columns |dc| 0..3)",
+            "families": out,
+        }
+        if out
+        else {}
+    )
+
+
+def format_shift_table(table: dict) -> list[str]:
+    """The shift table as text lines: per family one row per |dr|, the three columns side by side."""
+    lines = []
+    for fam, cols in table.get("families", {}).items():
+        lines.append(f"shift table, {fam}: rows |dr| 0..3 x columns |dc| 0..3 -- " + " | ".join(SHIFT_TABLE_COLUMNS))
+        for a in range(MAX_SHIFT + 1):
+            lines.append(
+                f"  |dr|={a}: "
+                + " | ".join(" ".join(f"{cols[c][a][b]:5d}" for b in range(MAX_SHIFT + 1)) for c in cols)
+            )
+    return lines
+
+
+def leak_summary(counts: Counter, num_aug: int, lists: dict) -> dict:
+    """What the leak checks refused (``<prefix>_leaks.json``): in total and per family."""
+    total = {k: v for k, v in sorted(counts.items()) if ": " not in k}
+    total["copies kept (identity included)"] = int(sum(len(d) for d, _ in lists.values()))
+    per_family: dict = {}
+    for k, v in sorted(counts.items()):
+        if ": " in k:
+            fam, what = k.split(": ", 1)
+            per_family.setdefault(fam, {})[what] = v
+    return {
+        "doc": "training candidates redrawn because they show a held-out rule instance (by key: their own "
+        "instance; by behaviour: a held-out instance of any family produces their pairs) and augmented copies "
+        "refused for the same reasons (each replaced by the next candidate copy where one was left)",
+        "num_aug": num_aug,
+        "total": total,
+        "per_family": per_family,
+    }
