@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from dataset.canvas import translate_batch
 from dataset.errors import DatasetError
 from dataset.metadata import DatasetMetadata, canvas_side, load_metadata
+from dataset.split_checks import no_canvas_reason
 from dataset.split_data import SetData, combine_metadata, group_names, load_sets, matching_groups
 from dataset.tokens import IGNORE_LABEL_ID
 
@@ -96,23 +97,6 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
         return self
 
 
-def _no_canvas(split_dir: str, meta: DatasetMetadata, asked: Optional[bool]) -> str:
-    """Why translation cannot apply to a split that is not a square canvas: a dataset.json whose grid_size and
-    seq_len disagree (the file was edited, or written by another tool), else data that is no canvas at all."""
-    where = f"{split_dir}/dataset.json"
-    if meta.grid_size is not None:
-        g = int(meta.grid_size)
-        return (
-            f"{where}: grid_size={g} but seq_len={meta.seq_len} (a {g}x{g} canvas has {g * g} tokens): the file "
-            f"disagrees with itself; rebuild the data (python -m dataset.build_*)"
-        )
-    source = "translate_augment=true" if asked else "the data's translate_augment"
-    return (
-        f"{where}: {source} moves grids inside a square canvas, but this data has no grid_size and seq_len="
-        f"{meta.seq_len} is not a 30x30 ARC canvas" + ("" if asked else "; pass translate_augment=false")
-    )
-
-
 # ----------------------------------------------------------------------------------------------
 class PuzzleDataset(IterableDataset):
     """Fixed-size global batches from built puzzle data, sharded over ranks (docs/architecture.md §1)."""
@@ -155,7 +139,7 @@ class PuzzleDataset(IterableDataset):
 
         self.sets: list[SetData] = load_sets(metas, split_dirs, self.metadata, config.encoder_mode)
         if self.translate and self.canvas_size is None:  # after load_sets: arrays that disagree are named first
-            raise DatasetError(_no_canvas(split_dirs[0], self.metadata, config.translate_augment))
+            raise DatasetError(no_canvas_reason(split_dirs[0], self.metadata, config.translate_augment))
 
         # --- seeded choice of groups (same on every rank / worker) ---
         self.active_groups: list[np.ndarray] = []

@@ -86,3 +86,20 @@ def check_split_part(split_dir: str, set_name: str, d: dict, meta: DatasetMetada
             f"{p('puzzle_identifiers')}: ids must be in [0, {meta.num_puzzle_identifiers}) "
             f"(num_puzzle_identifiers of dataset.json), found {int(ids.min())}..{int(ids.max())}"
         )
+
+
+def no_canvas_reason(split_dir: str, meta: DatasetMetadata, asked: Optional[bool]) -> str:
+    """Why translation cannot apply to a split that is not a square canvas: a dataset.json whose grid_size and
+    seq_len disagree (the file was edited, or written by another tool), else data that is no canvas at all."""
+    where = f"{split_dir}/dataset.json"
+    if meta.grid_size is not None:
+        g = int(meta.grid_size)
+        return (
+            f"{where}: grid_size={g} but seq_len={meta.seq_len} (a {g}x{g} canvas has {g * g} tokens): the file "
+            f"disagrees with itself; rebuild the data (python -m dataset.build_*)"
+        )
+    source = "translate_augment=true" if asked else "the data's translate_augment"
+    return (
+        f"{where}: {source} moves grids inside a square canvas, but this data has no grid_size and seq_len="
+        f"{meta.seq_len} is not a 30x30 ARC canvas" + ("" if asked else "; pass translate_augment=false")
+    )
