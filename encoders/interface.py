@@ -4,7 +4,7 @@
         -> EncoderOutput(context [b, puzzle_emb_len, hidden], kl [b] | None, state | None, memory | None)
 
 ``memory`` (:class:`DemoMemory`): the per-cell states of the demonstrations before any pooling, for a core that
-reads them cell by cell (``arch=trm_memory``, models/variants/trm_memory.py); given by the encoders whose
+reads them cell by cell (``arch=trm_memory``, models/variants/trm_views.py); given by the encoders whose
 ``capabilities.gives_memory`` is True.
 
 What an encoder does beyond that call is declared, not probed: :class:`EncoderCapabilities` (``encoder.capabilities``,
