@@ -22,6 +22,7 @@ from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule
 from encoders.probes import RuleReadout
 from experiments.science.common import ScienceError
 from experiments.science.run import _rule_readout_overrides, oracle_eval_overrides
+from tests.toy_data import built_synthetic_arc
 from training.config import ConfigError, load_config
 
 SLOTS = list(RULE_SLOTS)
@@ -115,29 +116,7 @@ def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_
 def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in_train(tmp_path):
     """A TRM-mode build shows the test puzzles' demo pairs in train/ under the test identifiers: the training
     labels still leave every held-out puzzle unlabelled (its rule would otherwise reach the readout / oracle)."""
-    paths = generate_synthetic_arc(
-        str(tmp_path / "raw"),
-        "s",
-        families=["gravity"],
-        num_train=6,
-        num_test=4,
-        min_grid=3,
-        max_grid=5,
-        seed=1,
-        canvas_size=8,
-        progress=False,
-    )
-    built = str(tmp_path / "built")
-    build_arc_dataset(
-        built,
-        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=1,
-        seed=0,
-        canvas_size=8,
-        mode="trm",
-        progress=False,
-    )
+    built, paths = built_synthetic_arc(tmp_path, ["gravity"], num_train=6, num_test=4, num_aug=1, mode="trm")
     ids = read_identifiers_map(built)
     in_train = set(np.load(os.path.join(built, "train", "all__puzzle_identifiers.npy")).tolist())
     held = [
@@ -156,29 +135,7 @@ def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in
 
 
 def test_rule_label_table_errors_name_the_file_and_puzzle(tmp_path):
-    paths = generate_synthetic_arc(
-        str(tmp_path / "raw"),
-        "s",
-        families=["translate"],
-        num_train=4,
-        num_test=2,
-        min_grid=3,
-        max_grid=5,
-        seed=1,
-        canvas_size=8,
-        progress=False,
-    )
-    built = str(tmp_path / "built")
-    build_arc_dataset(
-        built,
-        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=0,
-        seed=0,
-        canvas_size=8,
-        mode="etrm",
-        progress=False,
-    )
+    built, paths = built_synthetic_arc(tmp_path, ["translate"], num_train=4, num_test=2, num_aug=0, mode="etrm")
     rules = json.load(open(paths["rules"]))
     name = sorted(n for n, r in rules.items() if r["subset"] == "training")[0]
     bad = tmp_path / "bad.json"

@@ -142,3 +142,20 @@ def synthetic_etrm_dataset(
         built, puzzles, test_set_name="evaluation", num_aug=1, seed=0, canvas_size=canvas, mode="etrm", progress=False
     )
     return built
+
+
+def built_synthetic_arc(
+    root, families: list[str], *, num_train: int, num_test: int, num_aug: int, mode: str, max_grid: int = 5
+) -> tuple[str, dict]:
+    """Generate synthetic ARC puzzles (grids 3..``max_grid``, canvas 8, seed 1) under ``root``/raw and build them
+    (``mode`` trm/etrm, ``num_aug`` copies, seed 0) into ``root``/built; returns (built directory, generator paths)."""
+    paths = generate_synthetic_arc(
+        os.path.join(str(root), "raw"), "s", families=families, num_train=num_train, num_test=num_test, min_grid=3,
+        max_grid=max_grid, seed=1, canvas_size=8, progress=False,
+    )  # fmt: skip
+    built = os.path.join(str(root), "built")
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
+    build_arc_dataset(
+        built, puzzles, test_set_name="evaluation", num_aug=num_aug, seed=0, canvas_size=8, mode=mode, progress=False
+    )
+    return built, paths
