@@ -45,10 +45,8 @@ class Trainer:
         self.local_bs = D.local_batch_size(cfg.global_batch_size, info.world_size)
         if cfg.resume and cfg.run_name is None and cfg.checkpoint_path is None:
             raise ConfigError("resume=true needs +run_name=… or checkpoint_path=… to find the run")
-        self.project_name, self.run_name, group = D.broadcast_object(run_identity(cfg))
-        # the resolved names and group are stored with the config (config.yaml, checkpoints): a resume reads the
-        # names the run had, and evaluate.py joins the group
-        self.cfg = cfg = with_identity(cfg, self.project_name, self.run_name, group)
+        self.project_name, self.run_name, group = D.broadcast_object(run_identity(cfg))  # stored with the config:
+        self.cfg = cfg = with_identity(cfg, self.project_name, self.run_name, group)  # a resume reads its names
         self.checkpoint_dir = run_dir(cfg, self.project_name, self.run_name)
         self.rundir = RunDir(self.checkpoint_dir, info, resume=cfg.resume, warn=self._print)
         self.rundir.claim()

@@ -28,8 +28,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+import torch
+
 from core.io import write_json_atomic
+from experiments.science.cli import main as science_main
 from experiments.science.common import CONTROL
+from experiments.science.recolour import run_science
 
 # --- the floors -------------------------------------------------------------------------------------------------
 
@@ -40,8 +44,6 @@ RECOLOUR_STEPS = 500
 
 def _recolour(seed: int, control: bool) -> Callable[[str], dict]:
     def run(out: str) -> dict:
-        from experiments.science.recolour import run_science
-
         r = run_science(out, steps=RECOLOUR_STEPS, seed=seed, control=control)
         figs = {
             "exit_status": r["etrm"]["exit_status"],
@@ -85,9 +87,7 @@ def _family(family: str, args: list[str], run: str) -> Callable[[str], dict]:
     runs of a floor are two parts, each building the same seeded data, so they train side by side."""
 
     def part(out: str) -> dict:
-        from experiments.science.cli import main
-
-        res = main(["--out", os.path.join(out, family), "--families", family, "--encoders", run] + args)
+        res = science_main(["--out", os.path.join(out, family), "--families", family, "--encoders", run] + args)
         fam = res["families"][family]
         figs = {"count": fam["count"], "all_ok": all(r["status"] == "ok" for r in res["runs"].values())}
         figs["heldout"] = fam["runs"][run]["pass@1"]
@@ -166,8 +166,6 @@ def _failed(claims: list[tuple[str, bool]]) -> list[str]:
 def _one_thread() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"  # the subprocess stages of the science command inherit it
     os.environ.setdefault("WANDB_MODE", "disabled")
-    import torch
-
     torch.set_num_threads(1)
 
 
