@@ -42,18 +42,24 @@ from dataset.augment import AUGMENTATION_LISTS_SUFFIX, read_augmentation_lists, 
 from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
 from dataset.errors import DatasetError
+from dataset.families import ALL_FAMILIES
 from dataset.synthetic_heldout import (  # noqa: F401  (LeakGuard, shift_table: re-exported for the tests)
     SHIFTS_SUFFIX,
+    STRUCTURES_SUFFIX,
     LeakGuard,
+    TrainedInstances,
     _draw_puzzle,
     _free_shift,
     _reserve_heldout,
     _try_puzzle,
     format_shift_table,
+    format_structure_table,
     leak_summary,
     shift_table,
+    structure_table,
+    trained_copy_counts,
 )
-from dataset.synthetic_rules import FAMILIES, SHIFT_FAMILIES, GridSpec, RuleInstance, shift_cells
+from dataset.synthetic_rules import SHIFT_FAMILIES, GridSpec, RuleInstance, shift_cells
 from dataset.tokens import ARC_MAX_GRID
 
 log = logging.getLogger(__name__)
@@ -91,7 +97,7 @@ def _sample_training(
             if fam in exhausted:
                 fam = None
                 continue
-        rule = FAMILIES[fam](rng, spec)
+        rule = ALL_FAMILIES[fam](rng, spec)
         if fam in SHIFT_FAMILIES:
             rule = _free_shift(rng, spec, rule, guard.taken_shifts(fam))
         name = f"{prefix}-train-{len(out):05d}-{fam}"
@@ -131,9 +137,17 @@ def _family_counts(rng: np.random.Generator, families: list[str], n: int) -> dic
 
 
 def _heldout_puzzles(
-    rng: np.random.Generator, held: dict[str, list[RuleInstance]], counts: dict[str, int], prefix: str, canvas_size: int
+    rng: np.random.Generator,
+    held: dict[str, list[RuleInstance]],
+    counts: dict[str, int],
+    prefix: str,
+    canvas_size: int,
+    trained: TrainedInstances,
+    lists: dict,
 ) -> list[tuple[str, dict, list, list]]:
-    """``counts[f]`` evaluation puzzles of family f, cycling through its held-out instances; seeded order."""
+    """``counts[f]`` evaluation puzzles of family f, cycling through its held-out instances; seeded order. A puzzle
+    whose pairs a trained instance (any family, a training puzzle's or one of its copies') produces is redrawn;
+    with copies, each puzzle's evaluation copies (:meth:`TrainedInstances.eval_copies`) go to ``lists``."""
     schedule = [f for f, c in counts.items() for _ in range(c)]
     schedule = [schedule[i] for i in rng.permutation(len(schedule))]
     used = {f: 0 for f in counts}
@@ -143,13 +157,18 @@ def _heldout_puzzles(
         used[fam] += 1
         for _ in range(200):
             drawn = _draw_puzzle(rng, rule, canvas_size)
+            if drawn is not None and trained.realised_by(drawn[0] + drawn[1]) is not None:
+                trained.counts["held-out puzzles redrawn by behaviour (a trained instance produces them)"] += 1
+                trained.counts[f"{fam}: held-out puzzles redrawn by behaviour"] += 1
+                drawn = None
             if drawn is not None:
                 break
         else:
             raise DatasetError(f"synthetic evaluation: held-out instance {rule.key} made no puzzle in 200 tries")
-        out.append(
-            (f"{prefix}-evalu-{len(out):05d}-{fam}", {"family": fam, "params": rule.params, "key": rule.key}, *drawn)
-        )
+        name = f"{prefix}-evalu-{len(out):05d}-{fam}"
+        if trained.num_aug:
+            lists[name] = trained.eval_copies(name, fam, rule.params, *drawn)
+        out.append((name, {"family": fam, "params": rule.params, "key": rule.key}, *drawn))
     return out
 
 
@@ -200,10 +219,10 @@ def generate_synthetic_arc(
     (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set)."""
-    families = list(families) if families else list(FAMILIES)
+    families = list(families) if families else list(ALL_FAMILIES)
     for f in list(families) + list(holdout_families):
-        if f not in FAMILIES:
-            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(FAMILIES)})")
+        if f not in ALL_FAMILIES:
+            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(ALL_FAMILIES)})")
     if not 1 <= canvas_size <= ARC_MAX_GRID:
         raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
     if max_grid is None:
@@ -230,10 +249,14 @@ def generate_synthetic_arc(
         raise DatasetError(f"--families {' '.join(shifting)}: a shift needs grids of side >= 2 (--max-grid {max_grid})")
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
-    held = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
-    guard = LeakGuard([(r.family, r.params) for rules in held.values() for r in rules], num_aug, seed)
+    held, held_structures = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
+    structures = frozenset(k for keys in held_structures.values() for k in keys)
+    heldout = [(r.family, r.params) for rules in held.values() for r in rules]
+    guard = LeakGuard(heldout, num_aug, seed, structures=structures)
     train, lists = _sample_training(rng, train_fams, num_train, spec, guard, prefix, progress, canvas_size)
-    test = _heldout_puzzles(rng, held, counts, prefix, canvas_size)
+    trained = TrainedInstances(train, lists, structures, num_aug, seed)
+    test = _heldout_puzzles(rng, held, counts, prefix, canvas_size, trained, lists)
+    guard.counts.update(trained.counts)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
         "training puzzle%s (by key or by behaviour)",
@@ -242,14 +265,35 @@ def generate_synthetic_arc(
         len(guard.heldout_keys),
         f" nor any of its {num_aug} augmented copies" if num_aug else "",
     )
-    leaks = leak_summary(guard.counts, num_aug, lists)
+    train_names = {name for name, _, _, _ in train}
+    leaks = leak_summary(guard.counts, num_aug, {n: v for n, v in lists.items() if n in train_names})
+    leaks["total"]["evaluation copies kept (identity included)"] = int(
+        sum(len(d) for n, (d, _) in lists.items() if n not in train_names)
+    )
     log.info("synthetic: leak checks: %s", json.dumps(leaks["total"]))
 
-    return _write_outputs(out_dir, prefix, train, test, lists, leaks, num_aug, seed)
+    rules = {name: {"subset": "training", **meta} for name, meta, _, _ in train}
+    rules.update({name: {"subset": "evaluation", **meta} for name, meta, _, _ in test})
+    leaks["evaluation copies that are trained instances"] = seen = trained_copy_counts(rules, lists)
+    log.info("synthetic: evaluation copies that are trained instances, per family: %s", json.dumps(seen))
+    if any(seen.values()):  # the checks above make this impossible; the count reads the written lists again
+        raise DatasetError(f"synthetic: evaluation copies show trained rule instances: {seen}")
+    table = structure_table(train, test, lists, held_structures)
+    for line in format_structure_table(table):
+        log.info("%s", line)
+    return _write_outputs(out_dir, prefix, train, test, lists, leaks, num_aug, seed, table)
 
 
 def _write_outputs(
-    out_dir: str, prefix: str, train: list, test: list, lists: dict, leaks: dict, num_aug: int, seed: int
+    out_dir: str,
+    prefix: str,
+    train: list,
+    test: list,
+    lists: dict,
+    leaks: dict,
+    num_aug: int,
+    seed: int,
+    structures: dict,
 ):
     """The kaggle-layout files, ``<prefix>_rules.json`` and the sidecars (every training puzzle's copies for the ARC
     build, the leak counts, the shift table); returns their paths."""
@@ -287,6 +331,8 @@ def _write_outputs(
     elif os.path.exists(shift_path):
         os.remove(shift_path)
     paths["rules"] = f"{base}_rules.json"
+    write_json_atomic(f"{base}{STRUCTURES_SUFFIX}", structures)
+    paths["structures"] = f"{base}{STRUCTURES_SUFFIX}"
     return paths
 
 
@@ -300,7 +346,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--output-prefix", default="synth", help="file name prefix (<prefix>_<subset>_challenges.json)")
     ap.add_argument("--num-train", type=int, default=400)
     ap.add_argument("--num-test", type=int, default=100)
-    ap.add_argument("--families", nargs="+", default=None, help=f"default: all of {list(FAMILIES)}")
+    ap.add_argument("--families", nargs="+", default=None, help=f"default: all of {list(ALL_FAMILIES)}")
     ap.add_argument("--holdout-families", nargs="+", default=[])
     ap.add_argument("--min-grid", type=int, default=3)
     ap.add_argument(

@@ -10,15 +10,15 @@ that differs from training only in colours is weaker than one that differs in st
 
 - ``extend_lines``: each marked cell shoots a ray to the grid's edge in a direction, in the line colour
   (structure: the direction of 8; whether a ray stops at another cell);
-- ``mirror_complete``: a symmetric picture with a masked rectangle; the output restores it (the axis: vertical,
-  horizontal, both);
+- ``mirror_complete``: a mirror-symmetric picture with a masked rectangle; the output restores it, whole or only the
+  hidden patch (the axis: vertical or horizontal; the output: full or patch);
 - ``crop_object``: the output is the bounding box of the one object a criterion singles out (colour, largest,
   smallest, unique colour);
 - ``outline``: solid rectangles keep their border; the interior becomes a colour or background; a ring may be drawn
   around them (interior kind, ring or not);
-- ``connect_pairs``: two cells of one colour on a row or column are joined by a segment (rows, columns or both;
+- ``connect_pairs``: two cells of one colour on a row or column are joined by a segment (rows or columns;
   the segment in their own colour or a fixed one);
-- ``keep_extreme``: only the largest (or smallest) object stays (which; cropped or in place);
+- ``keep_extreme``: only the largest (or smallest) object stays, or it alone is removed (which; keep or remove);
 - ``count_to_bar``: the number of objects (or cells) of a colour becomes a bar of that length (row or column;
   objects or cells).
 """
@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from dataset.dihedral import D4_MATRIX
 from dataset.synthetic_rules import Grid, GridSpec, RuleInstance, _colours, _components
 
 DIRECTIONS = {  # name -> (dr, dc)
@@ -122,7 +123,11 @@ def _extend_lines_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
 # --- mirror_complete ---------------------------------------------------------------------------------------------
 def mirror_complete(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = _colours(rng, 4)
-    params = {"axis": str(rng.choice(["vertical", "horizontal", "both"])), "mask": cols[0]}
+    params = {
+        "axis": str(rng.choice(["vertical", "horizontal"])),
+        "mask": cols[0],
+        "output": str(rng.choice(["full", "patch"])),
+    }
 
     def make(r):
         h, w = spec.size(r)
@@ -164,11 +169,20 @@ def _mirror_complete_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
             images.append(g[::-1, :])
         if p["axis"] == "both":
             images.append(g[::-1, ::-1])
+        hidden = masked.copy()
         for img in images:
             take = masked & (img != p["mask"])
             out[take] = img[take]
             masked &= ~take
-        return None if masked.any() else out  # every masked cell must be recoverable from a mirror image
+        if masked.any():
+            return None  # every masked cell must be recoverable from a mirror image
+        if p.get("output", "full") == "patch":  # only what was hidden: the masked cells' bounding box
+            ys, xs = np.nonzero(hidden)
+            if not len(ys):
+                return None
+            patch = out[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
+            return patch.copy() if hidden[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1].all() else None
+        return out
 
     return apply
 
@@ -259,7 +273,7 @@ def _outline_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
 def connect_pairs(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = _colours(rng, 4)
     params = {
-        "orientation": str(rng.choice(["rows", "columns", "both"])),
+        "orientation": str(rng.choice(["rows", "columns"])),
         "segment": None if rng.random() < 0.5 else cols[0],
     }
     ends = cols[1:]
@@ -283,20 +297,23 @@ def connect_pairs(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
 
 def _connect_pairs_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
     def apply(g):
-        out = g.copy()
+        out, claimed = g.copy(), np.zeros(g.shape, bool)
         for c in np.unique(g[g != 0]):
             ys, xs = np.nonzero(g == c)
             if len(ys) != 2:
                 return None  # every colour marks exactly one pair
             fill = c if p["segment"] is None else p["segment"]
             if ys[0] == ys[1] and p["orientation"] in ("rows", "both"):
-                seg = out[ys[0], min(xs) + 1 : max(xs)]
-                seg[seg == 0] = fill
+                span = (ys[0], slice(min(xs) + 1, max(xs)))
             elif xs[0] == xs[1] and p["orientation"] in ("columns", "both"):
-                seg = out[min(ys) + 1 : max(ys), xs[0]]
-                seg[seg == 0] = fill
+                span = (slice(min(ys) + 1, max(ys)), xs[0])
             else:
                 return None
+            if claimed[span].any():
+                return None  # two segments cross or overlap: which colour wins would be arbitrary
+            claimed[span] = True
+            seg = out[span]
+            seg[seg == 0] = fill
         return out
 
     return apply
@@ -305,7 +322,7 @@ def _connect_pairs_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
 # --- keep_extreme ------------------------------------------------------------------------------------------------
 def keep_extreme(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     cols = _colours(rng, 3)
-    params = {"which": str(rng.choice(["largest", "smallest"])), "crop": bool(rng.random() < 0.5)}
+    params = {"which": str(rng.choice(["largest", "smallest"])), "keep": bool(rng.random() < 0.5)}
 
     def make(r):
         g = _rects(r, spec.size(r), cols, int(r.integers(2, 5)))
@@ -324,10 +341,14 @@ def _keep_extreme_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
         if sizes.count(best) != 1:
             return None
         _, cells = objs[sizes.index(best)]
-        ys, xs = zip(*cells)
+        ys, xs = list(zip(*cells))
+        if not p["keep"]:  # the extreme object alone is removed
+            out = g.copy()
+            out[list(ys), list(xs)] = 0
+            return out
         out = np.zeros_like(g)
         out[list(ys), list(xs)] = g[list(ys), list(xs)]
-        return out[min(ys) : max(ys) + 1, min(xs) : max(xs) + 1].copy() if p["crop"] else out
+        return out
 
     return apply
 
@@ -381,11 +402,11 @@ _APPLY = {
 # The structural parameters of each family (the rest are colours): what a structure-held-out split varies.
 STRUCTURE: dict[str, tuple[str, ...]] = {
     "extend_lines": ("direction", "stop"),
-    "mirror_complete": ("axis",),
+    "mirror_complete": ("axis", "output"),
     "crop_object": ("criterion",),
     "outline": ("interior_kind", "ring_kind"),
     "connect_pairs": ("orientation", "segment_kind"),
-    "keep_extreme": ("which", "crop"),
+    "keep_extreme": ("which", "keep"),
     "count_to_bar": ("orientation", "unit"),
 }
 
@@ -404,3 +425,60 @@ def structure(family: str, params: dict) -> str:
 def open_rule_apply(family: str, params: dict) -> Callable[[Grid], Optional[Grid]]:
     """The mapping (input grid -> output grid, or None for an unsuitable input) of an open family's instance."""
     return _APPLY[family](params)
+
+
+_COLOUR_PARAMS = ("mark", "line", "block", "mask", "colour", "ring", "segment")
+_SWAP = {"vertical": "horizontal", "horizontal": "vertical", "rows": "columns", "columns": "rows"}
+_SWAP.update(row="column", column="row")
+
+
+def open_conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> dict:
+    """The instance an augmented copy of a puzzle of ``params`` shows (as
+    :func:`dataset.rule_identity.conjugate_params` for the covered families): colours through ``colour_map`` (0
+    fixed), directions through the dihedral transform, a row / column (horizontal / vertical) choice exchanged by a
+    transform that exchanges rows and columns. ``tests/test_open_families.py`` checks it against the mappings."""
+    pi = [int(c) for c in colour_map]
+    m = D4_MATRIX[dihedral]
+    out = dict(params)
+    for k in _COLOUR_PARAMS:
+        if out.get(k) is not None:
+            out[k] = pi[int(out[k])]
+    if family == "outline":
+        out["interior"] = pi[int(params["interior"])]
+    if family == "extend_lines":
+        v = tuple(int(x) for x in m @ np.array(DIRECTIONS[params["direction"]]))
+        out["direction"] = next(d for d, u in DIRECTIONS.items() if u == v)
+    if m[0, 0] == 0:  # rows and columns exchange
+        for k in ("axis", "orientation"):
+            if k in out:
+                out[k] = _SWAP.get(out[k], out[k])
+    return out
+
+
+def open_rivals(family: str, params: dict) -> list[dict]:
+    """Other instances of the family that the demos of ``params`` must rule out (a puzzle whose demos one of them
+    also explains does not determine its rule): the optional part dropped (a ray that stops at cells vs one that
+    does not, a ring, a fixed segment colour) and every other choice of the structural parameters that can give the
+    same pairs (another crop criterion or crop colour, another mirror axis, pairs joined along rows vs both, objects
+    vs cells counted)."""
+    p, out = params, []
+    if family == "extend_lines" and p["stop"]:
+        out.append({k: v for k, v in p.items() if k != "block"} | {"stop": False})
+    if family == "extend_lines" and not p["stop"]:
+        out.append(dict(p, stop=True, block=0))
+    if family == "outline" and p["ring"] is not None:
+        out.append(dict(p, ring=None))
+    if family == "connect_pairs":
+        if p["segment"] is not None:
+            out.append(dict(p, segment=None))
+        out += [dict(p, orientation=o) for o in ("rows", "columns") if o != p["orientation"]]
+    if family == "mirror_complete":
+        out += [dict(p, axis=a) for a in ("vertical", "horizontal") if a != p["axis"]]
+    if family == "crop_object":
+        out += [{"criterion": c} for c in CROP_CRITERIA if c != "colour" and c != p["criterion"]]
+        out += [{"criterion": "colour", "colour": c} for c in range(1, 10) if p.get("colour") != c]
+    if family == "keep_extreme":
+        out.append(dict(p, which="smallest" if p["which"] == "largest" else "largest"))
+    if family == "count_to_bar":
+        out.append(dict(p, unit="cells" if p["unit"] == "objects" else "objects"))
+    return out

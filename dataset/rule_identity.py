@@ -13,7 +13,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dataset.dihedral import D4_COMPOSE, D4_MATRIX, DIHEDRAL_INVERSE, dihedral_transform
-from dataset.synthetic_rules import FAMILIES, SHIFT_CELLS, SHIFT_FAMILIES, rule_apply, rule_key
+from dataset.families import ALL_FAMILIES, family_apply
+from dataset.open_families import OPEN_FAMILIES, open_conjugate_params, open_rivals
+from dataset.synthetic_rules import SHIFT_CELLS, SHIFT_FAMILIES, rule_key
 
 _DIR_VECTORS = {"down": (1, 0), "up": (-1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -24,6 +26,8 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
     ``dihedral``, as :class:`dataset.augment.Augmentation`): the copy's pairs are (g(x), g(R(x))). None when that
     mapping is not an instance of the family (copy_pattern with mirrored tiles and an even repeat count along a
     reversed axis). ``tests/test_synthetic_leak.py`` checks every family against the mappings themselves."""
+    if family in OPEN_FAMILIES:
+        return open_conjugate_params(family, params, dihedral, colour_map)
     pi = [int(c) for c in colour_map]
     col = lambda c: None if c is None else pi[int(c)]  # noqa: E731
     rc = lambda r: None if r is None else [pi[int(r[0])], pi[int(r[1])]]  # noqa: E731
@@ -51,7 +55,8 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
         ky, kx = (params["kx"], params["ky"]) if swaps else (params["ky"], params["kx"])
         return {"ky": ky, "kx": kx, "recolour": rc(params["recolour"])}
     if family == "fill_enclosed":
-        return {"border": col(params["border"]), "fill": col(params["fill"]), "noise": col(params["noise"])}
+        out = {"border": col(params["border"]), "fill": col(params["fill"]), "noise": col(params["noise"])}
+        return dict(out, recolour=rc(params["recolour"])) if "recolour" in params else out
     if family == "recolour_by_size":
         return {
             "src": col(params["src"]),
@@ -65,12 +70,12 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
         if params["mirror"]:  # mirrored tiling survives the transform only if the tile grid's ends match
             spatial = dict(params, recolour=None)
             probe = np.arange(1, 7, dtype=np.uint8).reshape(2, 3)  # no symmetry
-            want = dihedral_transform(rule_apply("copy_pattern", spatial)(probe), dihedral)
-            got = rule_apply("copy_pattern", dict(out, recolour=None))(dihedral_transform(probe, dihedral))
+            want = dihedral_transform(family_apply("copy_pattern", spatial)(probe), dihedral)
+            got = family_apply("copy_pattern", dict(out, recolour=None))(dihedral_transform(probe, dihedral))
             if want.shape != got.shape or not np.array_equal(want, got):
                 return None
         return out
-    raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
+    raise ValueError(f"unknown family {family!r} (known: {sorted(ALL_FAMILIES)})")
 
 
 def simpler_variants(family: str, params: dict) -> list[dict]:
@@ -97,6 +102,8 @@ def rival_instances(family: str, params: dict) -> list[tuple[str, dict]]:
     :func:`simpler_variants` and, for roll, the unwrapped shift (translate) with the same (dr, dc) and every other
     wrapped shift (on grids of h rows a roll by dr is one by dr - h: demos all of one height may not tell them
     apart)."""
+    if family in OPEN_FAMILIES:
+        return [(family, p) for p in open_rivals(family, params)]
     out = [(family, p) for p in simpler_variants(family, params)]
     if family == "roll":
         out.append(("translate", {"dr": params["dr"], "dc": params["dc"]}))
@@ -116,7 +123,7 @@ def _maps_all(f, pairs) -> bool:
 
 def demos_determine_rule(family: str, params: dict, demos: list) -> bool:
     """False when a :func:`rival_instances` instance maps every demo input to its output as well."""
-    return not any(_maps_all(rule_apply(f, p), demos) for f, p in rival_instances(family, params))
+    return not any(_maps_all(family_apply(f, p), demos) for f, p in rival_instances(family, params))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,27 +161,30 @@ class HeldOutBehaviour:
         self.same: list = []  # instances whose output has the input's shape
         self.transposed: list = []  # ... the transposed shape (flip_rotate's transposing maps)
         self.multiple: dict[tuple[int, int], list] = {}  # (ky, kx) -> instances whose output is (ky h, kx w)
+        self.free: list = []  # instances whose output shape the input shape does not fix (crops, counts)
         seen = set()
         for fam, params in instances:
             key = rule_key(fam, params)
             if key in seen:
                 continue
             seen.add(key)
-            entry = (key, fam, params, rule_apply(fam, params))
+            entry = (key, fam, params, family_apply(fam, params))
             if fam in ("scale_up", "copy_pattern"):
                 k = (params["ky"], params["kx"]) if fam == "scale_up" else (params["ry"], params["rx"])
                 self.multiple.setdefault(k, []).append(entry)
+            elif fam in ("crop_object", "count_to_bar") or (fam == "mirror_complete" and params["output"] == "patch"):
+                self.free.append(entry)
             elif fam == "flip_rotate" and D4_MATRIX[params["dihedral"]][0, 0] == 0:
                 self.transposed.append(entry)
             else:
                 self.same.append(entry)
 
     def __len__(self) -> int:
-        return len(self.same) + len(self.transposed) + sum(map(len, self.multiple.values()))
+        return len(self.same) + len(self.transposed) + len(self.free) + sum(map(len, self.multiple.values()))
 
     def _candidates(self, x: np.ndarray, y: np.ndarray) -> list:
         (h, w), (oh, ow) = x.shape, y.shape
-        out = []
+        out = list(self.free)
         if (oh, ow) == (h, w):
             out += self.same
         if (oh, ow) == (w, h):
@@ -195,7 +205,7 @@ class HeldOutBehaviour:
                     if not np.array_equal(*counts):
                         continue
                 elif fam == "fill_enclosed":
-                    if not _changed_only(x0, y0, True, 0, (p["fill"],)):
+                    if not p.get("recolour") and not _changed_only(x0, y0, True, 0, (p["fill"],)):
                         continue
                 elif not _changed_only(x0, y0, False, p["src"], (p["big"], p["small"])):
                     continue

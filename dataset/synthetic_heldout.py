@@ -14,9 +14,9 @@ import numpy as np
 
 from dataset.augment import ArcPuzzle, Augmentation, select_augmentations
 from dataset.errors import DatasetError
+from dataset.families import ALL_FAMILIES, choose_heldout_structures, novelty, structure
 from dataset.rule_identity import HeldOutBehaviour, conjugate_params, demos_determine_rule
 from dataset.synthetic_rules import (
-    FAMILIES,
     MAX_SHIFT,
     SHIFT_CELLS,
     SHIFT_FAMILIES,
@@ -64,10 +64,15 @@ class LeakGuard:
     num_aug: int
     seed: int
     counts: Counter = field(default_factory=Counter)
+    structures: frozenset = frozenset()  # the held-out structures (dataset.families.structure keys)
 
     def __post_init__(self) -> None:
         self.heldout_keys = {rule_key(f, p) for f, p in self.heldout}
         self.behaviour = HeldOutBehaviour(self.heldout)
+
+    def _count(self, family: str, what: str) -> None:
+        self.counts[what] += 1
+        self.counts[f"{family}: {what}"] += 1
 
     def taken_shifts(self, family: str) -> set:
         """The shifts (dr, dc) a training puzzle of shift family ``family`` may not show: those held out as that
@@ -80,6 +85,8 @@ class LeakGuard:
         """ "key" / "behaviour" when the puzzle itself shows a held-out instance, else None."""
         if rule.key in self.heldout_keys:
             return "key"
+        if structure(rule.family, rule.params) in self.structures:
+            return "structure"
         if len(self.behaviour) and self.behaviour.realised_by(pairs) is not None:
             return "behaviour"
         return None
@@ -92,16 +99,17 @@ class LeakGuard:
         def accept(d: int, lut: np.ndarray) -> bool:
             p = conjugate_params(family, params, d, lut)
             if p is not None and rule_key(family, p) in self.heldout_keys:
-                self.counts["copies refused by key"] += 1
-                self.counts[f"{family}: copies refused by key"] += 1
+                self._count(family, "copies refused by key")
+                return False
+            if p is not None and structure(family, p) in self.structures:
+                self._count(family, "copies refused by structure")
                 return False
             aug = Augmentation(d, tuple(int(c) for c in lut))
             if (
                 len(self.behaviour)
                 and self.behaviour.realised_by([(aug.apply(x), aug.apply(y)) for x, y in pairs]) is not None
             ):
-                self.counts["copies refused by behaviour"] += 1
-                self.counts[f"{family}: copies refused by behaviour"] += 1
+                self._count(family, "copies refused by behaviour")
                 return False
             return True
 
@@ -109,6 +117,74 @@ class LeakGuard:
         if len(dih) < self.num_aug + 1:
             self.counts["copies missing (candidates ran out)"] += self.num_aug + 1 - len(dih)
         return dih, luts
+
+
+class TrainedInstances:
+    """What training shows, for the reverse checks of benchmark v3: every training puzzle's instance and the
+    instance each of its kept augmented copies shows (:func:`dataset.rule_identity.conjugate_params`), by key and as
+    mappings. A held-out puzzle whose pairs one of them produces is redrawn (:meth:`realised_by`); an evaluation copy
+    that shows one of them, or any structure that is not held out, is refused (:meth:`eval_copies`), so that every
+    evaluation copy is itself a held-out instance."""
+
+    def __init__(self, train: list, lists: dict, structures: frozenset, num_aug: int, seed: int):
+        self.structures, self.num_aug, self.seed = structures, num_aug, seed
+        self.trained_families = {meta["family"] for _, meta, _, _ in train}
+        instances = []
+        for name, meta, _, _ in train:
+            fam, p = meta["family"], meta["params"]
+            instances.append((fam, p))
+            dih, luts = lists.get(name, (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None]))
+            for d, lut in zip(dih.tolist(), luts):
+                q = conjugate_params(fam, p, d, lut)
+                if q is not None:
+                    instances.append((fam, q))
+        self.keys = {rule_key(f, p) for f, p in instances}
+        self.behaviour = HeldOutBehaviour(instances)
+        self.counts: Counter = Counter()
+
+    def realised_by(self, pairs: list) -> Optional[str]:
+        """The key of a trained instance that maps every input of ``pairs`` to its output, or None."""
+        return self.behaviour.realised_by(pairs)
+
+    def eval_copies(self, name: str, family: str, params: dict, demo: list, test: list):
+        """The evaluation puzzle's copies (identity first): candidate copies whose instance is not a held-out one --
+        a structure that is not held out (a gravity held out as down-with-wall seen turned to the left), or a key
+        training shows -- are refused and the next candidate drawn."""
+
+        def accept(d: int, lut: np.ndarray) -> bool:
+            p = conjugate_params(family, params, d, lut)
+            if p is None or (family in self.trained_families and structure(family, p) not in self.structures):
+                self.counts[f"{family}: evaluation copies refused (not a held-out structure)"] += 1
+                return False
+            if rule_key(family, p) in self.keys:
+                self.counts[f"{family}: evaluation copies refused (a trained instance)"] += 1
+                return False
+            return True
+
+        return select_augmentations(ArcPuzzle("evaluation", name, demo, test), self.num_aug, self.seed, accept)
+
+
+def trained_copy_counts(rules: dict, lists: dict) -> dict[str, int]:
+    """Per family of the evaluation puzzles: how many evaluation copies (each puzzle itself and its listed copies)
+    show a rule instance that a training puzzle or one of its copies shows, from the written files alone
+    (``<prefix>_rules.json``: name -> subset, family, params; ``<prefix>_augmentations.json``'s lists). Benchmark v3
+    requires 0 for every family; a v2 build counts hundreds (its evaluation copies were not restricted)."""
+    identity = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
+
+    def shown(name: str, meta: dict) -> list[str]:
+        dih, luts = lists.get(name, identity)
+        out = []
+        for d, lut in zip(dih.tolist(), luts):
+            q = conjugate_params(meta["family"], meta["params"], d, lut)
+            out.append("?" if q is None else rule_key(meta["family"], q))
+        return out
+
+    trained = {k for n, m in rules.items() if m["subset"] == "training" for k in shown(n, m)}
+    counts: dict[str, int] = {}
+    for n, m in sorted(rules.items()):
+        if m["subset"] == "evaluation":
+            counts[m["family"]] = counts.get(m["family"], 0) + sum(k in trained for k in shown(n, m))
+    return counts
 
 
 def _free_shift(rng: np.random.Generator, spec: GridSpec, rule: RuleInstance, taken: set) -> RuleInstance:
@@ -141,12 +217,15 @@ def _shift_plan(rng: np.random.Generator, spec: GridSpec, n: int) -> list[tuple[
 
 def _reserve_heldout(
     rng: np.random.Generator, counts: dict[str, int], spec: GridSpec, per_instance: int, canvas_size: int
-) -> dict[str, list[RuleInstance]]:
-    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out. The
-    shift families (translate, roll) hold out the same shifts (:func:`_shift_plan`; the first ones of one plan):
-    an unwrapped shift is also a wrapped one on content that stays on the grid, so a shift held out as roll alone
-    would take that shift from translate's training puzzles as well (a leak by behaviour)."""
+) -> tuple[dict[str, list[RuleInstance]], dict[str, list[str]]]:
+    """Per family, ceil(count / per_instance) distinct rule instances (that can make a puzzle) to hold out, all of
+    the family's held-out structures (:func:`dataset.families.choose_heldout_structures`) -> (instances, held-out
+    structure keys per family). The shift families (translate, roll) hold out the same shifts
+    (:func:`_shift_plan`; the first ones of one plan; a shift is the structure): an unwrapped shift is also a
+    wrapped one on content that stays on the grid, so a shift held out as roll alone would take that shift from
+    translate's training puzzles as well (a leak by behaviour)."""
     held: dict[str, list[RuleInstance]] = {}
+    structures: dict[str, list[str]] = {}
     plan = _shift_plan(rng, spec, 4 * len(SHIFT_CELLS)) if any(f in SHIFT_FAMILIES for f in counts) else []
     for fam, count in counts.items():
         want, rules, keys = -(-count // per_instance), [], set()
@@ -158,10 +237,13 @@ def _reserve_heldout(
                 if _try_puzzle(rng, rule, canvas_size) is not None:
                     rules.append(rule)
         else:
-            for _ in range(500 + 20 * want):
+            chosen = set(choose_heldout_structures(rng, fam, spec)) if count else set()
+            for _ in range(2000 + 80 * want):
                 if len(rules) == want:
                     break
-                rule = FAMILIES[fam](rng, spec)
+                rule = ALL_FAMILIES[fam](rng, spec)
+                if chosen and structure(fam, rule.params) not in chosen:
+                    continue
                 if rule.key not in keys and _try_puzzle(rng, rule, canvas_size) is not None:
                     rules.append(rule)
                     keys.add(rule.key)
@@ -171,7 +253,11 @@ def _reserve_heldout(
                 f"(--max-grid {spec.max_grid}, --canvas-size {canvas_size})"
             )
         held[fam] = rules
-    return held
+        if fam in SHIFT_FAMILIES:
+            structures[fam] = sorted({structure(fam, r.params) for r in rules})
+        else:
+            structures[fam] = sorted(chosen)
+    return held, structures
 
 
 SHIFTS_SUFFIX = "_shifts.json"
@@ -243,3 +329,59 @@ def leak_summary(counts: Counter, num_aug: int, lists: dict) -> dict:
         "total": total,
         "per_family": per_family,
     }
+
+
+STRUCTURES_SUFFIX = "_structures.json"
+
+
+def structure_table(train: list, test: list, lists: dict, heldout: dict[str, list[str]]) -> dict:
+    """Per family: its held-out structures (what is new about each against training, puzzles and copies that show
+    it) and the structures training shows (puzzles, copies): ``<prefix>_structures.json``."""
+    identity = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
+    fams: dict = {}
+
+    def add(side: str, name: str, meta: dict) -> None:
+        fam = meta["family"]
+        row = fams.setdefault(fam, {"heldout": {}, "training": {}})[side]
+        own = structure(fam, meta["params"])
+        row.setdefault(own, {"puzzles": 0, "copies": 0})["puzzles"] += 1
+        dih, luts = lists.get(name, identity)
+        for d, lut in zip(dih.tolist(), luts):
+            q = conjugate_params(fam, meta["params"], d, lut)
+            key = "(not an instance of the family)" if q is None else structure(fam, q)
+            row.setdefault(key, {"puzzles": 0, "copies": 0})["copies"] += 1
+
+    for name, meta, _, _ in train:
+        add("training", name, meta)
+    for name, meta, _, _ in test:
+        add("heldout", name, meta)
+    for fam, keys in heldout.items():
+        row = fams.setdefault(fam, {"heldout": {}, "training": {}})
+        trained = set(row["training"])
+        for k in keys:
+            row["heldout"].setdefault(k, {"puzzles": 0, "copies": 0})["novelty"] = (
+                novelty(k, trained) if trained else "family never trained"
+            )
+    return {
+        "doc": "per family: held-out structures (novelty against the training structures; puzzles = evaluation "
+        "puzzles of that structure, copies = evaluation copies showing it, the puzzle itself included) and the "
+        "structures the training puzzles and their copies show",
+        "families": {f: fams[f] for f in sorted(fams)},
+    }
+
+
+def format_structure_table(table: dict) -> list[str]:
+    """One line per family: the held-out structures with what is new about them, and how many structures and
+    puzzles training has."""
+    lines = []
+    for fam, row in table.get("families", {}).items():
+        held = "; ".join(
+            f"{k.split(':', 1)[1]} ({v.get('novelty', '?')}: {v['puzzles']} puzzles, {v['copies']} copies)"
+            for k, v in sorted(row["heldout"].items())
+        )
+        n_train = sum(v["puzzles"] for v in row["training"].values())
+        lines.append(
+            f"structures, {fam}: held out {held or 'none'} | training {len(row['training'])} structures, "
+            f"{n_train} puzzles"
+        )
+    return lines

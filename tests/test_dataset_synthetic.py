@@ -19,8 +19,8 @@ from dataset.synthetic_rules import FAMILIES, GridSpec, _components, rule_apply
 def synth(tmp_path_factory):
     d = tmp_path_factory.mktemp("syn")
     paths = generate_synthetic_arc(
-        str(d), "s", num_train=72, num_test=27, min_grid=3, max_grid=8, seed=11, progress=False
-    )
+        str(d), "s", num_train=72, num_test=27, min_grid=3, max_grid=8, seed=11, progress=False, families=list(FAMILIES)
+    )  # the covered families, whose semantics _check states independently (open ones: tests/test_open_families.py)
     load = lambda k: json.load(open(paths[k]))  # noqa: E731
     return (
         paths,
@@ -80,8 +80,14 @@ def _check(family, params, gi, go):
                 if b[y] != 0 and b[y] != wall:
                     assert b[y + 1] != 0
     elif family == "fill_enclosed":
-        changed = gi != go
-        assert (gi[changed] == 0).all() and (go[changed] == params["fill"]).all() and changed.any()
+        rc = params.get("recolour")
+        filled = (gi != go) & (gi == 0)
+        assert (go[filled] == params["fill"]).all() and filled.any()
+        if rc:  # the outlines are recoloured afterwards, nothing else changes
+            assert rc[0] == params["border"] and np.array_equal((gi != go) & ~filled, gi == rc[0])
+            assert (go[gi == rc[0]] == rc[1]).all()
+        else:
+            assert ((gi != go) == filled).all()
     elif family == "recolour_by_size":
         assert not (go == params["src"]).any()
         assert np.array_equal(

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from dataset.canvas import canvas_to_grid
+from dataset.families import ALL_FAMILIES
 from dataset.loader import create_dataloader
 from dataset.metadata import DatasetMetadata
 from dataset.synthetic_rules import FAMILIES
 from evaluate import EvaluateConfig, run
 from evaluators.data import build_eval_loader
 from experiments.science.cli import main
-from experiments.science.common import CONTROL, ENCODERS, ScienceError
+from experiments.science.common import CONTROL, ENCODERS, PROGRAM, ScienceError
 from experiments.science.recolour import write_recolour_dataset
 from experiments.science.report import family_table, puzzle_scores
 from experiments.science.run import run_plan
@@ -145,11 +146,12 @@ def test_headline_row_is_over_the_headline_families_only(tmp_path):
     # the defaults and the benchmark version
     fams, _ = ScienceSettings(out="o").check()
     data = ScienceSettings(out="o").synthetic_data(fams)
-    assert fams == list(FAMILIES) and data["num_test"] == 180 and data["num_train"] == 900 and data["benchmark"] == 2
+    assert fams == list(ALL_FAMILIES) and data["num_test"] == 320 and data["num_train"] == 1600
+    assert data["benchmark"] == 3 and len(ALL_FAMILIES) == 16
     out = tmp_path / "old"
     (out / "data").mkdir(parents=True)
     json.dump({k: v for k, v in data.items() if k != "benchmark"}, open(out / "data" / "settings.json", "w"))
-    with pytest.raises(ScienceError, match="holds data of synthetic benchmark v1, this command builds v2"):
+    with pytest.raises(ScienceError, match="holds data of synthetic benchmark v1, this command builds v3"):
         _build_once(str(out), data, ["false"], what="x", no_train=False)
 
 
@@ -442,7 +444,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     edited = [c.strip() for c in rows[1].split("|")[1:-1]]
     assert edited[1] == "`lr=2e-3` `seed=1` `eval:use_ema=false`" and edited[2] == "0, 1" and edited[4] == "2.00"
     assert edited[7].startswith("0.75 / ") and edited[6] == cells[6]
-    assert len(compare.load_rows([out])) == 2  # both runs without --runs
+    assert sorted(r["run"] for r in compare.load_rows([out])) == sorted(["standard", CONTROL, PROGRAM])  # all
     with pytest.raises(ScienceError, match="nowhere/science.json"):
         compare.load_rows([str(tmp_path / "nowhere")])
     with pytest.raises(ScienceError, match="no scored run named lpn"):
@@ -494,7 +496,7 @@ def test_halting_step_scores_each_run_where_its_q_head_halts(science_out, tmp_pa
     assert res["runs"]["standard"]["halting_step"]["metrics"]["ARC/pass@1"] == pytest.approx(m["ARC/pass@1"])
     assert "train_fit_metrics" in res["runs"]["standard"]["halting_step"] and "train_runs" in halt["all"]
     md = open(os.path.join(copy, "science.md")).read()
-    assert md.count("| **all** | 6 |") == 2 and "## At the Q head's halting step" in md
+    assert md.count("| **all** | 6 |") == 3 and "## At the Q head's halting step" in md  # one copy, voted, halting
 
 
 @pytest.mark.slow
@@ -540,12 +542,15 @@ def test_an_evaluation_is_reused_only_with_the_same_eval_overrides(science_out, 
     capsys.readouterr()
     main(["--out", copy, "--no-train", "--eval-override", "num_augmentations=1"] + ARGS)
     text = capsys.readouterr().out
-    assert "exists, reused" not in text and text.count("evaluating the held-out puzzles") == 2
+    # the one-copy evaluation sets num_augmentations=1 itself: made with the same overrides, reused
+    assert text.count("exists, reused") == text.count("evaluation of one copy exists, reused") == 2
+    assert text.count("evaluating the held-out puzzles") == 2
     m = metrics()
     assert m["config"]["num_augmentations"] == 1
     assert m["metrics"]["ARC/num_examples"] == m["metrics"]["ARC/num_test_inputs"] < every
     main(["--out", copy, "--no-train", "--eval-override", "num_augmentations=1"] + ARGS)
-    assert capsys.readouterr().out.count("exists, reused") == 4
+    assert capsys.readouterr().out.count("exists, reused") == 6
     main(["--out", copy, "--no-train"] + ARGS)
-    assert "exists, reused" not in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert text.count("exists, reused") == text.count("evaluation of one copy exists, reused") == 2
     assert metrics()["config"]["num_augmentations"] is None and metrics()["metrics"]["ARC/num_examples"] == every

@@ -57,9 +57,9 @@ CASES = [
     ),
     (
         "connect_pairs",
-        {"orientation": "both", "segment": None},
-        A([[2, 0, 0, 2], [0, 0, 0, 0], [0, 5, 0, 0], [0, 5, 0, 0]]),
-        A([[2, 2, 2, 2], [0, 0, 0, 0], [0, 5, 0, 0], [0, 5, 0, 0]]),
+        {"orientation": "rows", "segment": None},
+        A([[2, 0, 0, 2], [0, 0, 0, 0], [5, 0, 5, 0]]),
+        A([[2, 2, 2, 2], [0, 0, 0, 0], [5, 5, 5, 0]]),
     ),
     (
         "connect_pairs",
@@ -69,9 +69,21 @@ CASES = [
     ),
     (
         "keep_extreme",
-        {"which": "smallest", "crop": False},
+        {"which": "smallest", "keep": True},
         A([[1, 1, 0], [1, 1, 0], [0, 0, 2]]),
         A([[0, 0, 0], [0, 0, 0], [0, 0, 2]]),
+    ),
+    (  # the smallest object alone is removed
+        "keep_extreme",
+        {"which": "smallest", "keep": False},
+        A([[1, 1, 0], [1, 1, 0], [0, 0, 2]]),
+        A([[1, 1, 0], [1, 1, 0], [0, 0, 0]]),
+    ),
+    (  # only the hidden patch, restored from the mirror image
+        "mirror_complete",
+        {"axis": "horizontal", "mask": 8, "output": "patch"},
+        A([[1, 2, 3], [8, 8, 0], [4, 5, 0], [1, 2, 3]]),
+        A([[4, 5]]),
     ),
     (
         "count_to_bar",
@@ -100,7 +112,9 @@ def test_each_rule_on_a_hand_made_grid(family, params, grid, want):
         ("crop_object", {"criterion": "largest"}, A([[1, 0, 2]])),  # a tie: no single largest object
         ("connect_pairs", {"orientation": "rows", "segment": None}, A([[3], [0], [3]])),  # a pair on a column
         ("mirror_complete", {"axis": "vertical", "mask": 8}, A([[8, 1, 1, 8]])),  # both images masked
-        ("keep_extreme", {"which": "largest", "crop": True}, A([[1, 1]])),  # one object: nothing to choose
+        ("keep_extreme", {"which": "largest", "keep": True}, A([[1, 1]])),  # one object: nothing to choose
+        # two segments that overlap (one pair inside the other): which colour wins would be arbitrary
+        ("connect_pairs", {"orientation": "rows", "segment": None}, A([[3, 4, 0, 4, 3]])),
     ],
 )
 def test_an_input_the_rule_cannot_decide_is_refused(family, params, grid):
@@ -136,3 +150,29 @@ def test_structure_leaves_colours_out_and_keeps_the_structural_parameters():
         "extend_lines", {"direction": "left", "stop": True, "mark": 1, "line": 2, "block": 3}
     )
     assert set(STRUCTURE) == set(OPEN_FAMILIES)
+
+
+@pytest.mark.parametrize("family", sorted(OPEN_FAMILIES))
+def test_open_conjugate_params_is_the_augmented_mapping(family):
+    """An augmented copy (colour permutation, then dihedral transform g) of a puzzle of instance R shows the
+    instance open_conjugate_params names: it maps g(x) to g(R(x)) on R's own inputs."""
+    from dataset.augment import Augmentation
+    from dataset.open_families import open_conjugate_params
+
+    rng = np.random.default_rng(sum(map(ord, family)))
+    spec, checked, moved = GridSpec(3, 8), 0, 0
+    for _ in range(25):
+        inst = OPEN_FAMILIES[family](rng, spec)
+        xs = [x for x in (inst.make_input(rng) for _ in range(6)) if inst.apply(x) is not None][:3]
+        for _ in range(4):
+            g = Augmentation.random(rng)
+            p = open_conjugate_params(family, inst.params, g.dihedral, g.colour_map)
+            f = open_rule_apply(family, p)
+            for x in xs:
+                got, want = f(g.apply(x)), g.apply(inst.apply(x))
+                assert got is not None and got.shape == want.shape and (got == want).all(), (inst.params, g, p)
+                checked += 1
+            moved += structure(family, p) != structure(family, inst.params)
+    assert checked >= 100
+    if family not in ("crop_object", "keep_extreme", "outline"):  # their structure has no direction or axis
+        assert moved > 0

@@ -303,7 +303,7 @@ def test_own_puzzles_end_to_end_with_groups_then_by_id_prefix(own_files, own_out
     capsys.readouterr()
     again = main(["--out", out, "--input-file-prefix", prefix] + ARGS)
     text = capsys.readouterr().out
-    assert text.count("training finished earlier") == 2 and text.count("exists, reused") == 4
+    assert text.count("training finished earlier") == 2 and text.count("exists, reused") == 6  # 3 evaluations each
     assert sorted(again["families"]) == ["all", "cmap", "flip"]
     assert again["families"]["all"]["runs"] == t["all"]["runs"]
     assert again["families"]["cmap"]["count"] == t["colour_map"]["count"]
@@ -429,7 +429,7 @@ def test_curve_evaluates_every_kept_checkpoint_and_plots_them(own_files, own_out
     capsys.readouterr()
     main(args)
     assert (
-        capsys.readouterr().out.count("exists, reused") == 4 + 8
+        capsys.readouterr().out.count("exists, reused") == 6 + 8
     )  # the report's 4, the curve's 8 (4 of them the report's)
     fig = curve.main([out, out, "--out", str(tmp_path / "both.png")])
     assert os.path.getsize(fig) > 10_000

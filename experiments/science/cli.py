@@ -4,9 +4,10 @@
 a subprocess whose log lands in DIR:
 
 1. data: ``python -m dataset.build_synthetic_dataset ... --canvas-size N --build-dir DIR/data/built --mode etrm``
-   (all 9 rule families of dataset/synthetic_rules.py; evaluation puzzles are rule instances never seen in
-   training, also not through an augmented copy, and with ``--holdout-families`` whole families never seen in
-   training) -- or, with ``--input-file-prefix P``, your own puzzles (below);
+   (benchmark v3: the 9 covered families of dataset/synthetic_rules.py and the 7 open ones of
+   dataset/open_families.py; evaluation puzzles are rule instances of structures never seen in training, also not
+   through an augmented copy, every evaluation copy itself a held-out instance, and with ``--holdout-families`` whole
+   families never seen in training) -- or, with ``--input-file-prefix P``, your own puzzles (below);
 2. training: ``python pretrain_encoder.py --config-name cfg_science encoder=<name> ...`` once per encoder
    (standard, variational, lpn, hybrid, recurrent) and for the zero-demo control (``control`` = standard with
    ``encoder.zero_demos=true``: the encoder sees only PAD demos, so it cannot know the rule). The recipe is
@@ -15,8 +16,10 @@ a subprocess whose log lands in DIR:
 3. evaluation: ``python evaluate.py checkpoint=... data_path=...`` on the held-out puzzles and on the train-fit
    set (``--train-fit-puzzles`` training puzzles), voting over the augmented copies, pass@K;
 4. report: held-out pass@1 / pass@2 per rule family (per group for your own puzzles) next to the same on the
-   training puzzles (train fit) for every run, written to DIR/science.json and DIR/science.md and printed; the
-   headline row is over the 8 headline families (roll, the wrapped shift, is outside it).
+   training puzzles (train fit) for every run, one copy per held-out puzzle (the headline) and voted over the
+   copies, beside the ``program`` row (trm_views' candidates with no learned weight), written to DIR/science.json
+   and DIR/science.md and printed; the headline row is over the covered + open families (roll, the wrapped shift,
+   is outside it).
 
 Your own puzzles: ``--input-file-prefix P`` reads the kaggle layout P_training_challenges.json,
 P_training_solutions.json, P_evaluation_challenges.json, P_evaluation_solutions.json (the layout of
@@ -107,7 +110,7 @@ def _add_data_args(ap: argparse.ArgumentParser) -> None:
         "--families",
         nargs="+",
         default=default("families"),
-        help="rule families (default: all 9; the headline figure is over the 8 other than roll)",
+        help="rule families (default: all 16, 9 covered and 7 open; the headline figure is over all but roll)",
     )
     ap.add_argument(
         "--holdout-families",

@@ -21,8 +21,14 @@ TOTAL_ROW = "all"  # the table's row over every held-out puzzle (no family / gro
 # the row over the held-out puzzles of the headline families (dataset.synthetic_rules.HEADLINE_FAMILIES) when the
 # data also holds others (roll); without it the headline figure is the TOTAL_ROW
 HEADLINE_ROW = "headline"
+# benchmark v3's group rows: the families with a built-in candidate in trm_views and those without
+# (dataset.families.GROUPS), each over its held-out puzzles, before the headline row (both groups together)
+GROUP_ROWS = ("covered", "open")
+PROGRAM = "program"  # the no-weights solver made of trm_views' candidates (experiments.science.program)
+ONE_COPY_TABLE = "families_one_copy"  # science.json: the per-family table of one copy per held-out puzzle
 # a run's evaluations by the report: (subdirectory of the run dir, what it scores)
 HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"
+ONE_COPY_EVAL = "eval-one-copy"  # the held-out puzzles as drawn: one copy each (evaluate.py num_augmentations=1)
 HALT_HELDOUT_EVAL, HALT_FIT_EVAL = "eval-halt", "eval-train-halt"  # the same at the Q head's halting step
 EVAL_ARGS = "science_eval.json"  # beside an evaluation's metrics.json: the evaluate.py overrides it was made with
 

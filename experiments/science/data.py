@@ -39,7 +39,7 @@ from core.io import read_json, write_json_atomic
 from dataset.arc_sources import check_canvas_size, load_kaggle_subset
 from dataset.augment import AUGMENTATION_LISTS_SUFFIX, ArcPuzzle
 from dataset.errors import DatasetError
-from dataset.synthetic_rules import HEADLINE_FAMILIES
+from dataset.families import GROUPS
 from dataset.tokens import ARC_MAX_GRID
 from experiments.science.common import TOTAL_ROW, ScienceError, check_same, read_json_or_none, run_logged, say
 
@@ -64,6 +64,7 @@ class ScienceData:
     training_prefix: str
     notes: list = field(default_factory=list)  # what the report says about the data (parameter_shift_notes)
     headline: Optional[list] = None  # the families of the table's headline row (headline_families); None: all
+    groups: Optional[dict] = None  # the group rows (group_rows): covered / open families
 
 
 @dataclass
@@ -193,11 +194,18 @@ def _arc_command(
 
 
 def headline_families(families: list[str]) -> Optional[list[str]]:
-    """The families of the headline figure: those of ``families`` that are headline families
-    (:data:`dataset.synthetic_rules.HEADLINE_FAMILIES`; roll is not), or None when that is all of them (the
-    table's total row is then the headline) or none of them."""
-    inside = [f for f in families if f in HEADLINE_FAMILIES]
+    """The families of the headline figure: those of ``families`` that are in a group of
+    :data:`dataset.families.GROUPS` (the covered headline families and the open ones; roll is in neither), or None
+    when that is all of them (the table's total row is then the headline) or none of them."""
+    inside = [f for f in families if any(f in g for g in GROUPS.values())]
     return inside if inside and len(inside) < len(families) else None
+
+
+def group_rows(families: list[str]) -> Optional[dict[str, list[str]]]:
+    """The table's group rows (:data:`dataset.families.GROUPS`: covered, open) over ``families``, when both groups
+    are present; else None."""
+    groups = {g: [f for f in families if f in fams] for g, fams in GROUPS.items()}
+    return groups if all(groups.values()) else None
 
 
 def synthetic_rules_path(out: str) -> str:
@@ -235,6 +243,7 @@ def prepare_synthetic(out: str, settings: dict, *, no_train: bool = False) -> Sc
         os.path.join(raw, DATA_PREFIX),
         notes,
         headline_families(list(settings["families"])),
+        group_rows(list(settings["families"])),
     )
 
 

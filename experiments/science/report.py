@@ -10,7 +10,16 @@ import os
 from typing import Any, Optional, Sequence
 
 from core.io import atomic_write, write_json_atomic
-from experiments.science.common import CONTROL, HEADLINE_ROW, TOTAL_ROW, UNFIT_TRAIN_EXACT, ScienceError
+from experiments.science.common import (
+    CONTROL,
+    GROUP_ROWS,
+    HEADLINE_ROW,
+    ONE_COPY_TABLE,
+    PROGRAM,
+    TOTAL_ROW,
+    UNFIT_TRAIN_EXACT,
+    ScienceError,
+)
 from experiments.science.readout import format_table
 
 
@@ -23,15 +32,19 @@ def puzzle_scores(rows: list[dict]) -> tuple[float, float]:
     return (sum(c == 1 for c in r) / len(r), sum(c is not None and c <= 2 for c in r) / len(r))
 
 
+def _rows_of(table: dict, fam: str) -> tuple[str, ...]:
+    """The rows a puzzle of family ``fam`` counts in: its own, every row that lists it in ``families`` (the group
+    rows, the :data:`HEADLINE_ROW`) and the :data:`TOTAL_ROW`."""
+    return (fam,) + tuple(k for k, row in table.items() if fam in row.get("families", ())) + (TOTAL_ROW,)
+
+
 def _score(table: dict, heldout: dict[str, str], pred: dict, runs_key: str, count_key: str, run: str) -> None:
     """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row: a puzzle
-    counts in its family's row, the :data:`TOTAL_ROW` and, when its family is a headline one, the
-    :data:`HEADLINE_ROW`."""
-    headline = set(table[HEADLINE_ROW]["families"]) if HEADLINE_ROW in table else set()
+    counts in its family's row, the rows that list its family (:func:`_rows_of`) and the :data:`TOTAL_ROW`."""
     sums = {f: [0.0, 0.0] for f in table}
     for p, fam in heldout.items():
         a, b = puzzle_scores(pred[p])
-        for k in (fam, TOTAL_ROW) + ((HEADLINE_ROW,) if fam in headline else ()):
+        for k in _rows_of(table, fam):
             sums[k][0] += a
             sums[k][1] += b
     for f, (a, b) in sums.items():
@@ -45,6 +58,7 @@ def family_table(
     holdout_families: Sequence[str] = (),
     train_fit: Optional[tuple[Sequence[str], dict[str, dict]]] = None,
     headline: Optional[Sequence[str]] = None,
+    groups: Optional[dict[str, Sequence[str]]] = None,
 ) -> dict:
     """Per-family (or per-group) held-out pass@1 / pass@2 of every run. ``rules``: puzzle -> {subset, family}
     (the builder's rules.json, or the groups of your own puzzles); ``predictions``: run -> evaluate.py's
@@ -53,11 +67,16 @@ def family_table(
     set) adds ``train_count`` and ``train_runs`` (pass@1 / pass@2 on training puzzles) to every row.
     ``headline``: the families of the headline figure (:func:`experiments.science.data.headline_families`),
     a :data:`HEADLINE_ROW` over their puzzles (its ``families`` field names them) before the :data:`TOTAL_ROW`;
-    None: the total row is the headline."""
+    None: the total row is the headline. ``groups``: name -> families, a row each (with ``families``) before it
+    (benchmark v3: covered, open)."""
     heldout = {p: r["family"] for p, r in rules.items() if r.get("subset") == "evaluation"}
     # every family of the data, also one without held-out puzzles (--num-test below the number of families)
     families = sorted({r["family"] for r in rules.values()})
     table: dict[str, Any] = {f: {"count": 0, "heldout_family": f in holdout_families, "runs": {}} for f in families}
+    for g, fams in (groups or {}).items():
+        gl = sorted(set(fams))
+        n = sum(f in gl for f in heldout.values())
+        table[g] = {"count": n, "heldout_family": False, "families": gl, "runs": {}}
     if headline:
         hl = sorted(set(headline))
         n = sum(f in hl for f in heldout.values())
@@ -84,9 +103,8 @@ def family_table(
         row.update(train_count=0, train_runs={})
     table[TOTAL_ROW]["train_count"] = len(sample)
     for f in sample.values():
-        table[f]["train_count"] += 1
-        if HEADLINE_ROW in table and f in table[HEADLINE_ROW]["families"]:
-            table[HEADLINE_ROW]["train_count"] += 1
+        for k in _rows_of(table, f)[:-1]:  # the total row's count is set above
+            table[k]["train_count"] += 1
     for run, pred in fit_predictions.items():
         if set(pred) != set(sample):
             raise ScienceError(
@@ -103,6 +121,8 @@ def check_against_evaluator(table: dict, runs: dict[str, dict]) -> None:
     total = table[TOTAL_ROW]
     for runs_key, metrics_key in (("runs", "metrics"), ("train_runs", "train_fit_metrics")):
         for n in total.get(runs_key, {}):
+            if n not in runs:  # not an evaluate.py run (the program row)
+                continue
             for k in ("pass@1", "pass@2"):
                 a, b = total[runs_key][n][k], runs[n][metrics_key][f"ARC/{k}"]
                 if abs(a - b) > 1e-9:
@@ -182,13 +202,17 @@ def _settings_lines(result: dict) -> list[str]:
 
 def _headline_text(result: dict) -> str:
     """What the headline row is, when the table has one."""
-    row = (result.get("families") or {}).get(HEADLINE_ROW)
+    table = result.get(ONE_COPY_TABLE) or result.get("families") or {}
+    row = table.get(HEADLINE_ROW)
     if not row:
         return ""
+    groups = [g for g in GROUP_ROWS if g in table]
     return (
-        f" **Headline**: the held-out puzzles of the headline families ({', '.join(row['families'])}); the "
-        "other families (roll, the wrapped shift: a capability of the core) are reported per family, outside it "
-        '(docs/science.md, "The benchmark").'
+        f" **Headline**: the held-out puzzles of {len(row['families'])} families"
+        + (f" ({' + '.join(groups)}: with and without a built-in candidate in trm_views)" if groups else "")
+        + "; roll (the wrapped shift: a capability of the core) is reported per family, outside it "
+        '(docs/science.md, "The benchmark"). `program`: trm_views\' candidates with no learned weight '
+        "(experiments.science.program); a run below it on a family has not shown it learned that family."
     )
 
 
@@ -215,6 +239,9 @@ def _cell(scores: Optional[dict], n: int) -> str:
     return "—" if not n else ("" if scores is None else f"{scores['pass@1']:.2f} / {scores['pass@2']:.2f}")
 
 
+_GROUP_TEXT = {"covered": "families with a built-in candidate", "open": "families without one"}
+
+
 def _row_label(table: dict, fam: str) -> str:
     """A row's label: the headline row bold (the total row bold where there is no headline row); a family outside
     the headline or held out as a whole says so."""
@@ -223,6 +250,8 @@ def _row_label(table: dict, fam: str) -> str:
         return f"**{HEADLINE_ROW}** ({', '.join(headline)})" if len(headline) < 4 else f"**{HEADLINE_ROW}**"
     if fam == TOTAL_ROW:
         return f"{TOTAL_ROW} (every family)" if headline else f"**{TOTAL_ROW}**"
+    if fam in GROUP_ROWS and "families" in table[fam]:
+        return f"*{fam}* ({_GROUP_TEXT[fam]})"
     notes = ["held-out family"] if table[fam]["heldout_family"] else []
     if headline and fam not in headline:
         notes.append("outside the headline")
@@ -234,13 +263,15 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
     runs = [
         r for r in result["runs"] if result["runs"][r]["status"] in SCORED and table and r in table[TOTAL_ROW]["runs"]
     ]
+    if table and PROGRAM in table[TOTAL_ROW]["runs"] and PROGRAM not in runs:
+        runs.append(PROGRAM)
     if not runs:
         return []
     fit = "train_count" in table[TOTAL_ROW]
     what = "group" if "files" in result["settings"]["data"] else "family"
     head = [f"| {what} | n |" + (" n train |" if fit else ""), "|---|---:|" + ("---:|" if fit else "")]
     for r in runs:
-        label = _label(r, result["runs"][r])
+        label = _label(r, result["runs"][r]) if r in result["runs"] else r
         head[0] += f" {label} |" + (f" {r}: train |" if fit else "")
         head[1] += "---:|" + ("---:|" if fit else "")
     lines = list(head)
@@ -253,8 +284,8 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
                 tr = row["train_runs"].get(r)
                 line += f" {_cell(tr, row['train_count'])} |"
                 if (
-                    r != CONTROL
-                    and fam not in (TOTAL_ROW, HEADLINE_ROW)
+                    r not in (CONTROL, PROGRAM)
+                    and fam not in (TOTAL_ROW, HEADLINE_ROW, *GROUP_ROWS)
                     and tr is not None
                     and row["train_count"]
                     and tr["pass@1"] < UNFIT_TRAIN_EXACT
@@ -386,7 +417,21 @@ def _readout_lines(result: dict) -> list[str]:
 def render_markdown(result: dict) -> str:
     """science.md: the settings, the per-family (per-group) table of the runs that were evaluated, held-out next to
     train fit, every run's status and training fit (and, for rule-readout runs, what the context names)."""
-    lines = _settings_lines(result) + _data_note_lines(result) + _family_lines(result)
+    lines = _settings_lines(result) + _data_note_lines(result)
+    one = _family_lines(result, ONE_COPY_TABLE)
+    if one:
+        lines += [
+            "## One copy: each held-out puzzle as drawn (the headline)",
+            "",
+            "pass@1 / pass@2 of one prediction per test input, no vote (evaluate.py `num_augmentations=1`). "
+            "Train columns: the train-fit set voted over its copies.",
+            "",
+            *one,
+            f"## Voted over the copies ({result['settings']['data'].get('num_aug', 0)} per puzzle at most; every "
+            "evaluation copy is itself a held-out rule instance)",
+            "",
+        ]
+    lines += _family_lines(result)
     halting = _family_lines(result, HALTING_TABLE)
     if halting:
         lines += [

@@ -35,6 +35,9 @@ from experiments.science.common import (
     HALT_FIT_EVAL,
     HALT_HELDOUT_EVAL,
     HELDOUT_EVAL,
+    ONE_COPY_EVAL,
+    ONE_COPY_TABLE,
+    PROGRAM,
     ScienceError,
     check_same,
     evaluate_checkpoint,
@@ -53,6 +56,7 @@ from experiments.science.data import (
     prepare_synthetic,
     synthetic_rules_path,
 )
+from experiments.science.program import program_scores
 from experiments.science.readout import readout_accuracy
 from experiments.science.recipe import _comparable, recipe_override, resolve_recipe, run_plan
 from experiments.science.report import (
@@ -306,6 +310,17 @@ def train_and_evaluate(
     if failed is not None:
         return dict(rec, **failed)
     rec.update(scores, status="ok" if t["outcome"] == "finished" else "cut_short")
+    one_copy = [o for o in eval_overrides if not o.replace(" ", "").startswith("num_augmentations=")]
+    one, failed = evaluate_checkpoint(  # each held-out puzzle as drawn: the headline (no vote)
+        name, run_dir, data.built, ONE_COPY_EVAL, heldout, step, one_copy + ["num_augmentations=1"], "one copy"
+    )
+    if failed is not None:  # the voted numbers stand
+        rec["one_copy_failed"] = failed["message"]
+    else:
+        rec.update(
+            one_copy_predictions=os.path.join(run_dir, ONE_COPY_EVAL, "predictions.json"),
+            one_copy_metrics={k: one["metrics"][k] for k in _METRIC_KEYS if k in one["metrics"]},
+        )
     if settings.halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
         scores, failed = _evaluate(
             name,
@@ -341,26 +356,36 @@ def _add_rule_readout(rec: dict, name: str, run_dir: str, data: ScienceData, rul
 
 
 def _table(
-    data: ScienceData, scored: dict[str, dict], fit: Optional[tuple[str, list[str]]], holdout_families: Sequence[str]
+    data: ScienceData,
+    scored: dict[str, dict],
+    fit: Optional[tuple[str, list[str]]],
+    holdout_families: Sequence[str],
+    program: Optional[dict] = None,
+    key: str = "predictions",
 ) -> dict:
-    """The per-family table of the runs' evaluations (records with ``predictions`` / ``train_fit_predictions``
-    paths, which are dropped from them here), checked against evaluate.py's own pass@K."""
+    """The per-family table of the runs' evaluations (records with ``<key>`` / ``train_fit_predictions`` paths;
+    ``key`` one_copy_predictions: the one-copy table), checked against evaluate.py's own pass@K, with the
+    ``program`` (:func:`experiments.science.program.program_scores`) as a row beside the runs."""
     fit_pred = {
         n: read_json(r["train_fit_predictions"], ScienceError)
         for n, r in scored.items()
         if "train_fit_predictions" in r
     }
+    pred = {n: read_json(r[key], ScienceError) for n, r in scored.items() if key in r}
+    if program is not None:
+        pred[PROGRAM] = program["heldout"]
+        if program["train_fit"] is not None and fit:
+            fit_pred[PROGRAM] = program["train_fit"]
     table = family_table(
         data.rules,
-        {n: read_json(r["predictions"], ScienceError) for n, r in scored.items()},
+        pred,
         holdout_families,
         train_fit=(fit[1], fit_pred) if fit else None,
         headline=data.headline,
+        groups=data.groups,
     )
-    check_against_evaluator(table, scored)
-    for r in scored.values():
-        r.pop("predictions", None)
-        r.pop("train_fit_predictions", None)
+    metrics = "metrics" if key == "predictions" else key.replace("predictions", "metrics")
+    check_against_evaluator(table, {n: dict(r, metrics=r.get(metrics, {})) for n, r in scored.items() if key in r})
     return table
 
 
@@ -393,10 +418,21 @@ def run_science_command(settings: ScienceSettings) -> dict:
     runs = {n: train_and_evaluate(s, n, data, fit, overrides=overrides, recipe=recipes[n]) for n in names}
     scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
     holdout = s.holdout_families if user is None else ()
-    tables = {"families": _table(data, scored, fit, holdout)}
+    heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
+    program = program_scores(data.training_prefix, heldout, fit[1] if fit else None, data.settings["canvas_size"])
+    say(f"{PROGRAM}: held-out puzzles answered by a view / the lookups: {program['answered_by']}")
+    tables = {
+        ONE_COPY_TABLE: _table(data, scored, fit, holdout, program, key="one_copy_predictions"),
+        "families": _table(data, scored, fit, holdout, program),
+    }
     halting = {n: r["halting_step"] for n, r in scored.items() if "halting_step" in r}
     if halting:
         tables[HALTING_TABLE] = _table(data, halting, fit, holdout)
+    for r in list(scored.values()) + list(halting.values()):
+        for k in ("predictions", "train_fit_predictions", "one_copy_predictions"):
+            r.pop(k, None)
+    runs[PROGRAM] = {"status": "ok", "program": True, "eval_seconds": program["seconds"]}
+    runs[PROGRAM]["answered_by"] = program["answered_by"]
     recorded: dict[str, Any] = {
         "data": data_settings,
         "encoders": names,
@@ -427,7 +463,7 @@ def run_science_command(settings: ScienceSettings) -> dict:
             s.out,
             data,
             fit,
-            runs,
+            {n: r for n, r in runs.items() if n != PROGRAM},
             oracle_eval_overrides(recipes[names[0]], overrides, s.eval_overrides),
             title=" ".join(o for o in overrides if recipe_override(o)) or s.config,
         )

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dataset.build_synthetic_dataset import default_max_grid
-from dataset.synthetic_rules import BENCHMARK_VERSION, FAMILIES
+from dataset.families import ALL_FAMILIES
+from dataset.synthetic_rules import BENCHMARK_VERSION
 from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from training.config import CONFIG_DIR
 
 DEFAULT_CONFIG = "cfg_science"
 # synthetic-data defaults (the settings' None = these; with your own files they do not apply)
-# (9 families: 100 training puzzles and 20 held-out puzzles each, as the 8 families of benchmark v1 had)
-SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 900, "num_test": 180, "num_aug": 8}
+# (16 families, 9 covered and 7 open: 100 training puzzles and 20 held-out puzzles each, as the 8 families of
+# benchmark v1 had)
+SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 1600, "num_test": 320, "num_aug": 8}
 # your own files: no colour / dihedral copies unless asked for (docs/science_command.md, "Augmentation can leak a
 # held-out rule instance into training")
 FILES_NUM_AUG = 0
@@ -49,7 +51,7 @@ class ScienceSettings:
 
     out: str  # output directory (data, runs, science.json, science.md)
     encoders: tuple[str, ...] = ("standard", CONTROL)  # runs (ENCODERS, CONTROL, or "all")
-    families: Optional[tuple[str, ...]] = None  # rule families (None: all 9, the 8 headline ones and roll)
+    families: Optional[tuple[str, ...]] = None  # rule families (None: all 16, covered and open)
     holdout_families: tuple[str, ...] = ()  # families never seen in training
     steps: Optional[int] = None  # training steps (None: max_steps of the config)
     canvas_size: Optional[int] = None
@@ -92,11 +94,11 @@ class ScienceSettings:
             raise ScienceError(f"--num-aug must be >= 0, got {self.num_aug}")
         if self.train_fit_puzzles < 0:
             raise ScienceError(f"--train-fit-puzzles must be >= 0, got {self.train_fit_puzzles}")
-        fams = list(self.families) if self.families else list(FAMILIES)
+        fams = list(self.families) if self.families else list(ALL_FAMILIES)
         for f in list(fams) + list(self.holdout_families):
-            if f not in FAMILIES:
+            if f not in ALL_FAMILIES:
                 raise ScienceError(
-                    f"--families/--holdout-families: unknown family {f!r} (known: {', '.join(FAMILIES)})"
+                    f"--families/--holdout-families: unknown family {f!r} (known: {', '.join(ALL_FAMILIES)})"
                 )
         for f in self.holdout_families:
             if f not in fams:
