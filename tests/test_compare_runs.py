@@ -190,3 +190,33 @@ def test_markdown_table_is_shared_by_the_comparison_commands():
         "| 1 | x |",
         "| 2 | y |",
     ]
+
+
+def test_the_science_table_and_compare_runs_share_one_command_line(tmp_path, capsys):
+    """experiments.science.compare is the science view through training.compare_runs.table_command: the same
+    --out (written atomically, the printed text, folders made) and the same one-line refusal of an --out that is a
+    directory, for both commands."""
+    from experiments.science import compare as science_compare
+    from training import compare_runs
+
+    assert science_compare.table_command is compare_runs.table_command
+    run = _run(tmp_path, "base", acc=[0.1, 0.6], loss=[2.0, 0.5])
+    sci = tmp_path / "f8"
+    sci.mkdir()
+    fam = {"runs": {"standard": {"pass@1": 0.5}}, "count": 2, "train_runs": {"standard": {"pass@1": 1.0}}}
+    fam["train_count"] = 2
+    res = {
+        "settings": {"data": {"seed": 3}, "overrides": ["lr=1e-3", "checkpoint_every=10"]},
+        "families": {"colour_map": fam, "all": fam},
+        "runs": {"standard": {"status": "ok", "steps": 40, "train_seconds": 12.0}},
+    }
+    (sci / "science.json").write_text(json.dumps(res))
+    for i, (mod, args) in enumerate(((compare_runs, [run]), (science_compare, [str(sci)]))):
+        out = tmp_path / f"made{i}" / "t.md"
+        md = mod.main(args + ["--out", str(out)])
+        assert capsys.readouterr().out == md == out.read_text()
+        with pytest.raises(SystemExit) as e:
+            mod.main(args + ["--out", str(tmp_path)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and err.count("\n") == 0 and err.endswith(f"-> {tmp_path}: Is a directory")
+    assert "| f8: standard | (baseline) `lr=1e-3` | 3, 0 | 40 | 0.30 | **0.50 / 1.00** | 0.50 / 1.00 |" in md

@@ -28,7 +28,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from core.errors import user_errors
 from core.io import atomic_write
@@ -212,12 +212,30 @@ def render(rows: Sequence[RunRow], only: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(
-        prog="python -m training.compare_runs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def table_command(
+    argv: Optional[Sequence[str]],
+    prog: str,
+    doc: Optional[str],
+    arguments: Callable[[argparse.ArgumentParser], None],
+    tables: Callable[[argparse.Namespace], str],
+    out_help: str,
+) -> str:
+    """The command line of the comparison commands (this one and ``experiments.science.compare``): the
+    arguments ``arguments`` declares, then ``--out``; ``tables(args)`` builds the markdown (bad input: one line,
+    exit 1), written to ``--out`` atomically when given, and printed. Returns the markdown."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arguments(ap)
+    ap.add_argument("--out", help=out_help)
+    a = ap.parse_args(argv)
+    with user_errors():
+        md = tables(a)
+        if a.out:
+            atomic_write(a.out, lambda f: f.write(md))
+    print(md, end="")
+    return md
+
+
+def _arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("run_dirs", nargs="+", metavar="run_dir", help="run folders (checkpoints/<project>/<run>)")
     ap.add_argument(
         "--metrics",
@@ -226,17 +244,24 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         metavar="TEXT",
         help="only metrics whose name contains one of these (e.g. eval/ ARC/pass@)",
     )
-    ap.add_argument("--out", help="also write the tables to this markdown file")
-    a = ap.parse_args(argv)
-    with user_errors():
-        for d in a.run_dirs:
-            if not os.path.isdir(run_folder(d)):
-                raise RunFilesError(f"{d}: not a run folder (no such directory)")
-        md = render(load_runs(a.run_dirs), a.metrics)
-        if a.out:
-            atomic_write(a.out, lambda f: f.write(md))
-    print(md, end="")
-    return md
+
+
+def _tables(a: argparse.Namespace) -> str:
+    for d in a.run_dirs:
+        if not os.path.isdir(run_folder(d)):
+            raise RunFilesError(f"{d}: not a run folder (no such directory)")
+    return render(load_runs(a.run_dirs), a.metrics)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    return table_command(
+        argv,
+        "python -m training.compare_runs",
+        __doc__,
+        _arguments,
+        _tables,
+        "also write the tables to this markdown file",
+    )
 
 
 if __name__ == "__main__":
