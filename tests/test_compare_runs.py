@@ -220,3 +220,39 @@ def test_the_science_table_and_compare_runs_share_one_command_line(tmp_path, cap
         err = capsys.readouterr().err.strip()
         assert e.value.code == 1 and err.count("\n") == 0 and err.endswith(f"-> {tmp_path}: Is a directory")
     assert "| f8: standard | (baseline) `lr=1e-3` | 3, 0 | 40 | 0.30 | **0.50 / 1.00** | 0.50 / 1.00 |" in md
+
+
+def test_a_science_out_stands_for_its_runs_training_folders(tmp_path, capsys, caplog):
+    """compare_runs given a science --out compares its runs' training folders (runs/<name>/checkpoint, in
+    science.json's order; a run without one is left out) through the same reader as any run folder: a metrics line
+    with a non-finite step is skipped with a warning there too; a science --out without a trained run is one line."""
+    sci = tmp_path / "f8"
+    for name, acc in (("standard", [0.2, 0.7]), ("control", [0.1, 0.3])):
+        _run(sci / "runs" / name, "checkpoint", acc=acc, loss=[1.0, 0.8])
+        (sci / "runs" / name / "checkpoint" / "summary.json").write_text(json.dumps({"run_name": f"science-{name}"}))
+        (sci / "runs" / name / "checkpoint" / "config.yaml").write_text(
+            yaml.safe_dump(dict(_config(1e-3, 64, f"science-{name}"), encoder={"zero_demos": name == "control"}))
+        )
+    with open(sci / "runs" / "standard" / "checkpoint" / "metrics.jsonl", "a") as f:
+        f.write('{"step": Infinity, "train/exact_accuracy": 0.99}\n')
+    runs = {"standard": {"status": "ok"}, "control": {"status": "ok"}, "lpn": {"status": "train_failed"}}
+    (sci / "science.json").write_text(json.dumps({"settings": {}, "families": {}, "runs": runs}))
+    base = _run(tmp_path, "base", acc=[0.1, 0.6], loss=[2.0, 0.5])
+    with caplog.at_level("WARNING"):
+        md = main([str(sci), base])
+    assert "skipped 1 line(s)" in caplog.text and "0.99" not in md
+    lines = md.splitlines()
+    assert lines[0] == "|  | science-standard | science-control | BASE |"
+    assert "| `train/exact_accuracy` | max | 0.7 / **0.7 @200** | 0.3 / 0.3 @200 | 0.6 / 0.6 @200 |" in lines
+    assert "| `encoder.zero_demos` | false | true | ? |" in lines  # base: no config.yaml
+    empty = tmp_path / "untrained"
+    empty.mkdir()
+    (empty / "science.json").write_text(json.dumps({"runs": {"standard": {"status": "train_failed"}}}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([str(empty)])
+    err = capsys.readouterr().err.strip()
+    assert (
+        e.value.code == 1
+        and err == f"error: {empty}: a science --out without a trained run (no runs/<name>/checkpoint)"
+    )
