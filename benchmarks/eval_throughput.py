@@ -1,6 +1,7 @@
 """Evaluation throughput: augmented copies per second through the shared inference path
-(``evaluators.inference.evaluate``) for the ARC TRM configuration, and the projected time of a full
-ARC-AGI-1 evaluation (400 puzzles, 419 test inputs, x 1001 copies = identity + 1000 augmentations).
+(``evaluators.inference.evaluate``) for the ARC TRM (config/arch/trm.yaml, :mod:`benchmarks.arc_arch`), and the
+projected time of a full ARC-AGI-1 evaluation (400 puzzles, 419 test inputs, x 1001 copies = identity + 1000
+augmentations).
 
     python -m benchmarks.eval_throughput                      # device auto: CUDA if present, else a small CPU run
     python -m benchmarks.eval_throughput --batch-size 512 --compile --json out.json
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 import models
+from benchmarks.arc_arch import arc_arch
 from dataset.augment import Augmentation
 from dataset.tokens import IGNORE_LABEL_ID
 from evaluators import ARCEvaluator
@@ -33,23 +35,13 @@ from tests.doubles import oracle_tokens, write_tiny_arc_test_split
 # ARC-AGI-1 public evaluation set
 ARC1_EVAL_PUZZLES = 400
 ARC1_EVAL_TEST_INPUTS = 419
-ARC_CONFIG = dict(
-    name="trm",
-    hidden_size=512,
-    num_heads=8,
-    expansion=4,
-    L_layers=2,
-    H_layers=0,
-    H_cycles=3,
-    L_cycles=4,
-    halt_max_steps=16,
-    halt_exploration_prob=0.1,
-    no_ACT_continue=True,
-    puzzle_emb_ndim=512,
-    puzzle_emb_len=16,
-    pos_encodings="rope",
-    loss={"loss_type": "stable_max_cross_entropy"},
-)
+
+
+def eval_arch(halt_max_steps: int, cuda: bool) -> dict:
+    """The ARC TRM of config/arch/trm.yaml (:func:`benchmarks.arc_arch.arc_arch`) with the two overrides this
+    benchmark needs: its ``halt_max_steps`` and the device's forward dtype (bf16 on CUDA, fp32 on CPU)."""
+    dtype = "bfloat16" if cuda else "float32"
+    return arc_arch([f"arch.halt_max_steps={halt_max_steps}", f"arch.forward_dtype={dtype}"])
 
 
 def _synthetic_batches(num_batches: int, batch_size: int, seq_len: int, num_ids: int, seed: int = 0) -> list:
@@ -144,7 +136,7 @@ def measure_eval_throughput(
     batch_size = batch_size or (512 if cuda else 2)
     num_batches = num_batches or (4 if cuda else 1)
     measure_steps = min(measure_steps or (halt_max_steps if cuda else 1), halt_max_steps)
-    arch = dict(ARC_CONFIG, halt_max_steps=halt_max_steps, forward_dtype="bfloat16" if cuda else "float32")
+    arch = eval_arch(halt_max_steps, cuda)
     arch.update(arch_overrides or {})
     num_ids = 1024
     torch.manual_seed(0)

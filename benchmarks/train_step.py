@@ -9,13 +9,15 @@
 config/cfg_science.yaml / cfg_demo.yaml on generated data with a per-phase split (see benchmarks/trainer_step.py).
 
 Measures the exact step of ``training.loop`` (ACTLossHead forward, loss / batch backward, global grad norm,
-clipping, AdamATan2 + SignSGDSparse updates) on random ARC-shaped batches: hidden 512, 8 heads,
-seq 900 + 16 puzzle-prefix tokens, H_cycles 3, L_cycles 4, L_layers 2, bf16 autocast on CUDA / fp32 on CPU.
+clipping, AdamATan2 + SignSGDSparse updates) on random ARC-shaped batches: the TRM of config/arch/trm.yaml as
+Hydra composes it (``arch=trm``, :mod:`benchmarks.arc_arch`), seq 900 + its puzzle-prefix tokens, bf16 autocast
+on CUDA / fp32 on CPU.
 
 Reported per mode (eager / compiled): seconds per step, samples/s (= batch / step time: samples advanced by
-one supervision step), tokens/s (samples/s x 916). Model FLOPs per step are analytic (``analytic_step_flops``:
-projections, SwiGLU, attention, lm head; forward of every cycle + backward of the last) and cross-checked with
-``torch.utils.flop_counter`` (``flops_per_step_counted``; on CPU it misses the SDPA kernel's attention FLOPs).
+one supervision step), tokens/s (samples/s x (900 + ``puzzle_emb_len``)). Model FLOPs per step are analytic
+(``analytic_step_flops``: projections, SwiGLU, attention, lm head; forward of every cycle + backward of the last)
+and cross-checked with ``torch.utils.flop_counter`` (``flops_per_step_counted``; on CPU it misses the SDPA
+kernel's attention FLOPs).
 Achieved FLOP/s = model FLOPs / step time; on CUDA also as a fraction of a bf16 matmul measured in the same run.
 The evaluation engineer's ``benchmarks.eval_throughput`` is run afterwards when ``--with-eval`` is given.
 """
@@ -33,29 +35,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import models
 from benchmarks import eval_throughput, trainer_step
+from benchmarks.arc_arch import arc_arch
 from models.layers import swiglu_intermediate_size
 from training import distributed as D
 from training.build import build_loss_head, build_optimizers
 from training.config import config_from_dict
 from training.distributed import resolve_device
 
-ARC_ARCH = dict(
-    name="trm",
-    hidden_size=512,
-    num_heads=8,
-    expansion=4,
-    L_layers=2,
-    H_layers=0,
-    H_cycles=3,
-    L_cycles=4,
-    halt_max_steps=16,
-    halt_exploration_prob=0.1,
-    no_ACT_continue=True,
-    puzzle_emb_ndim=512,
-    puzzle_emb_len=16,
-    pos_encodings="rope",
-    loss={"loss_type": "stable_max_cross_entropy", "q_loss_weight": 0.5},
-)
 SEQ_LEN, VOCAB, NUM_IDS = 900, 12, 1000
 
 
@@ -73,7 +59,7 @@ def _batch(batch_size: int, device: torch.device, seed: int) -> dict[str, torch.
 def build(batch_size: int, device: torch.device, compiled: bool, arch: Optional[dict] = None):
     """Model, loss head (maybe compiled), optimizers and a step function identical to the training loop's."""
 
-    arch = arch or ARC_ARCH
+    arch = arch or arc_arch()
     torch.manual_seed(0)
     cfg = config_from_dict(
         {"arch": arch, "data_paths": ["<benchmark>"], "global_batch_size": batch_size, "lr": 1e-4, "lr_warmup_steps": 0}
@@ -154,6 +140,7 @@ def bf16_matmul_flops(device: torch.device, n: int = 8192, iters: int = 20) -> f
 def measure(
     batch_size: int, steps: int, warmup: int, device: torch.device, compiled: bool, arch: Optional[dict] = None
 ) -> dict[str, float]:
+    arch = arch or arc_arch()
     t0 = time.perf_counter()
     _, step = build(batch_size, device, compiled, arch)
     batches = [_batch(batch_size, device, s) for s in range(2)]
@@ -169,7 +156,7 @@ def measure(
     return {
         "seconds_per_step": dt,
         "samples_per_s": batch_size / dt,
-        "tokens_per_s": batch_size * (SEQ_LEN + (arch or ARC_ARCH)["puzzle_emb_len"]) / dt,
+        "tokens_per_s": batch_size * (SEQ_LEN + arch["puzzle_emb_len"]) / dt,
         "setup_and_warmup_s": warm_s,
     }
 
@@ -185,7 +172,7 @@ def run(
 ) -> dict[str, Any]:
     """Measure; ``arch_overrides`` changes the ARC config (tests use a tiny model)."""
 
-    arch = {**ARC_ARCH, **(arch_overrides or {})}
+    arch = {**arc_arch(), **(arch_overrides or {})}
 
     dev = resolve_device(device)
     cuda = dev.type == "cuda"

@@ -36,9 +36,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 
 def resolve_dtype(name: str, device: Optional[torch.device | str] = None) -> torch.dtype:
-    """Map a config dtype name to a torch dtype. ``"auto"`` = bfloat16 on a CUDA ``device``, else float32 (bf16 on
-    CPU is several times slower for this model, pitfall 24): the device the model runs on, not whether the
-    machine has a GPU (a CPU run on a GPU machine is fp32, as on any CPU)."""
+    """Map a config dtype name to a torch dtype. ``"auto"`` = bfloat16 on a CUDA ``device``, else float32
+    (docs/pitfalls.md, item 24): the device the model runs on, not whether the machine has a GPU (a CPU run on a
+    GPU machine is fp32, as on any CPU)."""
     if name == "auto":
         return torch.bfloat16 if device is not None and torch.device(device).type == "cuda" else torch.float32
     if name not in DTYPES:

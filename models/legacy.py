@@ -11,9 +11,9 @@ the switches at their defaults (false, ``identity``,   dropped (every stored ``t
 ``token``)                                             config has them)
 =====================================================  ===========================================================
 
-Variants and options that lost on the record leave the code (docs/architecture.md, "Variants and removal"):
-:data:`REMOVED` names each with the measurement that retired it and the last commit that builds it, and a config
-or checkpoint that uses one is refused in one line. A ``trm_views`` config stored before ``views_embed`` existed
+Variants and options that a measurement on the record retired leave the code (docs/architecture.md, "Variants and
+removal"): :data:`REMOVED` names each with the measurement that retired it and the last commit that builds it, and a
+config or checkpoint that uses one is refused in one line. A ``trm_views`` config stored before ``views_embed`` existed
 (every field of its time, no ``views_embed``) had one table per view and is refused as ``views_embed=view``.
 :func:`upgrade_arch` is the one place this mapping happens; ``models.parse_arch_config`` applies it to every arch
 config it reads.

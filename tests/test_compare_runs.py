@@ -190,3 +190,69 @@ def test_markdown_table_is_shared_by_the_comparison_commands():
         "| 1 | x |",
         "| 2 | y |",
     ]
+
+
+def test_the_science_table_and_compare_runs_share_one_command_line(tmp_path, capsys):
+    """experiments.science.compare is the science view through training.compare_runs.table_command: the same
+    --out (written atomically, the printed text, folders made) and the same one-line refusal of an --out that is a
+    directory, for both commands."""
+    from experiments.science import compare as science_compare
+    from training import compare_runs
+
+    assert science_compare.table_command is compare_runs.table_command
+    run = _run(tmp_path, "base", acc=[0.1, 0.6], loss=[2.0, 0.5])
+    sci = tmp_path / "f8"
+    sci.mkdir()
+    fam = {"runs": {"standard": {"pass@1": 0.5}}, "count": 2, "train_runs": {"standard": {"pass@1": 1.0}}}
+    fam["train_count"] = 2
+    res = {
+        "settings": {"data": {"seed": 3}, "overrides": ["lr=1e-3", "checkpoint_every=10"]},
+        "families": {"colour_map": fam, "all": fam},
+        "runs": {"standard": {"status": "ok", "steps": 40, "train_seconds": 12.0}},
+    }
+    (sci / "science.json").write_text(json.dumps(res))
+    for i, (mod, args) in enumerate(((compare_runs, [run]), (science_compare, [str(sci)]))):
+        out = tmp_path / f"made{i}" / "t.md"
+        md = mod.main(args + ["--out", str(out)])
+        assert capsys.readouterr().out == md == out.read_text()
+        with pytest.raises(SystemExit) as e:
+            mod.main(args + ["--out", str(tmp_path)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and err.count("\n") == 0 and err.endswith(f"-> {tmp_path}: Is a directory")
+    assert "| f8: standard | (baseline) `lr=1e-3` | 3, 0 | 40 | 0.30 | **0.50 / 1.00** | 0.50 / 1.00 |" in md
+
+
+def test_a_science_out_stands_for_its_runs_training_folders(tmp_path, capsys, caplog):
+    """compare_runs given a science --out compares its runs' training folders (runs/<name>/checkpoint, in
+    science.json's order; a run without one is left out) through the same reader as any run folder: a metrics line
+    with a non-finite step is skipped with a warning there too; a science --out without a trained run is one line."""
+    sci = tmp_path / "f8"
+    for name, acc in (("standard", [0.2, 0.7]), ("control", [0.1, 0.3])):
+        _run(sci / "runs" / name, "checkpoint", acc=acc, loss=[1.0, 0.8])
+        (sci / "runs" / name / "checkpoint" / "summary.json").write_text(json.dumps({"run_name": f"science-{name}"}))
+        (sci / "runs" / name / "checkpoint" / "config.yaml").write_text(
+            yaml.safe_dump(dict(_config(1e-3, 64, f"science-{name}"), encoder={"zero_demos": name == "control"}))
+        )
+    with open(sci / "runs" / "standard" / "checkpoint" / "metrics.jsonl", "a") as f:
+        f.write('{"step": Infinity, "train/exact_accuracy": 0.99}\n')
+    runs = {"standard": {"status": "ok"}, "control": {"status": "ok"}, "lpn": {"status": "train_failed"}}
+    (sci / "science.json").write_text(json.dumps({"settings": {}, "families": {}, "runs": runs}))
+    base = _run(tmp_path, "base", acc=[0.1, 0.6], loss=[2.0, 0.5])
+    with caplog.at_level("WARNING"):
+        md = main([str(sci), base])
+    assert "skipped 1 line(s)" in caplog.text and "0.99" not in md
+    lines = md.splitlines()
+    assert lines[0] == "|  | science-standard | science-control | BASE |"
+    assert "| `train/exact_accuracy` | max | 0.7 / **0.7 @200** | 0.3 / 0.3 @200 | 0.6 / 0.6 @200 |" in lines
+    assert "| `encoder.zero_demos` | false | true | ? |" in lines  # base: no config.yaml
+    empty = tmp_path / "untrained"
+    empty.mkdir()
+    (empty / "science.json").write_text(json.dumps({"runs": {"standard": {"status": "train_failed"}}}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([str(empty)])
+    err = capsys.readouterr().err.strip()
+    assert (
+        e.value.code == 1
+        and err == f"error: {empty}: a science --out without a trained run (no runs/<name>/checkpoint)"
+    )

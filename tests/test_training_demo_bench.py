@@ -2,8 +2,11 @@
 
 import json
 import os
+import shutil
 
 import pytest
+
+from training.config import load_config
 
 
 @pytest.mark.slow
@@ -67,6 +70,33 @@ def test_train_step_benchmark_reports_throughput_and_flops():
     # the FLOP counter sees at least the projection + MLP matmuls of the same passes
     assert out["flops_per_step_counted"] >= 0.99 * 2 * seq * 6 * (8 * h * h + 6 * h * inter)
     assert r["model_flops_per_s"] == pytest.approx(out["flops_per_step"] / r["seconds_per_step"])
+    # it timed config/arch/trm.yaml as composed (every key), changed only by the test's tiny sizes
+    composed = load_config("cfg_pretrain", ["arch=trm", "data_paths=[x]"]).arch.model_dump(mode="json")
+    assert out["arch"] == {**composed, **tiny}
+
+
+def test_the_benchmarks_take_their_arch_from_config_arch_trm_yaml(tmp_path, monkeypatch):
+    """benchmarks.train_step and benchmarks.eval_throughput time ``arch=trm`` as Hydra composes it, changed only by
+    the overrides they list (eval: its halt_max_steps and the device's dtype); an edit of trm.yaml (in a copy of
+    config/) reaches both."""
+    from benchmarks import eval_throughput
+    from benchmarks.arc_arch import arc_arch
+    from training import config as tc
+
+    composed = load_config("cfg_pretrain", ["arch=trm", "data_paths=[x]"]).arch.model_dump(mode="json")
+    assert arc_arch() == composed
+    assert (composed["hidden_size"], composed["H_cycles"], composed["L_cycles"], composed["L_layers"]) == (512, 3, 4, 2)
+    ev = eval_throughput.eval_arch(8, cuda=False)
+    assert {k: v for k, v in ev.items() if v != composed[k]} == {"halt_max_steps": 8, "forward_dtype": "float32"}
+    assert eval_throughput.eval_arch(16, cuda=True)["forward_dtype"] == "bfloat16"
+    cfg = tmp_path / "config"
+    shutil.copytree(tc.CONFIG_DIR, cfg)
+    trm = cfg / "arch" / "trm.yaml"
+    trm.write_text(trm.read_text() + "L_cycles: 6\nhidden_size: 256\n")
+    monkeypatch.setattr(tc, "CONFIG_DIR", str(cfg))
+    edited = arc_arch()
+    assert {k: v for k, v in edited.items() if v != composed[k]} == {"L_cycles": 6, "hidden_size": 256}
+    assert eval_throughput.eval_arch(16, cuda=False)["L_cycles"] == 6
 
 
 def test_science_step_benchmark_times_the_real_training_step_with_a_phase_split(tmp_path):

@@ -17,7 +17,9 @@ run (named by summary.json's ``run_name``):
   ``final`` / ``best``); the run with the best ``best`` of a row is in bold. ``--metrics`` keeps the metrics whose
   name contains one of the given strings.
 
-``experiments.science.compare`` is the same comparison for science folders (science.json).
+A science command's ``--out`` (a folder with science.json) stands for its runs' training folders
+(``runs/<name>/checkpoint``, :func:`expand_run_dirs`); ``experiments.science.compare`` is the science view of the
+same runs (held-out and train-fit pass@1 per family, from science.json), through this module's command line.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from core.errors import user_errors
-from core.io import atomic_write
+from core.io import atomic_write, read_json
 from core.table import cell, markdown_table
 from training.metrics import metric_direction
 from training.runs import (
@@ -48,6 +50,7 @@ from training.runs import (
 # what it learns; left out of the differing keys
 RUN_TIME_KEYS = ("run_name", "checkpoint_path", "resume", "resume_allow_data_change", "wandb.group")
 UNSET = "(unset)"
+SCIENCE_FILE = "science.json"  # a science command's --out (experiments.science)
 
 
 @dataclass
@@ -103,6 +106,33 @@ def load_run(run_dir: str, label: str) -> RunRow:
             raise
         row.metrics = _summary_metrics(summary)
     return row
+
+
+def science_run_folders(science_dir: str) -> Optional[list[str]]:
+    """The training run folders of a science command's ``--out``: ``runs/<name>/checkpoint`` of every run its
+    science.json lists (in its order) that has one; None when the folder holds no science.json."""
+    path = os.path.join(science_dir, SCIENCE_FILE)
+    if not os.path.isfile(path):
+        return None
+    result = read_json(path, RunFilesError)
+    runs = result.get("runs") if isinstance(result, dict) else None
+    if not isinstance(runs, dict):
+        raise RunFilesError(f"{path}: not a science command's result (no 'runs')")
+    folders = [os.path.join(science_dir, "runs", name, "checkpoint") for name in runs]
+    folders = [f for f in folders if os.path.isdir(f)]
+    if not folders:
+        raise RunFilesError(f"{science_dir}: a science --out without a trained run (no runs/<name>/checkpoint)")
+    return folders
+
+
+def expand_run_dirs(run_dirs: Sequence[str]) -> list[str]:
+    """Every DIR as run folders: a science ``--out`` as its runs' (:func:`science_run_folders`), any other as
+    itself."""
+    out: list[str] = []
+    for d in run_dirs:
+        science = science_run_folders(d)
+        out += [d] if science is None else science
+    return out
 
 
 def load_runs(run_dirs: Sequence[str]) -> list[RunRow]:
@@ -212,13 +242,33 @@ def render(rows: Sequence[RunRow], only: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(
-        prog="python -m training.compare_runs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def table_command(
+    argv: Optional[Sequence[str]],
+    prog: str,
+    doc: Optional[str],
+    arguments: Callable[[argparse.ArgumentParser], None],
+    tables: Callable[[argparse.Namespace], str],
+    out_help: str,
+) -> str:
+    """The command line of the comparison commands (this one and ``experiments.science.compare``): the
+    arguments ``arguments`` declares, then ``--out``; ``tables(args)`` builds the markdown (bad input: one line,
+    exit 1), written to ``--out`` atomically when given, and printed. Returns the markdown."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    arguments(ap)
+    ap.add_argument("--out", help=out_help)
+    a = ap.parse_args(argv)
+    with user_errors():
+        md = tables(a)
+        if a.out:
+            atomic_write(a.out, lambda f: f.write(md))
+    print(md, end="")
+    return md
+
+
+def _arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "run_dirs", nargs="+", metavar="run_dir", help="run folders (checkpoints/<project>/<run>) or science --out dirs"
     )
-    ap.add_argument("run_dirs", nargs="+", metavar="run_dir", help="run folders (checkpoints/<project>/<run>)")
     ap.add_argument(
         "--metrics",
         nargs="+",
@@ -226,17 +276,24 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         metavar="TEXT",
         help="only metrics whose name contains one of these (e.g. eval/ ARC/pass@)",
     )
-    ap.add_argument("--out", help="also write the tables to this markdown file")
-    a = ap.parse_args(argv)
-    with user_errors():
-        for d in a.run_dirs:
-            if not os.path.isdir(run_folder(d)):
-                raise RunFilesError(f"{d}: not a run folder (no such directory)")
-        md = render(load_runs(a.run_dirs), a.metrics)
-        if a.out:
-            atomic_write(a.out, lambda f: f.write(md))
-    print(md, end="")
-    return md
+
+
+def _tables(a: argparse.Namespace) -> str:
+    for d in a.run_dirs:
+        if not os.path.isdir(run_folder(d)):
+            raise RunFilesError(f"{d}: not a run folder (no such directory)")
+    return render(load_runs(expand_run_dirs(a.run_dirs)), a.metrics)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    return table_command(
+        argv,
+        "python -m training.compare_runs",
+        __doc__,
+        _arguments,
+        _tables,
+        "also write the tables to this markdown file",
+    )
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ import argparse
 import os
 from typing import Optional, Sequence
 
-from core.errors import user_errors
-from core.io import atomic_write, read_json
+from core.io import read_json
 from core.table import markdown_table
 from experiments.science.common import HEADLINE_ROW, TOTAL_ROW, ScienceError
 from experiments.science.recipe import recipe_override
 from experiments.science.report import SCORED
+from training.compare_runs import table_command
 
 
 def _overrides(settings: dict) -> list[str]:
@@ -132,22 +132,20 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> str:
-    ap = argparse.ArgumentParser(
-        prog="python -m experiments.science.compare",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("dirs", nargs="+", help="science --out dirs (the first is the baseline)")
     ap.add_argument("--runs", nargs="+", help="only these runs of each dir (e.g. standard control)")
-    ap.add_argument("--out", help="also write the table to this markdown file")
-    a = ap.parse_args(argv)
-    with user_errors():
-        md = render(load_rows(a.dirs, a.runs))
-        if a.out:
-            atomic_write(a.out, lambda f: f.write(md))
-    print(md, end="")
-    return md
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    return table_command(
+        argv,
+        "python -m experiments.science.compare",
+        __doc__,
+        _arguments,
+        lambda a: render(load_rows(a.dirs, a.runs)),
+        "also write the table to this markdown file",
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ cells), ``read(h)`` the memory read of ``h`` (zero without memory)::
 
 ``memory_read`` (``once`` | ``cycle`` | ``step``) places the read; the memory's keys and values are projected once
 per supervision step. Square canvas only. ``memory_width`` (the encoder's width) is filled from the encoder when
-null (:meth:`TRMMemoryConfig.for_encoder`). The class defaults are the science recipe's values
-(config/cfg_science.yaml's core); which option was measured against which is in docs/record/ and docs/science.md, and
-options that lost are refused with the measurement that retired them (``models.variants.REMOVED``).
+null (:meth:`TRMMemoryConfig.for_encoder`). The memory, view, count and lookup fields default to what
+config/cfg_science.yaml trains (it sets only the sizes); which option was measured against which is in docs/record/
+and docs/science.md, and retired options are refused with the measurement that retired them
+(``models.legacy.REMOVED``).
 """
 
 from __future__ import annotations

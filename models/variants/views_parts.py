@@ -166,7 +166,7 @@ class InputViews(nn.Module):
         self.register_buffer("table_of_view", torch.tensor(rows[embed]), persistent=False)
         # the shape views' sources of every grid size: a buffer, so it moves with the module and a compiled forward
         # reads it instead of tracing its build (core.ops.view_table). It is the process cache's tensor itself (only
-        # ever read: a copy per module would cost (side + 1)^2 x V x side^2 longs, 0.9 GB at side 30)
+        # ever read: a copy per module would cost (side + 1)^2 x V x side^2 longs, V the shape views)
         shape = any(k != "settle" for k in self.kinds)
         self.register_buffer("table", view_table(side, self.kinds) if shape else None, persistent=False)
         self.num_tables = max(rows[embed]) + 1
