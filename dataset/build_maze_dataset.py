@@ -15,28 +15,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import time
 from collections import deque
 from typing import Optional, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
-from core.errors import user_errors
-from dataset.build_options import bar_disable, check_max_puzzles
-from dataset.dihedral import dihedral_transform
-from dataset.errors import DatasetError
-from dataset.metadata import DatasetMetadata
-from dataset.pair_sources import (
+from dataset.csv_puzzles import (
     SOURCE_CSV_FIELDS,
-    add_source_arguments,
-    iter_source_csv,
-    source_pairs,
-    subsample_pairs,
+    build_pairs_dataset,
+    read_source_pairs,
+    run_builder,
     write_source_csv,
 )
-from dataset.writer import atomic_output_dir, save_one_example_split, set_default_dir_mode, write_blank_identifiers
+from dataset.dihedral import dihedral_transform
+from dataset.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +162,8 @@ def generate_maze_csv(path: str, num: int, *, seed: int = 0, progress: bool = Fa
 def read_maze_csv(path: str, max_puzzles: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
     """(questions, answers) [N, 30, 30] of CHARSET indices, validated (one S, one G, answer = question + path);
     ``max_puzzles``: only the first that many rows."""
-    check_max_puzzles(max_puzzles)
-    qs, ans = [], []
-    for line, row in iter_source_csv(path):
+
+    def parse(line: int, row: list[str]) -> tuple[np.ndarray, np.ndarray]:
         q = _parse(row[1], f"{path}: line {line}: field question")
         a = _parse(row[2], f"{path}: line {line}: field answer")
         for name, m in (("question", q), ("answer", a)):
@@ -185,13 +176,9 @@ def read_maze_csv(path: str, max_puzzles: Optional[int] = None) -> tuple[np.ndar
             raise DatasetError(
                 f"{path}: line {line}: field answer: differs from the question other than by marking open cells 'o'"
             )
-        qs.append(q)
-        ans.append(a)
-        if len(qs) == max_puzzles:
-            break
-    if not qs:
-        raise DatasetError(f"{path}: no mazes")
-    return np.stack(qs), np.stack(ans)
+        return q, a
+
+    return read_source_pairs(path, parse, max_puzzles, "mazes")
 
 
 def _parse(s: str, where: str) -> np.ndarray:
@@ -204,100 +191,61 @@ def _parse(s: str, where: str) -> np.ndarray:
     return np.array([lut[c] for c in s], np.int64).reshape(MAZE_SIZE, MAZE_SIZE)
 
 
-def _write_split(d: str, qs: np.ndarray, ans: np.ndarray, group_sizes: list, seed: int, aug: bool, source: str):
-    n = len(qs)
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=len(CHARSET) + 1,
-        seq_len=MAZE_SIZE * MAZE_SIZE,
-        num_puzzle_identifiers=1,
-        total_groups=len(group_sizes),
-        mean_puzzle_examples=1.0,
-        total_puzzles=n,
-        sets=["all"],
-        kind="maze",
-        grid_size=MAZE_SIZE,
-        translate_augment=False,
-        seed=seed,
-        num_aug=7 if aug else 0,
-        source=source,
-    )
-    save_one_example_split(
-        d, (qs.reshape(n, -1) + 1).astype(np.uint8), (ans.reshape(n, -1) + 1).astype(np.uint8), group_sizes, meta
-    )
-
-
 def build_maze_dataset(
     output_dir: str,
     train: tuple[np.ndarray, np.ndarray],
     test: tuple[np.ndarray, np.ndarray],
     *,
     aug: bool = False,
-    subsample_size: Optional[int] = None,
-    seed: int = 0,
-    overwrite: bool = False,
-    source: str = "",
-    progress: bool = True,
+    **options,
 ) -> dict:
-    t0 = time.time()
-    tq, ta = subsample_pairs(*train, subsample_size, seed)
-    with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
-        tids = range(8) if aug else range(1)
-        qs, ans = [], []
-        for i in tqdm(range(len(tq)), desc="maze train", unit="maze", disable=bar_disable(progress)):
-            for t in tids:
-                qs.append(dihedral_transform(tq[i], t))
-                ans.append(dihedral_transform(ta[i], t))
-        _write_split(os.path.join(tmp, "train"), np.stack(qs), np.stack(ans), [len(tids)] * len(tq), seed, aug, source)
-        _write_split(os.path.join(tmp, "test"), test[0], test[1], [1] * len(test[0]), seed, False, source)
-        write_blank_identifiers(tmp)
-        set_default_dir_mode(tmp)
-    return {
-        "train_mazes": len(tq),
-        "train_examples": len(qs),
-        "test_examples": len(test[0]),
-        "seconds": round(time.time() - t0, 2),
-    }
+    """Write ``train/`` (subsampled; with ``aug`` each maze followed by its 7 non-identity dihedral copies) and
+    ``test/`` (as given) from (questions, answers) CHARSET-index arrays. Tokens: PAD 0, CHARSET index + 1.
+    ``options``: ``subsample_size``, ``seed``, ``overwrite``, ``source``, ``progress`` of
+    :func:`dataset.csv_puzzles.build_pairs_dataset`."""
+    tids = range(8) if aug else range(1)
+    summary = build_pairs_dataset(
+        output_dir,
+        train,
+        test,
+        lambda i, q, a: [(dihedral_transform(q, t), dihedral_transform(a, t)) for t in tids],
+        kind="maze",
+        unit="maze",
+        vocab_size=len(CHARSET) + 1,
+        num_aug=len(tids) - 1,
+        **options,
+    )
+    return {"train_mazes": summary.pop("train_puzzles"), **summary}
+
+
+def _sources(args: argparse.Namespace) -> tuple:
+    rng = np.random.default_rng([args.seed, 0x3A2F])
+    return (
+        lambda path: read_maze_csv(path, args.max_puzzles),
+        lambda: generate_maze(rng, min_path=args.min_path),
+        "generated",
+    )
+
+
+def _add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--aug", action="store_true", help="add the 7 non-identity dihedral copies (training split)")
+    ap.add_argument("--min-path", type=int, default=60, help="generator: minimum shortest-path length")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m dataset.build_maze_dataset",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return run_builder(
+        argv,
+        module="dataset.build_maze_dataset",
+        doc=__doc__,
+        layout="Maze-Hard",
+        add_arguments=_add_arguments,
+        sources=_sources,
+        build=lambda args, **kw: build_maze_dataset(aug=args.aug, **kw),
+        report=lambda args, s: (
+            f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, "
+            f"{s['seconds']} s"
+        ),
     )
-    add_source_arguments(ap, "Maze-Hard")
-    ap.add_argument("--aug", action="store_true", help="add the 7 non-identity dihedral copies (training split)")
-    ap.add_argument("--min-path", type=int, default=60, help="generator: minimum shortest-path length")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
-        rng = np.random.default_rng([args.seed, 0x3A2F])
-        check_max_puzzles(args.max_puzzles)
-        train, test, source = source_pairs(
-            args,
-            ap,
-            lambda path: read_maze_csv(path, args.max_puzzles),
-            lambda: generate_maze(rng, min_path=args.min_path),
-            "generated",
-        )
-        s = build_maze_dataset(
-            args.output_dir,
-            train,
-            test,
-            aug=args.aug,
-            subsample_size=args.subsample_size,
-            seed=args.seed,
-            overwrite=args.overwrite,
-            source=source,
-            progress=not args.no_progress,
-        )
-    print(
-        f"built {args.output_dir}: {s['train_examples']} train / {s['test_examples']} test examples, {s['seconds']} s"
-    )
-    return s
 
 
 if __name__ == "__main__":

@@ -17,26 +17,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import time
 from typing import Optional, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
-from core.errors import user_errors
-from dataset.build_options import bar_disable, check_max_puzzles
-from dataset.errors import DatasetError
-from dataset.metadata import DatasetMetadata
-from dataset.pair_sources import (
+from dataset.csv_puzzles import (
     SOURCE_CSV_FIELDS,
-    add_source_arguments,
-    iter_source_csv,
-    source_pairs,
-    subsample_pairs,
+    build_pairs_dataset,
+    read_source_pairs,
+    run_builder,
     write_source_csv,
 )
-from dataset.writer import atomic_output_dir, save_one_example_split, set_default_dir_mode, write_blank_identifiers
+from dataset.errors import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -184,29 +176,24 @@ def read_sudoku_csv(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(questions, answers) as int arrays [N, size, size] (0 = blank), validated; ``max_puzzles``: stop after the
     first that many kept rows (file order)."""
-    check_max_puzzles(max_puzzles)
-    qs, ans = [], []
-    for line, row in iter_source_csv(path):
+
+    def parse(line: int, row: list[str]) -> Optional[tuple[np.ndarray, np.ndarray]]:
         if min_rating is not None and len(row) > 3 and row[3].strip():
             try:
                 rating = float(row[3])
             except ValueError:
                 raise DatasetError(f"{path}: line {line}: field rating: not a number: {row[3]!r}") from None
             if rating < min_rating:
-                continue
+                return None
         q = _parse_board(row[1], size, blank_ok=True, where=f"{path}: line {line}: field question")
         a = _parse_board(row[2], size, blank_ok=False, where=f"{path}: line {line}: field answer")
         if not is_valid_solution(a):
             raise DatasetError(f"{path}: line {line}: field answer: not a valid Sudoku solution")
         if ((q != 0) & (q != a)).any():
             raise DatasetError(f"{path}: line {line}: field question: clues disagree with the answer")
-        qs.append(q)
-        ans.append(a)
-        if len(qs) == max_puzzles:
-            break
-    if not qs:
-        raise DatasetError(f"{path}: no puzzles")
-    return np.stack(qs), np.stack(ans)
+        return q, a
+
+    return read_source_pairs(path, parse, max_puzzles, "puzzles")
 
 
 def _parse_board(s: str, size: int, *, blank_ok: bool, where: str) -> np.ndarray:
@@ -250,117 +237,76 @@ def apply_sudoku_transform(grid: np.ndarray, t) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 # Build
 # ----------------------------------------------------------------------------------------------
-def _encode(boards: np.ndarray) -> np.ndarray:
-    """0 (blank) -> 1, digit d -> d + 1; PAD 0 never occurs in Sudoku."""
-    return (boards.reshape(len(boards), -1) + 1).astype(np.uint8)
-
-
-def _write_split(d: str, qs: list, ans: list, group_sizes: list, seed: int, num_aug: int, size: int, source: str):
-    inputs, labels = _encode(np.stack(qs)), _encode(np.stack(ans))
-    n = len(inputs)
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=size + 2,
-        seq_len=size * size,
-        num_puzzle_identifiers=1,
-        total_groups=len(group_sizes),
-        mean_puzzle_examples=1.0,
-        total_puzzles=n,
-        sets=["all"],
-        kind="sudoku",
-        grid_size=size,
-        translate_augment=False,
-        seed=seed,
-        num_aug=num_aug,
-        source=source,
-    )
-    save_one_example_split(d, inputs, labels, group_sizes, meta)
-
-
 def build_sudoku_dataset(
     output_dir: str,
     train: tuple[np.ndarray, np.ndarray],
     test: tuple[np.ndarray, np.ndarray],
     *,
     num_aug: int = 0,
-    subsample_size: Optional[int] = None,
     seed: int = 0,
-    overwrite: bool = False,
-    source: str = "",
-    progress: bool = True,
+    **options,
 ) -> dict:
-    """Write ``train/`` (subsampled, augmented) and ``test/`` (as given) from (questions, answers) arrays."""
-    t0 = time.time()
+    """Write ``train/`` (subsampled, each puzzle followed by ``num_aug`` augmented copies) and ``test/`` (as given)
+    from (questions, answers) arrays. Tokens: PAD 0, blank 1, digit d -> d + 1. ``options``: ``subsample_size``,
+    ``overwrite``, ``source``, ``progress`` of :func:`dataset.csv_puzzles.build_pairs_dataset`."""
     size = train[0].shape[1]
-    tq, ta = subsample_pairs(*train, subsample_size, seed)
     rng = np.random.default_rng([seed, 0xA06])
-    with atomic_output_dir(output_dir, overwrite=overwrite) as tmp:
-        qs, ans, groups = [], [], []
-        for i in tqdm(range(len(tq)), desc="sudoku train", unit="puzzle", disable=bar_disable(progress)):
-            q, a = tq[i], ta[i]
-            qs.append(q)
-            ans.append(a)
-            for _ in range(num_aug):
-                t = random_sudoku_transform(rng, size)
-                q2, a2 = apply_sudoku_transform(q, t), apply_sudoku_transform(a, t)
-                if not is_valid_solution(a2) or ((q2 != 0) & (q2 != a2)).any():
-                    raise DatasetError(f"augmentation of training puzzle {i} produced an invalid Sudoku (bug)")
-                qs.append(q2)
-                ans.append(a2)
-            groups.append(1 + num_aug)
-        _write_split(os.path.join(tmp, "train"), qs, ans, groups, seed, num_aug, size, source)
-        _write_split(os.path.join(tmp, "test"), list(test[0]), list(test[1]), [1] * len(test[0]), seed, 0, size, source)
-        write_blank_identifiers(tmp)
-        set_default_dir_mode(tmp)
-    return {
-        "train_puzzles": len(tq),
-        "train_examples": len(qs),
-        "test_examples": len(test[0]),
-        "augmentations": len(qs) - len(tq),
-        "seconds": round(time.time() - t0, 2),
-    }
 
+    def copies(i: int, q: np.ndarray, a: np.ndarray) -> list:
+        out = [(q, a)]
+        for _ in range(num_aug):
+            t = random_sudoku_transform(rng, size)
+            q2, a2 = apply_sudoku_transform(q, t), apply_sudoku_transform(a, t)
+            if not is_valid_solution(a2) or ((q2 != 0) & (q2 != a2)).any():
+                raise DatasetError(f"augmentation of training puzzle {i} produced an invalid Sudoku (bug)")
+            out.append((q2, a2))
+        return out
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m dataset.build_sudoku_dataset",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    summary = build_pairs_dataset(
+        output_dir,
+        train,
+        test,
+        copies,
+        kind="sudoku",
+        unit="puzzle",
+        vocab_size=size + 2,
+        num_aug=num_aug,
+        seed=seed,
+        **options,
     )
-    add_source_arguments(ap, "Sudoku-Extreme")
+    seconds = summary.pop("seconds")
+    return {**summary, "augmentations": summary["train_examples"] - summary["train_puzzles"], "seconds": seconds}
+
+
+def _sources(args: argparse.Namespace) -> tuple:
+    rng = np.random.default_rng([args.seed, 0x6E4])
+    return (
+        lambda path: read_sudoku_csv(path, args.size, args.min_difficulty, args.max_puzzles),
+        lambda: generate_puzzle(rng, args.size),
+        f"generated:size{args.size}",
+    )
+
+
+def _add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--min-difficulty", type=int, default=None, help="keep rows with rating >= this")
     ap.add_argument("--num-aug", type=int, default=0)
     ap.add_argument("--size", type=int, default=9, choices=[4, 9])
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
-        rng = np.random.default_rng([args.seed, 0x6E4])
-        check_max_puzzles(args.max_puzzles)
-        train, test, source = source_pairs(
-            args,
-            ap,
-            lambda path: read_sudoku_csv(path, args.size, args.min_difficulty, args.max_puzzles),
-            lambda: generate_puzzle(rng, args.size),
-            f"generated:size{args.size}",
-        )
-        s = build_sudoku_dataset(
-            args.output_dir,
-            train,
-            test,
-            num_aug=args.num_aug,
-            subsample_size=args.subsample_size,
-            seed=args.seed,
-            overwrite=args.overwrite,
-            source=source,
-            progress=not args.no_progress,
-        )
-    print(
-        f"built {args.output_dir}: {s['train_puzzles']} puzzles x (1 + {args.num_aug}) = {s['train_examples']} "
-        f"train examples, {s['test_examples']} test examples, {s['seconds']} s"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    return run_builder(
+        argv,
+        module="dataset.build_sudoku_dataset",
+        doc=__doc__,
+        layout="Sudoku-Extreme",
+        add_arguments=_add_arguments,
+        sources=_sources,
+        build=lambda args, **kw: build_sudoku_dataset(num_aug=args.num_aug, **kw),
+        report=lambda args, s: (
+            f"built {args.output_dir}: {s['train_puzzles']} puzzles x (1 + {args.num_aug}) = {s['train_examples']} "
+            f"train examples, {s['test_examples']} test examples, {s['seconds']} s"
+        ),
     )
-    return s
 
 
 if __name__ == "__main__":

@@ -1,6 +1,5 @@
 """Writing a built dataset directory: atomically (built in a temporary directory beside the target, renamed at the
-end, so a failed build leaves nothing behind), one split's arrays with its ``dataset.json``, and the pieces the
-one-example-per-puzzle builders (Sudoku, Maze) share.
+end, so a failed build leaves nothing behind) and one split's arrays with its ``dataset.json``.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import numpy as np
 
@@ -60,31 +59,6 @@ def save_split(split_dir: str, arrays: dict[str, np.ndarray], metadata: DatasetM
         np.save(os.path.join(split_dir, f"{set_name}__{k}.npy"), v)
     with open(os.path.join(split_dir, "dataset.json"), "w") as f:
         json.dump(metadata.model_dump(exclude_none=False, exclude={"identifiers_sha256"}), f, indent=1)
-
-
-def save_one_example_split(
-    split_dir: str, inputs: np.ndarray, labels: np.ndarray, group_sizes: Sequence[int], metadata: DatasetMetadata
-) -> None:
-    """Save a split where every puzzle is one example (Sudoku, Maze): blank puzzle ids, groups of augmented copies
-    of ``group_sizes`` puzzles each."""
-    n = len(inputs)
-    save_split(
-        split_dir,
-        {
-            "inputs": inputs,
-            "labels": labels,
-            "puzzle_identifiers": np.zeros(n, np.int32),
-            "puzzle_indices": np.arange(n + 1, dtype=np.int32),
-            "group_indices": np.concatenate([[0], np.cumsum(group_sizes)]).astype(np.int32),
-        },
-        metadata,
-    )
-
-
-def write_blank_identifiers(data_dir: str) -> None:
-    """identifiers.json of a dataset without puzzle identities (only the blank id 0)."""
-    with open(os.path.join(data_dir, "identifiers.json"), "w") as f:
-        json.dump(["<blank>"], f)
 
 
 def set_default_dir_mode(path: str) -> None:

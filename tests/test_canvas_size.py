@@ -22,6 +22,7 @@ from dataset.loader import PuzzleDataset, PuzzleDatasetConfig
 from dataset.tokens import COLOR_OFFSET, IGNORE_LABEL_ID, PAD_ID
 from evaluators import ARCEvaluator
 from tests.doubles import oracle_tokens, wrong_tokens
+from tests.toy_data import TINY_PRETRAIN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARRAYS = ("inputs", "labels", "demo_inputs", "demo_labels")
@@ -233,29 +234,6 @@ def test_true_labels_through_the_inverse_path_score_one_at_canvas_8(built8):
     assert _feed_split(ARCEvaluator(built8, None, None, num_pictures=0), built8, wrong_tokens)["ARC/pass@2"] == 0.0
 
 
-TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "arch.expansion=2",
-    "arch.L_layers=1",
-    "arch.H_cycles=1",
-    "arch.L_cycles=1",
-    "arch.halt_max_steps=2",
-    "arch.puzzle_emb_len=2",
-    "arch.forward_dtype=float32",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
-    "evaluators=[]",
-    "ema=false",
-    "lr_warmup_steps=1",
-    "device=cpu",
-    "wandb.mode=disabled",
-    "progress=false",
-]
-
-
 def test_pretrain_encoder_and_evaluate_on_a_canvas_8_build(built8, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
     ck = tmp_path / "ck"
@@ -267,7 +245,7 @@ def test_pretrain_encoder_and_evaluate_on_a_canvas_8_build(built8, tmp_path):
             f"checkpoint_path={ck}",
             f"hydra.run.dir={tmp_path / 'h1'}",
             "max_steps=2",
-            *TINY,
+            *TINY_PRETRAIN,
         ],
         cwd=ROOT,
         env=env,

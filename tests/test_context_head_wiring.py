@@ -7,16 +7,11 @@ TRM's arch switches became variant modules (the rules: tests/test_models_legacy.
 import pytest
 import torch
 
-from tests.toy_data import synthetic_etrm_dataset
+from tests.toy_data import TINY_ETRM, built_synthetic_arc
 from training.config import load_config
 
 TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
+    *TINY_ETRM,
     "log_interval=2",
     "device=cpu",
     "checkpoint_every=null",
@@ -31,9 +26,9 @@ TINY = [
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     d = tmp_path_factory.mktemp("context head")
-    return synthetic_etrm_dataset(
-        str(d), ["flip_rotate", "colour_map"], num_train=10, num_test=4, max_grid=5, canvas=8, seed=3
-    )
+    return built_synthetic_arc(
+        d, ["flip_rotate", "colour_map"], num_train=10, num_test=4, num_aug=1, mode="etrm", seed=3, generator_aug=True
+    )[0]
 
 
 def _evaluate(ev, ck, data, out):

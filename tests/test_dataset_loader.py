@@ -10,33 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from dataset.arc_sources import load_puzzles
-from dataset.build_arc_dataset import build_arc_dataset
-from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.canvas import content_extents, find_content_extent, translate_canvas
 from dataset.errors import DatasetError
 from dataset.loader import PuzzleDataset, PuzzleDatasetConfig, create_dataloader
 from dataset.tokens import IGNORE_LABEL_ID
-from tests.toy_data import write_toy_dataset
+from tests.toy_data import built_synthetic_arc, write_toy_dataset
 
 
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("synth")
-    paths = generate_synthetic_arc(
-        str(root / "raw"), "syn", num_train=24, num_test=6, max_grid=7, seed=3, progress=False
+    built, _ = built_synthetic_arc(
+        root, num_train=24, num_test=6, num_aug=3, mode="etrm", max_grid=7, seed=3, canvas=30, prefix="syn"
     )
-    out = str(root / "built")
-    build_arc_dataset(
-        out,
-        load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=3,
-        seed=0,
-        mode="etrm",
-        progress=False,
-    )
-    return out
+    return built
 
 
 def cfg(path, **kw) -> PuzzleDatasetConfig:

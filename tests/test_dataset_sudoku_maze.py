@@ -10,10 +10,10 @@ import pytest
 from dataset import build_maze_dataset as MZ
 from dataset import build_sudoku_dataset as SD
 from dataset.build_maze_dataset import build_maze_dataset
+from dataset.csv_puzzles import subsample_pairs
 from dataset.dihedral import dihedral_transform
 from dataset.errors import DatasetError
 from dataset.metadata import load_metadata
-from dataset.pair_sources import subsample_pairs
 
 
 # ------------------------------------------------------------------------------------------------ sudoku

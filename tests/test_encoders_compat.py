@@ -110,20 +110,13 @@ def test_old_checkpoints_load_or_are_refused_through_evaluate(tmp_path):
     """End to end: a trained checkpoint whose stored config is rewritten as the code before the change wrote it
     (every field, dihedral_views as a flag of the standard encoder) loads to the same weights, and evaluate.py
     refuses one with context_codes in one line (exit 1), as a user error."""
-    from experiments.science.recolour import write_recolour_dataset  # noqa: PLC0415 - test-only imports
+    from tests.toy_data import write_tiny_recolour  # noqa: PLC0415 - test-only imports
     from training.build import load_model_for_inference  # noqa: PLC0415
     from training.checkpoint import read_checkpoint, save_checkpoint_atomic  # noqa: PLC0415
     from training.loop import train  # noqa: PLC0415
 
     data = tmp_path / "data"
-    write_recolour_dataset(
-        str(data),
-        grid=2,
-        num_colours=4,
-        num_test_instances=2,
-        train_puzzles_per_instance=2,
-        test_puzzles_per_instance=1,
-    )
+    write_tiny_recolour(data)
     cfg = load_config(
         "cfg_science",
         [

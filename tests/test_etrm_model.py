@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import models
-from dataset.metadata import DatasetMetadata
 from encoders import ENCODER_REGISTRY
 from models.etrm import ETRMCarry
+from tests.toy_data import tiny_metadata
 from training.build import build_etrm_model, load_pretrained_decoder
 from training.config import config_from_dict
 
@@ -16,19 +16,10 @@ NAMES = sorted(ENCODER_REGISTRY)
 
 
 def meta():
-    return DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=V,
-        seq_len=S,
-        num_puzzle_identifiers=5,
-        total_groups=4,
-        mean_puzzle_examples=2.0,
-        sets=["all"],
-        has_demos=True,
+    return tiny_metadata(
+        vocab_size=V, seq_len=S, num_puzzle_identifiers=5, total_groups=4, mean_puzzle_examples=2.0, has_demos=True,
         max_demos=D,
-    )
+    )  # fmt: skip
 
 
 def arch(**kw):

@@ -9,33 +9,11 @@ import sys
 import pytest
 
 from encoders import ENCODER_REGISTRY
-from experiments.science.recolour import write_recolour_dataset
+from tests.toy_data import TINY_PRETRAIN, write_tiny_recolour
 from training.config import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "arch.expansion=2",
-    "arch.L_layers=1",
-    "arch.H_cycles=1",
-    "arch.L_cycles=1",
-    "arch.halt_max_steps=2",
-    "arch.puzzle_emb_len=2",
-    "arch.forward_dtype=float32",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
-    "evaluators=[]",
-    "ema=false",
-    "lr_warmup_steps=1",
-    "log_interval=1",
-    "diag_interval=1",
-    "device=cpu",
-    "wandb.mode=disabled",
-    "progress=false",
-]
+TINY = [*TINY_PRETRAIN, "log_interval=1", "diag_interval=1"]
 
 
 def test_issue_example_overrides_compose():
@@ -64,14 +42,7 @@ def test_issue_example_overrides_compose():
 def _run(tmp_path, extra, ck_name="ck"):
     data = tmp_path / "data"
     if not data.exists():
-        write_recolour_dataset(
-            str(data),
-            grid=2,
-            num_colours=4,
-            num_test_instances=2,
-            train_puzzles_per_instance=2,
-            test_puzzles_per_instance=1,
-        )
+        write_tiny_recolour(data)
     ck = tmp_path / ck_name
     cmd = [
         sys.executable,
@@ -157,9 +128,7 @@ def test_load_pretrained_decoder_from_a_trm_run_of_the_loop(tmp_path):
     from training.loop import train
 
     data = str(tmp_path / "data")
-    write_recolour_dataset(
-        data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2, test_puzzles_per_instance=1
-    )
+    write_tiny_recolour(data)
     tiny = dict(hidden_size=32, num_heads=2, H_cycles=1, L_cycles=1)
     trm = science_config(data, str(tmp_path / "trm"), steps=2, global_batch_size=8)
     trm.pop("encoder")

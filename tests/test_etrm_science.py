@@ -17,7 +17,6 @@ import torch
 from dataset.canvas import canvas_to_grid
 from dataset.families import ALL_FAMILIES
 from dataset.loader import create_dataloader
-from dataset.metadata import DatasetMetadata
 from dataset.synthetic_rules import FAMILIES
 from evaluate import EvaluateConfig, run
 from evaluators.data import build_eval_loader
@@ -26,6 +25,7 @@ from experiments.science.common import CONTROL, ENCODERS, PROGRAM, ScienceError
 from experiments.science.recolour import write_recolour_dataset
 from experiments.science.report import family_table, puzzle_scores
 from experiments.science.run import run_plan
+from tests.toy_data import TINY_ETRM, tiny_metadata
 from training.build import build_etrm_model, load_model_for_inference
 from training.config import load_config
 
@@ -164,20 +164,7 @@ def test_science_config_builds_every_run(name):
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
     assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_views"
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=12,
-        seq_len=64,
-        num_puzzle_identifiers=5,
-        total_groups=1,
-        mean_puzzle_examples=1.0,
-        sets=["all"],
-        grid_size=8,
-        has_demos=True,
-        max_demos=3,
-    )
+    meta = tiny_metadata(seq_len=64, num_puzzle_identifiers=5, total_groups=1, grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
 
@@ -271,14 +258,6 @@ def test_the_command_line_becomes_one_settings_object():
 
 
 FAMS = ["colour_map", "flip_rotate"]
-TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
-]
 ARGS = [
     "--families",
     *FAMS,
@@ -294,7 +273,7 @@ ARGS = [
     "8",
     "--max-grid",
     "5",
-] + [a for o in TINY for a in ("--override", o)]
+] + [a for o in TINY_ETRM for a in ("--override", o)]
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def trained(tmp_path_factory, arc_kaggle_dir):
     """6 real ARC evaluation puzzles x 4 copies, and a tiny TRM trained for 2 steps on them (with the
     training loop's own eval hook running at the end)."""
-    from dataset.arc_sources import load_kaggle_subset
-    from dataset.build_arc_dataset import build_arc_dataset
-    from tests.toy_data import toy_train_config
+    from tests.toy_data import built_arc_evaluation, toy_train_config
     from training.loop import train
 
     root = tmp_path_factory.mktemp("evalcli")
-    data = str(root / "data")
-    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:6]
-    build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=3, seed=0, num_workers=1, progress=False)
+    data, puzzles = built_arc_evaluation(arc_kaggle_dir, root / "data", count=6, num_aug=3)
     cfg = toy_train_config(
         data,
         str(root / "ck"),
@@ -495,16 +491,12 @@ def test_grid_offsets_are_wired_from_config_to_checkpoint_to_evaluate(tmp_path, 
     """arch=trm_grid: the config builds the grid-offset embedding, the checkpoint records it, evaluate.py rebuilds
     the same model (same numbers as the training hook), and it matters (a zeroed grid-offset table differs)."""
     import evaluate
-    from dataset.arc_sources import load_kaggle_subset
-    from dataset.build_arc_dataset import build_arc_dataset
-    from tests.toy_data import toy_train_config
+    from tests.toy_data import built_arc_evaluation, toy_train_config
     from training.build import load_model_for_inference
     from training.checkpoint import load_checkpoint_file, read_checkpoint, save_checkpoint_atomic
     from training.loop import train
 
-    data = str(tmp_path / "data")
-    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:3]
-    build_arc_dataset(data, puzzles, test_set_name="evaluation", num_aug=1, seed=0, num_workers=1, progress=False)
+    data, puzzles = built_arc_evaluation(arc_kaggle_dir, tmp_path / "data", count=3, num_aug=1)
     cfg = toy_train_config(
         data,
         str(tmp_path / "ck"),

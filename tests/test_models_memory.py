@@ -16,6 +16,7 @@ import torch
 from encoders import ENCODER_REGISTRY, DemoMemory
 from models.etrm import ETRM
 from tests.test_etrm_model import meta  # the same sizes: vocab 12, seq 16, 3 demo slots
+from tests.toy_data import built_synthetic_arc
 from training.build import build_etrm_model, build_loss_head
 from training.config import config_from_dict
 
@@ -249,19 +250,11 @@ def test_refusals_name_what_is_wrong():
 
 
 def _science_data(root):
-    from dataset.arc_sources import load_puzzles
-    from dataset.build_arc_dataset import build_arc_dataset
-    from dataset.build_synthetic_dataset import generate_synthetic_arc
-
-    raw = generate_synthetic_arc(
-        os.path.join(root, "raw"), "synth", num_train=24, num_test=8, seed=0, progress=False, canvas_size=6, num_aug=1
-    )
-    out = os.path.join(root, "built")
-    puzzles = load_puzzles(["training", "evaluation"], "evaluation", raw["prefix"])
-    build_arc_dataset(
-        out, puzzles, test_set_name="evaluation", num_aug=1, seed=0, mode="etrm", progress=False, canvas_size=6
-    )
-    return out
+    built, _ = built_synthetic_arc(
+        root, num_train=24, num_test=8, num_aug=1, mode="etrm", max_grid=None, seed=0, canvas=6, prefix="synth",
+        generator_aug=True,
+    )  # fmt: skip
+    return built
 
 
 def _run(cmd, cwd):

@@ -23,7 +23,7 @@ import torch
 from dataset.metadata import DatasetMetadata
 from dataset.tokens import COLOR_OFFSET, EOS_ID, PAD_ID
 from dataset.writer import atomic_output_dir, save_split
-from tests.toy_data import toy_train_config
+from tests.toy_data import built_synthetic_arc, tiny_metadata, toy_train_config, write_tiny_recolour
 
 
 def _no_explore(**kw):
@@ -33,7 +33,7 @@ def _no_explore(**kw):
 # ------------------------------------------------------------------------------------------------ pitfall 3
 def test_freezing_the_decoder_keeps_training_the_encoder_with_a_single_optimizer(tmp_path):
     from dataset.metadata import load_metadata
-    from experiments.science.recolour import science_config, write_recolour_dataset
+    from experiments.science.recolour import science_config
     from training import checkpoint as ckpt
     from training import distributed as D
     from training.build import build_act_model
@@ -41,9 +41,7 @@ def test_freezing_the_decoder_keeps_training_the_encoder_with_a_single_optimizer
     from training.loop import train
 
     data = str(tmp_path / "data")
-    write_recolour_dataset(
-        data, grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2, test_puzzles_per_instance=1
-    )
+    write_tiny_recolour(data)
     cfg = science_config(
         data,
         str(tmp_path / "frz"),
@@ -224,18 +222,7 @@ def test_the_model_built_is_the_arch_the_config_names(arch):
         "transformer": ["arch.num_layers=1"],
     }[arch]
     cfg = load_config("cfg_pretrain", [f"arch={arch}", *TINY_ARCH, *extra])
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=12,
-        seq_len=16,
-        num_puzzle_identifiers=3,
-        total_groups=2,
-        mean_puzzle_examples=1.0,
-        sets=["all"],
-    )
-    model = build_act_model(cfg, meta, batch_size=2)
+    model = build_act_model(cfg, tiny_metadata(), batch_size=2)
     name = cfg.arch.name
     assert type(model) is models.ARCH_REGISTRY[name].cls
     resolved = resolve_arch(cfg)  # what checkpoints store (and loads are compared against)
@@ -269,20 +256,7 @@ def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
             "arch.forward_dtype=float32",
         ],
     )
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=12,
-        seq_len=16,
-        num_puzzle_identifiers=3,
-        total_groups=2,
-        mean_puzzle_examples=1.0,
-        sets=["all"],
-        has_demos=True,
-        max_demos=3,
-    )
-    model = build_act_model(cfg, meta, batch_size=2)
+    model = build_act_model(cfg, tiny_metadata(has_demos=True, max_demos=3), batch_size=2)
     assert isinstance(model, ETRM) and model.puzzle_emb_len == 2 and model.config.L_cycles == 3
     assert type(model.encoder) is ENCODER_REGISTRY[encoder].cls
     assert (model.encoder.cfg.name, model.encoder.cfg.hidden_size, model.encoder.cfg.num_layers) == (encoder, 16, 1)
@@ -291,26 +265,11 @@ def test_the_etrm_built_has_the_encoder_the_config_names(encoder):
 # ------------------------------------------------------------------------------------------------ pitfall 19
 @pytest.fixture(scope="module")
 def arc_like(tmp_path_factory):
-    from dataset.arc_sources import load_puzzles
-    from dataset.build_arc_dataset import build_arc_dataset
-    from dataset.build_synthetic_dataset import generate_synthetic_arc
-
     root = tmp_path_factory.mktemp("arcish")
-    paths = generate_synthetic_arc(
-        str(root / "raw"), "syn", num_train=8, num_test=2, max_grid=6, seed=3, progress=False
+    built, _ = built_synthetic_arc(
+        root, num_train=8, num_test=2, num_aug=1, mode="trm", max_grid=6, seed=3, canvas=30, prefix="syn"
     )
-    out = str(root / "built")
-    build_arc_dataset(
-        out,
-        load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=1,
-        seed=0,
-        mode="trm",
-        progress=False,
-        num_workers=1,
-    )
-    return out
+    return built
 
 
 def _offset(canvas: torch.Tensor) -> tuple[int, int]:
@@ -392,17 +351,7 @@ def test_cpu_runs_in_fp32_and_cuda_defaults_to_bf16(monkeypatch):
     assert D.should_compile(None, cpu) is False
     cfg = load_config("cfg_pretrain", ["arch=trm_tiny"])
     assert cfg.arch.forward_dtype == "auto"
-    meta = DatasetMetadata(
-        pad_id=0,
-        ignore_label_id=0,
-        blank_identifier_id=0,
-        vocab_size=12,
-        seq_len=16,
-        num_puzzle_identifiers=3,
-        total_groups=2,
-        mean_puzzle_examples=1.0,
-        sets=["all"],
-    )
+    meta = tiny_metadata()
     model = build_act_model(cfg, meta, batch_size=2)
     batch = {
         "inputs": torch.randint(2, 12, (2, 16), dtype=torch.int32),

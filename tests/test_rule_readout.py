@@ -15,14 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from dataset.arc_sources import load_puzzles
-from dataset.build_arc_dataset import build_arc_dataset, read_identifiers_map
-from dataset.build_synthetic_dataset import generate_synthetic_arc
+from dataset.build_arc_dataset import read_identifiers_map
 from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, UNLABELLED, rule_label_table, rule_targets
 from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule_apply
 from encoders.probes import RuleReadout
 from experiments.science.common import ScienceError
 from experiments.science.run import _rule_readout_overrides, oracle_eval_overrides
-from tests.toy_data import built_synthetic_arc
+from tests.toy_data import TINY_ETRM, built_synthetic_arc
 from training.config import ConfigError, load_config
 
 SLOTS = list(RULE_SLOTS)
@@ -67,24 +66,11 @@ def _params_from_labels(row: np.ndarray) -> tuple[str, dict]:
 
 def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_path):
     fams = ["flip_rotate", "translate", "gravity", "colour_map", "roll"]
-    paths = generate_synthetic_arc(
-        str(tmp_path / "raw"),
-        "s",
-        families=fams,
-        num_train=16,
-        num_test=8,
-        min_grid=3,
-        max_grid=6,
-        seed=3,
-        canvas_size=10,
-        num_aug=4,
-        progress=False,
-    )
-    built = str(tmp_path / "built")
+    built, paths = built_synthetic_arc(
+        tmp_path, fams, num_train=16, num_test=8, num_aug=4, mode="etrm", max_grid=6, seed=3, canvas=10,
+        generator_aug=True,
+    )  # fmt: skip
     puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
-    build_arc_dataset(
-        built, puzzles, test_set_name="evaluation", num_aug=4, seed=0, canvas_size=10, mode="etrm", progress=False
-    )
     table = rule_label_table(built, paths["rules"])
     ids = read_identifiers_map(built)
     rules = json.load(open(paths["rules"]))
@@ -203,12 +189,7 @@ def test_config_refuses_a_readout_without_labels_and_labels_without_a_readout():
 
 
 TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
+    *TINY_ETRM,
     "log_interval=10",
     "diag_interval=10",
     "device=cpu",
@@ -221,30 +202,10 @@ TINY = [
 @pytest.fixture(scope="module")
 def tiny_synthetic(tmp_path_factory):
     d = tmp_path_factory.mktemp("rule readout")
-    paths = generate_synthetic_arc(
-        str(d / "raw"),
-        "s",
-        families=["flip_rotate", "gravity"],
-        num_train=12,
-        num_test=4,
-        min_grid=3,
-        max_grid=5,
-        seed=2,
-        canvas_size=8,
-        num_aug=2,
-        progress=False,
+    built, paths = built_synthetic_arc(
+        d, ["flip_rotate", "gravity"], num_train=12, num_test=4, num_aug=2, mode="etrm", seed=2, generator_aug=True
     )
-    build_arc_dataset(
-        str(d / "built"),
-        load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"]),
-        test_set_name="evaluation",
-        num_aug=2,
-        seed=0,
-        canvas_size=8,
-        mode="etrm",
-        progress=False,
-    )
-    return d, str(d / "built"), paths["rules"]
+    return d, built, paths["rules"]
 
 
 def test_the_readout_weight_adds_its_loss_to_the_step_loss(tiny_synthetic):
@@ -371,7 +332,7 @@ def test_science_command_with_the_readout_reports_what_the_context_names(tmp_pat
         "--rule-readout",
         "0.5",
     ]
-    res = main(["--out", str(out)] + args + [a for o in TINY[:6] for a in ("--override", o)])
+    res = main(["--out", str(out)] + args + [a for o in TINY_ETRM for a in ("--override", o)])
     run = res["runs"]["standard"]
     log = open(out / "runs" / "standard" / "train.log").read()
     assert "encoder.rule_readout=0.5" in log and "rule readout: labels of 24 training identifiers" in log

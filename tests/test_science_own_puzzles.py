@@ -17,18 +17,14 @@ from experiments.science.cli import main
 from experiments.science.common import CONTROL, ScienceError
 from experiments.science.data import id_prefix, load_groups
 from experiments.science.report import family_table, render_markdown
+from tests.toy_data import TINY_ETRM
 from training.checkpoint import read_checkpoint
 
 FAMS = ["colour_map", "flip_rotate"]
 SHORT = {"colour_map": "cmap-", "flip_rotate": "flip_"}  # ids "cmap-003", "flip_004": both separators
 STEPS = 4
 TINY = [
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "encoder.hidden_size=32",
-    "encoder.num_heads=2",
-    "encoder.num_layers=1",
-    "global_batch_size=16",
+    *TINY_ETRM,
     "checkpoint_every=2",
     "checkpoint_keep=2",
 ]  # step_2.pt stays next to the final step_4.pt

@@ -13,24 +13,8 @@ from experiments.science.probes import main
 
 
 def test_probe_puzzles_follow_their_map_and_oracle_ids_name_it(tmp_path):
-    built = main(
-        [
-            "--out",
-            str(tmp_path),
-            "--dihedral",
-            "1",
-            "4",
-            "6",
-            "--num-train",
-            "12",
-            "--num-eval",
-            "4",
-            "--sizes",
-            "2",
-            "5",
-            "--oracle",
-        ]
-    )
+    args = ["--dihedral", "1", "4", "6", "--num-train", "12", "--num-eval", "4", "--sizes", "2", "5"]
+    built = main(["--out", str(tmp_path), *args, "--oracle"])
     rules = json.load(open(tmp_path / "probe_rules.json"))
     assert set(rules.values()) <= {1, 4, 6} and len(set(rules.values())) > 1
     ch = json.load(open(tmp_path / "probe_training_challenges.json"))
@@ -38,23 +22,7 @@ def test_probe_puzzles_follow_their_map_and_oracle_ids_name_it(tmp_path):
         for pair in p["train"]:
             assert np.array_equal(dihedral_transform(np.array(pair["input"]), rules[pid]), np.array(pair["output"]))
     # the same build without --oracle: every puzzle identifier is replaced by its puzzle's map id
-    plain = main(
-        [
-            "--out",
-            str(tmp_path / "plain"),
-            "--dihedral",
-            "1",
-            "4",
-            "6",
-            "--num-train",
-            "12",
-            "--num-eval",
-            "4",
-            "--sizes",
-            "2",
-            "5",
-        ]
-    )
+    plain = main(["--out", str(tmp_path / "plain"), *args])
     names = json.load(open(os.path.join(plain, "identifiers.json")))
     for split in ("train", "test"):
         ids = np.load(os.path.join(plain, split, "all__puzzle_identifiers.npy"))

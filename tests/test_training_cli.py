@@ -9,29 +9,10 @@ import sys
 import pytest
 import torch
 
-from tests.toy_data import write_toy_dataset
+from tests.toy_data import TINY_TRM, write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "arch=trm_tiny",
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "arch.puzzle_emb_ndim=32",
-    "arch.puzzle_emb_len=1",
-    "arch.H_cycles=1",
-    "arch.L_cycles=1",
-    "arch.L_layers=1",
-    "arch.halt_max_steps=2",
-    "arch.halt_exploration_prob=0",
-    "global_batch_size=16",
-    "epochs=3",
-    "evaluators=[]",
-    "lr=1e-3",
-    "lr_warmup_steps=2",
-    "progress=false",
-    "wandb.mode=disabled",
-    "+project_name=t",
-]
+TINY = [*TINY_TRM, "arch.halt_exploration_prob=0", "epochs=3", "lr=1e-3"]
 
 
 @pytest.fixture(scope="module")

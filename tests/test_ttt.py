@@ -18,7 +18,7 @@ from evaluators.ttt import TestTimeTraining as TTTRunner
 from models.rollout import halt_max_steps
 from models.ttt import TTTSettings
 from tests.test_etrm_model import B, batch, build
-from tests.toy_data import synthetic_etrm_dataset
+from tests.toy_data import built_synthetic_arc
 
 CPU = torch.device("cpu")
 
@@ -170,7 +170,9 @@ def etrm_run(tmp_path_factory):
     from training.loop import train
 
     d = tmp_path_factory.mktemp("ttt")
-    data = synthetic_etrm_dataset(str(d), ["colour_map"], num_train=8, num_test=2, max_grid=4, canvas=6, seed=1)
+    data, _ = built_synthetic_arc(
+        d, ["colour_map"], num_train=8, num_test=2, num_aug=1, mode="etrm", max_grid=4, canvas=6, generator_aug=True
+    )
     cfg = load_config(
         "cfg_science",
         [

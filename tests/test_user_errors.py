@@ -14,41 +14,14 @@ import pytest
 import torch
 
 from core.errors import one_line, run_hydra_main
-from tests.toy_data import toy_train_config, write_toy_dataset
+from tests.toy_data import TINY_TRM, built_synthetic_arc, toy_train_config, write_toy_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY_TRM = [
-    "arch=trm_tiny",
-    "arch.hidden_size=32",
-    "arch.num_heads=2",
-    "arch.puzzle_emb_ndim=32",
-    "arch.puzzle_emb_len=1",
-    "arch.H_cycles=1",
-    "arch.L_cycles=1",
-    "arch.L_layers=1",
-    "arch.halt_max_steps=2",
-    "global_batch_size=16",
-    "epochs=1",
-    "lr_warmup_steps=2",
-    "progress=false",
-    "wandb.mode=disabled",
-    "evaluators=[]",
-    "+project_name=t",
-]
+TINY = [*TINY_TRM, "epochs=1"]
 
 
-def _synthetic_arc(root, name: str, seed: int) -> str:
-    from dataset.arc_sources import load_puzzles
-    from dataset.build_arc_dataset import build_arc_dataset
-    from dataset.build_synthetic_dataset import generate_synthetic_arc
-
-    paths = generate_synthetic_arc(
-        str(root / f"{name}_raw"), "s", num_train=4, num_test=3, max_grid=5, seed=seed, progress=False
-    )
-    puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
-    out = str(root / name)
-    build_arc_dataset(out, puzzles, test_set_name="evaluation", num_aug=2, seed=seed, num_workers=1, progress=False)
-    return out
+def _synthetic_arc(root, seed: int) -> str:
+    return built_synthetic_arc(root, num_train=4, num_test=3, num_aug=2, seed=seed, canvas=30, build_seed=seed)[0]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +31,7 @@ def world(tmp_path_factory):
     from training.loop import train
 
     root = tmp_path_factory.mktemp("usererr")
-    arc, other = _synthetic_arc(root, "arc", 0), _synthetic_arc(root, "other", 1)
+    arc, other = _synthetic_arc(root / "arc", 0), _synthetic_arc(root / "other", 1)
     toy = write_toy_dataset(str(root / "toy"), seq_len=8)
     summary = train(toy_train_config(arc, str(root / "ck"), max_steps=2, epochs=1, global_batch_size=8))
     return {"root": root, "arc": arc, "other": other, "toy": toy, "ckpt": summary["last_checkpoint"]}
@@ -119,7 +92,7 @@ def test_unknown_evaluator_is_one_line(world, monkeypatch, capsys, tmp_path):
         pretrain.main,
         [
             "pretrain.py",
-            *TINY_TRM,
+            *TINY,
             f"data_paths=[{world['toy']}]",
             "evaluators=[{name: bogus}]",
             f"checkpoint_path={tmp_path / 'ck'}",
@@ -156,7 +129,7 @@ def test_unwritable_checkpoint_dir_is_one_line(world, monkeypatch, capsys, tmp_p
         monkeypatch,
         capsys,
         pretrain.main,
-        ["pretrain.py", *TINY_TRM, f"data_paths=[{world['toy']}]", f"checkpoint_path={unwritable}"],
+        ["pretrain.py", *TINY, f"data_paths=[{world['toy']}]", f"checkpoint_path={unwritable}"],
         tmp_path,
     )
     _one_error_line(err, unwritable)

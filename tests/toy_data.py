@@ -1,6 +1,10 @@
-"""A tiny sequence task in the on-disk (TRM) dataset format, for tests and smoke runs of the training loop.
+"""The tests' tiny datasets and configs, one definition each: the toy sequence task (:func:`write_toy_dataset`,
+:func:`toy_train_config`), a built synthetic-ARC dataset (:func:`built_synthetic_arc`), a few real ARC puzzles
+built (:func:`built_arc_evaluation`), the smallest recolour benchmark (:func:`write_tiny_recolour`), metadata for a
+model built without data (:func:`tiny_metadata`) and the Hydra overrides of a tiny run (``TINY_TRM``,
+``TINY_ETRM``, ``TINY_PRETRAIN``).
 
-Task ``shift_colours``: the input is a random sequence of colour tokens (2..11) followed by EOS/PAD; the
+Toy task ``shift_colours``: the input is a random sequence of colour tokens (2..11) followed by EOS/PAD; the
 label maps every colour ``c`` to the puzzle's colour ``perm[c]`` -- a per-puzzle permutation, so the model
 must use the puzzle embedding (or learn each puzzle's map) -- and keeps EOS; PAD positions are ignored.
 It is learnable by a tiny TRM in a few hundred CPU steps. Not an ARC dataset: no ``test_puzzles.json``.
@@ -10,15 +14,66 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import numpy as np
 
-from dataset.arc_sources import load_puzzles
+from dataset.arc_sources import load_kaggle_subset, load_puzzles
 from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_synthetic_dataset import generate_synthetic_arc
 from dataset.metadata import DatasetMetadata
 from dataset.tokens import COLOR_OFFSET, EOS_ID, NUM_COLORS, PAD_ID
 from dataset.writer import atomic_output_dir, save_split
+from experiments.science.recolour import write_recolour_dataset
+
+# Hydra overrides of pretrain.py: a tiny TRM on CPU-sized data (add epochs=...) ...
+TINY_TRM = [
+    "arch=trm_tiny",
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "arch.puzzle_emb_ndim=32",
+    "arch.puzzle_emb_len=1",
+    "arch.H_cycles=1",
+    "arch.L_cycles=1",
+    "arch.L_layers=1",
+    "arch.halt_max_steps=2",
+    "global_batch_size=16",
+    "evaluators=[]",
+    "lr_warmup_steps=2",
+    "progress=false",
+    "wandb.mode=disabled",
+    "+project_name=t",
+]
+# ... a tiny ETRM (32-wide decoder and one-layer encoder, batch 16) ...
+TINY_ETRM = [
+    "arch.hidden_size=32",
+    "arch.num_heads=2",
+    "encoder.hidden_size=32",
+    "encoder.num_heads=2",
+    "encoder.num_layers=1",
+    "global_batch_size=16",
+]
+# ... and the smallest decoder as well, on CPU without evaluators, EMA, W&B or progress bars (pretrain_encoder.py)
+TINY_PRETRAIN = [
+    *TINY_ETRM,
+    "arch.expansion=2",
+    "arch.L_layers=1",
+    "arch.H_cycles=1",
+    "arch.L_cycles=1",
+    "arch.halt_max_steps=2",
+    "arch.puzzle_emb_len=2",
+    "arch.forward_dtype=float32",
+    "evaluators=[]",
+    "ema=false",
+    "lr_warmup_steps=1",
+    "device=cpu",
+    "wandb.mode=disabled",
+    "progress=false",
+]
+# the smallest recolour benchmark (experiments.science.recolour): 2x2 grids, 4 colours, canvas 4
+TINY_RECOLOUR = dict(
+    grid=2, num_colours=4, num_test_instances=2, train_puzzles_per_instance=2, test_puzzles_per_instance=1
+)
 
 
 def _split_arrays(
@@ -127,35 +182,68 @@ def toy_train_config(data_path: str, checkpoint_path: str, **overrides) -> dict:
     return cfg
 
 
-def synthetic_etrm_dataset(
-    root: str, families: list[str], *, num_train: int, num_test: int, max_grid: int, canvas: int, seed: int
-) -> str:
-    """A small built ETRM dataset (``--mode etrm``: no evaluation puzzle in train/) of synthetic rule families
-    (grids 3..``max_grid`` on a ``canvas`` x ``canvas`` canvas, one augmented copy); returns its directory."""
-    paths = generate_synthetic_arc(
-        os.path.join(root, "raw"), "s", families=families, num_train=num_train, num_test=num_test, min_grid=3,
-        max_grid=max_grid, seed=seed, canvas_size=canvas, num_aug=1, progress=False,
-    )  # fmt: skip
-    built = os.path.join(root, "built")
-    puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
-    build_arc_dataset(
-        built, puzzles, test_set_name="evaluation", num_aug=1, seed=0, canvas_size=canvas, mode="etrm", progress=False
+def write_tiny_recolour(path) -> dict:
+    """:data:`TINY_RECOLOUR` written to ``path``; returns the builder's info."""
+    return write_recolour_dataset(str(path), **TINY_RECOLOUR)
+
+
+def tiny_metadata(**fields) -> DatasetMetadata:
+    """Metadata for building a model without data: vocabulary 12, 16 positions, 2 puzzles (+ the blank id) of one
+    example each; ``fields`` replace or add fields (``has_demos=True, max_demos=3`` for an encoder)."""
+    base = dict(
+        pad_id=0,
+        ignore_label_id=0,
+        blank_identifier_id=0,
+        vocab_size=12,
+        seq_len=16,
+        num_puzzle_identifiers=3,
+        total_groups=2,
+        mean_puzzle_examples=1.0,
+        sets=["all"],
     )
-    return built
+    return DatasetMetadata(**{**base, **fields})
 
 
 def built_synthetic_arc(
-    root, families: list[str], *, num_train: int, num_test: int, num_aug: int, mode: str, max_grid: int = 5
+    root,
+    families: Optional[list[str]] = None,
+    *,
+    num_train: int,
+    num_test: int,
+    num_aug: int,
+    mode: str = "trm",
+    max_grid: Optional[int] = 5,
+    min_grid: int = 3,
+    seed: int = 1,
+    canvas: int = 8,
+    prefix: str = "s",
+    generator_aug: bool = False,
+    build_seed: int = 0,
 ) -> tuple[str, dict]:
-    """Generate synthetic ARC puzzles (grids 3..``max_grid``, canvas 8, seed 1) under ``root``/raw and build them
-    (``mode`` trm/etrm, ``num_aug`` copies, seed 0) into ``root``/built; returns (built directory, generator paths)."""
+    """Generate synthetic ARC puzzles under ``root``/raw (file prefix ``prefix``; ``families``, None for all;
+    grids ``min_grid``..``max_grid``, None for the canvas' default; a ``canvas`` x ``canvas`` canvas; ``seed``; with
+    ``generator_aug`` the generator keeps the ``num_aug`` copies of training puzzles off the held-out instances too)
+    and build them into ``root``/built (``mode`` trm/etrm, ``num_aug`` copies, ``build_seed``, the same canvas).
+    Returns (built directory, the generator's paths)."""
     paths = generate_synthetic_arc(
-        os.path.join(str(root), "raw"), "s", families=families, num_train=num_train, num_test=num_test, min_grid=3,
-        max_grid=max_grid, seed=1, canvas_size=8, progress=False,
+        os.path.join(str(root), "raw"), prefix, families=families, num_train=num_train, num_test=num_test,
+        min_grid=min_grid, max_grid=max_grid, seed=seed, canvas_size=canvas, num_aug=num_aug if generator_aug else 0,
+        progress=False,
     )  # fmt: skip
     built = os.path.join(str(root), "built")
     puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
     build_arc_dataset(
-        built, puzzles, test_set_name="evaluation", num_aug=num_aug, seed=0, canvas_size=8, mode=mode, progress=False
-    )
+        built, puzzles, test_set_name="evaluation", num_aug=num_aug, seed=build_seed, canvas_size=canvas, mode=mode,
+        num_workers=1, progress=False,
+    )  # fmt: skip
     return built, paths
+
+
+def built_arc_evaluation(arc_kaggle_dir: str, out, *, count: int, num_aug: int) -> tuple[str, list]:
+    """The first ``count`` real ARC evaluation puzzles (``arc_kaggle_dir``: the tests' Kaggle-layout copy) built
+    into ``out`` (``num_aug`` copies, seed 0, mode trm); returns (built directory, the puzzles)."""
+    puzzles = load_kaggle_subset(os.path.join(arc_kaggle_dir, "arc-agi"), "evaluation")[:count]
+    build_arc_dataset(
+        str(out), puzzles, test_set_name="evaluation", num_aug=num_aug, seed=0, num_workers=1, progress=False
+    )
+    return str(out), puzzles
