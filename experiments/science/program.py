@@ -141,20 +141,39 @@ def solve_by_lookup(demos, test_inputs, side: int) -> list:
     return outs
 
 
-def solve(demos, test_inputs, side: int, kinds: Sequence[str] = DEFAULT_KINDS) -> tuple[list, str]:
-    """(the program's test outputs, ``"view"`` or ``"lookup"``: which part answered)."""
-    outs = solve_by_views(demos, test_inputs, side, kinds)
-    return (outs, "view") if outs is not None else (solve_by_lookup(demos, test_inputs, side), "lookup")
+def solve(
+    demos, test_inputs, side: int, kinds: Sequence[str] = DEFAULT_KINDS, lookups: bool = True
+) -> tuple[list, str]:
+    """(the program's test outputs, ``"view"`` / ``"lookup"`` / ``"none"``: which part answered; with neither a
+    reproducing view nor ``lookups``, the test inputs unchanged)."""
+    outs = solve_by_views(demos, test_inputs, side, kinds) if kinds else None
+    if outs is not None:
+        return outs, "view"
+    if lookups:
+        return solve_by_lookup(demos, test_inputs, side), "lookup"
+    return [np.asarray(x).copy() for x in test_inputs], "none"
 
 
-def program_predictions(puzzles, side: int, kinds: Sequence[str] = DEFAULT_KINDS) -> dict[str, list[dict]]:
+def candidates_of(recipe: dict) -> tuple[tuple[str, ...], bool]:
+    """(view kinds, lookups on) of a run's recipe: its arch's ``views`` and ``demo_lookup`` when the arch is
+    trm_views (a drop-one-candidate run: ``--override 'arch.views=[...]'`` drops them from the program too), else
+    the class defaults."""
+    arch = recipe.get("arch") or {}
+    if arch.get("name") != "trm_views":
+        return DEFAULT_KINDS, True
+    return tuple(arch.get("views", DEFAULT_KINDS)), bool(arch.get("demo_lookup", True))
+
+
+def program_predictions(
+    puzzles, side: int, kinds: Sequence[str] = DEFAULT_KINDS, lookups: bool = True
+) -> dict[str, list[dict]]:
     """predictions.json-like rows of the program (puzzle -> per test input ``{"correct_rank": 1 or None,
     "answered_by": ...}``), from :class:`dataset.augment.ArcPuzzle` objects whose test pairs hold the truth; the
     science table scores them like a run's."""
     out = {}
     for p in puzzles:
         demos = [(np.asarray(x), np.asarray(y)) for x, y in p.train]
-        outs, part = solve(demos, [np.asarray(x) for x, _ in p.test], side, kinds)
+        outs, part = solve(demos, [np.asarray(x) for x, _ in p.test], side, kinds, lookups)
         out[p.name] = [
             {"correct_rank": 1 if o.shape == np.shape(y) and (o == np.asarray(y)).all() else None, "answered_by": part}
             for o, (_, y) in zip(outs, p.test)
@@ -162,20 +181,28 @@ def program_predictions(puzzles, side: int, kinds: Sequence[str] = DEFAULT_KINDS
     return out
 
 
-def program_scores(prefix: str, heldout: Sequence[str], fit_ids: Optional[Sequence[str]], side: int) -> dict:
-    """The program on an --out's data (``prefix``: the kaggle-layout files): ``{"heldout": predictions rows,
-    "train_fit": rows or None, "seconds": wall time, "answered_by": {"view": n, "lookup": n}}``."""
+def program_scores(
+    prefix: str, heldout: Sequence[str], fit_ids: Optional[Sequence[str]], side: int, recipe: Optional[dict] = None
+) -> dict:
+    """The program on an --out's data (``prefix``: the kaggle-layout files), with the candidates of ``recipe``
+    (:func:`candidates_of`): ``{"heldout": predictions rows, "train_fit": rows or None, "seconds": wall time,
+    "answered_by": {"view": n, "lookup": n, "none": n}, "kinds": [...], "lookups": bool}``."""
     t0 = time.time()
+    kinds, lookups = candidates_of(recipe or {})
     want = set(heldout)
-    held = program_predictions([p for p in load_kaggle_subset(prefix, "evaluation") if p.name in want], side)
+    evaluation = [p for p in load_kaggle_subset(prefix, "evaluation") if p.name in want]
+    held = program_predictions(evaluation, side, kinds, lookups)
     fit = None
     if fit_ids:
         chosen = set(fit_ids)
-        fit = program_predictions([p for p in load_kaggle_subset(prefix, "training") if p.name in chosen], side)
+        training = [p for p in load_kaggle_subset(prefix, "training") if p.name in chosen]
+        fit = program_predictions(training, side, kinds, lookups)
     parts = [r["answered_by"] for rows in held.values() for r in rows[:1]]
     return {
         "heldout": held,
         "train_fit": fit,
         "seconds": round(time.time() - t0, 1),
-        "answered_by": {k: parts.count(k) for k in ("view", "lookup")},
+        "answered_by": {k: parts.count(k) for k in ("view", "lookup", "none")},
+        "kinds": list(kinds),
+        "lookups": lookups,
     }

@@ -419,7 +419,8 @@ def run_science_command(settings: ScienceSettings) -> dict:
     scored = {n: r for n, r in runs.items() if r["status"] in ("ok", "cut_short")}
     holdout = s.holdout_families if user is None else ()
     heldout = sorted(p for p, r in data.rules.items() if r["subset"] == "evaluation")
-    program = program_scores(data.training_prefix, heldout, fit[1] if fit else None, data.settings["canvas_size"])
+    side = data.settings["canvas_size"]
+    program = program_scores(data.training_prefix, heldout, fit[1] if fit else None, side, recipes[names[0]])
     say(f"{PROGRAM}: held-out puzzles answered by a view / the lookups: {program['answered_by']}")
     tables = {
         ONE_COPY_TABLE: _table(data, scored, fit, holdout, program, key="one_copy_predictions"),
@@ -432,7 +433,7 @@ def run_science_command(settings: ScienceSettings) -> dict:
         for k in ("predictions", "train_fit_predictions", "one_copy_predictions"):
             r.pop(k, None)
     runs[PROGRAM] = {"status": "ok", "program": True, "eval_seconds": program["seconds"]}
-    runs[PROGRAM]["answered_by"] = program["answered_by"]
+    runs[PROGRAM].update({k: program[k] for k in ("answered_by", "kinds", "lookups")})
     recorded: dict[str, Any] = {
         "data": data_settings,
         "encoders": names,
