@@ -99,7 +99,9 @@ class ETRM(ACTModel):
     @property
     def extra_loss_weights(self) -> Dict[str, float]:
         """Per-sample extra loss terms in ``outputs`` and their weights (the loss head adds w * outputs[k])."""
-        w = {"kl": self.kl_weight} if self.kl_weight > 0 else {}
+        # the oracle control is told the rule: its encoder does not run, so there is no KL term
+        gives_kl = self.kl_weight > 0 and not self.encoder.capabilities.rule_oracle
+        w = {"kl": self.kl_weight} if gives_kl else {}
         if self.rule_readout_weight > 0:
             w["rule_readout"] = self.rule_readout_weight
         return w

@@ -168,6 +168,21 @@ def test_the_oracle_control_is_told_the_rule_and_reads_no_memory():
     assert enc.memory is not None and not enc.memory.mask.any()
 
 
+def test_the_oracle_control_of_a_variational_encoder_asks_for_no_kl_term():
+    """Told the rule, the encoder does not run: the loss head must not ask for its KL (it raised a KeyError)."""
+    arch = dict(build().config.model_dump(), name="trm_memory")
+    enc = {"name": "variational", "hidden_size": 24, "num_heads": 4, "grid_coords": True, "oracle_context": True}
+    model = build_etrm_model(
+        config_from_dict({"arch": arch, "encoder": enc, "global_batch_size": B, "rule_labels": "rules.json"}),
+        meta(),
+        verbose=False,
+    )
+    assert model.kl_weight > 0 and model.encoder.capabilities.rule_oracle
+    data = batch()
+    _, outputs = model(model.initial_carry(data), data)
+    assert "kl" not in outputs and set(model.extra_loss_weights) <= set(outputs)
+
+
 @pytest.mark.parametrize("name", ARCHS)
 def test_the_answer_reads_the_demo_cells_and_ignores_pad_empty_slots_and_the_rest_of_the_batch(name):
     model = build(name=name)
