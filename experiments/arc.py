@@ -41,6 +41,7 @@ from evaluators.pictures import draw_puzzle
 from experiments.science.common import (
     CONTROL,
     HELDOUT_EVAL,
+    PROGRAM,
     ScienceError,
     evaluate_checkpoint,
     hydra_quote,
@@ -174,10 +175,9 @@ def _protocol_rows(science: dict) -> dict[str, dict]:
     rows = {}
     for name, run in science["runs"].items():
         held, fit = fam["runs"].get(name), fam.get("train_runs", {}).get(name)
+        label = {CONTROL: "zero-demo control", PROGRAM: "no-weights program (trm_views' candidates)"}
         rows[name] = {
-            "protocol": "zero-demo control"
-            if name == CONTROL
-            else f"ETRM ({name} encoder), no evaluation task in training",
+            "protocol": label.get(name, f"ETRM ({name} encoder), no evaluation task in training"),
             "status": run["status"],
             "pass@1": None if held is None else held["pass@1"],
             "pass@2": None if held is None else held.get("pass@2"),

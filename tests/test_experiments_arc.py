@@ -83,7 +83,8 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
     out = tmp_path / "arc"
     res = main(_tiny_args(tmp_path, out, 2, ["checkpoint_every=2"]))
     assert res["counts"]["evaluation"]["tasks"] == 3 and res["counts"]["training"]["tasks"] == 6
-    assert set(res["protocols"]) == {"standard", "control"}
+    assert set(res["protocols"]) == {"standard", "control", "program"}  # the no-weights program beside them
+    assert res["protocols"]["program"]["protocol"].startswith("no-weights program")
     for row in res["protocols"].values():
         assert row["status"] == "ok" and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0
     # ETRM mode: no evaluation task in the training split
