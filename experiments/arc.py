@@ -119,7 +119,8 @@ def trm_command(data: str, ck: str, steps: Optional[int], seed: int, overrides: 
     recipe = load_config("cfg_science")
     cmd = [sys.executable, "pretrain.py", *TRM_OVERRIDES, f"data_paths=[{hydra_quote(data)}]"]
     cmd += [f"arch.{k}={getattr(recipe.arch, k)}" for k in _ARCH_KEYS]
-    cmd += [f"arch.puzzle_emb_ndim={recipe.arch.hidden_size}"]
+    hidden = next((o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("arch.hidden_size=")), None)
+    cmd += [f"arch.puzzle_emb_ndim={hidden or recipe.arch.hidden_size}"]  # one token of the core's width
     cmd += [f"{k}={getattr(recipe, k)}" for k in _RECIPE_KEYS if k != "max_steps" or steps is None]
     cmd += [f"max_steps={steps}"] if steps is not None else []
     cmd += [f"checkpoint_path={hydra_quote(ck)}", "resume=true", f"seed={seed}", "+run_name=arc-trm"]

@@ -103,7 +103,7 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
 @pytest.mark.slow
 def test_the_trm_protocol_trains_with_the_evaluation_demos_and_scores_their_tests(tmp_path):
     out = tmp_path / "arc"
-    args = _tiny_args(tmp_path, out, 3, ["arch.puzzle_emb_ndim=16"]) + ["--protocols", "trm"]
+    args = _tiny_args(tmp_path, out, 3, []) + ["--protocols", "trm"]  # puzzle_emb_ndim follows arch.hidden_size
     res = main(args)
     row = res["protocols"]["trm"]
     assert set(res["protocols"]) == {"trm"} and row["status"] == "ok", row

@@ -223,7 +223,8 @@ def _data_note_lines(result: dict) -> list[str]:
         return []
     return [
         "**Held-out puzzles unlike the training ones** (a rule parameter's value common in the held-out "
-        "puzzles, rare in training; the leak-free split can cause this, as it did for translate on benchmark v1: "
+        "puzzles, rare in training: on benchmark v3 by design, whole structures are held out, see the data's "
+        "synth_structures.json; on v1 the leak-free split caused it for translate: "
         "docs/record/2026-11-26-translate-wrap.md):",
         "",
         *(f"- {n}" for n in notes),
