@@ -197,6 +197,7 @@ def generate_synthetic_arc(
     num_test: int = 100,
     families: Optional[Sequence[str]] = None,
     holdout_families: Sequence[str] = (),
+    train_only_families: Sequence[str] = (),
     min_grid: int = 3,
     max_grid: Optional[int] = None,
     seed: int = 0,
@@ -218,7 +219,8 @@ def generate_synthetic_arc(
     instances. Every puzzle's demos determine its rule
     (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
-    bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set)."""
+    bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set). ``train_only_families``: families
+    drawn for training only (breadth of training rules; none of their instances is held out or evaluated)."""
     families = list(families) if families else list(ALL_FAMILIES)
     for f in list(families) + list(holdout_families):
         if f not in ALL_FAMILIES:
@@ -237,8 +239,15 @@ def generate_synthetic_arc(
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
     if num_aug < 0:
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
+    for f in train_only_families:
+        if f not in families or f in holdout_families:
+            raise DatasetError(
+                f"--train-only-families: {f!r} must be one of --families and not held out (families: {families})"
+            )
     train_fams = [f for f in families if f not in holdout_families]
-    test_fams = list(holdout_families) if holdout_families else families
+    test_fams = list(holdout_families) if holdout_families else [f for f in families if f not in train_only_families]
+    if num_test and not test_fams:
+        raise DatasetError("--train-only-families: every family is training-only; nothing left to evaluate")
     if num_train and not train_fams:
         raise DatasetError("--holdout-families: every family is held out; nothing left for training")
     if heldout_puzzles_per_instance < 1:
@@ -348,6 +357,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--num-test", type=int, default=100)
     ap.add_argument("--families", nargs="+", default=None, help=f"default: all of {list(ALL_FAMILIES)}")
     ap.add_argument("--holdout-families", nargs="+", default=[])
+    ap.add_argument(
+        "--train-only-families",
+        nargs="+",
+        default=[],
+        help="families drawn for training only, never evaluated (breadth of training rules)",
+    )
     ap.add_argument("--min-grid", type=int, default=3)
     ap.add_argument(
         "--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)"
@@ -391,6 +406,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             num_test=args.num_test,
             families=args.families,
             holdout_families=args.holdout_families,
+            train_only_families=args.train_only_families,
             min_grid=args.min_grid,
             max_grid=args.max_grid,
             seed=args.seed,

@@ -155,3 +155,28 @@ def test_structure_leaves_colours_out_for_the_covered_families():
         "colour_map", {"map": {"4": 5, "5": 6, "6": 4, "7": 7}}
     )  # one 3-cycle, a no-op entry left out
     assert rule_key("colour_map", {"map": {"1": 2, "2": 1}}) != rule_key("colour_map", {"map": {"3": 4, "4": 3}})
+
+
+def test_training_only_families_widen_training_and_are_never_evaluated(tmp_path):
+    """Breadth of training rules (issue 46): --train-only-families are drawn for training, none of their instances is
+    held out, and the science command records them only when given."""
+    from dataset.errors import DatasetError
+    from experiments.science.common import ScienceError
+    from experiments.science.settings import ScienceSettings
+
+    fams = ["colour_map", "flip_rotate", "outline"]
+    paths = generate_synthetic_arc(
+        str(tmp_path), "t", num_train=24, num_test=6, families=fams, train_only_families=["outline"],
+        canvas_size=8, seed=1, progress=False,
+    )  # fmt: skip
+    rules = json.load(open(paths["rules"]))
+    train = {m["family"] for m in rules.values() if m["subset"] == "training"}
+    held = [m["family"] for m in rules.values() if m["subset"] == "evaluation"]
+    assert train == set(fams) and sorted(set(held)) == ["colour_map", "flip_rotate"] and len(held) == 6
+    with pytest.raises(DatasetError, match="--train-only-families: 'gravity' must be one of --families"):
+        generate_synthetic_arc(str(tmp_path / "x"), families=fams, train_only_families=["gravity"], progress=False)
+    s = ScienceSettings(out="o", families=tuple(fams), train_only_families=("outline",))
+    assert s.synthetic_data(s.check()[0])["train_only_families"] == ["outline"]
+    assert "train_only_families" not in ScienceSettings(out="o").synthetic_data(fams)
+    with pytest.raises(ScienceError, match="--train-only-families"):
+        ScienceSettings(out="o", families=tuple(fams), train_only_families=("gravity",)).check()

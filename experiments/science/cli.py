@@ -119,6 +119,12 @@ def _add_data_args(ap: argparse.ArgumentParser) -> None:
         help="families never seen in training",
     )
     ap.add_argument(
+        "--train-only-families",
+        nargs="+",
+        default=list(default("train_only_families")),
+        help="families in training only, never evaluated (breadth of training rules)",
+    )
+    ap.add_argument(
         "--steps", type=int, default=default("steps"), help="training steps (default: max_steps of the config)"
     )
     ap.add_argument(

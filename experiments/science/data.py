@@ -149,6 +149,8 @@ def _synthetic_command(settings: dict, raw: str, built: str) -> list[str]:
     ]
     if settings["holdout_families"]:
         cmd += ["--holdout-families", *settings["holdout_families"]]
+    if settings.get("train_only_families"):
+        cmd += ["--train-only-families", *settings["train_only_families"]]
     return cmd + [
         "--build-dir",
         built,

@@ -32,7 +32,15 @@ SYNTHETIC_DEFAULTS = {"canvas_size": 8, "min_grid": 3, "num_train": 1600, "num_t
 FILES_NUM_AUG = 0
 TRAIN_FIT_PUZZLES = 160  # training puzzles the train-fit evaluation samples
 # options of the synthetic families that do not apply to your own files (--input-file-prefix)
-_SYNTHETIC_ONLY = ("families", "holdout_families", "max_grid", "min_grid", "num_train", "num_test")
+_SYNTHETIC_ONLY = (
+    "families",
+    "holdout_families",
+    "train_only_families",
+    "max_grid",
+    "min_grid",
+    "num_train",
+    "num_test",
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class ScienceSettings:
     encoders: tuple[str, ...] = ("standard", CONTROL)  # runs (ENCODERS, CONTROL, or "all")
     families: Optional[tuple[str, ...]] = None  # rule families (None: all 16, covered and open)
     holdout_families: tuple[str, ...] = ()  # families never seen in training
+    train_only_families: tuple[str, ...] = ()  # families seen in training only, never evaluated
     steps: Optional[int] = None  # training steps (None: max_steps of the config)
     canvas_size: Optional[int] = None
     max_grid: Optional[int] = None
@@ -74,7 +83,7 @@ class ScienceSettings:
     halting_step: bool = False
 
     def __post_init__(self) -> None:  # sequences as tuples (lists from argparse or a caller)
-        for f in ("encoders", "families", "holdout_families", "overrides", "eval_overrides"):
+        for f in ("encoders", "families", "holdout_families", "train_only_families", "overrides", "eval_overrides"):
             value = getattr(self, f)
             if value is not None and not isinstance(value, tuple):
                 if isinstance(value, str):
@@ -103,6 +112,9 @@ class ScienceSettings:
         for f in self.holdout_families:
             if f not in fams:
                 fams.append(f)
+        for f in self.train_only_families:
+            if f not in fams or f in self.holdout_families:
+                raise ScienceError(f"--train-only-families: {f!r} must be one of --families and not held out")
         names = list(ENCODERS) + [CONTROL] if "all" in self.encoders else list(dict.fromkeys(self.encoders))
         if self.steps is not None and self.steps <= 0:
             raise ScienceError(f"--steps must be > 0, got {self.steps}")
@@ -134,6 +146,8 @@ class ScienceSettings:
         return {
             "families": families,
             "holdout_families": list(self.holdout_families),
+            # recorded only when given (data of earlier commands, without it, stays the same data)
+            **({"train_only_families": list(self.train_only_families)} if self.train_only_families else {}),
             "canvas_size": canvas_size,
             "min_grid": d["min_grid"] if self.min_grid is None else self.min_grid,
             "max_grid": default_max_grid(canvas_size) if self.max_grid is None else self.max_grid,
