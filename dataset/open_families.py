@@ -477,8 +477,10 @@ def open_rivals(family: str, params: dict) -> list[dict]:
     if family == "crop_object":
         out += [{"criterion": c} for c in CROP_CRITERIA if c != "colour" and c != p["criterion"]]
         out += [{"criterion": "colour", "colour": c} for c in range(1, 10) if p.get("colour") != c]
-    if family == "keep_extreme":
-        out.append(dict(p, which="smallest" if p["which"] == "largest" else "largest"))
-    if family == "count_to_bar":
+    if family == "keep_extreme":  # with two objects, keeping the largest is removing the smallest
+        other = "smallest" if p["which"] == "largest" else "largest"
+        out += [dict(p, which=other), dict(p, which=other, keep=not p["keep"])]
+    if family == "count_to_bar":  # a count of 1 is a 1 x 1 bar, a row and a column
         out.append(dict(p, unit="cells" if p["unit"] == "objects" else "objects"))
+        out.append(dict(p, orientation="column" if p["orientation"] == "row" else "row"))
     return out

@@ -84,7 +84,8 @@ def _recolour(g: Grid, rc: Optional[list[int]]) -> Grid:
 
 
 # Parameters that shape only the random *inputs* of an instance, not its input -> output mapping.
-INPUT_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"fill_enclosed": ("noise",)}
+# (extend_lines' block colour: a ray stops at any non-background cell, the block colour only draws the inputs)
+INPUT_ONLY_PARAMS: dict[str, tuple[str, ...]] = {"fill_enclosed": ("noise",), "extend_lines": ("block",)}
 
 
 def rule_key(family: str, params: dict) -> str:

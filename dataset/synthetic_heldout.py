@@ -148,8 +148,8 @@ class TrainedInstances:
 
     def eval_copies(self, name: str, family: str, params: dict, demo: list, test: list):
         """The evaluation puzzle's copies (identity first): candidate copies whose instance is not a held-out one --
-        a structure that is not held out (a gravity held out as down-with-wall seen turned to the left), or a key
-        training shows -- are refused and the next candidate drawn."""
+        a structure that is not held out (a gravity held out as down-with-wall seen turned to the left), a key
+        training shows, or pairs a trained instance of any family produces -- are refused and the next drawn."""
 
         def accept(d: int, lut: np.ndarray) -> bool:
             p = conjugate_params(family, params, d, lut)
@@ -158,6 +158,10 @@ class TrainedInstances:
                 return False
             if rule_key(family, p) in self.keys:
                 self.counts[f"{family}: evaluation copies refused (a trained instance)"] += 1
+                return False
+            aug = Augmentation(d, tuple(int(c) for c in lut))
+            if self.realised_by([(aug.apply(x), aug.apply(y)) for x, y in demo + test]) is not None:
+                self.counts[f"{family}: evaluation copies refused (a trained instance produces them)"] += 1
                 return False
             return True
 

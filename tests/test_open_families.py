@@ -176,3 +176,22 @@ def test_open_conjugate_params_is_the_augmented_mapping(family):
     assert checked >= 100
     if family not in ("crop_object", "keep_extreme", "outline"):  # their structure has no direction or axis
         assert moved > 0
+
+
+def test_demos_that_a_twin_structure_explains_do_not_determine_the_rule():
+    """Found in review: with two objects, keeping the largest is removing the smallest; a count of 1 is a 1 x 1 bar,
+    a row and a column; extend_lines' block colour draws the inputs only (not part of the key)."""
+    from dataset.rule_grids import rule_key
+    from dataset.rule_identity import demos_determine_rule
+
+    keep = {"which": "largest", "keep": True}
+    two = [A([[1, 1, 0], [1, 1, 0], [0, 0, 2]]), A([[3, 3, 3], [0, 0, 0], [0, 4, 0]])]
+    demos = [(x, open_rule_apply("keep_extreme", keep)(x)) for x in two]
+    assert not demos_determine_rule("keep_extreme", keep, demos)
+    three = two + [A([[1, 1, 0], [0, 0, 0], [2, 0, 3]])]
+    assert demos_determine_rule("keep_extreme", keep, [(x, open_rule_apply("keep_extreme", keep)(x)) for x in three])
+    bar = {"colour": 4, "orientation": "row", "unit": "objects"}
+    ones = [(x, open_rule_apply("count_to_bar", bar)(x)) for x in (A([[4, 0], [0, 1]]), A([[0, 4, 4], [1, 0, 0]]))]
+    assert all(y.shape == (1, 1) for _, y in ones) and not demos_determine_rule("count_to_bar", bar, ones)
+    rays = {"direction": "up", "mark": 3, "line": 5, "stop": True}
+    assert rule_key("extend_lines", dict(rays, block=7)) == rule_key("extend_lines", dict(rays, block=8))

@@ -96,11 +96,11 @@ def solve_by_views(demos, test_inputs, side: int, kinds: Sequence[str] = DEFAULT
             table = _table(pairs)
             if table is None:
                 continue
+            if any(max(_extent(kind, i, *x.shape)) > side for x in test_inputs):
+                continue  # this view's answer would not fit the canvas: the next one
             outs = []
             for t, x in enumerate(test_inputs):
                 h, w = _extent(kind, i, *x.shape)
-                if max(h, w) > side:
-                    return None
                 vc = colours[D + t, v][:h, :w]
                 lut = np.array([table.get(c, max(c, 0)) for c in range(-1, 10)], dtype=np.uint8)
                 outs.append(lut[vc + 1])
