@@ -135,13 +135,13 @@ def dihedral_sources(tokens: torch.Tensor, side: int) -> torch.Tensor:
     return torch.where(inside & (src < L), src, -1)
 
 
-# the shifts of the shift views (translate: unwrapped, roll: wrapped): every (dr, dc) with |dr|, |dc| <= 3 but (0, 0)
-# (dataset.synthetic_rules.MAX_SHIFT)
+# the shifts of the shift views (unwrapped and wrapped): every (dr, dc) with |dr|, |dc| <= 3 but (0, 0). These views
+# are candidates written to the covered benchmark families' ranges (docs/science.md; the report's program row)
 VIEW_SHIFTS: tuple[tuple[int, int], ...] = tuple(
     (dr, dc) for dr in range(-3, 4) for dc in range(-3, 4) if (dr, dc) != (0, 0)
 )
 # the (rows, columns) factors of the scale views (each cell a ky x kx block) and of the tile views (the grid repeated
-# ry x rx times, plain or with every other tile mirrored): 1..3 each, not both 1 (dataset.synthetic_rules's ranges)
+# ry x rx times, plain or with every other tile mirrored): 1..3 each, not both 1 (candidates, as above)
 VIEW_FACTORS: tuple[tuple[int, int], ...] = tuple((a, b) for a in range(1, 4) for b in range(1, 4) if (a, b) != (1, 1))
 # the kinds of grid views (view_sources) and how many views each has
 VIEW_KINDS = {
@@ -152,7 +152,7 @@ VIEW_KINDS = {
     "tile": 2 * len(VIEW_FACTORS),
     "settle": 4 * 10,
 }
-# settle views: the directions (each made "down" by this many np.rot90 turns: dataset.synthetic_rules's gravity) and
+# settle views (candidates, as above): the directions (each made "down" by this many np.rot90 turns) and
 # the wall candidates (none, then colours 1..9); view (d, w) is index d * 10 + w
 SETTLE_DIRECTIONS = ("down", "left", "up", "right")
 
@@ -373,7 +373,7 @@ def _settle_down(g: torch.Tensor, wall: torch.Tensor, first_colour: int) -> torc
 def settle_sources(tokens: torch.Tensor, side: int, first_colour: int = 2) -> torch.Tensor:
     """[n, 40, L] long: the settle views of flattened canvases ``tokens`` [n, side * side] (view d * 10 + w: direction
     :data:`SETTLE_DIRECTIONS` [d], wall colour w, none for w = 0). Cell sources as :func:`_settle_down` after turning
-    the canvas so that the direction is down (``dataset.synthetic_rules`` gravity, tested against it); -1 where no
+    the canvas so that the direction is down (tested against the benchmark's gravity family); -1 where no
     cell lands (the background). Unlike the other views it depends on the colours."""
     n, L = tokens.shape
     g = tokens.long().view(n, side, side)

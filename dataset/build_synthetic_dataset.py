@@ -195,6 +195,50 @@ def default_max_grid(canvas_size: int) -> int:
     return max(1, min(10, canvas_size - 2))
 
 
+def _family_split(
+    families: Optional[Sequence[str]],
+    holdout_families: Sequence[str],
+    train_only_families: Sequence[str],
+    num_train: int,
+    num_test: int,
+) -> tuple[list[str], list[str], list[str]]:
+    """(every family, the training families, the evaluation families) of the builder's options, checked."""
+    families = list(families) if families else list(ALL_FAMILIES)
+    for f in list(families) + list(holdout_families):
+        if f not in ALL_FAMILIES:
+            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(ALL_FAMILIES)})")
+    for f in train_only_families:
+        if f not in families or f in holdout_families:
+            raise DatasetError(
+                f"--train-only-families: {f!r} must be one of --families and not held out (families: {families})"
+            )
+    train_fams = [f for f in families if f not in holdout_families]
+    test_fams = list(holdout_families) if holdout_families else [f for f in families if f not in train_only_families]
+    if num_test and not test_fams:
+        raise DatasetError("--train-only-families: every family is training-only; nothing left to evaluate")
+    if num_train and not train_fams:
+        raise DatasetError("--holdout-families: every family is held out; nothing left for training")
+    return families, train_fams, test_fams
+
+
+def _grid_spec(families: list[str], min_grid: int, max_grid: Optional[int], canvas_size: int) -> GridSpec:
+    """The input sizes of the builder's options (``max_grid`` None: :func:`default_max_grid`), checked."""
+    if not 1 <= canvas_size <= ARC_MAX_GRID:
+        raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
+    if max_grid is None:
+        max_grid = default_max_grid(canvas_size)
+    if not 1 <= min_grid <= max_grid <= canvas_size:
+        raise DatasetError(
+            f"--min-grid/--max-grid: need 1 <= min-grid ({min_grid}) <= max-grid ({max_grid}) <= "
+            f"--canvas-size ({canvas_size})"
+        )
+    spec = GridSpec(min_grid, max_grid)
+    shifting = sorted(set(families) & set(SHIFT_FAMILIES))
+    if shifting and not shift_cells(spec):
+        raise DatasetError(f"--families {' '.join(shifting)}: a shift needs grids of side >= 2 (--max-grid {max_grid})")
+    return spec
+
+
 def generate_synthetic_arc(
     out_dir: str,
     prefix: str = "synth",
@@ -227,41 +271,17 @@ def generate_synthetic_arc(
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set). ``train_only_families``: families
     drawn for training only (breadth of training rules; none of their instances is held out or evaluated)."""
-    families = list(families) if families else list(ALL_FAMILIES)
-    for f in list(families) + list(holdout_families):
-        if f not in ALL_FAMILIES:
-            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(ALL_FAMILIES)})")
-    if not 1 <= canvas_size <= ARC_MAX_GRID:
-        raise DatasetError(f"--canvas-size must be in 1..{ARC_MAX_GRID}, got {canvas_size}")
-    if max_grid is None:
-        max_grid = default_max_grid(canvas_size)
-    if not 1 <= min_grid <= max_grid <= canvas_size:
-        raise DatasetError(
-            f"--min-grid/--max-grid: need 1 <= min-grid ({min_grid}) <= max-grid ({max_grid}) <= "
-            f"--canvas-size ({canvas_size})"
-        )
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
     if num_aug < 0:
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
-    for f in train_only_families:
-        if f not in families or f in holdout_families:
-            raise DatasetError(
-                f"--train-only-families: {f!r} must be one of --families and not held out (families: {families})"
-            )
-    train_fams = [f for f in families if f not in holdout_families]
-    test_fams = list(holdout_families) if holdout_families else [f for f in families if f not in train_only_families]
-    if num_test and not test_fams:
-        raise DatasetError("--train-only-families: every family is training-only; nothing left to evaluate")
-    if num_train and not train_fams:
-        raise DatasetError("--holdout-families: every family is held out; nothing left for training")
     if heldout_puzzles_per_instance < 1:
         raise DatasetError(f"--heldout-puzzles-per-instance must be >= 1, got {heldout_puzzles_per_instance}")
-    spec = GridSpec(min_grid, max_grid)
-    shifting = sorted(set(families) & set(SHIFT_FAMILIES))
-    if shifting and not shift_cells(spec):
-        raise DatasetError(f"--families {' '.join(shifting)}: a shift needs grids of side >= 2 (--max-grid {max_grid})")
+    families, train_fams, test_fams = _family_split(
+        families, holdout_families, train_only_families, num_train, num_test
+    )
+    spec = _grid_spec(families, min_grid, max_grid, canvas_size)
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
     held, held_structures = _reserve_heldout(rng, counts, spec, heldout_puzzles_per_instance, canvas_size)
