@@ -310,17 +310,7 @@ def train_and_evaluate(
     if failed is not None:
         return dict(rec, **failed)
     rec.update(scores, status="ok" if t["outcome"] == "finished" else "cut_short")
-    one_copy = [o for o in eval_overrides if not o.replace(" ", "").startswith("num_augmentations=")]
-    one, failed = evaluate_checkpoint(  # each held-out puzzle as drawn: the headline (no vote)
-        name, run_dir, data.built, ONE_COPY_EVAL, heldout, step, one_copy + ["num_augmentations=1"], "one copy"
-    )
-    if failed is not None:  # the voted numbers stand
-        rec["one_copy_failed"] = failed["message"]
-    else:
-        rec.update(
-            one_copy_predictions=os.path.join(run_dir, ONE_COPY_EVAL, "predictions.json"),
-            one_copy_metrics={k: one["metrics"][k] for k in _METRIC_KEYS if k in one["metrics"]},
-        )
+    rec.update(_one_copy(name, run_dir, data, heldout, step, eval_overrides))
     if settings.halting_step or halts_early(rec, eval_overrides):  # also where each sample's Q head halts
         scores, failed = _evaluate(
             name,
@@ -340,6 +330,21 @@ def train_and_evaluate(
     if enc.get("rule_readout", 0) > 0 and not enc.get("oracle_context"):  # what the context names
         _add_rule_readout(rec, name, run_dir, data, synthetic_rules_path(out))
     return rec
+
+
+def _one_copy(name: str, run_dir: str, data: ScienceData, heldout: list[str], step: int, overrides: list) -> dict:
+    """Each held-out puzzle as drawn, one copy, no vote (the headline): the record's one_copy_predictions and
+    one_copy_metrics, or one_copy_failed (the voted numbers stand)."""
+    one_copy = [o for o in overrides if not o.replace(" ", "").startswith("num_augmentations=")]
+    one, failed = evaluate_checkpoint(
+        name, run_dir, data.built, ONE_COPY_EVAL, heldout, step, one_copy + ["num_augmentations=1"], "one copy"
+    )
+    if failed is not None:
+        return {"one_copy_failed": failed["message"]}
+    return {
+        "one_copy_predictions": os.path.join(run_dir, ONE_COPY_EVAL, "predictions.json"),
+        "one_copy_metrics": {k: one["metrics"][k] for k in _METRIC_KEYS if k in one["metrics"]},
+    }
 
 
 def _add_rule_readout(rec: dict, name: str, run_dir: str, data: ScienceData, rules: str) -> None:
