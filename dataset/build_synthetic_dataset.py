@@ -371,7 +371,7 @@ def _write_outputs(
     return paths
 
 
-def main(argv: Optional[Sequence[str]] = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m dataset.build_synthetic_dataset",
         description=__doc__,
@@ -422,7 +422,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--num-workers", type=int, default=1, help="for --build-dir")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar (without it: only on a terminal)")
     add_max_puzzles_argument(ap, "at most N training and N evaluation puzzles (caps --num-train and --num-test)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with user_errors(code=2):  # bad input: one line, exit 2 (core.errors)
         paths = generate_synthetic_arc(
