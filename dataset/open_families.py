@@ -132,14 +132,14 @@ def mirror_complete(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
     def make(r):
         h, w = spec.size(r)
         h, w = max(h, 4), max(w, 4)
-        if params["axis"] in ("horizontal", "both"):
+        if params["axis"] == "horizontal":
             h -= h % 2
-        if params["axis"] in ("vertical", "both"):
+        else:
             w -= w % 2
         q = r.choice(np.array([0] + cols[1:], dtype=np.uint8), size=(h, w))
         full = _symmetric(q, params["axis"])
         # the mask: a rectangle inside one half, so its mirror image keeps the truth
-        hh, hw = (h // 2 if params["axis"] != "vertical" else h), (w // 2 if params["axis"] != "horizontal" else w)
+        hh, hw = (h // 2, w) if params["axis"] == "horizontal" else (h, w // 2)
         mh, mw = int(r.integers(1, max(2, hh // 2 + 1))), int(r.integers(1, max(2, hw // 2 + 1)))
         y, x = int(r.integers(0, hh - mh + 1)), int(r.integers(0, hw - mw + 1))
         g = full.copy()
@@ -152,9 +152,9 @@ def mirror_complete(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
 def _symmetric(q: Grid, axis: str) -> Grid:
     g = q.copy()
     h, w = g.shape
-    if axis in ("vertical", "both"):
+    if axis == "vertical":
         g[:, w // 2 :] = g[:, : w // 2][:, ::-1]
-    if axis in ("horizontal", "both"):
+    else:
         g[h // 2 :, :] = g[: h // 2, :][::-1, :]
     return g
 
@@ -162,18 +162,11 @@ def _symmetric(q: Grid, axis: str) -> Grid:
 def _mirror_complete_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
     def apply(g):
         out, masked = g.copy(), g == p["mask"]
-        images = []
-        if p["axis"] in ("vertical", "both"):
-            images.append(g[:, ::-1])
-        if p["axis"] in ("horizontal", "both"):
-            images.append(g[::-1, :])
-        if p["axis"] == "both":
-            images.append(g[::-1, ::-1])
+        img = g[:, ::-1] if p["axis"] == "vertical" else g[::-1, :]  # the mirror image
         hidden = masked.copy()
-        for img in images:
-            take = masked & (img != p["mask"])
-            out[take] = img[take]
-            masked &= ~take
+        take = masked & (img != p["mask"])
+        out[take] = img[take]
+        masked &= ~take
         if masked.any():
             return None  # every masked cell must be recoverable from a mirror image
         if p.get("output", "full") == "patch":  # only what was hidden: the masked cells' bounding box
@@ -282,7 +275,7 @@ def connect_pairs(rng: np.random.Generator, spec: GridSpec) -> RuleInstance:
         h, w = spec.size(r)
         g = np.zeros((max(h, 3), max(w, 3)), dtype=np.uint8)
         for c in ends[: int(r.integers(1, 4))]:
-            along_rows = params["orientation"] == "rows" or (params["orientation"] == "both" and r.random() < 0.5)
+            along_rows = params["orientation"] == "rows"
             n, m = (g.shape[0], g.shape[1]) if along_rows else (g.shape[1], g.shape[0])
             line, (a, b) = int(r.integers(n)), sorted(r.choice(m, size=2, replace=False))
             cells = [(line, a), (line, b)] if along_rows else [(a, line), (b, line)]
@@ -303,9 +296,9 @@ def _connect_pairs_apply(p: dict) -> Callable[[Grid], Optional[Grid]]:
             if len(ys) != 2:
                 return None  # every colour marks exactly one pair
             fill = c if p["segment"] is None else p["segment"]
-            if ys[0] == ys[1] and p["orientation"] in ("rows", "both"):
+            if ys[0] == ys[1] and p["orientation"] == "rows":
                 span = (ys[0], slice(min(xs) + 1, max(xs)))
-            elif xs[0] == xs[1] and p["orientation"] in ("columns", "both"):
+            elif xs[0] == xs[1] and p["orientation"] == "columns":
                 span = (slice(min(ys) + 1, max(ys)), xs[0])
             else:
                 return None
