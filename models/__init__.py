@@ -26,7 +26,7 @@ from models.registry import (
 )
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, TRMConfig
-from models.variants.trm_views import GridTRM, TRMGridConfig, TRMMemoryConfig, TRMViewsConfig
+from models.variants.trm_views import GridTRM, TRMGridConfig, TRMLocalConfig, TRMMemoryConfig, TRMViewsConfig
 
 for _name in ARCH_REGISTRY:
     ConfigStore.instance().store(group="arch/defaults", name=_name, node=hydra_defaults(_name))
@@ -48,6 +48,7 @@ __all__ = [
     "GridTRM",
     "TRMGridConfig",
     "TRMMemoryConfig",
+    "TRMLocalConfig",
     "TRMViewsConfig",
     "HRM",
     "HRMConfig",

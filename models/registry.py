@@ -26,7 +26,7 @@ from models.legacy import upgrade_arch
 from models.losses import ACTLossHead
 from models.transformer import TransformerBaseline, TransformerConfig
 from models.trm import TRM, TRMConfig
-from models.variants.trm_views import GridTRM, TRMGridConfig, TRMMemoryConfig, TRMViewsConfig
+from models.variants.trm_views import GridTRM, TRMGridConfig, TRMLocalConfig, TRMMemoryConfig, TRMViewsConfig
 
 
 class ArchConfigError(PlatformError, ValueError):
@@ -42,6 +42,7 @@ ARCH_REGISTRY.register("transformer", config=TransformerConfig)(TransformerBasel
 # the grid core (models/variants/trm_views.py): one model, its components switched on by the config class
 ARCH_REGISTRY.register("trm_grid", config=TRMGridConfig)(GridTRM)
 ARCH_REGISTRY.register("trm_memory", config=TRMMemoryConfig)(GridTRM)
+ARCH_REGISTRY.register("trm_local", config=TRMLocalConfig)(GridTRM)
 ARCH_REGISTRY.register("trm_views", config=TRMViewsConfig)(GridTRM)
 
 

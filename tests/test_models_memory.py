@@ -25,7 +25,7 @@ S = SIDE * SIDE
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-ARCHS = ("trm_memory", "trm_views")
+ARCHS = ("trm_memory", "trm_local", "trm_views")
 
 
 def build(seed=0, enc_hidden=24, name="trm_memory", encoder="standard", **arch_kw) -> ETRM:

@@ -51,8 +51,9 @@ def test_every_registered_architecture_has_a_tiny_config_here_or_in_test_models_
 
     assert set(ARCH_REGISTRY) == set(TINY) | set(VARIANTS) | {
         "trm_memory",
+        "trm_local",
         "trm_views",
-    }  # ETRM-only: tests/test_models_memory.py, tests/test_models_views.py
+    }  # ETRM-only: tests/test_models_memory.py (+ test_models_local.py), tests/test_models_views.py
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -10,6 +10,9 @@ One model class (:class:`GridTRM`), three arch names, each a config that switche
 ``trm_memory``    + the demo memory: every cell cross-attends to the encoder's per-cell demo states
                   (:class:`~models.variants.views_parts.MemoryRead`, ``inner.memory_read``), beside the pooled
                   context slots; ETRM only, with an encoder that gives the memory (``gives_memory``)
+``trm_local``     + generic grid layers in every latent update: each cell's 3 x 3 neighbourhood and the running max
+                  along the four directions of its row and column (:class:`~models.variants.views_parts.GridOps`,
+                  ``inner.grid_ops``); no operator written to a rule family
 ``trm_views``     + the test input's grid views (:class:`~models.variants.views_parts.InputViews`, ``inner.views``):
                   every cell also holds, for every view v of ``views`` (``core.ops.view_sources``: dihedral maps,
                   shifts, rolls, scalings, tilings, settles), an embedding of the input colour v sends to it, mixed by
@@ -45,7 +48,7 @@ from torch import nn
 
 from encoders.interface import DemoMemory
 from models.trm import TRM, TRMConfig, TRMInner
-from models.variants.views_parts import CellFeatures, DemoLookup, GridCoordEmbedding, InputViews, MemoryRead
+from models.variants.views_parts import CellFeatures, DemoLookup, GridCoordEmbedding, GridOps, InputViews, MemoryRead
 
 ViewKind = Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]
 
@@ -76,6 +79,16 @@ class TRMMemoryConfig(MemoryFields, TRMGridConfig):
     """``trm_grid``'s fields plus the memory's (:class:`MemoryFields`)."""
 
     name: Literal["trm_memory"] = "trm_memory"  # type: ignore[assignment]
+
+
+class TRMLocalConfig(TRMMemoryConfig):
+    """``trm_memory``'s fields plus generic grid layers (:class:`~models.variants.views_parts.GridOps`) in every
+    latent update: no operator written to a rule family."""
+
+    name: Literal["trm_local"] = "trm_local"  # type: ignore[assignment]
+    # neighbours: each cell's 3 x 3 neighbourhood; rays: the running max along each of the four directions
+    grid_ops: List[Literal["neighbours", "rays"]] = Field(["neighbours", "rays"], min_length=1)
+    grid_ops_width: int = Field(16, gt=0)  # channels per neighbour / per direction
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -120,6 +133,7 @@ class GridTRMInner(TRMInner):
         self.views: Optional[InputViews] = None
         self.demo_lookup: Optional[nn.ModuleList] = None
         self.cell_features: Optional[CellFeatures] = None
+        self.grid_ops: Optional[GridOps] = None
         std, dtype = self.embed_init_std, self.forward_dtype
         if self.reads_memory:
             if config.memory_width is None:
@@ -159,6 +173,10 @@ class GridTRMInner(TRMInner):
                 )
             if config.cell_features:
                 self.cell_features = CellFeatures(side, config.hidden_size, config.cell_features, std, dtype)
+        if isinstance(config, TRMLocalConfig):
+            self.grid_ops = GridOps(
+                side, config.hidden_size, config.grid_ops, config.grid_ops_width, self.puzzle_emb_len
+            )
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
@@ -202,7 +220,10 @@ class GridTRMInner(TRMInner):
         if where == "cycle":
             inj = inj + read(inj)
         for _ in range(self.config.L_cycles):
-            z_L = self.L_level(z_L, inj + read(z_L + inj) if where == "step" else inj, cos_sin)
+            step = inj + read(z_L + inj) if where == "step" else inj
+            if self.grid_ops is not None:  # trm_local: the grid layers of the state this update reads
+                step = step + self.grid_ops(z_L + step)
+            z_L = self.L_level(z_L, step, cos_sin)
         z_H = self.L_level(z_H, z_L, cos_sin)
         return z_H, z_L
 

@@ -287,3 +287,56 @@ class DemoLookup(nn.Module):
         share = torch.cat((counts / total.clamp_min(1.0), (total == 0).float()), -1)  # [b, S, vocab + 1]
         w = self.embed.embedding_weight.to(self.embed.cast_to)
         return (share.to(w.dtype) @ w) * (inputs >= FIRST_COLOUR)[..., None]
+
+
+class GridOps(nn.Module):
+    """Generic grid layers over the canvas cells, written to no rule family (``arch=trm_local``): per cell, a
+    projection of its 3 x 3 neighbourhood (``neighbours``: the 9 cells around and at it, zero beyond the canvas)
+    and the running maximum of a projection along each of the four directions of its row and column (``rays``:
+    the max over the cells from the canvas edge up to and including it, left, right, top and bottom), mixed back to
+    the hidden width. ``forward(h [b, P + side*side, hidden]) -> [b, P + side*side, hidden]``, zero on the P prefix
+    positions."""
+
+    def __init__(self, side: int, hidden: int, ops, width: int, prefix: int) -> None:
+        super().__init__()
+        self.side, self.ops, self.width, self.prefix = side, tuple(ops), width, prefix
+        n_in = {"neighbours": 1, "rays": 4}
+        n_out = {"neighbours": 9, "rays": 4}
+        self.in_proj = CastedLinear(hidden, width * sum(n_in[o] for o in self.ops))
+        self.out_proj = CastedLinear(width * sum(n_out[o] for o in self.ops), hidden)
+
+    @staticmethod
+    def neighbourhood(a: torch.Tensor) -> torch.Tensor:
+        """[b, side, side, w] -> [b, side, side, 9 w]: the 3 x 3 neighbourhood of every cell (zero-padded)."""
+        s = a.shape[1]
+        p = F.pad(a, (0, 0, 1, 1, 1, 1))
+        return torch.cat([p[:, dy : dy + s, dx : dx + s] for dy in range(3) for dx in range(3)], dim=-1)
+
+    @staticmethod
+    def rays(a: torch.Tensor) -> torch.Tensor:
+        """[b, side, side, 4 w] -> [b, side, side, 4 w]: chunk k's running max along direction k (from the left, the
+        right, the top, the bottom edge up to the cell)."""
+        left, right, top, bottom = a.chunk(4, dim=-1)
+        return torch.cat(
+            (
+                left.cummax(dim=2).values,
+                right.flip(2).cummax(dim=2).values.flip(2),
+                top.cummax(dim=1).values,
+                bottom.flip(1).cummax(dim=1).values.flip(1),
+            ),
+            dim=-1,
+        )
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        b, P, s, w = h.shape[0], self.prefix, self.side, self.width
+        a = self.in_proj(h[:, P:]).view(b, s, s, -1)
+        parts, at = [], 0
+        for op in self.ops:
+            if op == "neighbours":
+                parts.append(self.neighbourhood(a[..., at : at + w]))
+                at += w
+            else:
+                parts.append(self.rays(a[..., at : at + 4 * w]))
+                at += 4 * w
+        out = self.out_proj(torch.cat(parts, dim=-1)).view(b, s * s, -1)
+        return F.pad(out, (0, 0, P, 0))
