@@ -26,6 +26,7 @@ import torch
 
 import models
 from benchmarks.arc_arch import arc_arch
+from core.nn import compile_module
 from dataset.augment import Augmentation
 from dataset.tokens import IGNORE_LABEL_ID
 from evaluators import ARCEvaluator
@@ -144,7 +145,7 @@ def measure_eval_throughput(
         arch, vocab_size=12, seq_len=seq_len, num_puzzle_identifiers=num_ids, batch_size=batch_size
     )
     head = models.build_loss_head(model).to(dev).eval()
-    run_model = torch.compile(head) if compile else head
+    run_model = compile_module(head) if compile else head
     batches = _synthetic_batches(num_batches + 1, batch_size, seq_len, num_ids)
 
     def timed(bs):

@@ -36,6 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import models
 from benchmarks import eval_throughput, trainer_step
 from benchmarks.arc_arch import arc_arch
+from core.nn import compile_module
 from models.layers import swiglu_intermediate_size
 from training import distributed as D
 from training.build import build_loss_head, build_optimizers
@@ -70,7 +71,7 @@ def build(batch_size: int, device: torch.device, compiled: bool, arch: Optional[
     head = build_loss_head(model, None).to(device)
     opts = build_optimizers(cfg, model, world_size=1)
     params = [p for p in model.parameters() if p.requires_grad]
-    fwd = torch.compile(head, dynamic=False) if compiled else head
+    fwd = compile_module(head, dynamic=False) if compiled else head
     state = {"carry": None}
 
     def step(batch):

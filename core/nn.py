@@ -20,6 +20,7 @@ SwiGLU names  ``gate_up_proj`` / ``down_proj``                 ``gate_up`` / ``d
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -134,3 +135,40 @@ def _bias_free_linear(fan_in: int, fan_out: int, init: str) -> nn.Linear:
 
 
 __all__ = ["SwiGLU", "rms_norm", "swiglu_width", "trunc_normal_init_"]
+
+
+# --- compile boundaries -----------------------------------------------------------------------------------------
+# torch.compiler.disable imports torch._dynamo (about a second of every process's start-up, and every evaluate.py /
+# pretrain*.py the tests and the science command start pays it). So the functions that must run eagerly under
+# torch.compile are marked here, and disabled only when something compiles (compile_module).
+_BOUNDARIES: list = []  # the one-element slots through which the marked functions are called
+
+
+def compile_boundary(fn):
+    """Decorator: ``fn`` (a function or a method) runs eagerly, outside the graph, under torch.compile, as
+    ``torch.compiler.disable`` would, without importing torch._dynamo until something compiles: it is called through a
+    one-element slot (``fn.__compile_slot__``) that :func:`apply_compile_boundaries` fills with the disabled function,
+    so every module that imported it sees the change."""
+    slot = [fn]
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return slot[0](*args, **kwargs)
+
+    call.__compile_slot__ = slot
+    _BOUNDARIES.append(slot)
+    return call
+
+
+def apply_compile_boundaries() -> int:
+    """Fill every slot with ``torch.compiler.disable`` of its function (idempotent). Returns how many are marked."""
+    for slot in _BOUNDARIES:
+        if not getattr(slot[0], "_torchdynamo_disable", False):
+            slot[0] = torch.compiler.disable(slot[0])
+    return len(_BOUNDARIES)
+
+
+def compile_module(module, **kwargs):
+    """``torch.compile(module, **kwargs)`` with the compile boundaries applied first."""
+    apply_compile_boundaries()
+    return torch.compile(module, **kwargs)

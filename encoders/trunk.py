@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from core.nn import trunc_normal_init_
+from core.nn import compile_boundary, trunc_normal_init_
 from core.ops import grid_coordinates, pointer_features, pointer_freqs, pointer_tables
 from dataset.tokens import PAD_ID
 
@@ -82,7 +82,7 @@ class DemoTrunk(nn.Module):
 
     # Runs eagerly under torch.compile: skipping empty slots and cropping PAD give data-dependent shapes, which
     # would otherwise force a recompilation for every new shape.
-    @torch.compiler.disable
+    @compile_boundary
     def encode_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """Token states of the valid demos. Returns (x [n, T, d] or None when no demo is valid, key mask [n, T],
         idx [n] (flat b*D index of each encoded demo), valid [b, D] bool, cells [n, T] long: the canvas cell of each
@@ -176,7 +176,7 @@ class DemoTrunk(nn.Module):
         coords = grid_coordinates(tokens, self.side)[:, : tokens.shape[1]]
         return sum(F.embedding(coords[..., k], tables[k]) for k in range(4))
 
-    @torch.compiler.disable
+    @compile_boundary
     def forward(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """Returns (pooled [b, D, d] (zeros for skipped slots), valid [b, D] bool)."""
         b, D, _ = demo_inputs.shape
@@ -197,7 +197,7 @@ class DemoTrunk(nn.Module):
         False for PAD tokens and for the tokens of skipped slots). T >= 1 even when no demo is valid."""
         return self.cell_tokens(demo_inputs, demo_labels, demo_mask)[:2]
 
-    @torch.compiler.disable
+    @compile_boundary
     def cell_tokens(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, demo_mask: torch.Tensor):
         """:meth:`sample_tokens` plus the canvas cell of each token: (tokens [b, D*T, d], key mask [b, D*T], cells
         [b, D*T] long, -1 for the CLS token and padding). Slot j's tokens are positions ``j*T .. j*T + T - 1``."""

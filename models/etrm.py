@@ -32,6 +32,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from core.nn import compile_boundary
 from encoders import DemoEncoder, DemoMemory, EncoderOutput
 from encoders.stats import context_statistics
 from models.act import ACTCarry, ACTModel
@@ -175,7 +176,7 @@ class ETRM(ACTModel):
             ctx = torch.where(carry.halted.view(-1, 1, 1), ctx, prev.to(ctx.dtype))
         return out, ctx
 
-    @torch.compiler.disable
+    @compile_boundary
     def _stash_diag(self, ctx: torch.Tensor, mask: torch.Tensor) -> None:
         self._last_diag = (ctx, mask)
 

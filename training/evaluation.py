@@ -31,6 +31,7 @@ import torch
 
 import models
 from core.io import atomic_write, read_omegaconf_yaml, write_json_atomic
+from core.nn import compile_module
 from dataset.metadata import load_metadata
 from dataset.rule_labels import rule_label_table
 from evaluators import ARCEvaluator
@@ -62,7 +63,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
         rule_table = _oracle_labels(cfg, info)
         _configure_latent_search(head, cfg)
         ttt = _test_time_training(cfg, head)
-        model = torch.compile(head) if cfg.compile else head
+        model = compile_module(head) if cfg.compile else head
         loader, meta = build_eval_loader(
             cfg.data_path,
             gbs,

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 
 import torch
 
+from core.nn import compile_module
 from training import build
 from training import checkpoint as ckpt
 from training import distributed as D
@@ -113,7 +114,7 @@ class Trainer:
                 self._pending_rng = self.checkpoints.restore(state, self.progress, self._print)
         # compile the loss head (model inside); diagnostics / EMA stay outside (pitfall 18)
         self.compiled = D.should_compile(cfg.compile, self.device)
-        self.forward = torch.compile(self.head, dynamic=False) if self.compiled else self.head
+        self.forward = compile_module(self.head, dynamic=False) if self.compiled else self.head
         self._diag_fn = getattr(self.model, "diagnostics", None)
         self.stop = StopSignals(verbose=info.is_main)
         self._pending_save = False

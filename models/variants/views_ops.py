@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from core.nn import compile_boundary
+
 
 def _canvas_cells(tokens: torch.Tensor, side: int, first_colour: int):
     """(grid [n, side, side], cell mask [n, side, side]) of flattened square canvases ``tokens`` [n, side * side]."""
@@ -16,7 +18,7 @@ def _canvas_cells(tokens: torch.Tensor, side: int, first_colour: int):
     return g, g >= first_colour
 
 
-@torch.compiler.disable  # a data-dependent loop: one graph break where the cell features are on
+@compile_boundary  # a data-dependent loop: one graph break where the cell features are on
 def object_sizes(tokens: torch.Tensor, side: int, first_colour: int = 2) -> torch.Tensor:
     """[n, side * side] long: for every grid cell of the canvases ``tokens`` [n, side * side], the number of cells of
     its object, the 4-connected component of cells of its colour (the background's components included); 0 outside
