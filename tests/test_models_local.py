@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.variants.views_parts import GridOps
-from tests.test_models_memory import SIDE, B, batch, build, eval_logits
+from tests.test_models_memory import B, SIDE, batch, build, dead_parameters, eval_logits
 
 
 def test_the_neighbourhood_is_every_cells_3x3_block_zero_beyond_the_canvas():
@@ -53,6 +53,11 @@ def test_with_a_zero_output_projection_the_core_is_trm_memory_exactly():
     with torch.no_grad():
         local.inner.grid_ops.out_proj.weight.zero_()
     torch.testing.assert_close(eval_logits(local, data), ref, atol=1e-5, rtol=1e-5)
+    # grid_ops_out_init=0 builds it so: the layers start as a no-op, and the first update moves them
+    start = build(name="trm_local", grid_ops_out_init=0.0)
+    start.load_state_dict({**start.state_dict(), **memory.state_dict()})
+    torch.testing.assert_close(eval_logits(start, data), ref, atol=1e-5, rtol=1e-5)
+    assert dead_parameters(start) == ["inner.grid_ops.in_proj.weight"]  # behind a zero projection, at step 0 only
 
 
 @pytest.mark.parametrize("ops", [["neighbours"], ["rays"]])

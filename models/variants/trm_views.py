@@ -89,6 +89,9 @@ class TRMLocalConfig(TRMMemoryConfig):
     # neighbours: each cell's 3 x 3 neighbourhood; rays: the running max along each of the four directions
     grid_ops: List[Literal["neighbours", "rays"]] = Field(["neighbours", "rays"], min_length=1)
     grid_ops_width: int = Field(16, gt=0)  # channels per neighbour / per direction
+    # the output projection's init std as a multiple of the default (LeCun); 0: the layers start as a no-op, the core
+    # as trm_memory, and the layers grow from the first update
+    grid_ops_out_init: float = Field(1.0, ge=0)
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -177,6 +180,8 @@ class GridTRMInner(TRMInner):
             self.grid_ops = GridOps(
                 side, config.hidden_size, config.grid_ops, config.grid_ops_width, self.puzzle_emb_len
             )
+            with torch.no_grad():
+                self.grid_ops.out_proj.weight.mul_(config.grid_ops_out_init)
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
