@@ -63,8 +63,8 @@ def test_the_object_sizes_compile_as_a_directly_disabled_function_does():
     shape = []
     for f in (views_ops.object_sizes, direct):
         torch._dynamo.reset()
-        e = torch._dynamo.explain(lambda t: f(t, 2) + 1)(tokens)
+        e = torch._dynamo.explain(lambda t, f=f: f(t, 2) + 1)(tokens)
         shape.append((e.graph_count, e.graph_break_count, e.op_count))
-        compiled = torch.compile(lambda t: f(t, 2) + 1, backend="eager")
+        compiled = torch.compile(lambda t, f=f: f(t, 2) + 1, backend="eager")
         torch.testing.assert_close(compiled(tokens), views_ops.object_sizes(tokens, 2) + 1)
     assert shape[0] == shape[1], shape

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from models.variants.views_parts import GridOps
-from tests.test_models_memory import B, SIDE, batch, build, dead_parameters, eval_logits
+from tests.test_models_memory import SIDE, B, batch, build, dead_parameters, eval_logits
 
 
 def test_the_neighbourhood_is_every_cells_3x3_block_zero_beyond_the_canvas():
