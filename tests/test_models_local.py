@@ -53,7 +53,7 @@ def test_with_a_zero_output_projection_the_core_is_trm_memory_exactly():
     with torch.no_grad():
         local.inner.grid_ops.out_proj.weight.zero_()
     torch.testing.assert_close(eval_logits(local, data), ref, atol=1e-5, rtol=1e-5)
-    # grid_ops_out_init=0 builds it so: the layers start as a no-op, and the first update moves them
+    # grid_ops_out_init=0 (the default) builds it so: the layers start as a no-op, and the first update moves them
     start = build(name="trm_local", grid_ops_out_init=0.0)
     start.load_state_dict({**start.state_dict(), **memory.state_dict()})
     torch.testing.assert_close(eval_logits(start, data), ref, atol=1e-5, rtol=1e-5)

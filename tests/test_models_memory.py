@@ -44,6 +44,8 @@ def build(seed=0, enc_hidden=24, name="trm_memory", encoder="standard", **arch_k
         halt_exploration_prob=0.0,
         forward_dtype="float32",
     )
+    if name == "trm_local":  # its grid layers act from the start (their default starts them at zero: test_models_local)
+        arch["grid_ops_out_init"] = 1.0
     arch.update(arch_kw)
     enc = {"name": encoder, "hidden_size": enc_hidden, "num_heads": 4, "grid_coords": True}
     cfg = {"arch": arch, "encoder": enc, "global_batch_size": B}

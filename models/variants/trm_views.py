@@ -90,8 +90,8 @@ class TRMLocalConfig(TRMMemoryConfig):
     grid_ops: List[Literal["neighbours", "rays"]] = Field(["neighbours", "rays"], min_length=1)
     grid_ops_width: int = Field(16, gt=0)  # channels per neighbour / per direction
     # the output projection's init std as a multiple of the default (LeCun); 0: the layers start as a no-op, the core
-    # as trm_memory, and the layers grow from the first update
-    grid_ops_out_init: float = Field(1.0, ge=0)
+    # as trm_memory, and the layers grow from the first update (measured better than 1: docs/science.md)
+    grid_ops_out_init: float = Field(0.0, ge=0)
 
 
 class TRMViewsConfig(TRMMemoryConfig):
