@@ -442,3 +442,43 @@ def test_lr_schedule_is_a_lambdalr_whose_state_is_checkpointed(tmp_path):
     path = t.save_checkpoint()
     t.close()
     assert ckpt.read_checkpoint(path)["schedulers"]["adam"]["last_epoch"] == t.total_steps
+
+
+def test_a_normal_exit_waits_for_every_rank_before_destroying_the_process_group(monkeypatch):
+    """Rank 1 must not tear its gloo connections down while rank 0 still writes its summary; an error path does
+    not wait (another rank may be gone). training.loop.train uses the barrier only when the run returned."""
+    import training.distributed as D
+    import training.loop as L
+
+    calls = []
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(D.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    two = D.DistInfo(rank=0, world_size=2, initialized_here=True)
+    D.shutdown_distributed(two, barrier=True)
+    D.shutdown_distributed(two)
+    D.shutdown_distributed(D.DistInfo(world_size=1, initialized_here=True), barrier=True)
+    assert calls == ["barrier", "destroy", "destroy", "destroy"]
+
+    calls.clear()
+    monkeypatch.setattr(L.D, "init_distributed", lambda device: two)
+    monkeypatch.setattr(L, "config_from_dict", lambda d: type("Cfg", (), {"device": "cpu"})())
+
+    class Ok:
+        def __init__(self, cfg, info):
+            pass
+
+        def run(self):
+            return {"exit_status": 0}
+
+    class Fails(Ok):
+        def run(self):
+            raise RuntimeError("boom")
+
+    monkeypatch.setattr(L, "Trainer", Ok)
+    assert L.train({}) == {"exit_status": 0} and calls == ["barrier", "destroy"]
+    calls.clear()
+    monkeypatch.setattr(L, "Trainer", Fails)
+    with pytest.raises(RuntimeError, match="boom"):
+        L.train({})
+    assert calls == ["destroy"]

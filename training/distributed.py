@@ -86,8 +86,14 @@ def run_on_main(info: DistInfo, fn: Callable[[], T]) -> Optional[T]:
     return out
 
 
-def shutdown_distributed(info: DistInfo) -> None:
+def shutdown_distributed(info: DistInfo, barrier: bool = False) -> None:
+    """Destroy the process group this process created. ``barrier`` (a normal exit): wait for every rank first, so no
+    rank tears its connections down while another still uses them (with gloo, rank 0 finishing its summary while
+    rank 1 had already exited could abort rank 0 with "terminate called without an active exception"). Not on an
+    error path: the other ranks may be gone."""
     if info.initialized_here and dist.is_initialized():
+        if barrier and info.world_size > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -54,7 +54,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
     dist_info = init_distributed(cfg.device)
     device = dist_info.device
     with contextlib.ExitStack() as stack:
-        stack.callback(shutdown_distributed, dist_info)
+        stack.push(lambda exc_type, *_: shutdown_distributed(dist_info, barrier=exc_type is None))
         meta = load_metadata(os.path.join(cfg.data_path, "test"))
         state = None if cfg.original_trm_checkpoint else _load_checkpoint_state(cfg.checkpoint)
         gbs = _global_batch_size(cfg, state, dist_info.world_size)

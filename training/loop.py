@@ -346,6 +346,9 @@ def train(cfg: Union[PretrainConfig, dict, Any]) -> dict[str, Any]:
         cfg = config_from_dict(cfg) if isinstance(cfg, dict) else config_from_hydra(cfg)
     info = D.init_distributed(cfg.device)
     try:
-        return Trainer(cfg, info).run()
-    finally:
+        summary = Trainer(cfg, info).run()
+    except BaseException:
         D.shutdown_distributed(info)
+        raise
+    D.shutdown_distributed(info, barrier=True)
+    return summary
