@@ -97,6 +97,19 @@ def shutdown_distributed(info: DistInfo, barrier: bool = False) -> None:
         dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def process_group(device: str = "auto"):
+    """``init_distributed(device)`` for a with-block; leaving it shuts the group down, at a barrier when the block
+    ended normally (:func:`shutdown_distributed`)."""
+    info = init_distributed(device)
+    try:
+        yield info
+    except BaseException:
+        shutdown_distributed(info)
+        raise
+    shutdown_distributed(info, barrier=True)
+
+
 def local_batch_size(global_batch_size: int, world_size: int) -> int:
     if global_batch_size % world_size != 0:
         raise ConfigError(

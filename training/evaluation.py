@@ -42,7 +42,7 @@ from models.compat import load_original_trm_checkpoint
 from models.ttt import TTTSettings
 from training.build import build_loss_head, check_split_matches, load_model_for_inference, with_rule_targets
 from training.checkpoint import CheckpointError, load_checkpoint_file
-from training.distributed import init_distributed, shutdown_distributed
+from training.distributed import process_group
 from training.evaluate_config import EvaluateConfig, EvaluateError
 from training.logging import resolve_wandb_mode, wandb_identity
 
@@ -51,10 +51,9 @@ log = logging.getLogger("evaluate")
 
 def run(cfg: EvaluateConfig) -> dict[str, float]:
     """Evaluate ``cfg.checkpoint`` on ``cfg.data_path``; returns the metrics (rank 0; {} elsewhere)."""
-    dist_info = init_distributed(cfg.device)
-    device = dist_info.device
     with contextlib.ExitStack() as stack:
-        stack.push(lambda exc_type, *_: shutdown_distributed(dist_info, barrier=exc_type is None))
+        dist_info = stack.enter_context(process_group(cfg.device))
+        device = dist_info.device
         meta = load_metadata(os.path.join(cfg.data_path, "test"))
         state = None if cfg.original_trm_checkpoint else _load_checkpoint_state(cfg.checkpoint)
         gbs = _global_batch_size(cfg, state, dist_info.world_size)

@@ -344,11 +344,5 @@ def train(cfg: Union[PretrainConfig, dict, Any]) -> dict[str, Any]:
     """
     if not isinstance(cfg, PretrainConfig):
         cfg = config_from_dict(cfg) if isinstance(cfg, dict) else config_from_hydra(cfg)
-    info = D.init_distributed(cfg.device)
-    try:
-        summary = Trainer(cfg, info).run()
-    except BaseException:
-        D.shutdown_distributed(info)
-        raise
-    D.shutdown_distributed(info, barrier=True)
-    return summary
+    with D.process_group(cfg.device) as info:
+        return Trainer(cfg, info).run()
