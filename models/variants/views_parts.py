@@ -6,6 +6,7 @@
 :class:`InputViews`       per cell, the gated sum of the colour each grid view sends to it (views)
 :class:`CellFeatures`     per cell, embeddings of its object size and ray counts (``cell_features``)
 :class:`DemoLookup`       per cell, what the demo cells with its key (colour, object size) became (``demo_lookup``)
+:class:`GridOps`          per cell, its 3 x 3 neighbourhood and the running max along its row and column (``trm_local``)
 ========================  ==================================================================================
 
 The grid views' sources come from ``core.ops`` (shared with ``encoder=dihedral_views``), the counts from
