@@ -18,7 +18,7 @@ the seconds: ``summary()`` gives the ``ttt/*`` metrics, ``records`` the per-puzz
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -37,8 +37,13 @@ from models.ttt import (
 
 
 class TestTimeTraining:
-    def __init__(self, model: Any, settings: TTTSettings):
+    def __init__(self, model: Any, settings: TTTSettings, pool_of: Optional[Sequence[int]] = None):
+        """``pool_of`` (``settings.pool``): per puzzle identifier, the index of its original puzzle; the rows whose
+        identifiers share it are fitted together."""
         self.settings = settings
+        if settings.pool and pool_of is None:
+            raise ValueError("pooling the augmented copies needs each identifier's original puzzle (pool_of)")
+        self.pool_of = None if not settings.pool else torch.as_tensor(list(pool_of), dtype=torch.long)
         self.act = act_model_of(model)
         self.encoder = getattr(self.act, "encoder", None)
         if settings.params == "context" and self.encoder is None:
@@ -160,11 +165,14 @@ class TestTimeTraining:
 
     # -- all: one copy of the weights per puzzle ---------------------------------------------------------------
     def _run_groups(self, plan: Any, batch: dict, device: torch.device) -> Rollout:
+        """One fit per group of rows: a puzzle copy (its identifier), or with ``pool`` a puzzle (every copy of it
+        in the batch: the weights see all their demos, each copy keeps its own per-row tensor)."""
         ids = batch["puzzle_identifiers"]
+        keys = ids if self.pool_of is None else self.pool_of.to(ids.device).index_select(0, ids.long())
         parts, order = [], []
         snap = WeightsSnapshot(self.act)  # the weights every group starts from, restored after each
-        for pid in torch.unique(ids).tolist():
-            rows = (ids == pid).nonzero().squeeze(-1)
+        for key in torch.unique(keys).tolist():
+            rows = (keys == key).nonzero().squeeze(-1)
             sub = {
                 k: (v.index_select(0, rows) if torch.is_tensor(v) and v.shape[:1] == ids.shape else v)
                 for k, v in batch.items()

@@ -2,6 +2,7 @@
 
     python -m experiments.arc --out DIR                      # ARC-AGI-1 tasks whose every grid fits 10 x 10
     python -m experiments.arc --out DIR --max-side 12 --steps 6000 --seed 1
+    python -m experiments.arc --out DIR --protocols etrm trm ttt scratch  # every protocol (costs printed)
     python -m experiments.arc --out DIR --input-file-prefix /path/arc-agi   # your kaggle-layout copy of ARC-AGI-1
 
 Stages (each resumable, the way the science command is):
@@ -17,10 +18,16 @@ Stages (each resumable, the way the science command is):
    evaluation tasks' demo pairs in training (``python -m dataset.build_arc_dataset --mode trm``), their test inputs
    scored (``pretrain.py`` with the science recipe's core sizes, ``arch=trm``, the same steps and batch). Its
    number is the reference TRM reaches by fitting the evaluation demos, not a few-shot result;
-4. report: ``DIR/arc.json`` and ``DIR/arc.md`` -- per protocol pass@1 / pass@2 on the evaluation tasks (the ARC
+4. ``--protocols ... ttt``: ETRM's last checkpoint with test-time training of every weight, one fit per evaluation
+   task on the demos of all its augmented copies (evaluate.py ``ttt_params=all ttt_pool=true``);
+   ``--protocols ... scratch``: test-time training from scratch -- the recipe's core sizes as a TRM never trained
+   (``max_steps=0``), fitted per task on that task's demos alone. Both need the science data (and ``ttt`` ETRM's
+   run), so they run the etrm stage too (reused when finished); each prints its expected cost first;
+5. report: ``DIR/arc.json`` and ``DIR/arc.md`` -- per protocol pass@1 / pass@2 on the evaluation tasks (the ARC
    score: a task counts the share of its test outputs answered) and the train fit, with the subset's counts
-   and the wall time; ``DIR/pictures/``: a few solved and failed evaluation tasks of the first encoder's run
-   (demos, test input, truth, top-2 voted predictions), ``--pictures N`` of each (default 3).
+   and the wall time, the test-time rows' demo fit and s/task; ``DIR/pictures/``: a few solved and failed
+   evaluation tasks of the first encoder's run (demos, test input, truth, top-2 voted predictions), ``--pictures
+   N`` of each (default 3).
 """
 
 from __future__ import annotations
@@ -54,6 +61,11 @@ from training.checkpoint import list_checkpoints
 from training.config import load_config
 
 PROG = "python -m experiments.arc"
+PROTOCOLS = ("etrm", "trm", "ttt", "scratch")
+# ETRM at 1.26 s/step and its zero-demo control at 0.79 s/step on one thread of the 2-core CPU (canvas 10, the
+# science recipe; docs/record/2026-11-28-arc-test-time-training.md): 800 steps of both and their evaluations fit in
+# about 30 minutes, the default run's budget
+DEFAULT_STEPS = 800
 SUBSETS = ("training", "evaluation")
 GROUP = "arc"  # the one row of the science table: every task
 
@@ -131,7 +143,7 @@ def trm_command(data: str, ck: str, steps: Optional[int], seed: int, overrides: 
 def run_trm(out: str, prefix: str, args: argparse.Namespace) -> dict:
     """The TRM protocol (stage 3): build (unless built with the same settings), train (unless finished; a cut
     short run resumes), evaluate on the evaluation tasks' test outputs. Returns its report row."""
-    t0, run_dir = time.time(), os.path.join(out, "trm")
+    run_dir = os.path.join(out, "trm")
     data, ck = os.path.join(run_dir, "data"), os.path.join(run_dir, "checkpoint")
     want = {"prefix": prefix, "max_side": args.max_side, "num_aug": args.num_aug, "seed": args.seed}
     if read_json_or_none(os.path.join(run_dir, "data.json")) != want:
@@ -163,11 +175,89 @@ def run_trm(out: str, prefix: str, args: argparse.Namespace) -> dict:
         "pass@2": rec["metrics"].get("ARC/pass@2"),
         # TRM trains on every pair of every task: the train exact of the last log window is its fit
         "train_fit_pass@1": (summary.get("final") or {}).get("train/exact_accuracy"),
-        "seconds": round(time.time() - t0, 1),
+        "seconds": summary.get("wall_time_s"),  # its training (a reused run: when it was trained)
+        "seconds_per_step": _per_step(summary.get("wall_time_s"), summary.get("steps")),
     }
 
 
 TRM_PROTOCOL = "TRM (paper's protocol: puzzle embeddings, evaluation demos in training)"
+TTT_PROTOCOL = "ETRM + test-time training (every weight, on the demos of a task's copies pooled)"
+SCRATCH_PROTOCOL = "test-time training from scratch (an untrained TRM core fitted on each task's demos alone)"
+# one pooled fit step over a task's 9 copies (canvas 10), measured on one thread of the 2-core CPU
+# (docs/record/2026-11-28-arc-test-time-training.md): ETRM (the recipe's encoder and trm_views core) and the
+# untrained TRM core of the scratch row; printed with the planned number of steps as the expected cost
+SECONDS_PER_POOLED_STEP = {"ttt": 0.71, "scratch": 0.165}
+
+
+def ttt_overrides(steps: int, lr: float, weight_lr: float) -> list[str]:
+    """evaluate.py's test-time training: every weight, one fit per task over the demos of all its copies."""
+    return ["ttt_params=all", "ttt_pool=true", f"ttt_steps={steps}", f"ttt_lr={lr}", f"ttt_weight_lr={weight_lr}"]
+
+
+def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float) -> dict:
+    m = rec["metrics"]
+    return {
+        "protocol": protocol,
+        "status": "ok",
+        "pass@1": m.get("ARC/pass@1"),
+        "pass@2": m.get("ARC/pass@2"),
+        # the share of a copy's demos reproduced exactly, before and after its fit (mean over copies)
+        "demo_fit_before": m.get("ttt/fit_before"),
+        "demo_fit_after": m.get("ttt/fit_after"),
+        "seconds_per_task": round(m.get("eval/wall_seconds", 0.0) / max(1, tasks), 2),
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
+def _say_cost(what: str, kind: str, tasks: int, steps: int) -> None:
+    rate = SECONDS_PER_POOLED_STEP[kind]
+    print(
+        f"[arc] {what}: {tasks} tasks x {steps} pooled fit steps: about {tasks * steps * rate / 60:.0f} min on one "
+        f"CPU thread ({rate} s/step measured on one thread of a 2-core CPU, canvas 10)",
+        flush=True,
+    )
+
+
+def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespace) -> dict:
+    """ETRM + test-time training: the ETRM run ``name``'s last checkpoint, every weight fitted per task on the
+    demos of its copies (``ttt_overrides``), the evaluation tasks scored as in plain evaluation."""
+    t0, run_dir = time.time(), os.path.join(runs_out, "runs", name)
+    ck = os.path.join(run_dir, "checkpoint")
+    if not list_checkpoints(ck):
+        return {"protocol": TTT_PROTOCOL, "status": "no_checkpoint", "message": f"{ck}: no checkpoint"}
+    step = list_checkpoints(ck)[-1][0]
+    _say_cost(f"ETRM ({name}) + test-time training", "ttt", len(expect), args.ttt_steps)
+    over = list(args.eval_override) + ttt_overrides(args.ttt_steps, args.ttt_lr, args.ttt_weight_lr)
+    data = os.path.join(runs_out, "data", "built")
+    rec, failed = evaluate_checkpoint(name, run_dir, data, "eval-ttt", expect, step, over, "test-time training")
+    if failed is not None:
+        return {"protocol": TTT_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
+    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0)
+
+
+def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Namespace) -> dict:
+    """Test-time training from scratch: the science recipe's core sizes as a TRM with a puzzle embedding, never
+    trained (``max_steps=0`` writes its initial weights), fitted per task on the demos of the task's copies alone
+    (each copy its own fresh embedding) and scored like the other rows. No pretraining: nothing but the task's
+    own demos reaches the weights."""
+    t0, run_dir = time.time(), os.path.join(out, "scratch")
+    data, ck = os.path.join(runs_out, "data", "built"), os.path.join(run_dir, "checkpoint")
+    if not list_checkpoints(ck):
+        cmd = trm_command(data, ck, 0, args.seed, args.override)
+        rc, _, last = run_logged(cmd, os.path.join(run_dir, "init.log"), append=True)
+        if rc != 0 or not list_checkpoints(ck):
+            return {"protocol": SCRATCH_PROTOCOL, "status": "init_failed", "message": last}
+    _say_cost("test-time training from scratch", "scratch", len(expect), args.scratch_steps)
+    steps, lr, wlr = args.scratch_steps, args.scratch_lr, args.scratch_weight_lr
+    over = list(args.eval_override) + ttt_overrides(steps, lr, wlr)
+    rec, failed = evaluate_checkpoint("scratch", run_dir, data, "eval", expect, 0, over, "test-time training")
+    if failed is not None:
+        return {"protocol": SCRATCH_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
+    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0)
+
+
+def _per_step(seconds: Optional[float], steps: Optional[int]) -> Optional[float]:
+    return round(seconds / steps, 2) if seconds and steps else None
 
 
 def _protocol_rows(science: dict) -> dict[str, dict]:
@@ -183,6 +273,8 @@ def _protocol_rows(science: dict) -> dict[str, dict]:
             "pass@1": None if held is None else held["pass@1"],
             "pass@2": None if held is None else held.get("pass@2"),
             "train_fit_pass@1": None if fit is None else fit["pass@1"],
+            "seconds": run.get("train_seconds"),  # training (the program: none)
+            "seconds_per_step": _per_step(run.get("train_seconds"), run.get("steps")),
         }
     return rows
 
@@ -233,14 +325,21 @@ def write_report(out: str, result: dict) -> str:
         "",
         "pass@K: the mean over evaluation tasks of the share of a task's test outputs among its top K voted answers.",
         "",
-        "| protocol | run | status | pass@1 | pass@2 | train fit (pass@1) |",
-        "|---|---|---|---:|---:|---:|",
+        "Train fit: pass@1 on training tasks (TRM: its last train exact). Demo fit: the share of a copy's demos "
+        "reproduced exactly before -> after test-time training. Seconds: training (ETRM, TRM) or the whole "
+        "evaluation with its fits (test-time rows; s/task = that over the tasks).",
+        "",
+        "| protocol | run | status | pass@1 | pass@2 | train fit | demo fit | s/step | s/task | seconds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for name, r in result["protocols"].items():
+        demo = "-" if r.get("demo_fit_after") is None else f"{fmt(r['demo_fit_before'])} -> {fmt(r['demo_fit_after'])}"
+        secs = "-" if r.get("seconds") is None else f"{r['seconds']:.0f}"
         lines.append(
             f"| {r['protocol']} | {name} | {r['status']} | {fmt(r.get('pass@1'))} | {fmt(r.get('pass@2'))} "
-            f"| {fmt(r.get('train_fit_pass@1'))} |"
+            f"| {fmt(r.get('train_fit_pass@1'))} | {demo} | {r.get('seconds_per_step') or '-'} "
+            f"| {r.get('seconds_per_task', '-')} | {secs} |"
         )
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out, "arc.md"), "w") as f:
@@ -261,11 +360,25 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--protocols",
         nargs="+",
-        choices=["etrm", "trm"],
+        choices=list(PROTOCOLS),
         default=["etrm"],
-        help="etrm (the --encoders runs, default) and/or trm (the paper's protocol: about the cost of one ETRM run)",
+        help="etrm (the --encoders runs, default); trm (the paper's protocol: about the cost of one ETRM run); ttt "
+        "(ETRM's checkpoint + test-time training: implies etrm); scratch (an untrained core fitted per task: on "
+        "the science data, so it implies etrm's data and runs); each prints its expected cost",
     )
-    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the science recipe's)")
+    ap.add_argument("--ttt-steps", type=int, default=100, help="ttt: fit steps per task (default 100)")
+    ap.add_argument("--ttt-lr", type=float, default=1e-2, help="ttt: lr of the per-copy context offset")
+    ap.add_argument("--ttt-weight-lr", type=float, default=1e-3, help="ttt: lr of the weights (default 1e-3)")
+    ap.add_argument("--scratch-steps", type=int, default=200, help="scratch: fit steps per task (default 200)")
+    ap.add_argument("--scratch-lr", type=float, default=1e-2, help="scratch: lr of each copy's fresh embedding")
+    ap.add_argument("--scratch-weight-lr", type=float, default=3e-3, help="scratch: lr of the weights")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"training steps of ETRM, the control and TRM (default {DEFAULT_STEPS}: ETRM + control + evaluation in "
+        "about 30 min on a 2-core CPU; the science recipe's own is 3500)",
+    )
     ap.add_argument("--num-aug", type=int, default=8, help="augmented copies per task, voted over (default 8)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pictures", type=int, default=3, help="solved and failed tasks drawn, of each (default 3)")
@@ -281,6 +394,9 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with user_errors(code=2):
         if args.max_side < 1 or args.max_side > 30:
             raise ScienceError(f"--max-side {args.max_side}: must be between 1 and 30")
+        for k in ("ttt_steps", "scratch_steps"):
+            if getattr(args, k) < 1:
+                raise ScienceError(f"--{k.replace('_', '-')} {getattr(args, k)}: must be >= 1")
         out = os.path.abspath(args.out)
         puzzles = load_puzzles(list(SUBSETS), "evaluation", args.input_file_prefix, args.source)
         subset = write_subset(os.path.join(out, "data"), puzzles, args.max_side)
@@ -298,9 +414,21 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             eval_overrides=tuple(args.eval_override),
             command=command,
         )
-        science = run_science_command(settings) if "etrm" in args.protocols else None
-        trm = run_trm(out, subset["prefix"], args) if "trm" in args.protocols else None
-    first = next((n for n in science["runs"] if n != CONTROL), None) if science else None
+        wanted = set(args.protocols)
+        science = run_science_command(settings) if wanted & {"etrm", "ttt", "scratch"} else None
+        trm = run_trm(out, subset["prefix"], args) if "trm" in wanted else None
+        first = next((n for n in science["runs"] if n not in (CONTROL, PROGRAM)), None) if science else None
+        with open(f"{subset['prefix']}_evaluation_challenges.json") as f:
+            expect = list(json.load(f))
+        extra = {}
+        if "ttt" in wanted:
+            extra["ttt"] = (
+                run_ttt(settings.out, first, expect, args)
+                if first is not None
+                else {"protocol": TTT_PROTOCOL, "status": "no_encoder_run", "message": "--encoders has no encoder"}
+            )
+        if "scratch" in wanted:
+            extra["scratch"] = run_scratch(out, settings.out, expect, args)
     pictures = {}
     if first is not None:
         eval_dir = os.path.join(settings.out, "runs", first, HELDOUT_EVAL)
@@ -310,7 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "max_side": args.max_side,
         "seed": args.seed,
         "counts": subset["counts"],
-        "protocols": {**(_protocol_rows(science) if science else {}), **({"trm": trm} if trm else {})},
+        "protocols": {**(_protocol_rows(science) if science else {}), **({"trm": trm} if trm else {}), **extra},
         "pictures": pictures,
         "seconds": round(time.time() - t0, 1),
     }

@@ -42,6 +42,14 @@ class TTTSettings:
     weight_lr: float = 1e-4  # ``all``: of the model's weights
     params: TTTParams = "context"
     leave_one_out: bool = True  # ETRM: demo j predicted from the other demos' encoding
+    pool: bool = False  # ``all``: one fit per puzzle over the demos of all its augmented copies (not one per copy)
+
+    def __post_init__(self) -> None:
+        if self.pool and self.params != "all":
+            raise ValueError(
+                f"pooling the augmented copies (ttt_pool) fits shared weights, so it needs ttt_params=all; with "
+                f"ttt_params={self.params} each copy's own tensor is fitted alone"
+            )
 
 
 @dataclass

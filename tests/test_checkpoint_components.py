@@ -196,3 +196,22 @@ def test_a_new_component_is_saved_under_its_name_and_an_older_file_leaves_it_as_
             )
     finally:
         t.close()
+
+
+def test_max_steps_0_writes_the_initial_weights_as_step_0_and_trains_nothing(straight, tmp_path):
+    """A from-scratch start (test-time training of an untrained model): the run's one checkpoint is step_0, holding
+    exactly the weights the run was built with; a negative cap is refused."""
+    data, _ = straight
+    run = str(tmp_path / "zero")
+    built = Trainer(config_from_dict(_cfg(data, str(tmp_path / "built"), seed=5)), DistInfo())
+    try:
+        init = {k: v.clone() for k, v in built.model.state_dict().items()}
+    finally:
+        built.close()
+    summary = train(_cfg(data, run, max_steps=0, seed=5))
+    assert summary["status"] == "finished" and summary["steps"] == 0
+    assert [s for s, _ in ckpt.list_checkpoints(run)] == [0]
+    saved = ckpt.read_checkpoint(os.path.join(run, "step_0.pt"))["model"]
+    assert set(saved) == set(init) and all(torch.equal(saved[k], init[k]) for k in init)
+    with pytest.raises(ValueError, match="max_steps must be > 0 or null, got -1 \\(or 0\\)"):
+        config_from_dict(_cfg(data, str(tmp_path / "neg"), max_steps=-1))

@@ -98,6 +98,24 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
     assert "evaluation 3 of 4" in text and "zero-demo control" in text
     pics = res["pictures"]["solved"] + res["pictures"]["failed"]
     assert len(pics) == 3 and all(os.path.getsize(p) > 1000 for p in pics)  # 3 evaluation tasks, each drawn once
+    # the test-time rows on the same --out: ETRM's checkpoint fitted per task, and an untrained core fitted alone
+    ck = out / "runs" / "runs" / "standard" / "checkpoint"
+    trained_at = {p: os.path.getmtime(ck / p) for p in os.listdir(ck) if p.endswith(".pt")}
+    more = ["--protocols", "etrm", "ttt", "scratch", "--ttt-steps", "1", "--scratch-steps", "2"]
+    res = main(_tiny_args(tmp_path, out, 2, ["checkpoint_every=2"]) + more)
+    assert {p: os.path.getmtime(ck / p) for p in trained_at} == trained_at  # ETRM reused, not trained again
+    for name in ("ttt", "scratch"):
+        row = res["protocols"][name]
+        assert row["status"] == "ok" and 0.0 <= row["pass@1"] <= row["pass@2"] <= 1.0, row
+        assert 0.0 <= row["demo_fit_before"] <= 1.0 and 0.0 <= row["demo_fit_after"] <= 1.0
+    made = json.load(open(out / "runs" / "runs" / "standard" / "eval-ttt" / "metrics.json"))
+    assert made["metrics"]["ttt/steps"] == 1 and made["config"]["ttt_pool"] and made["config"]["ttt_params"] == "all"
+    scratch = out / "scratch" / "checkpoint"
+    assert (
+        sorted(os.listdir(scratch)).count("step_0.pt") == 1 and "max_steps: 0" in (scratch / "config.yaml").read_text()
+    )
+    assert json.load(open(out / "scratch" / "eval" / "metrics.json"))["metrics"]["ttt/steps"] == 2
+    assert "from scratch" in (out / "arc.md").read_text()
 
 
 @pytest.mark.slow

@@ -19,13 +19,14 @@ from models.rollout import halt_max_steps
 from models.ttt import TTTSettings
 from tests.test_etrm_model import B, batch, build
 from tests.toy_data import built_synthetic_arc
+from training.evaluation import base_puzzle_index
 
 CPU = torch.device("cpu")
 
 
-def _run(head, b, settings):
+def _run(head, b, settings, pool_of=None):
     plan = _StepPlan(head, {"preds", "logits", "q_halt_logits"}, False, halt_max_steps(head))
-    ttt = TTTRunner(head, settings)
+    ttt = TTTRunner(head, settings, pool_of=pool_of)
     with plan.eval_mode(), torch.inference_mode():
         r = ttt.run(plan, b, CPU)
     return r, ttt
@@ -124,6 +125,27 @@ def test_all_restores_the_weights_and_nothing_learned_on_one_puzzle_reaches_anot
     assert len(ttt.records) == 2 and all(r["steps"] == 3 for r in ttt.records)
 
 
+def test_pooled_copies_are_fitted_together_as_one_puzzle_and_apart_from_other_puzzles():
+    m = build("standard").eval()
+    head = models.build_loss_head(m)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    b = _batch()  # identifiers 0..3: four copies; copies 0, 1 of puzzle 0 and copies 2, 3 of puzzle 1
+    s = TTTSettings(steps=3, lr=1e-2, params="all", pool=True)
+    pooled, ttt = _run(head, b, s, pool_of=[0, 0, 1, 1, 2])
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    # the same as one identifier per puzzle fitted per identifier (the encoder never reads the identifier)
+    same = dict(b, puzzle_identifiers=torch.tensor([0, 0, 1, 1], dtype=torch.int32))
+    grouped, _ = _run(head, same, TTTSettings(steps=3, lr=1e-2, params="all"))
+    torch.testing.assert_close(pooled.outputs["logits"], grouped.outputs["logits"], atol=1e-5, rtol=1e-5)
+    per_copy, _ = _run(head, b, TTTSettings(steps=3, lr=1e-2, params="all"))
+    assert not torch.allclose(pooled.outputs["logits"], per_copy.outputs["logits"])
+    assert [r["puzzle_identifier"] for r in ttt.records] == [0, 1, 2, 3]  # a record per copy still
+    with pytest.raises(ValueError, match="ttt_params=all"):
+        TTTSettings(steps=1, params="context", pool=True)
+    with pytest.raises(ValueError, match="pool_of"):
+        TTTRunner(head, s)
+
+
 def _trm():
     torch.manual_seed(0)
     return models.build_model(
@@ -208,6 +230,18 @@ def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
     assert {"fit_before", "fit_after", "seconds", "num_demos", "puzzle_identifier"} <= set(rec["puzzles"][0])
     with pytest.raises(ev.EvaluateError, match="num_augmentations"):
         ev.run(ev.EvaluateConfig(**base, ttt_steps=1, ttt_augment=1, num_augmentations=5))
+    # ttt_pool: the copies of a puzzle share their original's index (read from identifiers.json)
+    names = json.load(open(os.path.join(data, "identifiers.json")))
+    index = base_puzzle_index(data)
+    assert len(index) == len(names) and len(set(index)) == len({n.split("|||")[0] for n in names}) < len(names)
+    assert all(
+        (index[i] == index[j]) == (names[i].split("|||")[0] == names[j].split("|||")[0])
+        for i in range(len(names))
+        for j in range(len(names))
+    )
+    pool = dict(ttt_steps=1, ttt_params="all", ttt_pool=True, ttt_augment=1)
+    mp = ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "pool"), **pool))
+    assert mp["ttt/num_puzzles"] == m["ttt/num_puzzles"] and mp["ARC/num_puzzles"] == plain["ARC/num_puzzles"]
 
 
 def test_the_science_table_notes_the_test_time_training_of_a_run():

@@ -123,6 +123,27 @@ def schedule_warnings(cfg: PretrainConfig, epoch_steps: int, total_steps: int) -
     return out
 
 
+def _step_plan(cfg: PretrainConfig, train_loader: Any, metadata: Any, batches: int, say: Any) -> RunData:
+    """The run's steps: ``epochs`` passes over the training groups, capped by ``max_steps``."""
+    dataset = train_loader.dataset
+    if batches <= 0:
+        raise ConfigError(f"{cfg.data_paths}: fewer training examples than global_batch_size={cfg.global_batch_size}")
+    passes = int(dataset.passes_per_epoch(0))
+    total = max(1, math.ceil(cfg.epochs * batches / passes))
+    if passes > 1:
+        say(
+            f"[train] one pass over the {cfg.max_train_groups or 'selected'} training groups is smaller than "
+            f"global_batch_size={cfg.global_batch_size}: each loader epoch packs {passes} passes ({batches} "
+            f"batch(es)); {cfg.epochs} epochs = {total} steps"
+        )
+    capped = cfg.max_steps is not None and cfg.max_steps < total
+    data = RunData(train_loader, metadata, batches, passes, int(cfg.max_steps) if capped else total, capped)
+    for w in schedule_warnings(cfg, total, data.total_steps):
+        say(f"[train] WARNING: {w}")
+        data.warnings.append(w)
+    return data
+
+
 def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: Any = print) -> RunData:
     """Loaders and evaluators of a run (``info``: the rank / world size). Step accounting comes from the real
     number of samples (pitfall 7): one global batch per step; when the active groups are smaller than one global
@@ -156,21 +177,10 @@ def build_run_data(cfg: PretrainConfig, info: Any, eval_output_dir: str, say: An
         )
     dataset = train_loader.dataset
     batches = int(dataset.num_batches(0))
-    if batches <= 0:
-        raise ConfigError(f"{cfg.data_paths}: fewer training examples than global_batch_size={cfg.global_batch_size}")
-    passes = int(dataset.passes_per_epoch(0))
-    total = max(1, math.ceil(cfg.epochs * batches / passes))
-    if passes > 1:
-        say(
-            f"[train] one pass over the {cfg.max_train_groups or 'selected'} training groups is smaller than "
-            f"global_batch_size={cfg.global_batch_size}: each loader epoch packs {passes} passes ({batches} "
-            f"batch(es)); {cfg.epochs} epochs = {total} steps"
-        )
-    capped = cfg.max_steps is not None and cfg.max_steps < total
-    data = RunData(train_loader, metadata, batches, passes, int(cfg.max_steps) if capped else total, capped)
-    for w in schedule_warnings(cfg, total, data.total_steps):
-        say(f"[train] WARNING: {w}")
-        data.warnings.append(w)
+    if cfg.max_steps == 0:  # the initial weights only (a from-scratch start): no batch is drawn, none is needed
+        data = RunData(train_loader, metadata, batches, 1, 0, batches > 0)
+    else:
+        data = _step_plan(cfg, train_loader, metadata, batches, say)
     if eval_needed(cfg):
         data.test_loader, data.test_metadata = create_dataloader(
             PuzzleDatasetConfig(data_paths=cfg.test_paths, test_mode=True, max_groups=cfg.max_eval_groups, **common),

@@ -76,7 +76,7 @@ class PretrainConfig(_Strict):
     # --- schedule ---
     global_batch_size: int = 768
     epochs: int = 100000
-    max_steps: Optional[int] = None  # optional cap on optimizer steps
+    max_steps: Optional[int] = None  # optional cap on optimizer steps; 0: write the initial weights as step_0, stop
     eval_interval: Optional[int] = 10000  # in epochs (TRM semantics); None -> only at the end
     eval_interval_steps: Optional[int] = None  # overrides eval_interval when set
     min_eval_interval: int = 0  # first eval not before this many epochs (TRM)
@@ -184,8 +184,8 @@ class PretrainConfig(_Strict):
     def _check_positive_or_null(self) -> "PretrainConfig":
         for k in ("max_steps", "eval_interval", "eval_interval_steps", "checkpoint_every", "checkpoint_keep"):
             v = getattr(self, k)
-            if v is not None and v <= 0:
-                raise ValueError(f"{k} must be > 0 or null, got {v}")
+            if v is not None and (v < 0 if k == "max_steps" else v <= 0):
+                raise ValueError(f"{k} must be > 0 or null, got {v}" + (" (or 0)" if k == "max_steps" else ""))
         enc = self.encoder
         what = (
             None

@@ -30,8 +30,9 @@ from typing import Any, Optional
 import torch
 
 import models
-from core.io import atomic_write, read_omegaconf_yaml, write_json_atomic
+from core.io import atomic_write, read_json, read_omegaconf_yaml, write_json_atomic
 from core.nn import compile_module
+from dataset.augment import Augmentation
 from dataset.metadata import load_metadata
 from dataset.rule_labels import rule_label_table
 from evaluators import ARCEvaluator
@@ -145,10 +146,35 @@ def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTrai
     if cfg.ttt_steps == 0:
         return None
     try:
-        settings = TTTSettings(steps=cfg.ttt_steps, lr=cfg.ttt_lr, weight_lr=cfg.ttt_weight_lr, params=cfg.ttt_params)
-        return TestTimeTraining(head, settings)
+        settings = TTTSettings(
+            steps=cfg.ttt_steps,
+            lr=cfg.ttt_lr,
+            weight_lr=cfg.ttt_weight_lr,
+            params=cfg.ttt_params,
+            pool=cfg.ttt_pool,
+        )
+        pool_of = base_puzzle_index(cfg.data_path) if cfg.ttt_pool else None
+        return TestTimeTraining(head, settings, pool_of=pool_of)
     except ValueError as e:
         raise EvaluateError(f"ttt_params={cfg.ttt_params}: {e}") from None
+
+
+def base_puzzle_index(data_path: str) -> list[int]:
+    """Per puzzle identifier of a built dataset (``identifiers.json``), the index of its original puzzle: the
+    augmented copies of one puzzle (``name|||t<k>|||<colours>``) share it."""
+    path = os.path.join(data_path, "identifiers.json")
+    names = read_json(path)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise EvaluateError(f"{path}: expected a list of puzzle names (ttt_pool groups the copies by name)")
+    index: dict[str, int] = {}
+    out = []
+    for i, name in enumerate(names):
+        try:
+            base = Augmentation.parse_name(name)[0]
+        except ValueError as e:
+            raise EvaluateError(f"{path}[{i}]: {e}") from None
+        out.append(index.setdefault(base, len(index)))
+    return out
 
 
 def _num_augmentations(cfg: EvaluateConfig) -> Optional[int]:

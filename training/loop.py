@@ -323,7 +323,8 @@ class Trainer:
             ended = exit_status in (S.EXIT_OK, S.EXIT_EARLY_STOP)
             if ended and self.cfg.eval_at_end and self.data.test_loader is not None:
                 self.report.eval_result(self.step, self.evaluate(), log=True)
-            if exit_status != S.EXIT_NONFINITE and self.step > 0 and not aborted:
+            # max_steps=0: the initial weights are the run's one checkpoint (step_0; a from-scratch start for TTT)
+            if exit_status != S.EXIT_NONFINITE and (self.step > 0 or self.total_steps == 0) and not aborted:
                 self.save_checkpoint()
             return D.broadcast_object(
                 self.report.finish(stop_reason, exit_status, message, self.checkpoint_dir, **self._progress())
