@@ -224,9 +224,10 @@ def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespac
     demos of its copies (``ttt_overrides``), the evaluation tasks scored as in plain evaluation."""
     t0, run_dir = time.time(), os.path.join(runs_out, "runs", name)
     ck = os.path.join(run_dir, "checkpoint")
-    if not list_checkpoints(ck):
+    saved = list_checkpoints(ck)
+    if not saved:
         return {"protocol": TTT_PROTOCOL, "status": "no_checkpoint", "message": f"{ck}: no checkpoint"}
-    step = list_checkpoints(ck)[-1][0]
+    step = saved[-1][0]
     _say_cost(f"ETRM ({name}) + test-time training", "ttt", len(expect), args.ttt_steps)
     over = list(args.eval_override) + ttt_overrides(args.ttt_steps, args.ttt_lr, args.ttt_weight_lr)
     data = os.path.join(runs_out, "data", "built")
