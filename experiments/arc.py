@@ -183,23 +183,30 @@ def run_trm(out: str, prefix: str, args: argparse.Namespace) -> dict:
 TRM_PROTOCOL = "TRM (paper's protocol: puzzle embeddings, evaluation demos in training)"
 TTT_PROTOCOL = "ETRM + test-time training (every weight, on the demos of a task's copies pooled)"
 SCRATCH_PROTOCOL = "test-time training from scratch (an untrained TRM core fitted on each task's demos alone)"
-# one pooled fit step over a task's 9 copies (canvas 10), one thread of the 2-core CPU with another process on the
-# other core (docs/record/2026-11-28-arc-test-time-training.md): the untrained TRM core of the scratch row on the
-# 77 small evaluation tasks (3631 s / 77 / 200 steps), ETRM (encoder + trm_views core) on 6 small training tasks
-# (the evaluation tasks are larger: a lower bound); printed with the planned number of steps as the expected cost
-SECONDS_PER_POOLED_STEP = {"ttt": 0.71, "scratch": 0.24}
+# seconds of one fit step per copy pooled (a pooled step over a task's C copies costs about C times this), canvas
+# 10, one thread of the 2-core CPU with another process on the other core: the untrained TRM core of the scratch
+# row (3631 s / 77 tasks / 200 steps / 9 copies, docs/record/2026-11-28-arc-test-time-training.md); ETRM (encoder +
+# trm_views core) on the small evaluation tasks (15.8 s per 10 steps of one task's 9 copies,
+# docs/record/2026-11-28-arc-ttt-two-seeds.md). Printed with the planned steps as the expected cost.
+SECONDS_PER_COPY_STEP = {"ttt": 0.176, "scratch": 0.027}
+# ETRM + TTT pools this many copies of a task by default (the original + 2): all 9 cost about 3.4 h for the 77
+# small evaluation tasks on one thread here, 3 about a third of that
+DEFAULT_TTT_COPIES = 3
 
 
-def ttt_overrides(steps: int, lr: float, weight_lr: float) -> list[str]:
-    """evaluate.py's test-time training: every weight, one fit per task over the demos of all its copies."""
-    return ["ttt_params=all", "ttt_pool=true", f"ttt_steps={steps}", f"ttt_lr={lr}", f"ttt_weight_lr={weight_lr}"]
+def ttt_overrides(steps: int, lr: float, weight_lr: float, copies: Optional[int] = None) -> list[str]:
+    """evaluate.py's test-time training: every weight, one fit per task over the demos of its copies (``copies``:
+    the original + copies - 1 of them, fitted and voted; None: every copy the data has)."""
+    over = ["ttt_params=all", "ttt_pool=true", f"ttt_steps={steps}", f"ttt_lr={lr}", f"ttt_weight_lr={weight_lr}"]
+    return over + ([] if copies is None else [f"ttt_augment={copies - 1}"])
 
 
-def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float) -> dict:
+def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float, copies: int) -> dict:
     m = rec["metrics"]
     return {
         "protocol": protocol,
         "status": "ok",
+        "copies": copies,  # per task, pooled in its fit and voted
         "pass@1": m.get("ARC/pass@1"),
         "pass@2": m.get("ARC/pass@2"),
         # the share of a copy's demos reproduced exactly, before and after its fit (mean over copies)
@@ -210,11 +217,12 @@ def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float) -> dict:
     }
 
 
-def _say_cost(what: str, kind: str, tasks: int, steps: int) -> None:
-    rate = SECONDS_PER_POOLED_STEP[kind]
+def _say_cost(what: str, kind: str, tasks: int, steps: int, copies: int) -> None:
+    rate = SECONDS_PER_COPY_STEP[kind]
     print(
-        f"[arc] {what}: {tasks} tasks x {steps} pooled fit steps: about {tasks * steps * rate / 60:.0f} min on one "
-        f"CPU thread ({rate} s/step measured on one thread of a 2-core CPU, canvas 10)",
+        f"[arc] {what}: {tasks} tasks x {steps} fit steps over {copies} copies pooled: about "
+        f"{tasks * steps * copies * rate / 60:.0f} min on one CPU thread ({rate} s per step and copy, measured on "
+        "one thread of a 2-core CPU, canvas 10)",
         flush=True,
     )
 
@@ -228,13 +236,14 @@ def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespac
     if not saved:
         return {"protocol": TTT_PROTOCOL, "status": "no_checkpoint", "message": f"{ck}: no checkpoint"}
     step = saved[-1][0]
-    _say_cost(f"ETRM ({name}) + test-time training", "ttt", len(expect), args.ttt_steps)
-    over = list(args.eval_override) + ttt_overrides(args.ttt_steps, args.ttt_lr, args.ttt_weight_lr)
+    copies = min(args.ttt_copies, args.num_aug + 1)
+    _say_cost(f"ETRM ({name}) + test-time training", "ttt", len(expect), args.ttt_steps, copies)
+    over = list(args.eval_override) + ttt_overrides(args.ttt_steps, args.ttt_lr, args.ttt_weight_lr, copies)
     data = os.path.join(runs_out, "data", "built")
     rec, failed = evaluate_checkpoint(name, run_dir, data, "eval-ttt", expect, step, over, "test-time training")
     if failed is not None:
         return {"protocol": TTT_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0)
+    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0, copies)
 
 
 def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Namespace) -> dict:
@@ -249,13 +258,13 @@ def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Names
         rc, _, last = run_logged(cmd, os.path.join(run_dir, "init.log"), append=True)
         if rc != 0 or not list_checkpoints(ck):
             return {"protocol": SCRATCH_PROTOCOL, "status": "init_failed", "message": last}
-    _say_cost("test-time training from scratch", "scratch", len(expect), args.scratch_steps)
+    _say_cost("test-time training from scratch", "scratch", len(expect), args.scratch_steps, args.num_aug + 1)
     steps, lr, wlr = args.scratch_steps, args.scratch_lr, args.scratch_weight_lr
     over = list(args.eval_override) + ttt_overrides(steps, lr, wlr)
     rec, failed = evaluate_checkpoint("scratch", run_dir, data, "eval", expect, 0, over, "test-time training")
     if failed is not None:
         return {"protocol": SCRATCH_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0)
+    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0, args.num_aug + 1)
 
 
 def _per_step(seconds: Optional[float], steps: Optional[int]) -> Optional[float]:
@@ -335,11 +344,12 @@ def write_report(out: str, result: dict) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    copies = lambda r: f", {r['copies']} copies" if r.get("copies") else ""  # noqa: E731
     for name, r in result["protocols"].items():
         demo = "-" if r.get("demo_fit_after") is None else f"{fmt(r['demo_fit_before'])} -> {fmt(r['demo_fit_after'])}"
         secs = "-" if r.get("seconds") is None else f"{r['seconds']:.0f}"
         lines.append(
-            f"| {r['protocol']} | {name} | {r['status']} | {fmt(r.get('pass@1'))} | {fmt(r.get('pass@2'))} "
+            f"| {r['protocol']}{copies(r)} | {name} | {r['status']} | {fmt(r.get('pass@1'))} | {fmt(r.get('pass@2'))} "
             f"| {fmt(r.get('train_fit_pass@1'))} | {demo} | {r.get('seconds_per_step') or '-'} "
             f"| {r.get('seconds_per_task', '-')} | {secs} |"
         )
@@ -371,6 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ttt-steps", type=int, default=100, help="ttt: fit steps per task (default 100)")
     ap.add_argument("--ttt-lr", type=float, default=1e-2, help="ttt: lr of the per-copy context offset")
     ap.add_argument("--ttt-weight-lr", type=float, default=1e-3, help="ttt: lr of the weights (default 1e-3)")
+    ap.add_argument(
+        "--ttt-copies",
+        type=int,
+        default=DEFAULT_TTT_COPIES,
+        help=f"ttt: copies of a task pooled in its fit and voted, the original first (default {DEFAULT_TTT_COPIES}; "
+        "at most --num-aug + 1; the cost grows with it)",
+    )
     ap.add_argument("--scratch-steps", type=int, default=200, help="scratch: fit steps per task (default 200)")
     ap.add_argument("--scratch-lr", type=float, default=1e-2, help="scratch: lr of each copy's fresh embedding")
     ap.add_argument("--scratch-weight-lr", type=float, default=3e-3, help="scratch: lr of the weights")
@@ -396,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     with user_errors(code=2):
         if args.max_side < 1 or args.max_side > 30:
             raise ScienceError(f"--max-side {args.max_side}: must be between 1 and 30")
-        for k in ("ttt_steps", "scratch_steps"):
+        for k in ("ttt_steps", "scratch_steps", "ttt_copies"):
             if getattr(args, k) < 1:
                 raise ScienceError(f"--{k.replace('_', '-')} {getattr(args, k)}: must be >= 1")
         out = os.path.abspath(args.out)

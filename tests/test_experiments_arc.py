@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import PlatformError
 from dataset.arc_sources import load_puzzles
-from experiments.arc import draw_pictures, main, write_subset
+from experiments.arc import draw_pictures, main, ttt_overrides, write_subset
 
 
 def _task(rng, side_in, side_out=None, demos=3):
@@ -78,6 +78,16 @@ def _tiny_args(tmp_path, out, steps: int, more: list) -> list:
     return args + ["--num-aug", "1"] + [a for o in tiny for a in ("--override", o)]
 
 
+def test_ttt_copies_pick_the_original_and_the_first_copies_and_bad_counts_are_refused(tmp_path, capsys):
+    assert ttt_overrides(100, 1e-2, 1e-3, copies=3)[-1] == "ttt_augment=2"  # the original + 2 copies
+    assert not any(o.startswith("ttt_augment") for o in ttt_overrides(100, 1e-2, 1e-3))  # every copy
+    for flag, value in (("--ttt-copies", "0"), ("--ttt-steps", "0"), ("--scratch-steps", "-1")):
+        with pytest.raises(SystemExit) as e:
+            main(["--out", str(tmp_path / "o"), flag, value])
+        assert e.value.code == 2 and f"{flag} {value}: must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
 @pytest.mark.slow
 def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tmp_path):
     out = tmp_path / "arc"
@@ -110,6 +120,9 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
         assert 0.0 <= row["demo_fit_before"] <= 1.0 and 0.0 <= row["demo_fit_after"] <= 1.0
     made = json.load(open(out / "runs" / "runs" / "standard" / "eval-ttt" / "metrics.json"))
     assert made["metrics"]["ttt/steps"] == 1 and made["config"]["ttt_pool"] and made["config"]["ttt_params"] == "all"
+    # --ttt-copies 3 (the default) is capped at the data's 2 copies (--num-aug 1): the original + 1 fitted and voted
+    assert made["config"]["ttt_augment"] == 1 and res["protocols"]["ttt"]["copies"] == 2
+    assert made["metrics"]["ttt/num_puzzles"] == 2 * 3  # 3 evaluation tasks x 2 copies
     scratch = out / "scratch" / "checkpoint"
     assert (
         sorted(os.listdir(scratch)).count("step_0.pt") == 1 and "max_steps: 0" in (scratch / "config.yaml").read_text()
