@@ -65,6 +65,11 @@ class PuzzleDatasetConfig(pydantic.BaseModel):
     # Test mode: keep only the first N augmented puzzles of every group (the builder writes the identity copy
     # first), so a quick evaluation uses fewer copies without rebuilding. None = all.
     max_puzzles_per_group: Optional[int] = pydantic.Field(default=None, gt=0)
+    # Test mode: a group's examples (every copy of one original puzzle) share one local batch: a group that does
+    # not fit in the room left starts the next one (padding the rest); a group larger than a local batch fills
+    # whole ones. Per-group work on a batch (test-time training of every weight, one fit per puzzle or copy) then
+    # sees the whole group once. False = the examples in order, packed densely.
+    whole_groups: bool = False
     num_workers: int = pydantic.Field(default=0, ge=0)
     # None = pin when CUDA is available.
     pin_memory: Optional[bool] = None
@@ -260,8 +265,12 @@ class PuzzleDataset(IterableDataset):
                 if self.config.max_puzzles_per_group is not None:
                     p1 = np.minimum(p1, p0 + self.config.max_puzzles_per_group)
                 e0, e1 = s.puzzle_indices[p0], s.puzzle_indices[p1]
-                ex = np.concatenate([np.arange(a, b) for a, b in zip(e0, e1)]) if len(groups) else np.zeros(0, np.int64)
+                per_group = [np.arange(a, b) for a, b in zip(e0, e1)]
                 gbs = self.config.global_batch_size
+                if self.config.whole_groups:
+                    plans.append(_whole_group_plan(per_group, gbs, self.config.world_size))
+                    continue
+                ex = np.concatenate(per_group) if len(groups) else np.zeros(0, np.int64)
                 n_batches = -(-len(ex) // gbs)
                 padded = np.full(n_batches * gbs, -1, dtype=np.int64)
                 padded[: len(ex)] = ex
@@ -434,6 +443,40 @@ class PuzzleDataset(IterableDataset):
     @property
     def epoch(self) -> int:
         return self._position[0]
+
+
+def _whole_group_plan(per_group: list[np.ndarray], gbs: int, world_size: int) -> np.ndarray:
+    """[n_batches, gbs] example rows (-1 = padding) in which no group's examples straddle two local batches
+    (rank r's slice of a global batch) unless the group alone is larger than one; groups stay in order."""
+    local = gbs // world_size
+    slots: list[np.ndarray] = []  # local batches, each padded to ``local``
+    cur: list[np.ndarray] = []
+    room = local
+
+    def flush() -> None:
+        nonlocal cur, room
+        if room < local:
+            row = np.full(local, -1, dtype=np.int64)
+            filled = np.concatenate(cur)
+            row[: len(filled)] = filled
+            slots.append(row)
+        cur, room = [], local
+
+    for ex in per_group:
+        if len(ex) > room:
+            flush()
+        while len(ex) > local:  # larger than a local batch: whole ones, the rest starts the next
+            cur, room = [ex[:local]], 0
+            flush()
+            ex = ex[local:]
+        if len(ex):
+            cur.append(ex)
+            room -= len(ex)
+    flush()
+    slots += [np.full(local, -1, dtype=np.int64)] * (-len(slots) % world_size)  # whole global batches
+    if not slots:
+        return np.zeros((0, gbs), dtype=np.int64)
+    return np.stack(slots).reshape(-1, gbs)
 
 
 class _TrackingDataLoader(DataLoader):

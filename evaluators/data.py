@@ -27,11 +27,13 @@ def build_eval_loader(
     num_workers: int = 0,
     split: str = "test",
     seed: int = 0,
+    whole_groups: bool = False,
 ):
     """-> (DataLoader yielding ``(set_name, batch, effective_batch)``, split metadata).
 
     ``seed`` only decides the seeded ``max_groups`` choice; pass the training run's seed to evaluate the same
-    groups as its ``max_eval_groups`` eval hook."""
+    groups as its ``max_eval_groups`` eval hook. ``whole_groups``: every copy of one original puzzle in one local
+    batch (the loader's ``whole_groups``), for per-puzzle work on a batch."""
     if num_augmentations is not None and num_augmentations < 1:
         raise ValueError(f"num_augmentations must be >= 1 or None, got {num_augmentations}")
     cfg = PuzzleDatasetConfig(
@@ -46,6 +48,7 @@ def build_eval_loader(
         max_demos=max_demos,
         num_workers=num_workers,
         max_puzzles_per_group=num_augmentations,
+        whole_groups=whole_groups,
     )
     ds = PuzzleDataset(cfg, split)
     loader = DataLoader(ds, batch_size=None, num_workers=num_workers)

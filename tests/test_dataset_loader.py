@@ -96,6 +96,47 @@ def test_one_puzzle_per_group_per_epoch(synth_dir):
     assert len(per_group) >= s.num_groups - 2  # only the dropped last partial batch may miss groups
 
 
+@pytest.mark.parametrize("world_size,gbs", [(1, 8), (2, 8), (3, 6), (1, 5), (2, 12), (4, 32)])
+def test_whole_groups_never_straddle_a_local_batch_and_visit_every_example_once(synth_dir, world_size, gbs):
+    pidx = np.load(os.path.join(synth_dir, "test", "all__puzzle_indices.npy"))
+    gidx = np.load(os.path.join(synth_dir, "test", "all__group_indices.npy"))
+    sizes = np.diff(pidx[gidx])  # examples per group (original puzzle): 4 and 8 here
+    group_of = np.repeat(np.arange(len(sizes)), sizes)
+    local = gbs // world_size
+
+    def slots(whole: bool) -> tuple[list, dict]:
+        runs = [
+            list(
+                PuzzleDataset(
+                    cfg(synth_dir, global_batch_size=gbs, test_mode=True, rank=r, world_size=world_size, **whole),
+                    "test",
+                )
+            )
+            for r in range(world_size)
+        ]
+        assert len({len(b) for b in runs}) == 1  # same number of batches on every rank (no DDP hang)
+        seen, where = [], {}
+        for j in range(len(runs[0])):
+            for r in range(world_size):
+                idx = runs[r][j][1]["example_index"]
+                ex = idx[idx >= 0].tolist()
+                assert (idx[: len(ex)] >= 0).all()  # a local batch's real rows first, padding after
+                seen += ex
+                for g in set(group_of[ex].tolist()):
+                    where.setdefault(g, []).append((j, r))
+        return seen, where
+
+    seen, where = slots({"whole_groups": True})
+    assert seen == list(range(int(pidx[-1])))  # every example exactly once, in order
+    # a group fills exactly the local batches it needs: one when it fits, else ceil(size / local), never more
+    assert {g: len(w) for g, w in where.items()} == {g: -(-int(n) // local) for g, n in enumerate(sizes)}
+    seen, dense = slots({})
+    assert seen == list(range(int(pidx[-1])))
+    split = [g for g, w in dense.items() if len(w) > -(-int(sizes[g]) // local)]
+    # the case it fixes: densely packed local batches of 5 or 8 split a group (of 4 or 8 examples) that would fit
+    assert bool(split) == (local in (5, 8))
+
+
 @pytest.mark.parametrize("world_size,gbs", [(1, 8), (2, 8), (3, 6), (4, 32)])
 def test_test_mode_exactly_once_in_order(synth_dir, world_size, gbs):
     n_examples = int(np.load(os.path.join(synth_dir, "test", "all__puzzle_indices.npy"))[-1])

@@ -240,8 +240,21 @@ def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
         for j in range(len(names))
     )
     pool = dict(ttt_steps=1, ttt_params="all", ttt_pool=True, ttt_augment=1)
-    mp = ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "pool"), **pool))
+    fits = []  # demo pairs of every pooled fit
+    import evaluators.ttt as ettt
+
+    def spy(model, demos, *a, **kw):
+        fits.append(demos.n)
+        return orig(model, demos, *a, **kw)
+
+    orig, ettt.fit = ettt.fit, spy
+    try:  # batches of 4 rows: packed densely, the second puzzle (4 test rows, after 2) would fall in two
+        mp = ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "pool"), batch_size=4, **pool))
+    finally:
+        ettt.fit = orig
     assert mp["ttt/num_puzzles"] == m["ttt/num_puzzles"] and mp["ARC/num_puzzles"] == plain["ARC/num_puzzles"]
+    # one fit per original puzzle on all its copies' demos: a puzzle's copies always share a batch
+    assert len([n for n in fits if n > 0]) == plain["ARC/num_puzzles"], fits
 
 
 def test_the_science_table_notes_the_test_time_training_of_a_run():

@@ -76,6 +76,8 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             num_workers=cfg.num_workers,
             # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
             seed=int(info.get("seed", 0)),
+            # ttt_params=all fits once per copy (or, pooled, per puzzle) of a batch: a puzzle never spans two
+            whole_groups=ttt is not None and cfg.ttt_params == "all",
         )
         if rule_table is not None:
             loader = _LabelledLoader(loader, rule_table)
