@@ -27,7 +27,7 @@ Stages (each resumable, the way the science command is):
    score: a task counts the share of its test outputs answered) and the train fit, with the subset's counts
    and the wall time, the test-time rows' demo fit and s/task; ``DIR/pictures/``: a few solved and failed
    evaluation tasks of the first encoder's run (demos, test input, truth, top-2 voted predictions), ``--pictures
-   N`` of each (default 3).
+   N`` of each (default 3), and the test-time rows' in ``DIR/pictures/<row>/``.
 """
 
 from __future__ import annotations
@@ -201,11 +201,12 @@ def ttt_overrides(steps: int, lr: float, weight_lr: float, copies: Optional[int]
     return over + ([] if copies is None else [f"ttt_augment={copies - 1}"])
 
 
-def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float, copies: int) -> dict:
+def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float, copies: int, eval_dir: str) -> dict:
     m = rec["metrics"]
     return {
         "protocol": protocol,
         "status": "ok",
+        "eval_dir": eval_dir,  # where its predictions are (main draws its pictures from them)
         "copies": copies,  # per task, pooled in its fit and voted
         "pass@1": m.get("ARC/pass@1"),
         "pass@2": m.get("ARC/pass@2"),
@@ -243,7 +244,7 @@ def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespac
     rec, failed = evaluate_checkpoint(name, run_dir, data, "eval-ttt", expect, step, over, "test-time training")
     if failed is not None:
         return {"protocol": TTT_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0, copies)
+    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0, copies, os.path.join(run_dir, "eval-ttt"))
 
 
 def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Namespace) -> dict:
@@ -264,7 +265,7 @@ def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Names
     rec, failed = evaluate_checkpoint("scratch", run_dir, data, "eval", expect, 0, over, "test-time training")
     if failed is not None:
         return {"protocol": SCRATCH_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0, args.num_aug + 1)
+    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0, args.num_aug + 1, os.path.join(run_dir, "eval"))
 
 
 def _per_step(seconds: Optional[float], steps: Optional[int]) -> Optional[float]:
@@ -290,9 +291,9 @@ def _protocol_rows(science: dict) -> dict[str, dict]:
     return rows
 
 
-def draw_pictures(out: str, prefix: str, eval_dir: str, per_kind: int) -> dict[str, list[str]]:
+def draw_pictures(folder: str, prefix: str, eval_dir: str, per_kind: int) -> dict[str, list[str]]:
     """Draw up to ``per_kind`` solved (every test output in the top 2) and failed evaluation tasks of one run from
-    its ``predictions.json`` into ``out/pictures/{solved,failed}_<task>.png``. Returns the paths by kind."""
+    its ``predictions.json`` into ``folder/{solved,failed}_<task>.png``. Returns the paths by kind."""
     path = os.path.join(eval_dir, "predictions.json")
     if per_kind <= 0 or not os.path.exists(path):
         return {}
@@ -317,8 +318,8 @@ def draw_pictures(out: str, prefix: str, eval_dir: str, per_kind: int) -> dict[s
             [SimpleNamespace(grid=c["grid"], votes=c["votes"], mean_q=c["mean_q"]) for c in t["candidates"]]
             for t in tests
         ]
-        os.makedirs(os.path.join(out, "pictures"), exist_ok=True)
-        drawn[kind].append(draw_puzzle(os.path.join(out, "pictures", f"{kind}_{name}.png"), name, puzzle, ranked))
+        os.makedirs(folder, exist_ok=True)
+        drawn[kind].append(draw_puzzle(os.path.join(folder, f"{kind}_{name}.png"), name, puzzle, ranked))
     return drawn
 
 
@@ -451,7 +452,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     pictures = {}
     if first is not None:
         eval_dir = os.path.join(settings.out, "runs", first, HELDOUT_EVAL)
-        pictures = draw_pictures(out, subset["prefix"], eval_dir, args.pictures)
+        pictures = draw_pictures(os.path.join(out, "pictures"), subset["prefix"], eval_dir, args.pictures)
+    for name, row in extra.items():  # the test-time rows' own answers, in DIR/pictures/<row>/
+        if row.get("status") == "ok":
+            folder = os.path.join(out, "pictures", name)
+            row["pictures"] = draw_pictures(folder, subset["prefix"], row.pop("eval_dir"), args.pictures)
     result = {
         "command": command,
         "max_side": args.max_side,

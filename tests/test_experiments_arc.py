@@ -129,6 +129,10 @@ def test_the_command_trains_on_training_tasks_and_scores_the_evaluation_tasks(tm
     )
     assert json.load(open(out / "scratch" / "eval" / "metrics.json"))["metrics"]["ttt/steps"] == 2
     assert "from scratch" in (out / "arc.md").read_text()
+    for name in ("ttt", "scratch"):  # each test-time row's own answers drawn: 3 evaluation tasks, each once
+        pics = res["protocols"][name]["pictures"]
+        assert len(pics["solved"] + pics["failed"]) == 3 and "eval_dir" not in res["protocols"][name]
+        assert all(os.path.dirname(p) == str(out / "pictures" / name) for p in pics["solved"] + pics["failed"])
 
 
 @pytest.mark.slow
@@ -163,12 +167,12 @@ def test_pictures_sort_tasks_by_the_evaluator_s_one_based_rank(tmp_path):
     ranks = {"ev000": 1, "ev001": 2, "ev002": 3, "ev003": None}
     preds = {n: [{"test_index": 0, "correct_rank": r, "candidates": [cand]}] for n, r in ranks.items()}
     (ev / "predictions.json").write_text(json.dumps(preds))
-    drawn = draw_pictures(str(tmp_path / "out"), prefix, str(ev), per_kind=3)
+    drawn = draw_pictures(str(tmp_path / "out" / "pictures"), prefix, str(ev), per_kind=3)
     names = {k: [os.path.basename(p) for p in v] for k, v in drawn.items()}
     assert names == {
         "solved": ["solved_ev000.png", "solved_ev001.png"],
         "failed": ["failed_ev002.png", "failed_ev003.png"],
     }
-    assert draw_pictures(str(tmp_path / "out2"), prefix, str(ev), per_kind=1)["failed"] == [
+    assert draw_pictures(str(tmp_path / "out2" / "pictures"), prefix, str(ev), per_kind=1)["failed"] == [
         str(tmp_path / "out2" / "pictures" / "failed_ev002.png")
     ]
