@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataset.canvas import translate_batch
 from dataset.errors import DatasetError
+from dataset.eval_batches import eval_batches
 from dataset.metadata import DatasetMetadata, canvas_side, load_metadata
 from dataset.split_checks import no_canvas_reason
 from dataset.split_data import SetData, combine_metadata, group_names, load_sets, matching_groups
@@ -256,7 +257,7 @@ class PuzzleDataset(IterableDataset):
         return plan
 
     def _test_plan(self, set_idx: int) -> np.ndarray:
-        """All examples of the chosen groups in order, padded with -1 to whole global batches."""
+        """All examples of the chosen groups in order, in global batches padded with -1 (``eval_batches``)."""
         if self._test_plans is None:
             plans = []
             for k, s in enumerate(self.sets):
@@ -266,15 +267,8 @@ class PuzzleDataset(IterableDataset):
                     p1 = np.minimum(p1, p0 + self.config.max_puzzles_per_group)
                 e0, e1 = s.puzzle_indices[p0], s.puzzle_indices[p1]
                 per_group = [np.arange(a, b) for a, b in zip(e0, e1)]
-                gbs = self.config.global_batch_size
-                if self.config.whole_groups:
-                    plans.append(_whole_group_plan(per_group, gbs, self.config.world_size))
-                    continue
-                ex = np.concatenate(per_group) if len(groups) else np.zeros(0, np.int64)
-                n_batches = -(-len(ex) // gbs)
-                padded = np.full(n_batches * gbs, -1, dtype=np.int64)
-                padded[: len(ex)] = ex
-                plans.append(padded.reshape(n_batches, gbs))
+                cfg = self.config
+                plans.append(eval_batches(per_group, cfg.global_batch_size, cfg.world_size, cfg.whole_groups))
             self._test_plans = plans
         return self._test_plans[set_idx]
 
@@ -443,40 +437,6 @@ class PuzzleDataset(IterableDataset):
     @property
     def epoch(self) -> int:
         return self._position[0]
-
-
-def _whole_group_plan(per_group: list[np.ndarray], gbs: int, world_size: int) -> np.ndarray:
-    """[n_batches, gbs] example rows (-1 = padding) in which no group's examples straddle two local batches
-    (rank r's slice of a global batch) unless the group alone is larger than one; groups stay in order."""
-    local = gbs // world_size
-    slots: list[np.ndarray] = []  # local batches, each padded to ``local``
-    cur: list[np.ndarray] = []
-    room = local
-
-    def flush() -> None:
-        nonlocal cur, room
-        if room < local:
-            row = np.full(local, -1, dtype=np.int64)
-            filled = np.concatenate(cur)
-            row[: len(filled)] = filled
-            slots.append(row)
-        cur, room = [], local
-
-    for ex in per_group:
-        if len(ex) > room:
-            flush()
-        while len(ex) > local:  # larger than a local batch: whole ones, the rest starts the next
-            cur, room = [ex[:local]], 0
-            flush()
-            ex = ex[local:]
-        if len(ex):
-            cur.append(ex)
-            room -= len(ex)
-    flush()
-    slots += [np.full(local, -1, dtype=np.int64)] * (-len(slots) % world_size)  # whole global batches
-    if not slots:
-        return np.zeros((0, gbs), dtype=np.int64)
-    return np.stack(slots).reshape(-1, gbs)
 
 
 class _TrackingDataLoader(DataLoader):

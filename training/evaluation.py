@@ -76,8 +76,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             num_workers=cfg.num_workers,
             # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
             seed=int(info.get("seed", 0)),
-            # ttt_params=all fits once per copy (or, pooled, per puzzle) of a batch: a puzzle never spans two
-            whole_groups=ttt is not None and cfg.ttt_params == "all",
+            whole_groups=ttt is not None and cfg.ttt_params == "all",  # one fit per puzzle: all its copies
         )
         if rule_table is not None:
             loader = _LabelledLoader(loader, rule_table)
@@ -155,8 +154,7 @@ def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTrai
             params=cfg.ttt_params,
             pool=cfg.ttt_pool,
         )
-        pool_of = base_puzzle_index(cfg.data_path) if cfg.ttt_pool else None
-        return TestTimeTraining(head, settings, pool_of=pool_of)
+        return TestTimeTraining(head, settings, pool_of=base_puzzle_index(cfg.data_path) if cfg.ttt_pool else None)
     except ValueError as e:
         raise EvaluateError(f"ttt_params={cfg.ttt_params}: {e}") from None
 
