@@ -201,8 +201,9 @@ def ttt_overrides(steps: int, lr: float, weight_lr: float, copies: Optional[int]
     return over + ([] if copies is None else [f"ttt_augment={copies - 1}"])
 
 
-def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float, copies: int, eval_dir: str) -> dict:
+def _ttt_row(protocol: str, rec: dict, tasks: int, copies: int, eval_dir: str) -> dict:
     m = rec["metrics"]
+    seconds = m["eval/wall_seconds"]  # the evaluation with its fits (a reused one: when it ran)
     return {
         "protocol": protocol,
         "status": "ok",
@@ -213,9 +214,8 @@ def _ttt_row(protocol: str, rec: dict, tasks: int, t0: float, copies: int, eval_
         # the share of a copy's demos reproduced exactly, before and after its fit (mean over copies)
         "demo_fit_before": m.get("ttt/fit_before"),
         "demo_fit_after": m.get("ttt/fit_after"),
-        "seconds_per_task": round(m.get("eval/wall_seconds", 0.0) / max(1, tasks), 2),
-        # the evaluation with its fits (also when reused: when it ran), else this call's
-        "seconds": round(m.get("eval/wall_seconds") or (time.time() - t0), 1),
+        "seconds_per_task": round(seconds / max(1, tasks), 2),
+        "seconds": round(seconds, 1),
     }
 
 
@@ -232,7 +232,7 @@ def _say_cost(what: str, kind: str, tasks: int, steps: int, copies: int) -> None
 def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespace) -> dict:
     """ETRM + test-time training: the ETRM run ``name``'s last checkpoint, every weight fitted per task on the
     demos of its copies (``ttt_overrides``), the evaluation tasks scored as in plain evaluation."""
-    t0, run_dir = time.time(), os.path.join(runs_out, "runs", name)
+    run_dir = os.path.join(runs_out, "runs", name)
     ck = os.path.join(run_dir, "checkpoint")
     saved = list_checkpoints(ck)
     if not saved:
@@ -245,7 +245,7 @@ def run_ttt(runs_out: str, name: str, expect: list[str], args: argparse.Namespac
     rec, failed = evaluate_checkpoint(name, run_dir, data, "eval-ttt", expect, step, over, "test-time training")
     if failed is not None:
         return {"protocol": TTT_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(TTT_PROTOCOL, rec, len(expect), t0, copies, os.path.join(run_dir, "eval-ttt"))
+    return _ttt_row(TTT_PROTOCOL, rec, len(expect), copies, os.path.join(run_dir, "eval-ttt"))
 
 
 def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Namespace) -> dict:
@@ -253,7 +253,7 @@ def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Names
     trained (``max_steps=0`` writes its initial weights), fitted per task on the demos of the task's copies alone
     (each copy its own fresh embedding) and scored like the other rows. No pretraining: nothing but the task's
     own demos reaches the weights."""
-    t0, run_dir = time.time(), os.path.join(out, "scratch")
+    run_dir = os.path.join(out, "scratch")
     data, ck = os.path.join(runs_out, "data", "built"), os.path.join(run_dir, "checkpoint")
     if not list_checkpoints(ck):
         cmd = trm_command(data, ck, 0, args.seed, args.override)
@@ -266,7 +266,7 @@ def run_scratch(out: str, runs_out: str, expect: list[str], args: argparse.Names
     rec, failed = evaluate_checkpoint("scratch", run_dir, data, "eval", expect, 0, over, "test-time training")
     if failed is not None:
         return {"protocol": SCRATCH_PROTOCOL, "status": failed["status"], "message": failed.get("message")}
-    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), t0, args.num_aug + 1, os.path.join(run_dir, "eval"))
+    return _ttt_row(SCRATCH_PROTOCOL, rec, len(expect), args.num_aug + 1, os.path.join(run_dir, "eval"))
 
 
 def _per_step(seconds: Optional[float], steps: Optional[int]) -> Optional[float]:
