@@ -533,3 +533,31 @@ def test_an_evaluation_is_reused_only_with_the_same_eval_overrides(science_out, 
     text = capsys.readouterr().out
     assert text.count("exists, reused") == text.count("evaluation of one copy exists, reused") == 2
     assert metrics()["config"]["num_augmentations"] is None and metrics()["metrics"]["ARC/num_examples"] == every
+
+
+@pytest.mark.slow
+def test_score_tables_any_predictions_as_the_command_does(science_out, tmp_path, capsys):
+    """experiments.science.score on the command's own one-copy predictions gives its one-copy table's pass@1 in
+    every row; a predictions file that misses a held-out puzzle or a bad NAME=PATH fails with one line naming it."""
+    from experiments.science import score
+
+    out, res = science_out
+    own = os.path.join(out, "runs", "standard", "eval-one-copy", "predictions.json")
+    ctrl = os.path.join(out, "runs", CONTROL, "eval-one-copy", "predictions.json")
+    table = score.score(out, {"a": own, "b": ctrl})
+    want = res["families_one_copy"]
+    rows = [f for f, r in want.items() if r.get("count")]
+    assert rows and sorted(f for f, r in table.items() if r.get("count")) == sorted(rows)
+    for f in rows:
+        assert table[f]["runs"]["a"]["pass@1"] == want[f]["runs"]["standard"]["pass@1"]
+        assert table[f]["runs"]["b"]["pass@1"] == want[f]["runs"][CONTROL]["pass@1"]
+    md = score.main([out, f"a={own}", "--out", str(tmp_path / "t.md")])
+    assert open(tmp_path / "t.md").read() == md and f"| all ({want['all']['count']}) |" in md
+    short = json.load(open(own))
+    short.pop(sorted(short)[0])
+    json.dump(short, open(tmp_path / "short.json", "w"))
+    capsys.readouterr()
+    for args, message in (([f"a={tmp_path / 'short.json'}"], "short.json"), (["a"], "expected NAME=PREDICTIONS")):
+        with pytest.raises(SystemExit) as e:
+            score.main([out] + args)
+        assert e.value.code == 1 and message in capsys.readouterr().err

@@ -71,3 +71,43 @@ def test_each_layer_alone_builds_and_changes_the_answer(ops):
         model.inner.grid_ops.out_proj.weight.mul_(3.0)
     assert not torch.allclose(eval_logits(model, data), ref, atol=1e-4)
     assert ref.shape[0] == B and ref.shape[1] >= SIDE * SIDE
+
+
+def test_the_cell_descriptor_starts_as_a_no_op_and_then_reaches_the_test_cells_and_the_memory_keys():
+    """``cell_descriptor``: one GridOps pass over each grid's embedding, added to the test input's cells and, through
+    ``token_embeddings``, to every demo input cell the memory keys. At zero it is trm_local exactly; moved, it changes
+    the answer both through the test cells and through the demo keys alone."""
+    data = batch()
+    plain = build(name="trm_local")
+    desc = build(name="trm_local", cell_descriptor=True)
+    missing, unexpected = desc.load_state_dict(plain.state_dict(), strict=False)
+    assert unexpected == [] and sorted(missing) == [f"inner.descriptor.{p}_proj.weight" for p in ("in", "out")]
+    ref = eval_logits(plain, data)
+    torch.testing.assert_close(eval_logits(desc, data), ref, atol=1e-5, rtol=1e-5)
+    # the other weights start as without it (created last from the same seed)
+    fresh = build(name="trm_local", cell_descriptor=True)
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v)
+    with torch.no_grad():
+        desc.inner.descriptor.out_proj.weight.normal_(0, 0.5)
+    moved = eval_logits(desc, data)
+    assert not torch.allclose(moved, ref, atol=1e-4)
+    # what reaches a cell: its embedding changes when a neighbour changes colour (the cell itself unchanged), and a
+    # cell outside its 3 x 3 block but on its row sees the change through the rays
+    inner = desc.inner
+    one = data["inputs"][:1].clone()
+    nb = 1 * SIDE + 2  # the right neighbour of cell (1, 1) of the 3 x 3 grid
+    other = one.clone()
+    other[0, nb] = 2 + (int(one[0, nb]) - 1) % 10  # another colour (tokens 2..11)
+    emb_a, emb_b = inner.token_embeddings(one)[0], inner.token_embeddings(other)[0]
+    assert not torch.allclose(emb_a[1 * SIDE + 1], emb_b[1 * SIDE + 1], atol=1e-4)
+    assert not torch.allclose(emb_a[1 * SIDE + 0], emb_b[1 * SIDE + 0], atol=1e-6)  # two cells left: the rays
+    torch.testing.assert_close(emb_a[3 * SIDE + 0], emb_b[3 * SIDE + 0])  # neither in its block nor its row / column
+    # the memory keys read the same descriptor: keys with it moved differ from keys with it at zero
+    enc = desc.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+    args = (enc.memory, data["demo_inputs"], data["demo_labels"], inner.token_embeddings, torch.float32)
+    k_moved = inner.memory_read.keys(*args)[0]
+    with torch.no_grad():
+        inner.descriptor.out_proj.weight.zero_()
+    k_zero = inner.memory_read.keys(*args)[0]
+    assert not torch.allclose(k_moved, k_zero, atol=1e-4)

@@ -92,6 +92,11 @@ class TRMLocalConfig(TRMMemoryConfig):
     # the output projection's init std as a multiple of the default (LeCun); 0: the layers start as a no-op, the core
     # as trm_memory, and the layers grow from the first update (measured better than 1: docs/science.md)
     grid_ops_out_init: float = Field(0.0, ge=0)
+    # the same kind of layers (one pass, its own weights) over each grid's colour and offset embedding, added to the
+    # embedding of every cell of the test input *and* of every demo input cell the memory keys: a cell's key then
+    # says what surrounds it, so a test cell can find the demo cells in the same local role. Output projection
+    # started at zero (the core starts as without it)
+    cell_descriptor: bool = False
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -137,6 +142,7 @@ class GridTRMInner(TRMInner):
         self.demo_lookup: Optional[nn.ModuleList] = None
         self.cell_features: Optional[CellFeatures] = None
         self.grid_ops: Optional[GridOps] = None
+        self.descriptor: Optional[GridOps] = None
         std, dtype = self.embed_init_std, self.forward_dtype
         if self.reads_memory:
             if config.memory_width is None:
@@ -182,6 +188,11 @@ class GridTRMInner(TRMInner):
             )
             with torch.no_grad():
                 self.grid_ops.out_proj.weight.mul_(config.grid_ops_out_init)
+            if config.cell_descriptor:  # drawn from a forked stream: every other weight starts as without it
+                with torch.random.fork_rng(devices=[]):
+                    self.descriptor = GridOps(side, config.hidden_size, config.grid_ops, config.grid_ops_width, 0)
+                with torch.no_grad():
+                    self.descriptor.out_proj.weight.zero_()
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
@@ -194,9 +205,12 @@ class GridTRMInner(TRMInner):
         )
 
     def token_embeddings(self, inputs: torch.Tensor) -> torch.Tensor:
-        """The colour and grid-offset embedding (the variance kept), plus with ``cell_features`` the cell's counts:
-        of the test input here and, through the memory's keys, of every demo input cell."""
+        """The colour and grid-offset embedding (the variance kept), plus with ``cell_descriptor`` the cell's local
+        descriptor and with ``cell_features`` its counts: of the test input here and, through the memory's keys, of
+        every demo input cell."""
         x = 0.707106781 * (super().token_embeddings(inputs) + self.embed_grid(inputs))
+        if self.descriptor is not None:  # trm_local, cell_descriptor: what surrounds the cell in its grid
+            x = x + self.descriptor(x)
         if self.cell_features is None:
             return x
         return (x + self.cell_features(inputs).to(x.dtype)) * (1 + self.cell_features.num_tables) ** -0.5

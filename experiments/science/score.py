@@ -1,0 +1,90 @@
+"""Score any evaluate.py predictions on a science command's held-out puzzles, per family (one column each).
+
+    python -m experiments.science.score DIR NAME=PREDICTIONS.json [NAME=PREDICTIONS.json ...] [--out T.md]
+
+DIR is a science command's ``--out`` (its data); each PREDICTIONS.json an evaluate.py ``predictions.json`` over
+exactly its held-out puzzles, e.g. the same checkpoint evaluated with test-time training::
+
+    python evaluate.py checkpoint=DIR/runs/standard/checkpoint data_path=DIR/data/built output_dir=TTT \\
+        num_augmentations=1 ttt_steps=32 ttt_params=all ...        # or ttt_augment=0: one copy, no vote
+    python -m experiments.science.score DIR none=DIR/runs/standard/eval-one-copy/predictions.json \\
+        ttt=TTT/predictions.json
+
+Cells: pass@1 over the family's held-out puzzles, with the covered / open / headline / all rows of the command's own
+table (:func:`experiments.science.report.family_table`). Which copies were voted is the evaluation's business: one
+copy per puzzle (``num_augmentations=1``) is the headline's protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional, Sequence
+
+from core.io import read_json
+from core.table import markdown_table
+from experiments.science.common import ScienceError
+from experiments.science.data import ScienceData, prepare_synthetic
+from experiments.science.report import family_table
+from training.compare_runs import table_command
+
+
+def load_data(out: str) -> ScienceData:
+    """The science data of ``out`` as built (nothing is built here)."""
+    path = os.path.join(out, "data", "settings.json")
+    if not os.path.exists(path):
+        raise ScienceError(f"{out}: no science data ({path} missing; run python -m experiments.science first)")
+    return prepare_synthetic(out, read_json(path, ScienceError), no_train=True)
+
+
+def score(out: str, predictions: dict[str, str]) -> dict:
+    """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles."""
+    data = load_data(out)
+    pred = {}
+    for name, path in predictions.items():
+        pred[name] = read_json(path, ScienceError)
+    try:
+        return family_table(data.rules, pred, headline=data.headline, groups=data.groups)
+    except ScienceError as e:
+        raise ScienceError(f"{e} ({', '.join(f'{n}={p}' for n, p in predictions.items())})") from None
+
+
+def render(table: dict, names: Sequence[str]) -> str:
+    rows = [
+        [f"{fam} ({row['count']})"] + [f"{row['runs'][n]['pass@1']:.2f}" if n in row["runs"] else "-" for n in names]
+        for fam, row in table.items()
+        if row.get("count")
+    ]
+    header = ["family (held-out puzzles)"] + list(names)
+    return "\n".join(markdown_table(header, rows, right=[False] + [True] * len(names))) + "\n"
+
+
+def _pairs(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ScienceError(f"expected NAME=PREDICTIONS.json, got {item!r}")
+        if name in out:
+            raise ScienceError(f"the name {name!r} is given twice")
+        out[name] = path
+    return out
+
+
+def _arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("dir", help="a science command's --out (its data/)")
+    ap.add_argument("predictions", nargs="+", help="NAME=PREDICTIONS.json (evaluate.py's), one column each")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    def run(a):
+        named = _pairs(a.predictions)
+        return render(score(a.dir, named), list(named))
+
+    return table_command(
+        argv, "python -m experiments.science.score", __doc__, _arguments, run, "also write the table to this file"
+    )
+
+
+if __name__ == "__main__":
+    main()
