@@ -30,11 +30,14 @@ from training.compare_runs import table_command
 
 
 def load_data(out: str) -> ScienceData:
-    """The science data of ``out`` as built (nothing is built here)."""
+    """The synthetic science data of ``out`` as built (nothing is built here)."""
     path = os.path.join(out, "data", "settings.json")
     if not os.path.exists(path):
         raise ScienceError(f"{out}: no science data ({path} missing; run python -m experiments.science first)")
-    return prepare_synthetic(out, read_json(path, ScienceError), no_train=True)
+    settings = read_json(path, ScienceError)
+    if "files" in settings:
+        raise ScienceError(f"{path}: built from your own puzzles (--input-file-prefix); score reads the synthetic data")
+    return prepare_synthetic(out, settings, no_train=True)
 
 
 def score(out: str, predictions: dict[str, str]) -> dict:
