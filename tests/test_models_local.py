@@ -75,8 +75,9 @@ def test_each_layer_alone_builds_and_changes_the_answer(ops):
 
 def test_the_cell_descriptor_starts_as_a_no_op_and_then_reaches_the_test_cells_and_the_memory_keys():
     """``cell_descriptor``: one GridOps pass over each grid's embedding, added to the test input's cells and, through
-    ``token_embeddings``, to every demo input cell the memory keys. At zero it is trm_local exactly; moved, it changes
-    the answer both through the test cells and through the demo keys alone."""
+    ``token_embeddings``, to every demo input cell the memory keys. At zero it is trm_local exactly (every other weight
+    the same); moved, it changes the answer, a cell's embedding follows its neighbours and its rays, and the memory's
+    keys change with it."""
     data = batch()
     plain = build(name="trm_local")
     desc = build(name="trm_local", cell_descriptor=True)
@@ -84,7 +85,7 @@ def test_the_cell_descriptor_starts_as_a_no_op_and_then_reaches_the_test_cells_a
     assert unexpected == [] and sorted(missing) == [f"inner.descriptor.{p}_proj.weight" for p in ("in", "out")]
     ref = eval_logits(plain, data)
     torch.testing.assert_close(eval_logits(desc, data), ref, atol=1e-5, rtol=1e-5)
-    # the other weights start as without it (created last from the same seed)
+    # the other weights start as without it (the descriptor is drawn from a forked random stream)
     fresh = build(name="trm_local", cell_descriptor=True)
     for k, v in plain.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[k], v)

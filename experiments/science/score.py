@@ -6,7 +6,7 @@ DIR is a science command's ``--out`` (its data); each PREDICTIONS.json an evalua
 exactly its held-out puzzles, e.g. the same checkpoint evaluated with test-time training::
 
     python evaluate.py checkpoint=DIR/runs/standard/checkpoint data_path=DIR/data/built output_dir=TTT \\
-        num_augmentations=1 ttt_steps=32 ttt_params=all ...        # or ttt_augment=0: one copy, no vote
+        ttt_steps=32 ttt_params=all ttt_augment=0 ...        # one copy per puzzle (the original), no vote
     python -m experiments.science.score DIR none=DIR/runs/standard/eval-one-copy/predictions.json \\
         ttt=TTT/predictions.json
 
@@ -43,9 +43,7 @@ def load_data(out: str) -> ScienceData:
 def score(out: str, predictions: dict[str, str]) -> dict:
     """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles."""
     data = load_data(out)
-    pred = {}
-    for name, path in predictions.items():
-        pred[name] = read_json(path, ScienceError)
+    pred = {name: read_json(path, ScienceError) for name, path in predictions.items()}
     try:
         return family_table(data.rules, pred, headline=data.headline, groups=data.groups)
     except ScienceError as e:
