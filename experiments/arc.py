@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_STEPS,
         help=f"training steps of ETRM, the control and TRM (default {DEFAULT_STEPS}: ETRM + control + evaluation in "
-        "about 30 min on a 2-core CPU; the science recipe's own is 3500)",
+        "about 30 min on a 2-core CPU; the science recipe's own is 2000)",
     )
     ap.add_argument("--num-aug", type=int, default=8, help="augmented copies per task, voted over (default 8)")
     ap.add_argument("--seed", type=int, default=0)

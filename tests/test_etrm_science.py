@@ -163,7 +163,8 @@ def test_science_config_builds_every_run(name):
     encoder, extra = run_plan(name)
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
-    assert bool(cfg.encoder.zero_demos) == (name == CONTROL) and cfg.arch.name == "trm_views"
+    assert bool(cfg.encoder.zero_demos) == (name == CONTROL)
+    assert cfg.arch.name == "trm_local" and cfg.arch.cell_descriptor  # no operator written to a family (issue 46)
     meta = tiny_metadata(seq_len=64, num_puzzle_identifiers=5, total_groups=1, grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
@@ -490,8 +491,8 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
     for name in ("standard", CONTROL):  # as if both had been trained with the grid core of then (arch=trm_grid now)
         spath = os.path.join(copy, "runs", name, "run.json")
         spec = json.load(open(spath))
-        assert spec["recipe"]["arch"]["name"] == "trm_views"
-        later = ("memory_", "views", "cell_features", "demo_lookup")  # options added after that commit
+        assert spec["recipe"]["arch"]["name"] == "trm_local"
+        later = ("memory_", "grid_ops", "cell_descriptor")  # options added after that commit
         arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith(later)}
         arch.update(
             name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False

@@ -63,11 +63,14 @@ def test_a_drop_one_candidate_recipe_drops_it_from_the_program():
 
 
 def test_the_drop_one_candidate_ablation_is_an_override_of_the_command():
-    """``--override 'arch.views=[dihedral,shift,roll,scale,tile]'`` (gravity's settle views dropped) composes, and
-    the program beside that run holds the same candidates."""
+    """``--override arch=trm_views --override 'arch.views=[dihedral,shift,roll,scale,tile]'`` (gravity's settle
+    views dropped) composes, and the program beside that run holds the same candidates; the recipe's own core
+    (no candidates) and trm_views' full set are scored against all of them."""
     from experiments.science.recipe import resolve_recipe
 
-    recipe = resolve_recipe("cfg_science", "standard", 10, ["arch.views=[dihedral,shift,roll,scale,tile]"])
+    views = ["arch=trm_views", "arch.views=[dihedral,shift,roll,scale,tile]"]
+    recipe = resolve_recipe("cfg_science", "standard", 10, views)
     assert candidates_of(recipe) == (("dihedral", "shift", "roll", "scale", "tile"), True)
+    assert candidates_of(resolve_recipe("cfg_science", "standard", 10, views[:1])) == (DEFAULT_KINDS, True)
     full = resolve_recipe("cfg_science", "standard", 10, [])
-    assert candidates_of(full) == (DEFAULT_KINDS, True)
+    assert full["arch"]["name"] == "trm_local" and candidates_of(full) == (DEFAULT_KINDS, True)

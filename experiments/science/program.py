@@ -156,8 +156,8 @@ def solve(
 
 def candidates_of(recipe: dict) -> tuple[tuple[str, ...], bool]:
     """(view kinds, lookups on) of a run's recipe: its arch's ``views`` and ``demo_lookup`` when the arch is
-    trm_views (a drop-one-candidate run: ``--override 'arch.views=[...]'`` drops them from the program too), else
-    the class defaults."""
+    trm_views (a drop-one-candidate run: ``--override arch=trm_views --override 'arch.views=[...]'`` drops them
+    from the program too), else the class defaults (the recipe's core holds no candidate: it is scored against all)."""
     arch = recipe.get("arch") or {}
     if arch.get("name") != "trm_views":
         return DEFAULT_KINDS, True
