@@ -562,3 +562,44 @@ def test_score_tables_any_predictions_as_the_command_does(science_out, tmp_path,
         with pytest.raises(SystemExit) as e:
             score.main([out] + args)
         assert e.value.code == 1 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path, capsys):
+    """With a ttt.json beside the predictions, experiments.science.score adds the demo-fit table: per family, the share
+    of held-out puzzles as drawn whose demos were fitted (fit_after 1.0) and how many of the fitted / the others
+    answered every test output, counted here by hand; an augmented copy's entry is not counted, and a held-out
+    puzzle without an entry of its own is refused, naming the ttt.json."""
+    from experiments.science import score
+
+    out, _ = science_out
+    pred_path = os.path.join(out, "runs", "standard", "eval-one-copy", "predictions.json")
+    pred = json.load(open(pred_path))
+    # a model that answered the puzzles of odd index: the outcome is then known whatever the tiny run predicted
+    names = sorted(pred)
+    for i, p in enumerate(names):
+        pred[p] = [dict(r, correct_rank=1 if i % 2 else None) for r in pred[p]]
+    ids = json.load(open(os.path.join(out, "data", "built", "identifiers.json")))
+    copy_id = next(i for i, n in enumerate(ids) if "|||" in n and n.split("|||")[0] in pred)
+    entries = [{"puzzle_identifier": ids.index(p), "fit_after": 1.0 if i % 3 else 0.5} for i, p in enumerate(names)]
+    entries.append({"puzzle_identifier": copy_id, "fit_after": 1.0})  # an augmented copy: not counted
+    run = tmp_path / "ttt"
+    run.mkdir()
+    json.dump(pred, open(run / "predictions.json", "w"))
+    json.dump({"puzzles": entries}, open(run / "ttt.json", "w"))
+    rules = json.load(open(os.path.join(out, "data", "raw", "synth_rules.json")))
+    md = score.main([out, f"ttt={run / 'predictions.json'}"])
+    assert "| ttt: demo fit (puzzles) | fitted | answered | fitted | answered | not fitted |" in md
+    for fam in FAMS + ["all"]:
+        mine = [i for i, p in enumerate(names) if fam == "all" or rules[p]["family"] == fam]
+        fitted = [i for i in mine if i % 3]
+        rest = [i for i in mine if not i % 3]
+        share = lambda xs: f"{sum(i % 2 for i in xs) / len(xs):.2f}" if xs else "-"  # noqa: E731
+        want = f"| {fam} ({len(mine)}) | {len(fitted) / len(mine):.2f} | {share(fitted)} | {share(rest)} |"
+        assert want in md, want
+    json.dump({"puzzles": entries[1:]}, open(run / "ttt.json", "w"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        score.main([out, f"ttt={run / 'predictions.json'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and "ttt.json" in err and "no entry for 1 held-out puzzles" in err

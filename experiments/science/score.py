@@ -13,6 +13,11 @@ exactly its held-out puzzles, e.g. the same checkpoint evaluated with test-time 
 Cells: pass@1 over the family's held-out puzzles, with the covered / open / headline / all rows of the command's own
 table (:func:`experiments.science.report.family_table`). Which copies were voted is the evaluation's business: one
 copy per puzzle (``num_augmentations=1``) is the headline's protocol.
+
+When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time training), a second table splits that
+run's held-out puzzles as drawn by the fit: ``fitted`` (share whose demos the fitted model reproduces exactly, fit 1.0
+after the fit), ``answered | fitted`` and ``answered | not fitted`` (share of those whose every test output is right):
+whether a fitted demo set gives the test answer (:func:`fit_transfer`).
 """
 
 from __future__ import annotations
@@ -50,6 +55,46 @@ def score(out: str, predictions: dict[str, str]) -> dict:
         raise ScienceError(f"{e} ({', '.join(f'{n}={p}' for n, p in predictions.items())})") from None
 
 
+def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -> dict:
+    """Per row of ``table`` (family and group rows): of its held-out puzzles as drawn, how many had their demos fitted
+    (``fit_after`` 1.0 in evaluate.py's ``ttt.json``) and how many of the fitted / the others answered every test
+    output (``correct_rank`` 1 in ``predictions``). ``ttt.json`` entries of augmented copies are not counted; a held-out
+    puzzle without an entry of its own is refused."""
+    names = read_json(os.path.join(data.built, "identifiers.json"), ScienceError)
+    fit = {}
+    for entry in ttt.get("puzzles", []):
+        pid = entry["puzzle_identifier"]
+        if 0 <= pid < len(names) and names[pid] in predictions:
+            fit[names[pid]] = float(entry["fit_after"]) >= 1.0
+    heldout = {p: r["family"] for p, r in data.rules.items() if r.get("subset") == "evaluation"}
+    missing = sorted(set(heldout) - set(fit))
+    if missing:
+        raise ScienceError(f"ttt.json has no entry for {len(missing)} held-out puzzles as drawn (e.g. {missing[0]!r})")
+    out = {}
+    for row, info in table.items():
+        fams = set(info.get("families") or ([row] if row in set(heldout.values()) else heldout.values()))
+        ids = [p for p, f in heldout.items() if f in fams]
+        if not ids:
+            continue
+        ok = {p: all(r.get("correct_rank") == 1 for r in predictions[p]) for p in ids}
+        done = [p for p in ids if fit[p]]
+        rest = [p for p in ids if not fit[p]]
+        share = lambda xs: sum(ok[p] for p in xs) / len(xs) if xs else None  # noqa: E731
+        out[row] = {"count": len(ids), "fitted": len(done) / len(ids), "answered_fitted": share(done)}
+        out[row]["answered_not_fitted"] = share(rest)
+    return out
+
+
+def render_fit(transfer: dict, name: str) -> str:
+    cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    rows = [
+        [f"{row} ({t['count']})", cell(t["fitted"]), cell(t["answered_fitted"]), cell(t["answered_not_fitted"])]
+        for row, t in transfer.items()
+    ]
+    header = [f"{name}: demo fit (puzzles)", "fitted", "answered | fitted", "answered | not fitted"]
+    return "\n".join(markdown_table(header, rows, right=[False, True, True, True])) + "\n"
+
+
 def render(table: dict, names: Sequence[str]) -> str:
     rows = [
         [f"{fam} ({row['count']})"] + [f"{row['runs'][n]['pass@1']:.2f}" if n in row["runs"] else "-" for n in names]
@@ -80,7 +125,17 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> str:
     def run(a):
         named = _pairs(a.predictions)
-        return render(score(a.dir, named), list(named))
+        table = score(a.dir, named)
+        text = render(table, list(named))
+        for name, path in named.items():
+            ttt = os.path.join(os.path.dirname(os.path.abspath(path)), "ttt.json")
+            if os.path.exists(ttt):
+                pred, fits = read_json(path, ScienceError), read_json(ttt, ScienceError)
+                try:
+                    text += "\n" + render_fit(fit_transfer(load_data(a.dir), table, pred, fits), name)
+                except ScienceError as e:
+                    raise ScienceError(f"{ttt}: {e}") from None
+        return text
 
     return table_command(
         argv, "python -m experiments.science.score", __doc__, _arguments, run, "also write the table to this file"
