@@ -79,10 +79,13 @@ def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -
         ok = {p: all(r.get("correct_rank") == 1 for r in predictions[p]) for p in ids}
         done = [p for p in ids if fit[p]]
         rest = [p for p in ids if not fit[p]]
-        share = lambda xs: sum(ok[p] for p in xs) / len(xs) if xs else None  # noqa: E731
-        out[row] = {"count": len(ids), "fitted": len(done) / len(ids), "answered_fitted": share(done)}
-        out[row]["answered_not_fitted"] = share(rest)
+        out[row] = {"count": len(ids), "fitted": len(done) / len(ids)}
+        out[row].update(answered_fitted=_share(ok, done), answered_not_fitted=_share(ok, rest))
     return out
+
+
+def _share(ok: dict, ids: list) -> Optional[float]:
+    return sum(ok[p] for p in ids) / len(ids) if ids else None
 
 
 def render_fit(transfer: dict, name: str) -> str:
