@@ -4,7 +4,8 @@
 Starting from the encoder's mean latent ``z0`` of a puzzle's demos, a per-sample offset ``delta`` is fitted by
 gradient steps so that the decoder, conditioned on the context of the latent, reproduces each demo's output from
 its input. Leave-one-out (default): demo ``j`` is predicted from ``z_loo_j + delta`` where ``z_loo_j`` is the
-latent of the OTHER demos (never from a latent that has seen demo j); the query is then predicted from
+latent of the OTHER demos (never from a latent that has seen demo j); a core that reads the demo memory
+(``reads_memory``) decodes demo j with the memory of the same other demos. The query is then predicted from
 ``z0 + delta``. The decoder weights are not changed.
 
 Enable it at evaluation: ``encoder.search_steps=N`` (and ``encoder.search_lr``) in the run config, or set
@@ -51,8 +52,9 @@ def latent_search_context(
         demos = demo_set(batch, rows)
         if steps <= 0 or demos.n == 0:
             return ctx0
+        visible = loo_demos(batch, demos, leave_one_out)  # each pair's latent start and, for a memory core, memory
         with torch.no_grad():
-            z_start, _ = enc.encode_latent(*loo_demos(batch, demos, leave_one_out))
+            z_start, _ = enc.encode_latent(*visible)
         res = fit(
             model,
             demos,
@@ -60,6 +62,7 @@ def latent_search_context(
             lambda th: enc.context_from_latent(z_start + th.index_select(0, demos.owner)),
             steps=steps,
             lr=lr,
+            visible=visible,
         )
         with torch.no_grad():
             ctx = enc.context_from_latent(z0 + res.theta)

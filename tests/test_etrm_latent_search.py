@@ -146,3 +146,37 @@ def test_evaluate_cli_refuses_latent_search_for_encoders_without_a_latent():
     m = build("standard").eval()
     with pytest.raises(EvaluateError, match="encoder=lpn"):
         _configure_latent_search(m, EvaluateConfig(checkpoint="x.pt", data_path="d", latent_search_steps=3))
+
+
+def test_latent_search_on_a_core_that_reads_the_demo_memory_decodes_each_demo_with_the_others(monkeypatch):
+    """arch=trm_local with the lpn encoder (the recipe's core): the search runs (it failed before: the decoder of a
+    memory core was given no demos), demo j is decoded with the memory of the OTHER demos only (its own would hold
+    its answer cell by cell), the fit lowers the demo loss, the context changes and no weight moves."""
+    import models.ttt as mttt
+    from tests.test_models_memory import batch as memory_batch
+    from tests.test_models_memory import build as memory_build
+
+    m = memory_build(name="trm_local", encoder="lpn", cell_descriptor=True).eval()
+    b = memory_batch()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    demos = mttt.demo_set({k: b[k].bool() if k == "demo_mask" else b[k] for k in b})
+    seen, orig = [], mttt.decode_logits
+
+    def spy(model, inputs, prefix, demos_seen=None, memory=None):
+        logits = orig(model, inputs, prefix, demos_seen, memory)
+        seen.append((demos_seen[2].clone(), memory is not None, mttt.demo_loss(logits, demos)[0].item()))
+        return logits
+
+    monkeypatch.setattr(mttt, "decode_logits", spy)
+    with torch.inference_mode():
+        ctx = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=4, lr=0.05)
+        ctx0 = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
+    assert len(seen) == 5 and all(given for _, given, _ in seen)  # steps + 1 decodes, the memory encoded once
+    for k in range(demos.n):  # the pair's own slot is masked, the other valid slots are visible
+        i, j = int(demos.owner[k]), int(demos.slot[k])
+        expected = b["demo_mask"][i].clone()
+        expected[j] = False
+        assert torch.equal(seen[0][0][k], expected)
+    assert seen[-1][2] < seen[0][2] - 1e-4 and not torch.allclose(ctx, ctx0)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
