@@ -569,7 +569,7 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
     """With a ttt.json beside the predictions, experiments.science.score adds the demo-fit table: per family, the share
     of held-out puzzles as drawn whose demos were fitted (fit_after 1.0) and how many of the fitted / the others
     answered every test output, counted here by hand; an augmented copy's entry is not counted, and a held-out
-    puzzle without an entry of its own is refused, naming the ttt.json."""
+    puzzle without an entry of its own is refused, naming the ttt.json. Stdout is the tables alone."""
     from experiments.science import score
 
     out, _ = science_out
@@ -588,7 +588,9 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
     json.dump(pred, open(run / "predictions.json", "w"))
     json.dump({"puzzles": entries}, open(run / "ttt.json", "w"))
     rules = json.load(open(os.path.join(out, "data", "raw", "synth_rules.json")))
+    capsys.readouterr()
     md = score.main([out, f"ttt={run / 'predictions.json'}"])
+    assert capsys.readouterr().out.startswith("| family (held-out puzzles) | ttt |")  # the data's notes: stderr
     assert "| ttt: demo fit (puzzles) | fitted | answered | fitted | answered | not fitted |" in md
     for fam in FAMS + ["all"]:
         mine = [i for i, p in enumerate(names) if fam == "all" or rules[p]["family"] == fam]

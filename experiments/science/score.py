@@ -23,7 +23,9 @@ whether a fitted demo set gives the test answer (:func:`fit_transfer`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 from typing import Optional, Sequence
 
 from core.io import read_json
@@ -35,14 +37,16 @@ from training.compare_runs import table_command
 
 
 def load_data(out: str) -> ScienceData:
-    """The synthetic science data of ``out`` as built (nothing is built here)."""
+    """The synthetic science data of ``out`` as built (nothing is built here); what it says about the data goes to
+    stderr, so that stdout is the table alone."""
     path = os.path.join(out, "data", "settings.json")
     if not os.path.exists(path):
         raise ScienceError(f"{out}: no science data ({path} missing; run python -m experiments.science first)")
     settings = read_json(path, ScienceError)
     if "files" in settings:
         raise ScienceError(f"{path}: built from your own puzzles (--input-file-prefix); score reads the synthetic data")
-    return prepare_synthetic(out, settings, no_train=True)
+    with contextlib.redirect_stdout(sys.stderr):
+        return prepare_synthetic(out, settings, no_train=True)
 
 
 def score(out: str, predictions: dict[str, str]) -> dict:
