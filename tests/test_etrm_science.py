@@ -569,7 +569,8 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
     """With a ttt.json beside the predictions, experiments.science.score adds the demo-fit table: per family, the share
     of held-out puzzles as drawn whose demos were fitted (fit_after 1.0) and how many of the fitted / the others
     answered every test output, counted here by hand; an augmented copy's entry is not counted, and a held-out
-    puzzle without an entry of its own is refused, naming the ttt.json. Stdout is the tables alone."""
+    puzzle without an entry of its own, or an entry without its fields, is refused naming the ttt.json. Stdout is
+    the tables alone."""
     from experiments.science import score
 
     out, _ = science_out
@@ -599,9 +600,11 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
         share = lambda xs: f"{sum(i % 2 for i in xs) / len(xs):.2f}" if xs else "-"  # noqa: E731
         want = f"| {fam} ({len(mine)}) | {len(fitted) / len(mine):.2f} | {share(fitted)} | {share(rest)} |"
         assert want in md, want
-    json.dump({"puzzles": entries[1:]}, open(run / "ttt.json", "w"))
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        score.main([out, f"ttt={run / 'predictions.json'}"])
-    err = capsys.readouterr().err
-    assert e.value.code == 1 and "ttt.json" in err and "no entry for 1 held-out puzzles" in err
+    bad = [({"puzzles": entries[1:]}, "no entry for 1 held-out puzzles"), ({"puzzles": [{"fit": 1}]}, "puzzles[0]")]
+    for ttt, message in bad:
+        json.dump(ttt, open(run / "ttt.json", "w"))
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            score.main([out, f"ttt={run / 'predictions.json'}"])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and "ttt.json" in err and message in err

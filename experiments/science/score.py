@@ -49,9 +49,10 @@ def load_data(out: str) -> ScienceData:
         return prepare_synthetic(out, settings, no_train=True)
 
 
-def score(out: str, predictions: dict[str, str]) -> dict:
-    """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles."""
-    data = load_data(out)
+def score(out: str, predictions: dict[str, str], data: Optional[ScienceData] = None) -> dict:
+    """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles (``data``: ``out``'s,
+    when already loaded)."""
+    data = data or load_data(out)
     pred = {name: read_json(path, ScienceError) for name, path in predictions.items()}
     try:
         return family_table(data.rules, pred, headline=data.headline, groups=data.groups)
@@ -66,7 +67,9 @@ def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -
     puzzle without an entry of its own is refused."""
     names = read_json(os.path.join(data.built, "identifiers.json"), ScienceError)
     fit = {}
-    for entry in ttt.get("puzzles", []):
+    for i, entry in enumerate(ttt.get("puzzles", [])):
+        if not isinstance(entry, dict) or not {"puzzle_identifier", "fit_after"} <= set(entry):
+            raise ScienceError(f"puzzles[{i}] has no puzzle_identifier / fit_after (evaluate.py's ttt.json has both)")
         pid = entry["puzzle_identifier"]
         if 0 <= pid < len(names) and names[pid] in predictions:
             fit[names[pid]] = float(entry["fit_after"]) >= 1.0
@@ -132,14 +135,15 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> str:
     def run(a):
         named = _pairs(a.predictions)
-        table = score(a.dir, named)
+        data = load_data(a.dir)
+        table = score(a.dir, named, data)
         text = render(table, list(named))
         for name, path in named.items():
             ttt = os.path.join(os.path.dirname(os.path.abspath(path)), "ttt.json")
             if os.path.exists(ttt):
                 pred, fits = read_json(path, ScienceError), read_json(ttt, ScienceError)
                 try:
-                    text += "\n" + render_fit(fit_transfer(load_data(a.dir), table, pred, fits), name)
+                    text += "\n" + render_fit(fit_transfer(data, table, pred, fits), name)
                 except ScienceError as e:
                     raise ScienceError(f"{ttt}: {e}") from None
         return text
