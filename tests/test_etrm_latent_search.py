@@ -171,7 +171,7 @@ def test_latent_search_on_a_core_that_reads_the_demo_memory_decodes_each_demo_wi
     with torch.inference_mode():
         ctx = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=4, lr=0.05)
         ctx0 = latent_search_context(m, b["demo_inputs"], b["demo_labels"], b["demo_mask"], steps=0)
-    assert len(seen) == 5 and all(given for _, given, _ in seen)  # steps + 1 decodes, the memory encoded once
+    assert len(seen) == 5 and all(given for _, given, _ in seen)  # steps + 1 decodes, each given the memory
     for k in range(demos.n):  # the pair's own slot is masked, the other valid slots are visible
         i, j = int(demos.owner[k]), int(demos.slot[k])
         expected = b["demo_mask"][i].clone()

@@ -49,15 +49,20 @@ def load_data(out: str) -> ScienceData:
         return prepare_synthetic(out, settings, no_train=True)
 
 
-def score(out: str, predictions: dict[str, str], data: Optional[ScienceData] = None) -> dict:
-    """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles (``data``: ``out``'s,
-    when already loaded)."""
-    data = data or load_data(out)
-    pred = {name: read_json(path, ScienceError) for name, path in predictions.items()}
+def score(out: str, predictions: dict[str, str]) -> dict:
+    """``family_table`` of the predictions files (name -> path) on ``out``'s held-out puzzles."""
+    return _table(load_data(out), _read(predictions), predictions)
+
+
+def _read(predictions: dict[str, str]) -> dict[str, dict]:
+    return {name: read_json(path, ScienceError) for name, path in predictions.items()}
+
+
+def _table(data: ScienceData, pred: dict[str, dict], paths: dict[str, str]) -> dict:
     try:
         return family_table(data.rules, pred, headline=data.headline, groups=data.groups)
     except ScienceError as e:
-        raise ScienceError(f"{e} ({', '.join(f'{n}={p}' for n, p in predictions.items())})") from None
+        raise ScienceError(f"{e} ({', '.join(f'{n}={p}' for n, p in paths.items())})") from None
 
 
 def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -> dict:
@@ -135,15 +140,15 @@ def _arguments(ap: argparse.ArgumentParser) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> str:
     def run(a):
         named = _pairs(a.predictions)
-        data = load_data(a.dir)
-        table = score(a.dir, named, data)
+        data, pred = load_data(a.dir), _read(named)
+        table = _table(data, pred, named)
         text = render(table, list(named))
         for name, path in named.items():
             ttt = os.path.join(os.path.dirname(os.path.abspath(path)), "ttt.json")
             if os.path.exists(ttt):
-                pred, fits = read_json(path, ScienceError), read_json(ttt, ScienceError)
+                fits = read_json(ttt, ScienceError)
                 try:
-                    text += "\n" + render_fit(fit_transfer(data, table, pred, fits), name)
+                    text += "\n" + render_fit(fit_transfer(data, table, pred[name], fits), name)
                 except ScienceError as e:
                     raise ScienceError(f"{ttt}: {e}") from None
         return text
