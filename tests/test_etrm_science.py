@@ -608,3 +608,26 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
             score.main([out, f"ttt={run / 'predictions.json'}"])
         err = capsys.readouterr().err
         assert e.value.code == 1 and "ttt.json" in err and message in err
+
+
+def test_the_demo_fit_split_counts_each_row_over_its_own_puzzles(tmp_path):
+    """experiments.science.score.fit_transfer: a family row counts its own held-out puzzles, a group row its
+    families', the total row all of them; a family without held-out puzzles (fewer --num-test than families) gets
+    no row, not the total's figures."""
+    from types import SimpleNamespace
+
+    from experiments.science.score import fit_transfer
+
+    names = ["<blank>", "a1", "a2", "b1", "t1"]
+    json.dump(names, open(tmp_path / "identifiers.json", "w"))
+    rules = {n: {"subset": "evaluation", "family": n[0]} for n in ("a1", "a2", "b1")}
+    rules["t1"] = {"subset": "training", "family": "c"}
+    data = SimpleNamespace(built=str(tmp_path), rules=rules)
+    pred = {"a1": [{"correct_rank": 1}], "a2": [{"correct_rank": None}], "b1": [{"correct_rank": 1}]}
+    ttt = {"puzzles": [{"puzzle_identifier": i, "fit_after": f} for i, f in ((1, 1.0), (2, 1.0), (3, 0.5))]}
+    table = {"a": {}, "b": {}, "c": {}, "group": {"families": ["a", "c"]}, "all": {}}
+    got = fit_transfer(data, table, pred, ttt)
+    assert set(got) == {"a", "b", "group", "all"}  # c has no held-out puzzle
+    assert got["a"] == {"count": 2, "fitted": 1.0, "answered_fitted": 0.5, "answered_not_fitted": None}
+    assert got["b"] == {"count": 1, "fitted": 0.0, "answered_fitted": None, "answered_not_fitted": 1.0}
+    assert got["group"] == got["a"] and got["all"]["count"] == 3 and got["all"]["fitted"] == pytest.approx(2 / 3)

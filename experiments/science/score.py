@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 from core.io import read_json
 from core.table import markdown_table
-from experiments.science.common import ScienceError
+from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.data import ScienceData, prepare_synthetic
 from experiments.science.report import family_table
 from training.compare_runs import table_command
@@ -84,7 +84,8 @@ def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -
         raise ScienceError(f"ttt.json has no entry for {len(missing)} held-out puzzles as drawn (e.g. {missing[0]!r})")
     out = {}
     for row, info in table.items():
-        fams = set(info.get("families") or ([row] if row in set(heldout.values()) else heldout.values()))
+        # the total row: every family; a group or headline row: its families; a family row: itself
+        fams = set(heldout.values()) if row == TOTAL_ROW else set(info.get("families") or [row])
         ids = [p for p, f in heldout.items() if f in fams]
         if not ids:
             continue
