@@ -12,7 +12,9 @@ One model class (:class:`GridTRM`), three arch names, each a config that switche
                   context slots; ETRM only, with an encoder that gives the memory (``gives_memory``)
 ``trm_local``     + generic grid layers in every latent update: each cell's 3 x 3 neighbourhood and the running max
                   along the four directions of its row and column (:class:`~models.variants.views_parts.GridOps`,
-                  ``inner.grid_ops``); no operator written to a rule family
+                  ``inner.grid_ops``); no operator written to a rule family; ``grid_gather``: + a learned gather
+                  keyed by the cells' offsets from the grid's edges (:class:`~models.variants.views_parts.GridGather`,
+                  ``inner.gather``), no map listed
 ``trm_views``     + the test input's grid views (:class:`~models.variants.views_parts.InputViews`, ``inner.views``):
                   every cell also holds, for every view v of ``views`` (``core.ops.view_sources``: dihedral maps,
                   shifts, rolls, scalings, tilings, settles), an embedding of the input colour v sends to it, mixed by
@@ -48,7 +50,15 @@ from torch import nn
 
 from encoders.interface import DemoMemory
 from models.trm import TRM, TRMConfig, TRMInner
-from models.variants.views_parts import CellFeatures, DemoLookup, GridCoordEmbedding, GridOps, InputViews, MemoryRead
+from models.variants.views_parts import (
+    CellFeatures,
+    DemoLookup,
+    GridCoordEmbedding,
+    GridGather,
+    GridOps,
+    InputViews,
+    MemoryRead,
+)
 
 ViewKind = Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]
 
@@ -97,6 +107,14 @@ class TRMLocalConfig(TRMMemoryConfig):
     # says what surrounds it, so a test cell can find the demo cells in the same local role. Output projection
     # started at zero (the core starts as without it)
     cell_descriptor: bool = False
+    # a learned gather over the test input's cells keyed by position only (views_parts.GridGather): per cell and head,
+    # attention whose logits are a state-gated mix of ``gather_maps`` learned bilinear forms of the two cells' offsets
+    # from the grid's edges (a flip, a shift, a scaling is one form; none is listed), reading the source's colour. In
+    # every latent update, beside the grid layers; output projection started at zero
+    grid_gather: bool = False
+    gather_maps: int = Field(8, gt=0)
+    gather_heads: int = Field(2, gt=0)
+    gather_width: int = Field(16, gt=0)  # the colour embedding each head reads
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -143,6 +161,7 @@ class GridTRMInner(TRMInner):
         self.cell_features: Optional[CellFeatures] = None
         self.grid_ops: Optional[GridOps] = None
         self.descriptor: Optional[GridOps] = None
+        self.gather: Optional[GridGather] = None
         std, dtype = self.embed_init_std, self.forward_dtype
         if self.reads_memory:
             if config.memory_width is None:
@@ -193,6 +212,17 @@ class GridTRMInner(TRMInner):
                     self.descriptor = GridOps(side, config.hidden_size, config.grid_ops, config.grid_ops_width, 0)
                 with torch.no_grad():
                     self.descriptor.out_proj.weight.zero_()
+            if config.grid_gather:  # drawn from a forked stream too
+                with torch.random.fork_rng(devices=[]):
+                    self.gather = GridGather(
+                        side,
+                        config.hidden_size,
+                        self.vocab_size,
+                        config.gather_maps,
+                        config.gather_heads,
+                        config.gather_width,
+                        self.puzzle_emb_len,
+                    )
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
@@ -232,8 +262,9 @@ class GridTRMInner(TRMInner):
         P = self.puzzle_emb_len
         return torch.cat((x[:, :P], x[:, P:] + (self.embed_scale * views).to(x.dtype)), dim=1)
 
-    def recursion(self, z_H, z_L, x, cos_sin, read):
-        """One outer cycle with the memory read where ``memory_read`` puts it (see the module docstring)."""
+    def recursion(self, z_H, z_L, x, cos_sin, read, gather=None):
+        """One outer cycle with the memory read where ``memory_read`` puts it (see the module docstring);
+        ``gather(h)``: the learned gather's read of the state (``grid_gather``), beside the grid layers."""
         where = self.config.memory_read
         inj = z_H + x
         if where == "cycle":
@@ -241,7 +272,10 @@ class GridTRMInner(TRMInner):
         for _ in range(self.config.L_cycles):
             step = inj + read(z_L + inj) if where == "step" else inj
             if self.grid_ops is not None:  # trm_local: the grid layers of the state this update reads
-                step = step + self.grid_ops(z_L + step)
+                local = self.grid_ops(z_L + step)
+                if gather is not None:
+                    local = local + gather(z_L + step)
+                step = step + local
             z_L = self.L_level(z_L, step, cos_sin)
         z_H = self.L_level(z_H, z_L, cos_sin)
         return z_H, z_L
@@ -260,11 +294,15 @@ class GridTRMInner(TRMInner):
         read = lambda h: self.memory_read(h, kv)  # noqa: E731
         if self.config.memory_read == "once":
             x = x + read(x)
+        gather = None
+        if self.gather is not None:
+            tables = self.gather.tables(batch["inputs"])  # once per supervision step
+            gather = lambda h: self.gather(h, tables)  # noqa: E731
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():
             for _ in range(self.config.H_cycles - 1):
-                z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read)
-        z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read)  # the only cycle with gradient
+                z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)
+        z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)  # the only cycle with gradient
         logits, q_halt, q_continue = self.heads(z_H)
         return type(carry)(z_H=z_H.detach(), z_L=z_L.detach()), logits, (q_halt, q_continue)
 

@@ -7,6 +7,7 @@
 :class:`CellFeatures`     per cell, embeddings of its object size and ray counts (``cell_features``)
 :class:`DemoLookup`       per cell, what the demo cells with its key (colour, object size) became (``demo_lookup``)
 :class:`GridOps`          per cell, its 3 x 3 neighbourhood and the running max along its row and column (``trm_local``)
+:class:`GridGather`       per cell, a learned position-keyed gather over the test input (``trm_local``, ``grid_gather``)
 ========================  ==================================================================================
 
 The grid views' sources come from ``core.ops`` (shared with ``encoder=dihedral_views``), the counts from
@@ -340,4 +341,55 @@ class GridOps(nn.Module):
                 parts.append(self.rays(a[..., at : at + 4 * w]))
                 at += 4 * w
         out = self.out_proj(torch.cat(parts, dim=-1)).view(b, s * s, -1)
+        return F.pad(out, (0, 0, P, 0))
+
+
+class GridGather(nn.Module):
+    """A learned gather over the test input's cells, keyed by position only (``arch=trm_local``, ``grid_gather``):
+    no map is listed, each is learned. Cell i reads ``sum_j p_ij E[colour_j]`` over the input grid's cells j (and a
+    null key that reads nothing), ``p_i = softmax_j(sum_m g_im T_m[i, j])``, per head. ``T_m[i, j] = o_j^T A_m o_i``
+    is a learned bilinear form of the two cells' one-hot offsets from the input grid's four edges
+    (``core.ops.grid_coordinates``: o has 4 ones over ``4 (2 side + 1)`` slots), so any map that sends a cell's
+    offsets to its source's offsets block by block (a flip, a transpose, a shift, a scaling, a two-fold tiling) is
+    one ``A``; ``g_i = softmax(W h_i)`` (per head, over the ``maps`` forms) lets the cell's state choose among them.
+    The forms are the same for every sample; which one a cell uses is what it must read from the demos.
+
+    ``tables(inputs [b, S]) -> (T [b, maps, S, S + 1], off [b, S + 1], colour [b, S + 1, width])`` once per
+    supervision step; ``forward(h [b, P + S, hidden], tables) -> [b, P + S, hidden]``, zero on the P prefix
+    positions. The output projection starts at zero (the core starts as without the gather)."""
+
+    def __init__(self, side: int, hidden: int, vocab: int, maps: int, heads: int, width: int, prefix: int) -> None:
+        super().__init__()
+        self.side, self.maps, self.heads, self.width, self.prefix = side, maps, heads, width, prefix
+        slots = 4 * (2 * side + 1)
+        self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1))
+        self.null = nn.Parameter(torch.zeros(maps))  # the null key's logit under each form
+        self.colour = CastedEmbedding(vocab, width, init_std=1.0, cast_to=torch.float32)
+        self.gate = CastedLinear(hidden, heads * maps, bias=True)
+        self.out_proj = CastedLinear(heads * width, hidden)
+        with torch.no_grad():
+            self.out_proj.weight.zero_()
+
+    def onehot(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[b, S] -> [b, S, 4 (2 side + 1)]: the one-hot offsets of every cell from the grid's four edges."""
+        coords = grid_coordinates(inputs, self.side)  # [b, S, 4] in [0, 2 side]
+        at = coords + (2 * self.side + 1) * torch.arange(4, device=inputs.device)
+        return torch.zeros(*coords.shape[:2], 4 * (2 * self.side + 1), device=inputs.device).scatter_(-1, at, 1.0)
+
+    def tables(self, inputs: torch.Tensor):
+        o = self.onehot(inputs)  # [b, S, F]
+        T = torch.einsum("bjf,mfg,big->bmij", o, self.forms, o)  # [b, maps, S_i, S_j]
+        T = torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
+        off = F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key
+        colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
+        return T, off, colour
+
+    def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
+        T, off, colour = tables
+        b, P = h.shape[0], self.prefix
+        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.maps), dim=-1)
+        logits = torch.einsum("bihm,bmij->bhij", g, T)  # [b, heads, S, S + 1]
+        logits = logits.masked_fill(off[:, None, None, :], float("-inf"))
+        read = torch.einsum("bhij,bjw->bihw", torch.softmax(logits, dim=-1), colour)
+        out = self.out_proj(read.reshape(b, read.shape[1], -1).to(h.dtype))
         return F.pad(out, (0, 0, P, 0))

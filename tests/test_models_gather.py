@@ -1,0 +1,142 @@
+"""arch=trm_local with ``grid_gather`` (models/variants/views_parts.GridGather): a learned gather keyed by position
+only. One bilinear form of the cells' one-hot edge offsets expresses a flip, a transpose, a two-fold scaling and a
+shift exactly, on any grid size and wherever the grid sits on the canvas (checked cell by cell against numpy); cells
+outside the grid are never read; with its output projection at zero the core is trm_local exactly, and the first
+update moves every gather weight."""
+
+import numpy as np
+import pytest
+import torch
+
+from core.ops import grid_coordinates
+from models.variants.views_parts import FIRST_COLOUR, GridGather
+from tests.test_models_memory import batch, build, dead_parameters, eval_logits
+
+SIDE, VOCAB = 8, 12
+
+
+def canvas(grid: np.ndarray, top: int = 0, left: int = 0) -> torch.Tensor:
+    """A SIDE x SIDE canvas of tokens (PAD 0 outside) holding ``grid`` (colours 0-9) at (top, left)."""
+    c = np.zeros((SIDE, SIDE), dtype=np.int64)
+    c[top : top + grid.shape[0], left : left + grid.shape[1]] = grid + FIRST_COLOUR
+    return torch.from_numpy(c).view(1, -1)
+
+
+def form(pairs, shift=lambda a: a) -> torch.Tensor:
+    """The bilinear form whose logit counts the edge-offset blocks where the source's offset in block p equals
+    ``shift`` of the target's offset in block q, for each (p, q) of ``pairs`` (0 top, 1 bottom, 2 left, 3 right;
+    offsets shifted by SIDE as in core.ops.grid_coordinates)."""
+    n = 2 * SIDE + 1
+    A = torch.zeros(4 * n, 4 * n)  # [source slot, target slot]
+    for p, q in pairs:
+        for b in range(n):
+            a = shift(b - SIDE) + SIDE
+            if 0 <= a < n:
+                A[p * n + a, q * n + b] = 1.0
+    return A
+
+
+def gather_reads(forms: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[S, VOCAB] what each cell reads under the first form, made sharp (x 30), the colour table one-hot."""
+    g = GridGather(SIDE, hidden=VOCAB, vocab=VOCAB, maps=forms.shape[0], heads=1, width=VOCAB, prefix=0)
+    with torch.no_grad():
+        g.forms.copy_(30 * forms)
+        g.null.fill_(1.5 * 30)  # between one and two matched blocks: a cell without a full source reads nothing
+        g.colour.embedding_weight.copy_(torch.eye(VOCAB))
+        g.gate.weight.zero_()
+        g.gate.bias.copy_(torch.tensor([100.0] + [0.0] * (forms.shape[0] - 1)))  # every cell uses the first form
+        g.out_proj.weight.copy_(torch.eye(VOCAB))
+    return g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(tokens))[0]
+
+
+def expect(tokens: torch.Tensor, source) -> torch.Tensor:
+    """[S, VOCAB] one-hot of the input colour at ``source(r, c, grid box)`` for every canvas cell; zero where the
+    source is outside the grid or the cell has none."""
+    t = tokens.view(SIDE, SIDE).numpy()
+    rows, cols = np.nonzero(t >= FIRST_COLOUR)
+    box = rows.min(), rows.max(), cols.min(), cols.max()
+    want = torch.zeros(SIDE * SIDE, VOCAB)
+    for r in range(SIDE):
+        for c in range(SIDE):
+            src = source(r, c, box)
+            if src is None:
+                continue
+            sr, sc = src
+            if box[0] <= sr <= box[1] and box[2] <= sc <= box[3]:
+                want[r * SIDE + c, t[sr, sc]] = 1.0
+    return want
+
+
+@pytest.mark.parametrize("h, w, top, left", [(3, 5, 0, 0), (4, 4, 2, 1), (2, 6, 5, 2)])
+def test_one_form_is_a_flip_a_transpose_a_scaling_or_a_shift_on_any_grid(h, w, top, left):
+    rng = np.random.default_rng(h * 100 + w)
+    tokens = canvas(rng.integers(0, 10, (h, w)), top, left)
+    within = lambda r, c, box: box[0] <= r <= box[1] and box[2] <= c <= box[3]  # noqa: E731
+    cases = {
+        # horizontal flip: same offset from the top, the source's offset from the right = the target's from the left
+        "flip": (form([(0, 0), (3, 2)]), lambda r, c, box: (r, box[3] - (c - box[2])) if within(r, c, box) else None),
+        # transpose (h == w only reads inside the grid): source row offset = target column offset and vice versa
+        "transpose": (
+            form([(0, 2), (2, 0)]),
+            lambda r, c, box: (box[0] + c - box[2], box[2] + r - box[0]) if r >= box[0] and c >= box[2] else None,
+        ),
+        # each cell a 2 x 2 block, anchored at the grid's top-left corner
+        "scale": (
+            form([(0, 0), (2, 2)], shift=lambda a: a // 2),
+            lambda r, c, box: (
+                (box[0] + (r - box[0]) // 2, box[2] + (c - box[2]) // 2) if r >= box[0] and c >= box[2] else None
+            ),
+        ),
+        # content shifted one row down and two columns right (what moves in from outside reads nothing)
+        "shift": (
+            form([(0, 0)], shift=lambda a: a - 1) + form([(2, 2)], shift=lambda a: a - 2),
+            lambda r, c, box: (r - 1, c - 2),
+        ),
+    }
+    for name, (A, source) in cases.items():
+        got = gather_reads(torch.stack([A, torch.randn_like(A)]), tokens)
+        want = expect(tokens, source)
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_cells_outside_the_grid_are_never_read_and_an_empty_canvas_reads_nothing():
+    g = GridGather(SIDE, hidden=16, vocab=VOCAB, maps=3, heads=2, width=4, prefix=2)
+    with torch.no_grad():
+        g.out_proj.weight.normal_()
+    tokens = canvas(np.arange(6).reshape(2, 3), 1, 1)
+    T, off, colour = g.tables(tokens)
+    grid = (tokens[0] >= FIRST_COLOUR).nonzero().squeeze(-1)
+    assert (~off[0]).nonzero().squeeze(-1).tolist() == grid.tolist() + [SIDE * SIDE]  # the grid's cells + null
+    # a cell's read moves only with colours inside the grid: paint PAD cells differently -> the same read
+    h = torch.randn(1, 2 + SIDE * SIDE, 16)
+    out = g(h, (T, off, colour))
+    assert out[:, :2].abs().sum() == 0 and out[:, 2:].abs().sum() > 0  # the prefix positions get nothing
+    with torch.no_grad():
+        g.colour.embedding_weight[0].normal_()  # the PAD token's row: never read
+    torch.testing.assert_close(g(h, g.tables(tokens)), out)
+    empty = torch.zeros(1, SIDE * SIDE, dtype=torch.long)
+    torch.testing.assert_close(g(h, g.tables(empty)), torch.zeros_like(out))  # only the null key: zero
+    assert grid_coordinates(tokens, SIDE).shape == (1, SIDE * SIDE, 4)
+
+
+def test_the_gather_starts_as_a_no_op_and_every_weight_then_learns():
+    """At zero output projection the core is trm_local exactly (trm_local's weights loaded, every other weight drawn
+    as without it); one training step's loss reaches the output projection, and with it moved, every gather weight."""
+    data = batch()
+    plain = build(name="trm_local")
+    gath = build(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4)
+    missing, unexpected = gath.load_state_dict(plain.state_dict(), strict=False)
+    names = ["colour.embedding_weight", "forms", "gate.bias", "gate.weight", "null", "out_proj.weight"]
+    assert unexpected == [] and sorted(missing) == [f"inner.gather.{n}" for n in names]
+    ref = eval_logits(plain, data)
+    torch.testing.assert_close(eval_logits(gath, data), ref, atol=1e-5, rtol=1e-5)
+    fresh = build(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4)
+    for k, v in plain.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[k], v)
+    dead = dead_parameters(fresh)
+    assert "inner.gather.out_proj.weight" not in dead
+    assert {f"inner.gather.{n}" for n in names if n != "out_proj.weight"} <= set(dead)  # behind the zero projection
+    with torch.no_grad():
+        fresh.inner.gather.out_proj.weight.normal_(0, 0.5)
+    assert not torch.allclose(eval_logits(fresh, data), ref, atol=1e-4)
+    assert [n for n in dead_parameters(fresh) if ".gather." in n] == []
