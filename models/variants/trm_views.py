@@ -115,6 +115,7 @@ class TRMLocalConfig(TRMMemoryConfig):
     gather_maps: int = Field(8, gt=0)
     gather_heads: int = Field(2, gt=0)
     gather_width: int = Field(16, gt=0)  # the colour embedding each head reads
+    gather_scale: float = Field(10.0, gt=0)  # the logits are this times the forms (GridGather)
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -222,6 +223,7 @@ class GridTRMInner(TRMInner):
                         config.gather_heads,
                         config.gather_width,
                         self.puzzle_emb_len,
+                        config.gather_scale,
                     )
 
     def build_positions(self, config) -> None:

@@ -356,14 +356,19 @@ class GridGather(nn.Module):
 
     ``tables(inputs [b, S]) -> (T [b, maps, S, S + 1], off [b, S + 1], colour [b, S + 1, width])`` once per
     supervision step; ``forward(h [b, P + S, hidden], tables) -> [b, P + S, hidden]``, zero on the P prefix
-    positions. The output projection starts at zero (the core starts as without the gather)."""
+    positions. The output projection starts at zero (the core starts as without the gather). The logits are
+    ``scale`` times the forms: a sharp pointer needs logit gaps of several units, which Adam's steps of about ``lr``
+    per entry would take thousands of steps to reach."""
 
-    def __init__(self, side: int, hidden: int, vocab: int, maps: int, heads: int, width: int, prefix: int) -> None:
+    def __init__(
+        self, side: int, hidden: int, vocab: int, maps: int, heads: int, width: int, prefix: int, scale: float = 10.0
+    ) -> None:
         super().__init__()
         self.side, self.maps, self.heads, self.width, self.prefix = side, maps, heads, width, prefix
+        self.scale = scale  # logits = scale x the forms: an Adam step moves a logit by scale x lr, not lr alone
         slots = 4 * (2 * side + 1)
-        self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1))
-        self.null = nn.Parameter(torch.zeros(maps))  # the null key's logit under each form
+        self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
+        self.null = nn.Parameter(torch.zeros(maps))  # the null key's logit under each form (also scaled)
         self.colour = CastedEmbedding(vocab, width, init_std=1.0, cast_to=torch.float32)
         self.gate = CastedLinear(hidden, heads * maps, bias=True)
         self.out_proj = CastedLinear(heads * width, hidden)
@@ -379,7 +384,7 @@ class GridGather(nn.Module):
     def tables(self, inputs: torch.Tensor):
         o = self.onehot(inputs)  # [b, S, F]
         T = torch.einsum("bjf,mfg,big->bmij", o, self.forms, o)  # [b, maps, S_i, S_j]
-        T = torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
+        T = self.scale * torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
         off = F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
         return T, off, colour
