@@ -146,6 +146,12 @@ def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTrai
     """The ``ttt_*`` options as the evaluation's test-time training (None when ``ttt_steps`` is 0)."""
     if cfg.ttt_steps == 0:
         return None
+    if cfg.ttt_pool and (cfg.ttt_augment == 0 or cfg.num_augmentations == 1):
+        which = "ttt_augment=0" if cfg.ttt_augment == 0 else "num_augmentations=1"
+        raise EvaluateError(
+            f"ttt_pool=true with {which}: only the original copy is evaluated, so the pool holds one copy and the fit "
+            f"is the per-copy fit (ttt_pool=false); pool copies with ttt_augment=K >= 1 (or leave it unset: all)"
+        )
     try:
         settings = TTTSettings(
             steps=cfg.ttt_steps,
