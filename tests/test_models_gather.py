@@ -1,8 +1,9 @@
 """arch=trm_local with ``grid_gather`` (models/variants/views_parts.GridGather): a learned gather keyed by position
 only. One bilinear form of the cells' one-hot edge offsets expresses a flip, a transpose, a two-fold scaling and a
 shift exactly, on any grid size and wherever the grid sits on the canvas (checked cell by cell against numpy); cells
-outside the grid are never read; with its output projection at zero the core is trm_local exactly, and the first
-update moves every gather weight."""
+outside the grid are never read; the demos' match scores the form that reproduces them (up to a recolouring) at 1
+and selects it; with its output projection at zero the core is trm_local exactly, and the first update moves every
+gather weight."""
 
 import numpy as np
 import pytest
@@ -104,12 +105,12 @@ def test_cells_outside_the_grid_are_never_read_and_an_empty_canvas_reads_nothing
     with torch.no_grad():
         g.out_proj.weight.normal_()
     tokens = canvas(np.arange(6).reshape(2, 3), 1, 1)
-    T, off, colour = g.tables(tokens)
+    T, off, colour, bias = g.tables(tokens)
     grid = (tokens[0] >= FIRST_COLOUR).nonzero().squeeze(-1)
     assert (~off[0]).nonzero().squeeze(-1).tolist() == grid.tolist() + [SIDE * SIDE]  # the grid's cells + null
     # a cell's read moves only with colours inside the grid: paint PAD cells differently -> the same read
     h = torch.randn(1, 2 + SIDE * SIDE, 16)
-    out = g(h, (T, off, colour))
+    out = g(h, (T, off, colour, bias))
     assert out[:, :2].abs().sum() == 0 and out[:, 2:].abs().sum() > 0  # the prefix positions get nothing
     with torch.no_grad():
         g.colour.embedding_weight[0].normal_()  # the PAD token's row: never read
@@ -126,7 +127,7 @@ def test_the_gather_starts_as_a_no_op_and_every_weight_then_learns():
     plain = build(name="trm_local")
     gath = build(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4)
     missing, unexpected = gath.load_state_dict(plain.state_dict(), strict=False)
-    names = ["colour.embedding_weight", "forms", "gate.bias", "gate.weight", "null", "out_proj.weight"]
+    names = ["colour.embedding_weight", "forms", "gate.bias", "gate.weight", "match_scale", "null", "out_proj.weight"]
     assert unexpected == [] and sorted(missing) == [f"inner.gather.{n}" for n in names]
     ref = eval_logits(plain, data)
     torch.testing.assert_close(eval_logits(gath, data), ref, atol=1e-5, rtol=1e-5)
@@ -140,3 +141,41 @@ def test_the_gather_starts_as_a_no_op_and_every_weight_then_learns():
         fresh.inner.gather.out_proj.weight.normal_(0, 0.5)
     assert not torch.allclose(eval_logits(fresh, data), ref, atol=1e-4)
     assert [n for n in dead_parameters(fresh) if ".gather." in n] == []
+
+
+def test_the_demos_select_the_form_that_reproduces_them_up_to_a_recolouring():
+    """``match``: a flip form explains demos made by a flip and a recolouring in full (1.0), the identity form does
+    not; a demo the row may not see changes nothing; a row without one scores 0. With the match in the gate (state
+    term zero), every cell reads through the flip form: the test input's flip."""
+    flip, ident = form([(0, 0), (3, 2)]), form([(0, 0), (2, 2)])
+    g = GridGather(SIDE, hidden=VOCAB, vocab=VOCAB, maps=2, heads=1, width=VOCAB, prefix=0, match=True)
+    with torch.no_grad():
+        g.forms.copy_(30 / g.scale * torch.stack([ident, flip]))
+        g.null.fill_(1.5 * 30 / g.scale)
+    rng = np.random.default_rng(0)
+    recolour = np.array([3, 1, 2, 0, 4, 5, 6, 7, 8, 9])  # 0 <-> 3 swapped, 1 -> 2 -> ... a permutation
+    demos_in, demos_out = [], []
+    for h, w in [(3, 4), (5, 2), (4, 4)]:
+        x = rng.integers(0, 4, (h, w))
+        demos_in.append(canvas(x)[0])
+        demos_out.append(canvas(recolour[x[:, ::-1]])[0])
+    di = torch.stack(demos_in)[None].repeat(2, 1, 1)  # [2 rows, 3 demos, S]
+    dl = torch.stack(demos_out)[None].repeat(2, 1, 1)
+    valid = torch.tensor([[True, True, False], [False, False, False]])
+    m = g.match(di, dl, valid)
+    assert m[0, 1].item() == pytest.approx(1.0, abs=1e-4) and m[0, 0].item() < 0.9
+    assert m[1].abs().sum() == 0  # no demo: no evidence
+    dl2 = dl.clone()
+    dl2[:, 2] = canvas(rng.integers(0, 10, (6, 6)))[0]  # the demo row 0 may not see
+    torch.testing.assert_close(g.match(di, dl2, valid), m)
+    # the gate follows the match: the test input is read through the flip form
+    with torch.no_grad():
+        g.colour.embedding_weight.copy_(torch.eye(VOCAB))
+        g.gate.weight.zero_()
+        g.gate.bias.zero_()
+        g.out_proj.weight.copy_(torch.eye(VOCAB))
+    x = canvas(rng.integers(0, 10, (4, 3)))
+    got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, m[:1]))[0]
+    within = lambda r, c, box: box[0] <= r <= box[1] and box[2] <= c <= box[3]  # noqa: E731
+    want = expect(x, lambda r, c, box: (r, box[3] - (c - box[2])) if within(r, c, box) else None)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=0)

@@ -116,6 +116,9 @@ class TRMLocalConfig(TRMMemoryConfig):
     gather_heads: int = Field(2, gt=0)
     gather_width: int = Field(16, gt=0)  # the colour embedding each head reads
     gather_scale: float = Field(10.0, gt=0)  # the logits are this times the forms (GridGather)
+    # the gate also gets a learned scale times how well each form explains the demos up to a recolouring
+    # (GridGather.match): the demos select the form; false: the cell's state alone chooses
+    gather_match: bool = True
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -224,6 +227,7 @@ class GridTRMInner(TRMInner):
                         config.gather_width,
                         self.puzzle_emb_len,
                         config.gather_scale,
+                        config.gather_match,
                     )
 
     def build_positions(self, config) -> None:
@@ -247,16 +251,22 @@ class GridTRMInner(TRMInner):
             return x
         return (x + self.cell_features(inputs).to(x.dtype)) * (1 + self.cell_features.num_tables) ** -0.5
 
+    @staticmethod
+    def visible_demos(batch, memory: DemoMemory) -> torch.Tensor:
+        """[b, D] bool: the demo slots each row's memory holds (none for the zero-demo control; leave-one-out at test
+        time masks the demo being fitted)."""
+        b, D = batch["demo_inputs"].shape[:2]
+        valid = torch.zeros(b, D, device=batch["demo_inputs"].device).scatter_reduce(
+            1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
+        )
+        return valid > 0
+
     def embed_inputs(self, batch, prefix_context: Optional[torch.Tensor], memory: DemoMemory) -> torch.Tensor:
         """The input embedding of a step; with views, the grid cells also get the gated views and the lookups."""
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"], prefix_context)
         if self.views is None:
             return x
-        b, D = batch["demo_inputs"].shape[:2]  # the demos the encoder saw (none for the zero-demo control)
-        valid = torch.zeros(b, D, device=x.device).scatter_reduce(
-            1, memory.demo.expand(b, -1), memory.mask.float(), "amax"
-        )
-        valid = valid > 0
+        valid = self.visible_demos(batch, memory)
         match = self.views.match(batch["demo_inputs"], batch["demo_labels"], valid)
         views = self.views(batch["inputs"], prefix_context, match)
         for lookup in self.demo_lookup or ():
@@ -298,7 +308,10 @@ class GridTRMInner(TRMInner):
             x = x + read(x)
         gather = None
         if self.gather is not None:
-            tables = self.gather.tables(batch["inputs"])  # once per supervision step
+            match = None
+            if self.gather.match_scale is not None:
+                match = self.gather.match(batch["demo_inputs"], batch["demo_labels"], self.visible_demos(batch, memory))
+            tables = self.gather.tables(batch["inputs"], match)  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():

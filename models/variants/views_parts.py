@@ -351,20 +351,32 @@ class GridGather(nn.Module):
     is a learned bilinear form of the two cells' one-hot offsets from the input grid's four edges
     (``core.ops.grid_coordinates``: o has 4 ones over ``4 (2 side + 1)`` slots), so any map that sends a cell's
     offsets to its source's offsets block by block (a flip, a transpose, a shift, a scaling, a two-fold tiling) is
-    one ``A``; ``g_i = softmax(W h_i)`` (per head, over the ``maps`` forms) lets the cell's state choose among them.
-    The forms are the same for every sample; which one a cell uses is what it must read from the demos.
+    one ``A``; ``g_i = softmax(W h_i + s * match)`` (per head, over the ``maps`` forms) lets the cell's state choose
+    among them. The forms are the same for every sample; which one a cell uses is what it must read from the demos.
+    ``match`` [b, maps] (:meth:`match`, with ``match=True``; else 0) is how well each form explains the sample's
+    demos up to a recolouring, ``s`` a learned scale: the demos select the learned form that reproduces them, as
+    ``InputViews`` selects among listed views.
 
-    ``tables(inputs [b, S]) -> (T [b, maps, S, S + 1], off [b, S + 1], colour [b, S + 1, width])`` once per
-    supervision step; ``forward(h [b, P + S, hidden], tables) -> [b, P + S, hidden]``, zero on the P prefix
-    positions. The output projection starts at zero (the core starts as without the gather). The logits are
-    ``scale`` times the forms: a sharp pointer needs logit gaps of several units, which Adam's steps of about ``lr``
-    per entry would take thousands of steps to reach."""
+    ``tables(inputs [b, S], match [b, maps] or None) -> (T [b, maps, S, S + 1], off [b, S + 1], colour
+    [b, S + 1, width], gate bias)`` once per supervision step; ``forward(h [b, P + S, hidden], tables) ->
+    [b, P + S, hidden]``, zero on the P prefix positions. The output projection starts at zero (the core starts as
+    without the gather). The logits are ``scale`` times the forms: a sharp pointer needs logit gaps of several
+    units, which Adam's steps of about ``lr`` per entry would take thousands of steps to reach."""
 
     def __init__(
-        self, side: int, hidden: int, vocab: int, maps: int, heads: int, width: int, prefix: int, scale: float = 10.0
+        self,
+        side: int,
+        hidden: int,
+        vocab: int,
+        maps: int,
+        heads: int,
+        width: int,
+        prefix: int,
+        scale: float = 10.0,
+        match: bool = False,
     ) -> None:
         super().__init__()
-        self.side, self.maps, self.heads, self.width, self.prefix = side, maps, heads, width, prefix
+        self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
         self.scale = scale  # logits = scale x the forms: an Adam step moves a logit by scale x lr, not lr alone
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
@@ -372,6 +384,7 @@ class GridGather(nn.Module):
         self.colour = CastedEmbedding(vocab, width, init_std=1.0, cast_to=torch.float32)
         self.gate = CastedLinear(hidden, heads * maps, bias=True)
         self.out_proj = CastedLinear(heads * width, hidden)
+        self.match_scale = nn.Parameter(torch.tensor(10.0)) if match else None  # as InputViews' match scale
         with torch.no_grad():
             self.out_proj.weight.zero_()
 
@@ -381,18 +394,42 @@ class GridGather(nn.Module):
         at = coords + (2 * self.side + 1) * torch.arange(4, device=inputs.device)
         return torch.zeros(*coords.shape[:2], 4 * (2 * self.side + 1), device=inputs.device).scatter_(-1, at, 1.0)
 
-    def tables(self, inputs: torch.Tensor):
+    def logits(self, inputs: torch.Tensor):
+        """[b, maps, S, S + 1] every form's logits (the null key last) and [b, S + 1] the keys never read."""
         o = self.onehot(inputs)  # [b, S, F]
         T = torch.einsum("bjf,mfg,big->bmij", o, self.forms, o)  # [b, maps, S_i, S_j]
         T = self.scale * torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
-        off = F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key
+        return T, F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key are read
+
+    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """[b, maps] in [0, 1]: per form, the share of each valid demo's output cells it explains up to a
+        recolouring (each form's soft gather of the demo input, a (source colour, output colour) count table, the
+        best output colour per source colour, "no source" its own colour), the mean over the sample's valid demos
+        (``valid`` [b, D]); 0 for a sample without one. Differentiable in the forms."""
+        b, D, S = demo_inputs.shape
+        idx = valid.reshape(b * D).nonzero().squeeze(-1)
+        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
+        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        T, off = self.logits(inp)
+        p = torch.softmax(T.masked_fill(off[:, None, None, :], float("-inf")), dim=-1)  # [n, maps, S, S + 1]
+        src = F.one_hot(F.pad(inp, (0, 1), value=self.vocab), self.vocab + 1).to(p.dtype)  # null: its own colour
+        q = torch.einsum("nmij,njk->nmik", p, src)  # [n, maps, S, vocab + 1]: the gathered colour's distribution
+        cell = out >= FIRST_COLOUR
+        counts = torch.einsum("nmik,nil->nmkl", q, F.one_hot(out, self.vocab).to(p.dtype) * cell[..., None])
+        share = counts.amax(-1).sum(-1) / cell.sum(-1, keepdim=True).clamp_min(1)  # [n, maps]
+        per = share.new_zeros(b * D, self.maps).index_copy(0, idx, share).view(b, D, self.maps)
+        return per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
+
+    def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None):
+        T, off = self.logits(inputs)
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
-        return T, off, colour
+        bias = 0.0 if match is None else self.match_scale * match[:, None, None, :]  # [b, 1, 1, maps]
+        return T, off, colour, bias
 
     def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
-        T, off, colour = tables
+        T, off, colour, bias = tables
         b, P = h.shape[0], self.prefix
-        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.maps), dim=-1)
+        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.maps) + bias, dim=-1)
         logits = torch.einsum("bihm,bmij->bhij", g, T)  # [b, heads, S, S + 1]
         logits = logits.masked_fill(off[:, None, None, :], float("-inf"))
         read = torch.einsum("bhij,bjw->bihw", torch.softmax(logits, dim=-1), colour)
