@@ -241,7 +241,7 @@ def test_evaluate_with_ttt_writes_its_metrics_and_per_puzzle_record(etrm_run):
     )
     pool = dict(ttt_steps=1, ttt_params="all", ttt_pool=True, ttt_augment=1)
     for one in (dict(ttt_augment=0), dict(num_augmentations=1)):  # a pool of one copy is refused, not run as one
-        with pytest.raises(ev.EvaluateError, match="pool holds one copy"):
+        with pytest.raises(ev.EvaluateError, match="only the original copy is evaluated"):
             ev.run(ev.EvaluateConfig(**base, output_dir=str(d / "pool1"), **{**pool, "ttt_augment": None, **one}))
         assert not os.path.exists(d / "pool1")
     fits = []  # demo pairs of every pooled fit

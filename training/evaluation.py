@@ -1,13 +1,10 @@
 """The body of ``evaluate.py``: evaluate one checkpoint on a built dataset (the entry point composes the Hydra
 config, calls :func:`run` and maps errors to one line).
 
-Why here, in training/ and not in evaluators/: evaluators/ is the inference path and the scoring of any model on any
-loader (``evaluators.inference.evaluate``, ``ARCEvaluator``), and sits below training/. Evaluating a *checkpoint*
-needs what training owns: its file format (``training.checkpoint``), the model rebuilt from the stored
-``PretrainConfig`` (``training.build.load_model_for_inference``, the loss head, the rule-label targets), the run's
-W&B identity (``training.logging``) and the process group (``training.distributed``). Moving those below
-evaluators/ would make the evaluation path know the training config; so the command's body sits beside the training
-loop's own eval hook, and both call the same ``evaluators.inference.evaluate``.
+Why in training/: evaluating a *checkpoint* needs what training owns (its file format, the model rebuilt from the
+stored ``PretrainConfig``, the loss head, the rule-label targets, the run's W&B identity, the process group), and
+evaluators/ (the inference path and scoring, ``evaluators.inference.evaluate``) sits below training/; both this and
+the training loop's eval hook call ``evaluators.inference.evaluate``.
 
 :class:`EvaluateConfig` is the validated config (its field defaults are the only defaults; evaluate.py registers
 them with Hydra). :func:`run` loads the checkpoint (ours, or an original TRM state dict with ``arch``), builds the
@@ -146,12 +143,8 @@ def _test_time_training(cfg: EvaluateConfig, head: Any) -> Optional[TestTimeTrai
     """The ``ttt_*`` options as the evaluation's test-time training (None when ``ttt_steps`` is 0)."""
     if cfg.ttt_steps == 0:
         return None
-    if cfg.ttt_pool and (cfg.ttt_augment == 0 or cfg.num_augmentations == 1):
-        which = "ttt_augment=0" if cfg.ttt_augment == 0 else "num_augmentations=1"
-        raise EvaluateError(
-            f"ttt_pool=true with {which}: only the original copy is evaluated, so the pool holds one copy and the fit "
-            f"is the per-copy fit (ttt_pool=false); pool copies with ttt_augment=K >= 1 (or leave it unset: all)"
-        )
+    if cfg.ttt_pool and _num_augmentations(cfg) == 1:  # a pool of one copy would be the per-copy fit
+        raise EvaluateError("ttt_pool=true: only the original copy is evaluated; pool copies with ttt_augment=K >= 1")
     try:
         settings = TTTSettings(
             steps=cfg.ttt_steps,
