@@ -164,7 +164,7 @@ def test_science_config_builds_every_run(name):
     cfg = load_config("cfg_science", ["data_paths=[unused]", f"encoder={encoder}", *extra])
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
     assert bool(cfg.encoder.zero_demos) == (name == CONTROL)
-    assert cfg.arch.name == "trm_local" and cfg.arch.cell_descriptor  # no operator written to a family (issue 46)
+    assert cfg.arch.name == "trm_local" and cfg.arch.cell_descriptor and cfg.arch.grid_gather  # no family operator (46)
     meta = tiny_metadata(seq_len=64, num_puzzle_identifiers=5, total_groups=1, grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64
