@@ -631,3 +631,44 @@ def test_the_demo_fit_split_counts_each_row_over_its_own_puzzles(tmp_path):
     assert got["a"] == {"count": 2, "fitted": 1.0, "answered_fitted": 0.5, "answered_not_fitted": None}
     assert got["b"] == {"count": 1, "fitted": 0.0, "answered_fitted": None, "answered_not_fitted": 1.0}
     assert got["group"] == got["a"] and got["all"]["count"] == 3 and got["all"]["fitted"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.slow
+def test_pointer_program_scores_and_falls_back_on_a_science_out(science_out, tmp_path, capsys):
+    """experiments.science.pointer on the command's held-out puzzles: one row per puzzle, the combined file takes the
+    model's row exactly where the pointer does not reproduce the demos, and score tables both; a fallback that misses
+    a puzzle is refused before any fit, with nothing written."""
+    from experiments.science import pointer, score
+
+    out, _ = science_out
+    own = os.path.join(out, "runs", "standard", "eval-one-copy", "predictions.json")
+    model = json.load(open(own))
+    p, c = tmp_path / "p.json", tmp_path / "c.json"
+    rows = pointer.main([out, "--out", str(p), "--steps", "20", "--fallback", own, "--combined", str(c)])
+    assert set(rows) == set(model) and json.load(open(p)) == rows
+    both = json.load(open(c))
+    for k, r in rows.items():
+        want = (
+            r
+            if all(x["demos_reproduced"] for x in r)
+            else [{"correct_rank": x.get("correct_rank"), "answered_by": "fallback"} for x in model[k]]
+        )
+        assert both[k] == want
+    table = score.score(out, {"pointer": str(p), "combined": str(c)})
+    assert table["all"]["runs"]["pointer"]["pass@1"] is not None
+    short = dict(model)
+    short.pop(sorted(short)[0])
+    json.dump(short, open(tmp_path / "short.json", "w"))
+    with pytest.raises(SystemExit, match="short.json: no predictions for 1 of the puzzles"):
+        pointer.main(
+            [
+                out,
+                "--out",
+                str(tmp_path / "q.json"),
+                "--fallback",
+                str(tmp_path / "short.json"),
+                "--combined",
+                str(tmp_path / "d.json"),
+            ]
+        )
+    assert not (tmp_path / "q.json").exists() and not (tmp_path / "d.json").exists()

@@ -1,0 +1,333 @@
+"""The ``pointer`` program: a search with no learned weight and no candidate, fitted to each puzzle's demos.
+
+    python -m experiments.science.pointer DIR --out POINTER.json [--steps 200] [--starts identity zero]
+    python -m experiments.science.score DIR pointer=POINTER.json model=DIR/runs/standard/eval-one-copy/predictions.json
+
+Per puzzle, one *pointer* is fitted by gradient descent on the demos alone: every output cell i reads one source,
+an input cell j or one of two null keys, with logits ``s * o_j^T A o_i`` (o: a cell's one-hot offsets from the input
+grid's four edges, ``core.ops.grid_coordinates``, the same keys as the model's learned gather
+``models.variants.views_parts.GridGather``) and ``s * u_k^T o_i`` for null key k; the read source's colour class
+(its colour, or the null key) goes through a learned colour table R to the output class (a colour, or "outside the
+output grid"). A, u and R are fitted per puzzle to the demos' log-likelihood (Adam, the scale s annealed from 1 to
+10, an L1 pull toward the start), from each start in ``--starts`` (``identity``: each cell reads itself; ``zero``:
+uniform); the start whose hard pointer and majority table reproduce the most demo cells answers the test input.
+
+Nothing here knows a family: any map that sends a cell's edge offsets to its source's block by block (a flip, a
+transpose, a shift, a roll, a scaling, a tiling, a crop at a fixed place) is one A, found or not by the fit. It is
+the no-weights baseline for position-map rules without candidates (issue 46): a reader that does not beat it on a
+family has not shown more than this search. One answer per test input: pass@1 = pass@2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from core.io import read_json, write_json_atomic
+from core.ops import grid_coordinates
+from experiments.science.common import ScienceError
+
+COLOURS = 10
+OUTSIDE = COLOURS  # the output class "not a cell of the output grid"
+NULLS = 2  # null keys: source classes COLOURS and COLOURS + 1
+STARTS = ("identity", "zero")
+
+
+def _canvas(grid, side: int) -> np.ndarray:
+    """A grid on a side x side canvas at the origin: colour + 2 inside (grid_coordinates' colour tokens), 0 outside."""
+    g = np.asarray(grid, dtype=np.int64)
+    if g.ndim != 2 or max(g.shape) > side:
+        raise ScienceError(f"a {g.shape} grid does not fit the {side} x {side} canvas")
+    out = np.zeros((side, side), dtype=np.int64)
+    out[: g.shape[0], : g.shape[1]] = g + 2
+    return out.reshape(-1)
+
+
+class PointerFit:
+    """Fits one pointer per puzzle of a batch (``fit``) and answers with it (``answer``). ``side``: the canvas."""
+
+    def __init__(
+        self,
+        side: int,
+        steps: int = 200,
+        lr: float = 0.05,
+        l1: float = 3e-3,
+        starts: Sequence[str] = STARTS,
+        colour_priors: Sequence[float] = (1.0, 0.0),
+    ):
+        unknown = sorted(set(starts) - set(STARTS))
+        if unknown or not starts:
+            raise ScienceError(f"--starts {list(starts)}: each must be one of {list(STARTS)}")
+        self.side, self.steps, self.lr, self.l1, self.starts = side, steps, lr, l1, tuple(starts)
+        self.colour_priors = tuple(colour_priors)
+        self.slots = 4 * (2 * side + 1)
+
+    def onehot(self, tokens: torch.Tensor) -> torch.Tensor:
+        c = grid_coordinates(tokens, self.side)
+        at = c + (2 * self.side + 1) * torch.arange(4)
+        return torch.zeros(*c.shape[:2], self.slots).scatter_(-1, at, 1.0)
+
+    def logits(self, A, u, tokens, scale: float) -> torch.Tensor:
+        """[n, S, S + NULLS]: every cell's logits over the input's cells and the null keys (cells off the input
+        grid at -inf)."""
+        o = self.onehot(tokens)
+        T = torch.einsum("njf,nfg,nig->nij", o, A, o)
+        T = torch.cat((T, torch.einsum("nig,nkg->nik", o, u)), dim=-1)
+        off = F.pad(tokens < 2, (0, NULLS))
+        return (scale * T).masked_fill(off[:, None, :], float("-inf"))
+
+    def source_class(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[n, S + NULLS]: each key's colour class (its colour; the null keys COLOURS, COLOURS + 1)."""
+        nulls = torch.arange(COLOURS, COLOURS + NULLS).expand(tokens.shape[0], NULLS)
+        return torch.cat(((tokens - 2).clamp_min(0), nulls), dim=-1)
+
+    def init(self, n: int, start: str, colour_prior: float):
+        A = torch.zeros(n, self.slots, self.slots)
+        if start == "identity":
+            w = 2 * self.side + 1
+            for b in range(4):
+                A[:, b * w : (b + 1) * w, b * w : (b + 1) * w] = 0.1 * torch.eye(w)
+        u = torch.zeros(n, NULLS, self.slots)
+        if (
+            start == "identity"
+        ):  # a cell off the input grid shares at most 2 of its 4 edge offsets with a source: it reads null 1
+            u[:, 1] = 0.3 / 4
+        R = torch.zeros(n, COLOURS + NULLS, COLOURS + 1)
+        R[:, :COLOURS, :COLOURS] += colour_prior * torch.eye(COLOURS)  # the table's start: a colour stays itself
+        return A, u, R
+
+    def fit_one(self, start, colour_prior, di, do, valid):
+        """Fit from ``start``, the colour table from ``colour_prior`` (the logit of keeping a colour): (A, u, the hard
+        pointer's majority table [n, classes], demo cells reproduced [n]). Where the unfitted start reproduces as many
+        demo cells as the fit, the start is kept."""
+        n, D, S = di.shape
+        A, u, R = self.init(n, start, colour_prior)
+        A0, u0 = A.clone(), u.clone()
+        for t in (A, u, R):
+            t.requires_grad_(True)
+        opt = torch.optim.Adam([A, u, R], lr=self.lr)
+        inp, out, keep = di.view(n * D, S), do.view(n * D, S), valid.view(n * D).float()
+        target = torch.where(out >= 2, out - 2, OUTSIDE)
+        src = F.one_hot(self.source_class(inp), COLOURS + NULLS).float()
+        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731
+        for step in range(self.steps):
+            scale = 1.0 + 9.0 * step / max(self.steps - 1, 1)
+            p = torch.softmax(self.logits(rep(A), rep(u), inp, scale), dim=-1)
+            q = torch.einsum("nij,njk->nik", p, src) @ torch.softmax(rep(R), dim=-1)  # [n*D, S, classes]
+            ll = q.gather(-1, target[..., None]).squeeze(-1).clamp_min(1e-6).log().mean(-1)
+            loss = -(ll * keep).sum() + self.l1 * (A - A0).abs().sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():  # the fit, or the start where the fit drifted off a pointer that did better
+            fitted, kept = self._table(A, u, di, target, valid), self._table(A0, u0, di, target, valid)
+            better = kept[1] >= fitted[1]  # the start where it does as well: the simpler pointer
+            A = torch.where(better[:, None, None], A0, A.detach())
+            u = torch.where(better[:, None, None], u0, u.detach())
+            return A, u, torch.where(better[:, None], kept[0], fitted[0]), torch.maximum(kept[1], fitted[1])
+
+    def _table(self, A, u, di, target, valid):
+        """(the majority table of the hard pointer's source classes [n, classes], demo cells it reproduces [n])."""
+        n, D, S = di.shape
+        cls = self._hard_class(A, u, di)  # [n, D, S]
+        counts = torch.zeros(n, COLOURS + NULLS, COLOURS + 1)
+        hot = F.one_hot(target.view(n, D, S), COLOURS + 1).float() * valid[..., None, None]
+        counts.scatter_add_(1, cls.view(n, D * S, 1).expand(-1, -1, COLOURS + 1), hot.view(n, D * S, -1))
+        fallback = torch.tensor(list(range(COLOURS)) + [OUTSIDE] * NULLS)  # a class no demo shows
+        table = torch.where(counts.sum(-1) > 0, counts.argmax(-1), fallback)
+        pred = table.gather(1, cls.view(n, D * S)).view(n, D, S)
+        return table, ((pred == target.view(n, D, S)) & valid[..., None]).sum((1, 2))
+
+    def _hard_class(self, A, u, tokens3):
+        n, D, S = tokens3.shape
+        flat = tokens3.reshape(n * D, S)
+        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731
+        j = self.logits(rep(A), rep(u), flat, 10.0).argmax(-1)
+        return self.source_class(flat).gather(1, j).view(n, D, S)
+
+    def solve(self, puzzles: list) -> list:
+        """``puzzles``: [(demos [(x, y)], test inputs [x])] -> per puzzle (test outputs, demos reproduced)."""
+        side, n = self.side, len(puzzles)
+        D = max(len(d) for d, _ in puzzles)
+        di = torch.zeros(n, D, side * side, dtype=torch.long)
+        do, valid = torch.zeros_like(di), torch.zeros(n, D, dtype=torch.bool)
+        for a, (demos, _) in enumerate(puzzles):
+            for d, (x, y) in enumerate(demos):
+                di[a, d], do[a, d] = torch.from_numpy(_canvas(x, side)), torch.from_numpy(_canvas(y, side))
+                valid[a, d] = True
+        best = None
+        for start, prior in [(s, c) for c in self.colour_priors for s in self.starts]:  # ties: the first
+            A, u, table, right = self.fit_one(start, prior, di, do, valid)
+            if best is None:
+                best = [A, u, table, right]
+                continue
+            better = right > best[3]
+            for k, new in enumerate((A, u, table, right)):
+                best[k] = torch.where(better.view(-1, *[1] * (new.dim() - 1)), new, best[k])
+        A, u, table, right = best
+        total = (valid.sum(1) * side * side).tolist()
+        out = []
+        for a, (_, tests) in enumerate(puzzles):
+            answers = []
+            for x in tests:
+                t = torch.from_numpy(_canvas(x, side))[None, None]
+                cls = self._hard_class(A[a : a + 1], u[a : a + 1], t)
+                answers.append(_grid(table[a].gather(0, cls.view(-1)).view(side, side).numpy()))
+            out.append((answers, int(right[a]) == total[a]))
+        return out
+
+
+def _grid(classes: np.ndarray) -> np.ndarray:
+    """The output grid of a canvas of classes: the box of its non-outside cells from the origin (a hole reads 0)."""
+    inside = classes != OUTSIDE
+    if not inside.any():
+        return np.zeros((0, 0), dtype=np.int64)
+    h = int(np.nonzero(inside.any(1))[0].max()) + 1
+    w = int(np.nonzero(inside.any(0))[0].max()) + 1
+    g = classes[:h, :w].copy()
+    g[g == OUTSIDE] = 0
+    return g
+
+
+def pointer_predictions(
+    puzzles, side: int, fit: PointerFit, batch: int = 64, loo: bool = False, progress=None
+) -> dict[str, list[dict]]:
+    """predictions.json-like rows (puzzle -> per test input ``{"correct_rank": 1 or None, "demos_reproduced": bool,
+    "loo": bool or None}``) from :class:`dataset.augment.ArcPuzzle` objects whose test pairs hold the truth. With
+    ``loo``, each demo is also answered by a fit on the other demos: ``"loo"`` says whether every one came out exactly
+    (None: fewer than two demos, or ``loo`` off): a check that the fit transfers to an input it was not fitted on."""
+    tasks = []  # (puzzle index, demo left out or None, demos, test inputs)
+    for a, p in enumerate(puzzles):
+        demos = [(np.asarray(x), np.asarray(y)) for x, y in p.train]
+        tasks.append((a, None, demos, [np.asarray(x) for x, _ in p.test]))
+        if loo and len(demos) > 1:
+            tasks += [(a, d, demos[:d] + demos[d + 1 :], [demos[d][0]]) for d in range(len(demos))]
+    answers: dict = {}
+    for s in range(0, len(tasks), batch):
+        chunk = tasks[s : s + batch]
+        for (a, d, _, _), solved in zip(chunk, fit.solve([(demos, tests) for _, _, demos, tests in chunk])):
+            answers[a, d] = solved
+        if progress:
+            progress(min(s + batch, len(tasks)), len(tasks))
+    rows = {}
+    for a, p in enumerate(puzzles):
+        outs, demos_ok = answers[a, None]
+        held = [(answers[a, d][0][0], y) for d, (_, y) in enumerate(p.train) if (a, d) in answers]
+        left = all(_same(o, y) for o, y in held) if held else None
+        rows[p.name] = [
+            {"correct_rank": 1 if _same(o, y) else None, "demos_reproduced": demos_ok, "loo": left}
+            for o, (_, y) in zip(outs, p.test)
+        ]
+    return rows
+
+
+def _same(a: np.ndarray, b) -> bool:
+    return a.shape == np.shape(b) and bool((a == np.asarray(b)).all())
+
+
+TRUST = ("demos", "loo")
+
+
+def trusted(rows: list[dict], trust: str) -> bool:
+    """Whether the pointer's answer to a puzzle is taken: ``demos``: its fit reproduces every demo; ``loo``: that, and
+    every demo is answered by the fit on the others."""
+    return all(r["demos_reproduced"] and (trust == "demos" or r.get("loo") is True) for r in rows)
+
+
+def combine(pointer: dict, fallback: dict, path: str = "the fallback", trust: str = "demos") -> dict:
+    """The pointer's row where it is :func:`trusted`, else ``fallback``'s (a model's predictions.json over the same
+    puzzles; a puzzle it lacks is refused)."""
+    missing = sorted(set(pointer) - set(fallback))
+    if missing:
+        raise ScienceError(f"{path}: no predictions for {len(missing)} of the puzzles (e.g. {missing[0]!r})")
+    return {
+        k: rows
+        if trusted(rows, trust)
+        else [{"correct_rank": r.get("correct_rank"), "answered_by": "fallback"} for r in fallback[k]]
+        for k, rows in pointer.items()
+    }
+
+
+def family_lines(rows: dict, rules: dict, trust: str) -> list[str]:
+    """Per family: puzzles, share answered, share trusted, share answered among the trusted."""
+    fams: dict = {}
+    for k, r in rows.items():
+        fams.setdefault(rules[k]["family"], []).append((all(x["correct_rank"] == 1 for x in r), trusted(r, trust)))
+    lines = []
+    for f, v in sorted(fams.items()) + [("all", [x for g in fams.values() for x in g])]:
+        t = [ok for ok, tr in v if tr]
+        cond = f"{sum(t) / len(t):.2f}" if t else "-"
+        lines.append(
+            f"{f:18s} n {len(v):4d}  answered {sum(ok for ok, _ in v) / len(v):.2f}  "
+            f"trusted ({trust}) {len(t) / len(v):.2f}  answered | trusted {cond}"
+        )
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m experiments.science.pointer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("dir", help="a science command's --out (its data/)")
+    ap.add_argument("--out", required=True, help="where to write the predictions (score's NAME=PATH)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--l1", type=float, default=3e-3, help="chosen on training puzzles (record 2026-11-29-pointer-fit)")
+    ap.add_argument("--starts", nargs="+", default=list(STARTS))
+    ap.add_argument("--colour-priors", type=float, nargs="+", default=[1.0, 0.0], help="the colour table's starts")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument(
+        "--fallback",
+        nargs="+",
+        default=[],
+        help="models' predictions.json: each --combined file takes its row where the pointer is not trusted",
+    )
+    ap.add_argument("--combined", nargs="+", default=[], help="where to write each pointer-else-fallback predictions")
+    ap.add_argument("--trust", choices=TRUST, default="demos", help="when --combined takes the pointer's answer")
+    ap.add_argument("--loo", action="store_true", help="also fit each puzzle without each demo (--trust loo needs it)")
+    ap.add_argument(
+        "--subset",
+        choices=("evaluation", "training"),
+        default="evaluation",
+        help="the held-out puzzles, or training puzzles (to choose settings on)",
+    )
+    ap.add_argument("--limit", type=int, help="the first N puzzles of the subset only")
+    a = ap.parse_args(argv)
+    from dataset.arc_sources import load_kaggle_subset
+    from experiments.science.score import load_data
+
+    try:
+        if a.steps < 0 or a.batch < 1 or (a.limit is not None and a.limit < 1):
+            raise ScienceError(f"--steps {a.steps} / --batch {a.batch} / --limit {a.limit}: need >= 0 / >= 1 / >= 1")
+        data = load_data(a.dir)
+        side = int(data.settings["canvas_size"])
+        if a.trust == "loo" and not a.loo:
+            raise ScienceError("--trust loo needs --loo")
+        chosen = {p for p, r in data.rules.items() if r.get("subset") == a.subset}
+        puzzles = [p for p in load_kaggle_subset(data.training_prefix, a.subset) if p.name in chosen][: a.limit]
+        fit = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
+        if len(a.fallback) != len(a.combined):
+            raise ScienceError(f"{len(a.fallback)} --fallback files for {len(a.combined)} --combined: one each")
+        fallback = [read_json(f, ScienceError) for f in a.fallback]
+        for f, path in zip(fallback, a.fallback):  # before any fit: a fallback must cover every puzzle
+            combine({p.name: [] for p in puzzles}, f, path)
+    except ScienceError as e:
+        sys.exit(f"error: {e}")
+    t0 = time.time()
+    bar = lambda k, n: print(f"\rpointer: {k}/{n} fits, {time.time() - t0:.0f} s", end="", file=sys.stderr)  # noqa: E731
+    rows = pointer_predictions(puzzles, side, fit, a.batch, a.loo, bar)
+    print(file=sys.stderr)
+    write_json_atomic(a.out, rows)
+    for f, path, out in zip(fallback, a.fallback, a.combined):
+        write_json_atomic(out, combine(rows, f, path, a.trust))
+    print("\n".join(family_lines(rows, data.rules, a.trust)))
+    print(f"pointer: {len(rows)} {a.subset} puzzles, {time.time() - t0:.0f} s -> {a.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
