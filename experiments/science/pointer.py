@@ -31,7 +31,9 @@ import torch.nn.functional as F
 
 from core.io import read_json, write_json_atomic
 from core.ops import grid_coordinates
+from dataset.arc_sources import load_kaggle_subset
 from experiments.science.common import ScienceError
+from experiments.science.score import load_data
 
 COLOURS = 10
 OUTSIDE = COLOURS  # the output class "not a cell of the output grid"
@@ -88,16 +90,12 @@ class PointerFit:
         return torch.cat(((tokens - 2).clamp_min(0), nulls), dim=-1)
 
     def init(self, n: int, start: str, colour_prior: float):
-        A = torch.zeros(n, self.slots, self.slots)
-        if start == "identity":
+        A, u = torch.zeros(n, self.slots, self.slots), torch.zeros(n, NULLS, self.slots)
+        if start == "identity":  # a cell shares 4 edge offsets with itself (logit 0.4), at most 2 with another cell
             w = 2 * self.side + 1
             for b in range(4):
                 A[:, b * w : (b + 1) * w, b * w : (b + 1) * w] = 0.1 * torch.eye(w)
-        u = torch.zeros(n, NULLS, self.slots)
-        if (
-            start == "identity"
-        ):  # a cell off the input grid shares at most 2 of its 4 edge offsets with a source: it reads null 1
-            u[:, 1] = 0.3 / 4
+            u[:, 1] = 0.3 / 4  # so a cell off the input grid, which has no source of its own, reads null 1 (0.3)
         R = torch.zeros(n, COLOURS + NULLS, COLOURS + 1)
         R[:, :COLOURS, :COLOURS] += colour_prior * torch.eye(COLOURS)  # the table's start: a colour stays itself
         return A, u, R
@@ -115,7 +113,7 @@ class PointerFit:
         inp, out, keep = di.view(n * D, S), do.view(n * D, S), valid.view(n * D).float()
         target = torch.where(out >= 2, out - 2, OUTSIDE)
         src = F.one_hot(self.source_class(inp), COLOURS + NULLS).float()
-        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731
+        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731  (per puzzle -> per demo)
         for step in range(self.steps):
             scale = 1.0 + 9.0 * step / max(self.steps - 1, 1)
             p = torch.softmax(self.logits(rep(A), rep(u), inp, scale), dim=-1)
@@ -297,9 +295,6 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     )
     ap.add_argument("--limit", type=int, help="the first N puzzles of the subset only")
     a = ap.parse_args(argv)
-    from dataset.arc_sources import load_kaggle_subset
-    from experiments.science.score import load_data
-
     try:
         if a.steps < 0 or a.batch < 1 or (a.limit is not None and a.limit < 1):
             raise ScienceError(f"--steps {a.steps} / --batch {a.batch} / --limit {a.limit}: need >= 0 / >= 1 / >= 1")
