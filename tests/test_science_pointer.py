@@ -97,7 +97,7 @@ def test_combine_takes_the_fallback_where_the_fit_fails_and_refuses_missing_puzz
         combine(pointer, {"a": model["a"]}, "m.json")
 
 
-def test_pointer_cli_refuses_bad_arguments_before_any_work(tmp_path, capsys):
+def test_pointer_cli_refuses_bad_arguments_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="no science data"):
         main([str(tmp_path), "--out", str(tmp_path / "p.json")])
     with pytest.raises(ScienceError, match="--starts"):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from core.io import read_json, write_json_atomic
 from core.ops import grid_coordinates
 from dataset.arc_sources import load_kaggle_subset
+from dataset.canvas import grid_to_canvas
 from experiments.science.common import ScienceError
 from experiments.science.score import load_data
 
@@ -41,18 +42,13 @@ NULLS = 2  # null keys: source classes COLOURS and COLOURS + 1
 STARTS = ("identity", "zero")
 
 
-def _canvas(grid, side: int) -> np.ndarray:
-    """A grid on a side x side canvas at the origin: colour + 2 inside (grid_coordinates' colour tokens), 0 outside."""
-    g = np.asarray(grid, dtype=np.int64)
-    if g.ndim != 2 or max(g.shape) > side:
-        raise ScienceError(f"a {g.shape} grid does not fit the {side} x {side} canvas")
-    out = np.zeros((side, side), dtype=np.int64)
-    out[: g.shape[0], : g.shape[1]] = g + 2
-    return out.reshape(-1)
+def _canvas(grid, side: int) -> torch.Tensor:
+    """[side * side] tokens of a grid at the canvas origin (dataset.canvas: colours from 2, PAD / EOS below)."""
+    return torch.from_numpy(grid_to_canvas(np.asarray(grid), size=side).astype(np.int64))
 
 
 class PointerFit:
-    """Fits one pointer per puzzle of a batch (``fit``) and answers with it (``answer``). ``side``: the canvas."""
+    """Fits one pointer per puzzle of a batch and answers with it (:meth:`solve`). ``side``: the canvas."""
 
     def __init__(
         self,
@@ -157,7 +153,7 @@ class PointerFit:
         do, valid = torch.zeros_like(di), torch.zeros(n, D, dtype=torch.bool)
         for a, (demos, _) in enumerate(puzzles):
             for d, (x, y) in enumerate(demos):
-                di[a, d], do[a, d] = torch.from_numpy(_canvas(x, side)), torch.from_numpy(_canvas(y, side))
+                di[a, d], do[a, d] = _canvas(x, side), _canvas(y, side)
                 valid[a, d] = True
         best = None
         for start, prior in [(s, c) for c in self.colour_priors for s in self.starts]:  # ties: the first
@@ -174,7 +170,7 @@ class PointerFit:
         for a, (_, tests) in enumerate(puzzles):
             answers = []
             for x in tests:
-                t = torch.from_numpy(_canvas(x, side))[None, None]
+                t = _canvas(x, side)[None, None]
                 cls = self._hard_class(A[a : a + 1], u[a : a + 1], t)
                 answers.append(_grid(table[a].gather(0, cls.view(-1)).view(side, side).numpy()))
             out.append((answers, int(right[a]) == total[a]))
