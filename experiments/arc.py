@@ -48,6 +48,7 @@ from evaluators.pictures import draw_puzzle
 from experiments.science.common import (
     CONTROL,
     HELDOUT_EVAL,
+    NO_WEIGHTS,
     PROGRAM,
     ScienceError,
     evaluate_checkpoint,
@@ -438,7 +439,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         wanted = set(args.protocols)
         science = run_science_command(settings) if wanted & {"etrm", "ttt", "scratch"} else None
         trm = run_trm(out, subset["prefix"], args) if "trm" in wanted else None
-        first = next((n for n in science["runs"] if n not in (CONTROL, PROGRAM)), None) if science else None
+        first = next((n for n in science["runs"] if n not in (CONTROL, *NO_WEIGHTS)), None) if science else None
         with open(f"{subset['prefix']}_evaluation_challenges.json") as f:
             expect = list(json.load(f))
         extra = {}

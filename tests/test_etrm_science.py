@@ -21,7 +21,7 @@ from dataset.synthetic_rules import FAMILIES
 from evaluate import EvaluateConfig, run
 from evaluators.data import build_eval_loader
 from experiments.science.cli import main
-from experiments.science.common import CONTROL, ENCODERS, PROGRAM, ScienceError
+from experiments.science.common import CONTROL, ENCODERS, ONE_COPY_TABLE, PROGRAM, SEARCH, ScienceError
 from experiments.science.recolour import write_recolour_dataset
 from experiments.science.report import family_table, puzzle_scores
 from experiments.science.run import run_plan
@@ -316,6 +316,17 @@ def test_science_command_table_counts_every_heldout_puzzle_once(science_out, cap
         log = open(os.path.join(out, "runs", name, "train.log")).read()
         assert "pretrain_encoder.py --config-name cfg_science" in log and "arch.hidden_size=32" in log
         assert ("encoder.zero_demos=true" in log) == (name == CONTROL)
+    # the search row (no weights, no candidate): per family, the share of puzzles a direct call answers
+    from dataset.arc_sources import load_kaggle_subset
+    from experiments.science.pointer import search_predictions
+
+    puzzles = load_kaggle_subset(os.path.join(out, "data", "raw", "synth"), "evaluation")
+    direct = search_predictions([p for p in puzzles if p.name in heldout], 8)
+    assert sorted(direct) == sorted(heldout) and res["runs"][SEARCH]["program"] is True
+    for f in FAMS:
+        want = np.mean([np.mean([x["correct_rank"] == 1 for x in direct[p]]) for p in direct if p.endswith("-" + f)])
+        assert res[ONE_COPY_TABLE][f]["runs"][SEARCH]["pass@1"] == pytest.approx(want)
+    assert f" {SEARCH} |" in md  # a column of the tables
     # resumable: nothing is trained or evaluated again; other settings in the same --out are refused
     mtimes = {run: os.path.getmtime(os.path.join(out, "runs", run, "train.log")) for run in ("standard", CONTROL)}
     capsys.readouterr()
@@ -424,7 +435,7 @@ def test_compare_puts_science_runs_side_by_side(science_out, tmp_path, capsys):
     edited = [c.strip() for c in rows[1].split("|")[1:-1]]
     assert edited[1] == "`lr=2e-3` `seed=1` `eval:use_ema=false`" and edited[2] == "0, 1" and edited[4] == "2.00"
     assert edited[7].startswith("0.75 / ") and edited[6] == cells[6]
-    assert sorted(r["run"] for r in compare.load_rows([out])) == sorted(["standard", CONTROL, PROGRAM])  # all
+    assert sorted(r["run"] for r in compare.load_rows([out])) == sorted(["standard", CONTROL, PROGRAM, SEARCH])  # all
     with pytest.raises(ScienceError, match="nowhere/science.json"):
         compare.load_rows([str(tmp_path / "nowhere")])
     with pytest.raises(ScienceError, match="no scored run named lpn"):
@@ -656,6 +667,19 @@ def test_pointer_program_scores_and_falls_back_on_a_science_out(science_out, tmp
         assert both[k] == want
     table = score.score(out, {"pointer": str(p), "combined": str(c)})
     assert table["all"]["runs"]["pointer"]["pass@1"] is not None
+    # the cells program through the same command, chained in front of the pointer-else-model file
+    cells = pointer.main([out, "--method", "cells", "--out", str(tmp_path / "k.json"), "--loo"])
+    assert set(cells) == set(model) and all(isinstance(x["loo"], (bool, type(None))) for r in cells.values() for x in r)
+    cells = pointer.main(
+        [out, "--method", "cells", "--out", str(tmp_path / "k.json"), "--fallback", str(c), "--combined", str(p)]
+    )
+    chained = json.load(open(p))
+    for k, r in cells.items():
+        assert chained[k] == (
+            r
+            if all(x["demos_reproduced"] for x in r)
+            else [{"correct_rank": x["correct_rank"], "answered_by": "fallback"} for x in both[k]]
+        )
     short = dict(model)
     short.pop(sorted(short)[0])
     json.dump(short, open(tmp_path / "short.json", "w"))

