@@ -262,7 +262,8 @@ def search_predictions(puzzles, side: int) -> dict[str, list[dict]]:
     pointer's (both at their defaults, chosen on training puzzles: record 2026-11-29-cell-rules), each row tagged
     ``answered_by``."""
     cells = pointer_predictions(puzzles, side, CellRuleFit())
-    ptr = pointer_predictions(puzzles, side, PointerFit(side))
+    rest = [p for p in puzzles if not trusted(cells[p.name], "demos")]  # the pointer only where the cells do not
+    ptr = pointer_predictions(rest, side, PointerFit(side)) if rest else {}
     return {
         k: [dict(r, answered_by="cells") for r in rows]
         if trusted(rows, "demos")
@@ -350,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             raise ScienceError("give a science command's --out DIR, or ARC puzzles (--input-file-prefix or --source)")
         if a.trust == "loo" and not a.loo:
             raise ScienceError("--trust loo needs --loo")
-        if arc:  # every subset's puzzles, scored as one group; the pointer's canvas: the largest ARC grid
+        if arc:  # the subset's tasks, scored as one group; the pointer's canvas: the largest ARC grid
             puzzles = load_puzzles([a.subset], None, a.input_file_prefix, a.source, a.limit)
             side, rules = ARC_MAX_GRID, {p.name: {"family": f"arc {a.subset}"} for p in puzzles}
         else:
