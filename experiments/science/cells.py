@@ -34,8 +34,8 @@ CHUNK = 1 << 22  # rules x cells per numpy pass
 CAP = 31  # every column's values lie in [0, CAP]: keys pack 5 bits per column
 
 
-def _components(g: np.ndarray, bg: int) -> tuple[np.ndarray, np.ndarray]:
-    """(label per cell: its 4-connected same-colour region, -1 for none; size per label)."""
+def _components(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(label per cell: its 4-connected same-colour region, background regions included; size per label)."""
     h, w = g.shape
     lab = -np.ones((h, w), dtype=np.int64)
     sizes = []
@@ -75,7 +75,7 @@ def features(grid, bg: int) -> tuple[np.ndarray, np.ndarray]:
                         ray[r, c, k] = g[rr, cc]
                         break
                     rr, cc = rr + dr, cc + dc
-    lab, sizes = _components(g, bg)
+    lab, sizes = _components(g)
     colour = np.zeros(sizes.size, dtype=np.int64)
     colour[lab.ravel()] = g.ravel()
     objs = sizes[colour != bg]  # the sizes of the grid's objects (non-background regions)
