@@ -680,6 +680,13 @@ def test_pointer_program_scores_and_falls_back_on_a_science_out(science_out, tmp
             if all(x["demos_reproduced"] for x in r)
             else [{"correct_rank": x["correct_rank"], "answered_by": "fallback"} for x in both[k]]
         )
+    # the learned maps through the same command: learned on the out's training puzzles, one row per held-out puzzle
+    maps = pointer.main(
+        [out, "--method", "maps", "--out", str(tmp_path / "m.json"), "--steps", "20"]
+        + ["--maps-forms", "2", "--maps-steps", "5"]
+    )
+    assert set(maps) == set(model) and all(isinstance(x["demos_reproduced"], bool) for r in maps.values() for x in r)
+    assert "maps: learned on" in capsys.readouterr().out
     short = dict(model)
     short.pop(sorted(short)[0])
     json.dump(short, open(tmp_path / "short.json", "w"))

@@ -39,21 +39,15 @@ import torch.nn.functional as F
 from core.io import read_json, write_json_atomic
 from core.ops import grid_coordinates
 from dataset.arc_sources import ARC_MAX_GRID, load_kaggle_subset, load_puzzles
-from dataset.canvas import grid_to_canvas
 from dataset.errors import DatasetError
 from experiments.science.cells import CellRuleFit
 from experiments.science.common import ScienceError
+from experiments.science.grids import COLOURS, OUTSIDE, canvas_tokens, classes_to_grid
+from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
 
-COLOURS = 10
-OUTSIDE = COLOURS  # the output class "not a cell of the output grid"
 NULLS = 2  # null keys: source classes COLOURS and COLOURS + 1
 STARTS = ("identity", "zero")
-
-
-def _canvas(grid, side: int) -> torch.Tensor:
-    """[side * side] tokens of a grid at the canvas origin (dataset.canvas: colours from 2, PAD / EOS below)."""
-    return torch.from_numpy(grid_to_canvas(np.asarray(grid), size=side).astype(np.int64))
 
 
 class PointerFit:
@@ -154,15 +148,16 @@ class PointerFit:
         j = self.logits(rep(A), rep(u), flat, 10.0).argmax(-1)
         return self.source_class(flat).gather(1, j).view(n, D, S)
 
-    def solve(self, puzzles: list) -> list:
-        """``puzzles``: [(demos [(x, y)], test inputs [x])] -> per puzzle (test outputs, demos reproduced)."""
-        side, n = self.side, len(puzzles)
-        D = max(len(d) for d, _ in puzzles)
+    def fit(self, demo_sets: list):
+        """``demo_sets``: per puzzle its demos [(x, y)] -> the best start's (A, u, table, demo cells reproduced [n],
+        whether all are [n]), each puzzle fitted on its demos alone."""
+        side, n = self.side, len(demo_sets)
+        D = max(len(d) for d in demo_sets)
         di = torch.zeros(n, D, side * side, dtype=torch.long)
         do, valid = torch.zeros_like(di), torch.zeros(n, D, dtype=torch.bool)
-        for a, (demos, _) in enumerate(puzzles):
+        for a, demos in enumerate(demo_sets):
             for d, (x, y) in enumerate(demos):
-                di[a, d], do[a, d] = _canvas(x, side), _canvas(y, side)
+                di[a, d], do[a, d] = canvas_tokens(x, side), canvas_tokens(y, side)
                 valid[a, d] = True
         best = None
         for start, prior in [(s, c) for c in self.colour_priors for s in self.starts]:  # ties: the first
@@ -173,29 +168,31 @@ class PointerFit:
             better = right > best[3]
             for k, new in enumerate((A, u, table, right)):
                 best[k] = torch.where(better.view(-1, *[1] * (new.dim() - 1)), new, best[k])
-        A, u, table, right = best
-        total = (valid.sum(1) * side * side).tolist()
+        return (*best, best[3] == valid.sum(1) * side * side)
+
+    def solve(self, puzzles: list) -> list:
+        """``puzzles``: [(demos [(x, y)], test inputs [x])] -> per puzzle (test outputs, demos reproduced)."""
+        A, u, table, _, ok = self.fit([d for d, _ in puzzles])
         out = []
         for a, (_, tests) in enumerate(puzzles):
             answers = []
             for x in tests:
-                t = _canvas(x, side)[None, None]
+                t = canvas_tokens(x, self.side)[None, None]
                 cls = self._hard_class(A[a : a + 1], u[a : a + 1], t)
-                answers.append(_grid(table[a].gather(0, cls.view(-1)).view(side, side).numpy()))
-            out.append((answers, int(right[a]) == total[a]))
+                answers.append(classes_to_grid(table[a].gather(0, cls.view(-1)).view(self.side, self.side).numpy()))
+            out.append((answers, bool(ok[a])))
         return out
 
-
-def _grid(classes: np.ndarray) -> np.ndarray:
-    """The output grid of a canvas of classes: the box of its non-outside cells from the origin (a hole reads 0)."""
-    inside = classes != OUTSIDE
-    if not inside.any():
-        return np.zeros((0, 0), dtype=np.int64)
-    h = int(np.nonzero(inside.any(1))[0].max()) + 1
-    w = int(np.nonzero(inside.any(0))[0].max()) + 1
-    g = classes[:h, :w].copy()
-    g[g == OUTSIDE] = 0
-    return g
+    def sources(self, demo_sets: list) -> list:
+        """Per puzzle, fitted on its demos: (the key each canvas cell of each demo reads [D, S]: an input cell, or
+        S + k for null key k; whether the fit reproduces every demo). The teacher of ``experiments.science.maps``."""
+        A, u, _, _, ok = self.fit(demo_sets)
+        out = []
+        for a, demos in enumerate(demo_sets):
+            t = torch.stack([canvas_tokens(x, self.side) for x, _ in demos])
+            j = self.logits(A[a : a + 1].expand(len(demos), -1, -1), u[a : a + 1].expand(len(demos), -1, -1), t, 10.0)
+            out.append((j.argmax(-1), bool(ok[a])))
+        return out
 
 
 def pointer_predictions(
@@ -308,6 +305,21 @@ def family_lines(rows: dict, rules: dict, trust: str) -> list[str]:
     return lines
 
 
+def _program(a, side: int, puzzles: list, training_prefix: Optional[str]):
+    """The fit the command's ``--method`` names; the maps are learned here, on the training puzzles of
+    ``training_prefix`` that are not scored."""
+    if a.method == "cells":
+        return CellRuleFit(a.max_features)
+    pointer = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
+    if a.method == "pointer":
+        return pointer
+    scored = {p.name for p in puzzles}
+    learn = [p for p in load_kaggle_subset(training_prefix, "training") if p.name not in scored]
+    fit, used = fitted_maps(learn, side, pointer, a.maps_forms, a.maps_steps, a.maps_tau, a.seed)
+    print(f"maps: learned on {used} of {len(learn)} training puzzles (the pointer reproduced their pairs)")
+    return fit
+
+
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.science.pointer", description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", nargs="?", help="a science command's --out (its data/)")
@@ -316,11 +328,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--out", required=True, help="where to write the predictions (score's NAME=PATH)")
     ap.add_argument(
         "--method",
-        choices=("pointer", "cells"),
+        choices=("pointer", "cells", "maps"),
         default="pointer",
-        help="the program fitted per puzzle: this module's pointer, or the local rules of experiments.science.cells",
+        help="the program fitted per puzzle: this module's pointer, the local rules of experiments.science.cells, or "
+        "the position maps of experiments.science.maps (learned first on DIR's training puzzles)",
     )
     ap.add_argument("--max-features", type=int, default=3, help="cells: the most columns a rule reads")
+    ap.add_argument("--maps-forms", type=int, default=24, help="maps: row forms (and column forms) learned")
+    ap.add_argument("--maps-steps", type=int, default=1000, help="maps: learning steps")
+    ap.add_argument("--maps-tau", type=float, default=10.0, help="maps: how hard each puzzle picks its forms")
+    ap.add_argument("--seed", type=int, default=0, help="maps: the forms' start and the puzzles drawn")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--l1", type=float, default=3e-3, help="chosen on training puzzles (record 2026-11-29-pointer-fit)")
@@ -349,6 +366,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         arc = a.input_file_prefix is not None or a.source is not None
         if (a.dir is not None) == arc:
             raise ScienceError("give a science command's --out DIR, or ARC puzzles (--input-file-prefix or --source)")
+        if a.method == "maps" and arc:
+            raise ScienceError("--method maps learns on a science command's training puzzles: give its --out DIR")
         if a.trust == "loo" and not a.loo:
             raise ScienceError("--trust loo needs --loo")
         if arc:  # the subset's tasks, scored as one group; the pointer's canvas: the largest ARC grid
@@ -361,13 +380,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             side, rules = int(data.settings["canvas_size"]), data.rules
             chosen = {p for p, r in rules.items() if r.get("subset") == a.subset}
             puzzles = [p for p in load_kaggle_subset(data.training_prefix, a.subset) if p.name in chosen][: a.limit]
-        if a.max_features < 0:
-            raise ScienceError(f"--max-features {a.max_features}: need >= 0")
-        fit = (
-            CellRuleFit(a.max_features)
-            if a.method == "cells"
-            else PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
-        )
+        if a.max_features < 0 or a.maps_forms < 1 or a.maps_steps < 0:
+            raise ScienceError(
+                f"--max-features {a.max_features} / --maps-forms {a.maps_forms} / --maps-steps "
+                f"{a.maps_steps}: need >= 0 / >= 1 / >= 0"
+            )
         if len(a.fallback) != len(a.combined):
             raise ScienceError(f"{len(a.fallback)} --fallback files for {len(a.combined)} --combined: one each")
         fallback = [read_json(f, ScienceError) for f in a.fallback]
@@ -375,6 +392,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             combine({p.name: [] for p in puzzles}, f, path)
     except (ScienceError, DatasetError) as e:
         sys.exit(f"error: {e}")
+    fit = _program(a, side, puzzles, data.training_prefix if a.method == "maps" else None)
     t0 = time.time()
     bar = lambda k, n: print(f"\r{a.method}: {k}/{n} fits, {time.time() - t0:.0f} s", end="", file=sys.stderr)  # noqa: E731
     rows = pointer_predictions(puzzles, side, fit, a.batch, a.loo, bar)
