@@ -10,6 +10,7 @@ from dataset.canvas import grid_to_canvas
 
 COLOURS = 10
 OUTSIDE = COLOURS  # the answer class "not a cell of the output grid"
+NULLS = 2  # null keys a cell may read instead of an input cell: source classes COLOURS and COLOURS + 1
 
 
 def canvas_tokens(grid, side: int) -> torch.Tensor:
@@ -27,3 +28,10 @@ def classes_to_grid(classes: np.ndarray) -> np.ndarray:
     g = classes[:h, :w].copy()
     g[g == OUTSIDE] = 0
     return g
+
+
+def source_classes(tokens: torch.Tensor) -> torch.Tensor:
+    """[n, S + NULLS]: each key's class, for canvas tokens [n, S]: the input cell's colour, the null keys COLOURS and
+    COLOURS + 1."""
+    nulls = torch.arange(COLOURS, COLOURS + NULLS, device=tokens.device).expand(tokens.shape[0], NULLS)
+    return torch.cat(((tokens - 2).clamp_min(0), nulls), dim=-1)

@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from core.ops import grid_coordinates
-from experiments.science.grids import COLOURS, OUTSIDE, canvas_tokens, classes_to_grid
+from experiments.science.grids import COLOURS, NULLS, OUTSIDE, canvas_tokens, classes_to_grid, source_classes
 
-NULLS = 2  # as the pointer's: a cell off the output grid reads one, and the colour table says what it becomes
 CLASSES = COLOURS + NULLS  # a source's class: its colour or a null key
 
 
@@ -64,12 +63,6 @@ class MapDictionary(torch.nn.Module):
             return (scale * torch.einsum("njf,mfg,nig->nmij", src, forms, o)).masked_fill(off, float("-inf"))
 
         return axis(0, self.R), axis(1, self.C)
-
-
-def source_classes(tokens: torch.Tensor) -> torch.Tensor:
-    """[n, S + NULLS] each key's class: the input cell's colour, the null keys COLOURS and COLOURS + 1."""
-    nulls = torch.arange(COLOURS, CLASSES).expand(tokens.shape[0], NULLS)
-    return torch.cat(((tokens - 2).clamp_min(0), nulls), dim=-1)
 
 
 def _targets(tokens: torch.Tensor) -> torch.Tensor:

