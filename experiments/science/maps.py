@@ -33,7 +33,16 @@ import torch
 import torch.nn.functional as F
 
 from core.ops import grid_coordinates
-from experiments.science.grids import COLOURS, NULLS, OUTSIDE, canvas_tokens, classes_to_grid, source_classes
+from experiments.science.grids import (
+    COLOURS,
+    NULLS,
+    answer_classes,
+    canvas_tokens,
+    classes_to_grid,
+    majority_table,
+    source_classes,
+    stack_pairs,
+)
 
 CLASSES = COLOURS + NULLS  # a source's class: its colour or a null key
 
@@ -64,21 +73,6 @@ class MapDictionary(torch.nn.Module):
             return (scale * torch.einsum("njf,mfg,nig->nmij", src, forms, o)).masked_fill(off, float("-inf"))
 
         return axis(0, self.R), axis(1, self.C)
-
-
-def _targets(tokens: torch.Tensor) -> torch.Tensor:
-    return torch.where(tokens >= 2, tokens - 2, OUTSIDE)
-
-
-def _stack(puzzles: list, side: int):
-    """([P, D, S] inputs, outputs, [P, D] valid) of every puzzle's pairs (a puzzle: a list of (x, y))."""
-    D = max(len(p) for p in puzzles)
-    di = torch.zeros(len(puzzles), D, side * side, dtype=torch.long)
-    do, valid = torch.zeros_like(di), torch.zeros(len(puzzles), D, dtype=torch.bool)
-    for a, pairs in enumerate(puzzles):
-        for d, (x, y) in enumerate(pairs):
-            di[a, d], do[a, d], valid[a, d] = canvas_tokens(x, side), canvas_tokens(y, side), True
-    return di, do, valid
 
 
 def _axis_targets(keys: torch.Tensor, side: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,17 +169,13 @@ class MapFit:
     @torch.no_grad()
     def solve(self, puzzles: list) -> list:
         """``puzzles``: [(demos [(x, y)], test inputs [x])] -> per puzzle (test outputs, demos reproduced)."""
-        di, do, valid = _stack([d for d, _ in puzzles], self.side)
+        di, do, valid = stack_pairs([d for d, _ in puzzles], self.side)
         P, D, S = di.shape
         cls = self.hard_classes(di.view(P * D, S)).view(P, D, -1, S).transpose(1, 2)  # [P, pairs, D, S]
-        target = _targets(do)[:, None].expand_as(cls)
-        hot = F.one_hot(target, COLOURS + 1).float() * valid[:, None, :, None, None]
-        counts = torch.zeros(P, cls.shape[1], CLASSES, COLOURS + 1)
-        counts.scatter_add_(2, cls.flatten(2)[..., None].expand(-1, -1, -1, COLOURS + 1), hot.flatten(2, 3))
-        fallback = torch.tensor(list(range(COLOURS)) + [OUTSIDE] * NULLS)  # a class no demo shows
-        table = torch.where(counts.sum(-1) > 0, counts.argmax(-1), fallback)  # [P, pairs, CLASSES]
-        pred = table.gather(2, cls.flatten(2)).view_as(cls)
-        right = ((pred == target) & valid[:, None, :, None]).sum((2, 3))  # [P, pairs]
+        target = answer_classes(do)[:, None].expand_as(cls)
+        m = cls.shape[1]
+        table, right = majority_table(cls.flatten(0, 1), target.flatten(0, 1), valid.repeat_interleave(m, 0))
+        table, right = table.view(P, m, -1), right.view(P, m)  # [P, pairs, CLASSES], [P, pairs]
         best = right.argmax(1)  # ties: the first pair
         out = []
         for a, (_, tests) in enumerate(puzzles):

@@ -44,7 +44,16 @@ from dataset.arc_sources import ARC_MAX_GRID, load_kaggle_subset, load_puzzles
 from dataset.errors import DatasetError
 from experiments.science.cells import CellRuleFit
 from experiments.science.common import ScienceError
-from experiments.science.grids import COLOURS, NULLS, OUTSIDE, canvas_tokens, classes_to_grid, source_classes
+from experiments.science.grids import (
+    COLOURS,
+    NULLS,
+    answer_classes,
+    canvas_tokens,
+    classes_to_grid,
+    majority_table,
+    source_classes,
+    stack_pairs,
+)
 from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
 
@@ -106,7 +115,7 @@ class PointerFit:
             t.requires_grad_(True)
         opt = torch.optim.Adam([A, u, R], lr=self.lr)
         inp, out, keep = di.view(n * D, S), do.view(n * D, S), valid.view(n * D).float()
-        target = torch.where(out >= 2, out - 2, OUTSIDE)
+        target = answer_classes(out)
         src = F.one_hot(source_classes(inp), COLOURS + NULLS).float()
         rep = lambda x: x.repeat_interleave(D, 0)  # noqa: E731  (per puzzle -> per demo)
         for step in range(self.steps):
@@ -127,15 +136,7 @@ class PointerFit:
 
     def _table(self, A, u, di, target, valid):
         """(the majority table of the hard pointer's source classes [n, classes], demo cells it reproduces [n])."""
-        n, D, S = di.shape
-        cls = self._hard_class(A, u, di)  # [n, D, S]
-        counts = torch.zeros(n, COLOURS + NULLS, COLOURS + 1)
-        hot = F.one_hot(target.view(n, D, S), COLOURS + 1).float() * valid[..., None, None]
-        counts.scatter_add_(1, cls.view(n, D * S, 1).expand(-1, -1, COLOURS + 1), hot.view(n, D * S, -1))
-        fallback = torch.tensor(list(range(COLOURS)) + [OUTSIDE] * NULLS)  # a class no demo shows
-        table = torch.where(counts.sum(-1) > 0, counts.argmax(-1), fallback)
-        pred = table.gather(1, cls.view(n, D * S)).view(n, D, S)
-        return table, ((pred == target.view(n, D, S)) & valid[..., None]).sum((1, 2))
+        return majority_table(self._hard_class(A, u, di), target.view(di.shape), valid)
 
     def _hard_keys(self, A, u, tokens3) -> torch.Tensor:
         """[n, D, S]: the key each canvas cell of each grid of ``tokens3`` [n, D, S] reads under puzzle n's hard
@@ -152,14 +153,8 @@ class PointerFit:
     def fit(self, demo_sets: list):
         """``demo_sets``: per puzzle its demos [(x, y)] -> the best start's (A, u, table, demo cells reproduced [n],
         whether all are [n]), each puzzle fitted on its demos alone."""
-        side, n = self.side, len(demo_sets)
-        D = max(len(d) for d in demo_sets)
-        di = torch.zeros(n, D, side * side, dtype=torch.long)
-        do, valid = torch.zeros_like(di), torch.zeros(n, D, dtype=torch.bool)
-        for a, demos in enumerate(demo_sets):
-            for d, (x, y) in enumerate(demos):
-                di[a, d], do[a, d] = canvas_tokens(x, side), canvas_tokens(y, side)
-                valid[a, d] = True
+        side = self.side
+        di, do, valid = stack_pairs(demo_sets, side)
         best = None
         for start, prior in [(s, c) for c in self.colour_priors for s in self.starts]:  # ties: the first
             A, u, table, right = self.fit_one(start, prior, di, do, valid)
