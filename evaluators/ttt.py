@@ -6,9 +6,10 @@
 
 * ``context`` / ``embedding``: one per-sample tensor per row of the batch, fitted side by side (a row's fit does not
   depend on the other rows), then the batch is rolled out with that prefix context;
-* ``all``: the rows are grouped by puzzle (``puzzle_identifiers``: one augmented copy of one puzzle); per group the
-  model's weights are fitted on that group's demos, the group is predicted, and the weights are restored exactly
-  before the next group, so nothing learned on one puzzle reaches another.
+* ``all`` / ``gather`` (the core's gather forms only): the rows are grouped by puzzle (``puzzle_identifiers``: one
+  augmented copy of one puzzle); per group the model's weights are fitted on that group's demos, the group is
+  predicted, and the weights are restored exactly before the next group, so nothing learned on one puzzle reaches
+  another.
 
 Per fitted group it records the demo fit (fraction of demos reproduced exactly) before and after, the steps and
 the seconds: ``summary()`` gives the ``ttt/*`` metrics, ``records`` the per-puzzle list (evaluate.py writes it to
@@ -25,6 +26,7 @@ import torch
 from evaluators import dist as edist
 from models.rollout import Rollout, act_model_of
 from models.ttt import (
+    GATHER_PARAMS,
     DemoSet,
     TTTSettings,
     WeightsSnapshot,
@@ -61,11 +63,13 @@ class TestTimeTraining:
                 "a model without a demo encoder is fitted through its puzzle embedding, and this one has "
                 "none (arch.puzzle_emb_ndim=0)"
             )
+        if settings.params == "gather":
+            WeightsSnapshot(self.act, GATHER_PARAMS)  # refuses a core without a learned gather, before any batch
         self.records: list[dict[str, Any]] = []
 
     # -- the evaluation hook ---------------------------------------------------------------------------------
     def run(self, plan: Any, batch: dict, device: torch.device) -> Rollout:
-        if self.settings.params == "all":
+        if self.settings.fits_weights:
             return self._run_groups(plan, batch, device)
         with torch.inference_mode(False), torch.enable_grad(), frozen_weights(self.act):
             prefix = self._fit_rows(batch, ids=batch["puzzle_identifiers"])
@@ -110,9 +114,9 @@ class TestTimeTraining:
                 theta0,
                 lambda th: th.index_select(0, demos.owner),
                 steps=s.steps,
-                lr=s.lr,
+                lr=self._theta_lr,
                 extra_params=extra,
-                extra_lr=s.weight_lr,
+                extra_lr=self._extra_lr,
             )
             final = res.theta
         elif s.params == "embedding":
@@ -127,6 +131,16 @@ class TestTimeTraining:
         self._record(batch, ids, demos, res)
         return final.to(next(act.parameters()).dtype)
 
+    @property
+    def _theta_lr(self) -> float:
+        """The per-row tensor's learning rate: ``ttt_lr``; 0 for ``gather`` (only the forms move)."""
+        return 0.0 if self.settings.params == "gather" else self.settings.lr
+
+    @property
+    def _extra_lr(self) -> float:
+        """The fitted weights' learning rate: ``ttt_weight_lr`` for ``all``; ``ttt_lr`` for ``gather``'s forms."""
+        return self.settings.lr if self.settings.params == "gather" else self.settings.weight_lr
+
     def _fit_offset(self, batch: dict, demos: DemoSet, extra: tuple, visible: Optional[tuple]):
         """ETRM ``context`` (and ``all``): an offset on the encoder's output (its latent, for lpn); leave-one-out
         encodings for the demos, all demos for the test input."""
@@ -138,7 +152,8 @@ class TestTimeTraining:
         to_ctx = enc.context_from_latent if latent else (lambda x: x)
         with torch.no_grad():
             base_full = space(full)
-            base_loo = space(loo) if not extra else None  # ``all``: the encoder is fitted too, so re-encode each step
+            # ``all``: the encoder is fitted too, so re-encode each step
+            base_loo = space(loo) if not extra or s.params == "gather" else None
         theta0 = torch.zeros_like(base_full)
 
         def prefix_of(th: torch.Tensor) -> torch.Tensor:
@@ -151,13 +166,13 @@ class TestTimeTraining:
             theta0,
             prefix_of,
             steps=s.steps,
-            lr=s.lr,
+            lr=self._theta_lr,
             extra_params=extra,
-            extra_lr=s.weight_lr,
+            extra_lr=self._extra_lr,
             visible=visible,
         )
         with torch.no_grad():
-            final = to_ctx((space(full) if extra else base_full) + res.theta)
+            final = to_ctx((space(full) if extra and s.params != "gather" else base_full) + res.theta)
         return res, final
 
     def _encode(self, di, dl, dm) -> torch.Tensor:
@@ -170,7 +185,8 @@ class TestTimeTraining:
         ids = batch["puzzle_identifiers"]
         keys = ids if self.pool_of is None else self.pool_of.to(ids.device).index_select(0, ids.long())
         parts, order = [], []
-        snap = WeightsSnapshot(self.act)  # the weights every group starts from, restored after each
+        only = GATHER_PARAMS if self.settings.params == "gather" else None
+        snap = WeightsSnapshot(self.act, only)  # the weights every group starts from, restored after each
         for key in torch.unique(keys).tolist():
             rows = (keys == key).nonzero().squeeze(-1)
             sub = {

@@ -139,6 +139,12 @@ class IOStem(nn.Module):
     reads_memory: bool = False
     puzzle_emb: Optional[SparsePuzzleEmbedding]  # None with puzzle_emb_ndim = 0
 
+    @property
+    def aux_loss_weights(self) -> Dict[str, float]:
+        """The per-sample terms the inner's forward returns as a fourth value (``{output key: weight}``; none here;
+        trm_views' ``gather_fit``), for the loss head."""
+        return {}
+
     def __init__(self, config, *, vocab_size: int, seq_len: int, num_puzzle_identifiers: int, batch_size: int) -> None:
         """``config``: the arch config (an :class:`ArchConfig`); its stem fields set the embeddings/heads."""
         super().__init__()
@@ -317,6 +323,11 @@ class ACTModel(nn.Module):
         return self.inner.reads_memory
 
     @property
+    def aux_loss_weights(self) -> Dict[str, float]:
+        """The inner's per-sample auxiliary loss terms and weights (:attr:`IOStem.aux_loss_weights`)."""
+        return self.inner.aux_loss_weights
+
+    @property
     def puzzle_emb_len(self) -> int:
         return self.inner.puzzle_emb_len
 
@@ -355,10 +366,11 @@ class ACTModel(nn.Module):
         """Run one supervision step on an already refilled carry (see module docstring). ``memory``: the demos'
         per-cell states (``encoders.DemoMemory``) for an inner that reads them (``reads_memory``, ETRM only)."""
         extra = {} if memory is None else {"memory": memory}
-        inner_carry, logits, (q_halt, q_continue) = self.inner(
-            carry.inner_carry, carry.current_data, prefix_context=prefix_context, **extra
-        )
+        res = self.inner(carry.inner_carry, carry.current_data, prefix_context=prefix_context, **extra)
+        inner_carry, logits, (q_halt, q_continue) = res[:3]
         outputs: Dict[str, torch.Tensor] = {"logits": logits, "q_halt_logits": q_halt, "q_continue_logits": q_continue}
+        if len(res) > 3:  # an inner's per-sample auxiliary terms (e.g. trm_views' gather_fit), for the loss head
+            outputs.update(res[3])
         cfg = self.config
         max_steps = self.halt_max_steps
         with torch.no_grad():
@@ -378,7 +390,7 @@ class ACTModel(nn.Module):
                     if not getattr(cfg, "no_ACT_continue", True):
                         _, _, (next_halt, next_cont) = self.inner(
                             inner_carry, carry.current_data, prefix_context=prefix_context, **extra
-                        )
+                        )[:3]
                         outputs["target_q_continue"] = torch.sigmoid(
                             torch.where(is_last, next_halt, torch.maximum(next_halt, next_cont))
                         )

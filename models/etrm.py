@@ -105,6 +105,7 @@ class ETRM(ACTModel):
         w = {"kl": self.kl_weight} if gives_kl else {}
         if self.rule_readout_weight > 0:
             w["rule_readout"] = self.rule_readout_weight
+        w.update(self.aux_loss_weights)  # the core's own terms (trm_views' gather_fit)
         return w
 
     @property

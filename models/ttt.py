@@ -13,6 +13,10 @@ What is fitted (``params``):
   on its demos: the honest few-shot protocol for a puzzle-embedding model. ETRM: starts from the encoder's context.
 * ``all`` (done by :class:`WeightsSnapshot` + :func:`fit`): every weight of the model as well (ETRM: encoder and
   core; TRM: the core and a fresh embedding), one copy of the model per fitted group, restored afterwards.
+* ``gather``: only the core's learned gather forms (``arch.grid_gather``: each form's bilinear map and null logit,
+  :data:`GATHER_PARAMS`), per fitted group as ``all`` and restored afterwards; the context and every other weight
+  stay as trained. The fit can then only change *which cell each output cell reads*: a map, not a memory of the
+  demos' answers.
 
 Everything here works on a batch of samples at once: per-sample tensors are fitted side by side, and each sample's
 loss is normalised by its own number of demos, so a batch gives what fitting each sample alone gives.
@@ -31,7 +35,8 @@ from dataset.tokens import IGNORE_LABEL_ID, PAD_ID
 from models.act import ACTModel
 from models.rollout import halt_max_steps, rollout
 
-TTTParams = Literal["context", "embedding", "all"]
+TTTParams = Literal["context", "embedding", "all", "gather"]
+GATHER_PARAMS = ("gather.forms", "gather.null")  # ``gather``: the parameters whose names end so are fitted
 DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
 
 
@@ -42,14 +47,19 @@ class TTTSettings:
     weight_lr: float = 1e-4  # ``all``: of the model's weights
     params: TTTParams = "context"
     leave_one_out: bool = True  # ETRM: demo j predicted from the other demos' encoding
-    pool: bool = False  # ``all``: one fit per puzzle over the demos of all its augmented copies (not one per copy)
+    pool: bool = False  # ``all`` / ``gather``: one fit per puzzle over the demos of all its copies (not one per copy)
 
     def __post_init__(self) -> None:
-        if self.pool and self.params != "all":
+        if self.pool and not self.fits_weights:
             raise ValueError(
-                f"pooling the augmented copies (ttt_pool) fits shared weights, so it needs ttt_params=all; with "
-                f"ttt_params={self.params} each copy's own tensor is fitted alone"
+                f"pooling the augmented copies (ttt_pool) fits shared weights, so it needs ttt_params=all or gather; "
+                f"with ttt_params={self.params} each copy's own tensor is fitted alone"
             )
+
+    @property
+    def fits_weights(self) -> bool:
+        """Whether model weights are fitted (one copy per fitted group, restored after it): ``all``, ``gather``."""
+        return self.params in ("all", "gather")
 
 
 @dataclass
@@ -207,10 +217,19 @@ def fit(
 
 class WeightsSnapshot:
     """The model's trainable weights, copied so that ``restore()`` puts them back exactly (``all``: nothing learned
-    on one puzzle reaches another)."""
+    on one puzzle reaches another); ``only``: the parameters whose names end with one of these (``gather``), an
+    error when the model has none."""
 
-    def __init__(self, model: torch.nn.Module):
-        self.params = [p for p in model.parameters()]
+    def __init__(self, model: torch.nn.Module, only: Optional[tuple[str, ...]] = None):
+        named = list(model.named_parameters())
+        if only is not None:
+            named = [(n, p) for n, p in named if n.endswith(only)]
+            if not named:
+                raise ValueError(
+                    f"this model has no parameter named *{' or *'.join(only)}: ttt_params=gather fits the core's "
+                    f"learned gather (arch.grid_gather=true, e.g. arch=trm_gather)"
+                )
+        self.params = [p for _, p in named]
         self.saved = [p.detach().clone() for p in self.params]
         self.flags = [p.requires_grad for p in self.params]
 
@@ -268,6 +287,7 @@ __all__ = [
     "demo_loss",
     "fit",
     "WeightsSnapshot",
+    "GATHER_PARAMS",
     "frozen_weights",
     "embedding_init",
 ]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import models
 from core.ops import grid_coordinates
 from models.variants.views_parts import FIRST_COLOUR, GridGather
 from tests.test_models_memory import batch, build, dead_parameters, eval_logits
@@ -179,3 +180,66 @@ def test_the_demos_select_the_form_that_reproduces_them_up_to_a_recolouring():
     within = lambda r, c, box: box[0] <= r <= box[1] and box[2] <= c <= box[3]  # noqa: E731
     want = expect(x, lambda r, c, box: (r, box[3] - (c - box[2])) if within(r, c, box) else None)
     torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+
+
+def _flip_demos(rng, n, recolour=None):
+    """[n, 3, S] demo inputs and outputs made by a left-right flip (and ``recolour``), grids of 3-5 cells a side."""
+    ins, outs = [], []
+    for _ in range(n * 3):
+        x = rng.integers(0, 4, tuple(rng.integers(3, 6, 2)))
+        y = x[:, ::-1] if recolour is None else recolour[x[:, ::-1]]
+        ins.append(canvas(x)[0])
+        outs.append(canvas(y)[0])
+    return torch.stack(ins).view(n, 3, -1), torch.stack(outs).view(n, 3, -1)
+
+
+def test_the_demo_fit_loss_alone_teaches_a_form_the_map_the_demos_show():
+    """``copy_nll`` + ``fit_loss``: from random forms, Adam on the demo-fit loss alone (no answer, no core) makes a
+    form read flipped demos exactly (match 1.0, from under 0.6), and the same form reads the flip of new grids; the
+    responsibilities are held fixed, and a sample without demos gives no gradient."""
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    g = GridGather(SIDE, hidden=VOCAB, vocab=VOCAB, maps=4, heads=1, width=VOCAB, prefix=0, match=True)
+    di, dl = _flip_demos(rng, 8)
+    valid = torch.ones(8, 3, dtype=torch.bool)
+    assert g.match(di, dl, valid).amax(-1).max() < 0.6
+    opt = torch.optim.Adam([g.forms, g.null], lr=0.05)
+    for _ in range(60):
+        loss = GridGather.fit_loss(g.copy_nll(di, dl, valid), tau=1.0).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert g.copy_nll(di, dl, valid).amin(-1).max() < 1e-3
+    assert g.match(di, dl, valid).amax(-1).min() > 0.999
+    held = _flip_demos(np.random.default_rng(1), 4)  # new grids and sizes: the same form reads their flip
+    assert g.match(*held, torch.ones(4, 3, dtype=torch.bool)).amax(-1).min() > 0.999
+    nll = torch.tensor([[2.0, 0.5, 3.0], [1.0, 1.0, 1.0]], requires_grad=True)
+    GridGather.fit_loss(nll, tau=1.0).sum().backward()
+    torch.testing.assert_close(nll.grad, torch.softmax(-nll.detach(), -1))  # d/dnll of sum r nll with r fixed
+    two = g.copy_nll(di[:2], dl[:2], torch.tensor([[True, True, True], [False, False, False]]))
+    assert two[1].abs().sum() == 0
+    grads = torch.autograd.grad(GridGather.fit_loss(two, 1.0)[1], g.forms, allow_unused=True, retain_graph=True)[0]
+    assert grads is None or grads.abs().sum() == 0  # the row without demos
+    assert torch.autograd.grad(GridGather.fit_loss(two, 1.0)[0], g.forms)[0].abs().sum() > 0
+
+
+def test_the_demo_fit_loss_reaches_the_loss_head_and_needs_a_gather():
+    """``arch.gather_fit_weight=w``: the ETRM's loss adds w x the per-sample ``gather_fit`` of every step, the forms
+    get gradient from it even while the gather's output projection is still zero; refused without a gather."""
+    data = batch()
+    losses = {}
+    for w in (0.0, 2.0):
+        m = build(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4,
+                  gather_fit_weight=w).train()  # fmt: skip
+        head = models.build_loss_head(m)
+        carry = head.initial_carry(data)
+        _, loss, metrics, _, _ = head(carry, data)
+        losses[w] = (loss, metrics)
+        loss.backward()
+        moved = m.inner.gather.forms.grad
+        assert (moved is not None and moved.abs().sum() > 0) == (w > 0)  # out_proj is zero: only the fit reaches
+    fit = losses[2.0][1]["gather_fit"]
+    assert fit > 0 and "gather_fit" not in losses[0.0][1]
+    torch.testing.assert_close(losses[2.0][0], losses[0.0][0] + 2.0 * fit, atol=1e-4, rtol=1e-5)
+    with pytest.raises(Exception, match="gather_fit_weight=1.0 .* needs grid_gather=true"):
+        build(name="trm_local", gather_fit_weight=1.0)

@@ -383,3 +383,47 @@ def test_a_puzzle_copy_fitted_in_two_batches_counts_once_with_both_fits_time():
     assert (m["ttt/num_puzzles"], m["ttt/num_fits"]) == (2.0, 3.0)
     assert m["ttt/seconds_per_puzzle"] == pytest.approx(2.0)  # (1 + 1 + 2) s over 2 copies
     assert m["ttt/fit_before"] == pytest.approx(1 / 6) and m["ttt/fit_after"] == pytest.approx(5 / 6)
+
+
+def test_gather_fits_only_the_gather_forms_per_puzzle_and_restores_them(monkeypatch):
+    """``ttt_params=gather``: the fit's optimiser holds the gather's forms and null logits only (the context offset at
+    learning rate 0), the forms move and change the answer, everything is restored after each puzzle, a batch is
+    fitted as its puzzles one by one; a core without a gather is refused by name."""
+    from tests.test_models_memory import batch as memory_batch
+    from tests.test_models_memory import build as memory_build
+
+    m = memory_build(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4).eval()
+    with torch.no_grad():
+        m.inner.gather.out_proj.weight.normal_(0, 0.5)  # the trained core reads its gather (zero at init)
+    head = models.build_loss_head(m)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    b = memory_batch()
+    b["puzzle_identifiers"] = torch.arange(b["inputs"].shape[0], dtype=torch.int32)
+    fitted, orig = [], mttt.fit
+
+    def spy(model, demos, theta0, prefix_of, **kw):
+        names = {id(p): n for n, p in model.named_parameters()}
+        fitted.append(([names[id(p)] for p in kw["extra_params"]], kw["lr"], kw["extra_lr"]))
+        res = orig(model, demos, theta0, prefix_of, **kw)
+        moved = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+        fitted[-1] += (sorted(moved),)
+        return res
+
+    monkeypatch.setattr(mttt, "fit", spy)
+    monkeypatch.setattr("evaluators.ttt.fit", spy)
+    s = TTTSettings(steps=3, lr=0.05, params="gather")
+    together, ttt = _run(head, b, s)
+    assert len(fitted) == b["inputs"].shape[0]  # one fit per puzzle
+    for names, lr, extra_lr, moved in fitted:
+        assert sorted(names) == ["inner.gather.forms", "inner.gather.null"] and lr == 0.0 and extra_lr == 0.05
+        assert "inner.gather.forms" in moved and set(moved) <= {"inner.gather.forms", "inner.gather.null"}
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    plain, _ = _run(head, b, TTTSettings(steps=0))
+    assert not torch.allclose(together.outputs["logits"], plain.outputs["logits"], atol=1e-4)
+    monkeypatch.setattr("evaluators.ttt.fit", orig)
+    together, _ = _run(head, b, s)
+    for i in (0, 2):
+        alone, _ = _run(head, _rows(b, [i]), s)
+        torch.testing.assert_close(alone.outputs["logits"][0], together.outputs["logits"][i], atol=5e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"no parameter named \*gather.forms.*arch.grid_gather=true"):
+        _run(models.build_loss_head(memory_build().eval()), b, s)

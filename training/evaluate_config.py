@@ -47,14 +47,15 @@ class EvaluateConfig(pydantic.BaseModel):
     # test-time training on each test puzzle's own demonstration pairs before it is predicted (models/ttt.py,
     # evaluators/ttt.py): gradient steps (0 = off), their learning rate, what is fitted (context: an offset on ETRM's
     # encoder output; embedding: a free context / TRM: a fresh puzzle embedding from the trained mean; all: every
-    # weight, one copy per puzzle copy, restored afterwards), and the augmented copies of each puzzle that are
+    # weight, one copy per puzzle copy, restored afterwards; gather: only the core's learned gather forms, at ttt_lr,
+    # one copy per puzzle copy as all, the context not fitted), and the augmented copies of each puzzle that are
     # fitted and voted (None: every copy the data has; K: the original + K, like num_augmentations=K+1).
-    # ttt_pool (ttt_params=all): one fit per puzzle on the demos of all its augmented copies in the batch (each copy
-    # keeps its own context / embedding), instead of one fit per copy
+    # ttt_pool (ttt_params=all or gather): one fit per puzzle on the demos of all its augmented copies in the batch
+    # (each copy keeps its own context / embedding), instead of one fit per copy
     ttt_steps: int = pydantic.Field(default=0, ge=0)
     ttt_lr: float = pydantic.Field(default=1e-2, gt=0)
     ttt_weight_lr: float = pydantic.Field(default=1e-4, gt=0)  # ttt_params=all: the learning rate of the weights
-    ttt_params: Literal["context", "embedding", "all"] = "context"
+    ttt_params: Literal["context", "embedding", "all", "gather"] = "context"
     ttt_augment: Optional[int] = pydantic.Field(default=None, ge=0)
     ttt_pool: bool = False
     batch_size: Optional[int] = pydantic.Field(default=None, ge=1)  # global; None = the checkpoint's (original: 256)

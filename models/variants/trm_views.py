@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import List, Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from encoders.interface import DemoMemory
@@ -119,6 +119,21 @@ class TRMLocalConfig(TRMMemoryConfig):
     # the gate also gets a learned scale times how well each form explains the demos up to a recolouring
     # (GridGather.match): the demos select the form; false: the cell's state alone chooses
     gather_match: bool = True
+    # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
+    # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
+    # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
+    # answer's loss to reach them through the core (``gather_fit`` per sample, weight ``gather_fit_weight``; 0: off)
+    gather_fit_weight: float = Field(0.0, ge=0)
+    gather_fit_tau: float = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _gather_fit_needs_the_gather(self):
+        if self.gather_fit_weight > 0 and not self.grid_gather:
+            raise ValueError(
+                f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
+                f"grid_gather=true"
+            )
+        return self
 
 
 class TRMViewsConfig(TRMMemoryConfig):
@@ -251,6 +266,12 @@ class GridTRMInner(TRMInner):
             return x
         return (x + self.cell_features(inputs).to(x.dtype)) * (1 + self.cell_features.num_tables) ** -0.5
 
+    @property
+    def aux_loss_weights(self) -> dict[str, float]:
+        """``{"gather_fit": w}`` with ``gather_fit_weight`` w > 0 (the demo-fit loss of the gather's forms)."""
+        w = float(getattr(self.config, "gather_fit_weight", 0.0))
+        return {"gather_fit": w} if w > 0 else {}
+
     @staticmethod
     def visible_demos(batch, memory: DemoMemory) -> torch.Tensor:
         """[b, D] bool: the demo slots each row's memory holds (none for the zero-demo control; leave-one-out at test
@@ -306,20 +327,25 @@ class GridTRMInner(TRMInner):
         read = lambda h: self.memory_read(h, kv)  # noqa: E731
         if self.config.memory_read == "once":
             x = x + read(x)
-        gather = None
+        gather, aux = None, {}
         if self.gather is not None:
             match = None
             if self.gather.match_scale is not None:
                 match = self.gather.match(batch["demo_inputs"], batch["demo_labels"], self.visible_demos(batch, memory))
             tables = self.gather.tables(batch["inputs"], match)  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
+            if self.aux_loss_weights:
+                visible = self.visible_demos(batch, memory)
+                nll = self.gather.copy_nll(batch["demo_inputs"], batch["demo_labels"], visible)
+                aux["gather_fit"] = GridGather.fit_loss(nll, self.config.gather_fit_tau)
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():
             for _ in range(self.config.H_cycles - 1):
                 z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)
         z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)  # the only cycle with gradient
         logits, q_halt, q_continue = self.heads(z_H)
-        return type(carry)(z_H=z_H.detach(), z_L=z_L.detach()), logits, (q_halt, q_continue)
+        new = type(carry)(z_H=z_H.detach(), z_L=z_L.detach())
+        return (new, logits, (q_halt, q_continue), aux) if aux else (new, logits, (q_halt, q_continue))
 
 
 class GridTRM(TRM):

@@ -420,6 +420,35 @@ class GridGather(nn.Module):
         per = share.new_zeros(b * D, self.maps).index_copy(0, idx, share).view(b, D, self.maps)
         return per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
 
+    def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """[b, maps]: per form, how badly it reads each demo output cell's colour off the demo input: the mean over
+        the sample's valid demos and their grid cells of ``-log sum_j p_ij [colour_j = colour of output cell i]``
+        over the output cells whose colour is not the input's commonest (its background: any background cell would
+        explain one) and that some input cell has (the others are skipped); 0 for a sample without demos. A copy of
+        some cell of the right colour, not a recolouring (:meth:`match` scores those)."""
+        b, D, S = demo_inputs.shape
+        idx = valid.reshape(b * D).nonzero().squeeze(-1)
+        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
+        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        T, off = self.logits(inp)
+        logp = torch.log_softmax(T.float().masked_fill(off[:, None, None, :], -1e4), dim=-1)  # [n, maps, S, S + 1]
+        keys = F.pad(torch.where(inp >= FIRST_COLOUR, inp, -1), (0, 1), value=-1)  # colour per key; null: none
+        same = keys[:, None, :] == out[:, :, None]  # [n, S_i, S_j + 1]
+        counts = F.one_hot(inp, self.vocab)[..., FIRST_COLOUR:].sum(1)  # [n, colours]: the input's colour counts
+        background = counts.argmax(-1, keepdim=True) + FIRST_COLOUR  # the input's commonest colour
+        ok = (out >= FIRST_COLOUR) & (out != background) & same.any(-1)
+        nll = -torch.logsumexp(logp.masked_fill(~same[:, None], -1e4), dim=-1)  # [n, maps, S]
+        nll = (nll * ok[:, None]).sum(-1) / ok.sum(-1, keepdim=True).clamp_min(1)
+        per = nll.new_zeros(b * D, self.maps).index_copy(0, idx, nll).view(b, D, self.maps)
+        return per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
+
+    @staticmethod
+    def fit_loss(nll: torch.Tensor, tau: float) -> torch.Tensor:
+        """[b]: ``sum_m r_m nll_m`` with the responsibilities ``r = softmax(-tau * nll)`` held fixed (``nll``:
+        :meth:`copy_nll`): the forms that best read a sample's demos are pulled to read them entirely."""
+        r = torch.softmax(-tau * nll.detach().float(), dim=-1)
+        return (r * nll.float()).sum(-1)
+
     def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None):
         T, off = self.logits(inputs)
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
