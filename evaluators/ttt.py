@@ -170,6 +170,7 @@ class TestTimeTraining:
             extra_params=extra,
             extra_lr=self._extra_lr,
             visible=visible,
+            encoder_fixed=s.params == "gather",
         )
         with torch.no_grad():
             final = to_ctx((space(full) if extra and s.params != "gather" else base_full) + res.theta)

@@ -176,13 +176,16 @@ def fit(
     extra_params: tuple = (),
     extra_lr: Optional[float] = None,
     visible: Optional[tuple] = None,
+    encoder_fixed: bool = False,
 ) -> FitResult:
     """Adam on ``theta`` (per-sample, [b, ...], starting at ``theta0``) and ``extra_params`` (``all``: the model's
     weights, at ``extra_lr``) so that ``decode_logits(model, demos.inputs, prefix_of(theta))`` reproduces the demo
     labels. ``prefix_of`` maps theta to the [n, P, H] prefix of every demo pair; ``visible``: the demos each pair
-    may see (:func:`loo_demos`; a core that reads the demo memory needs them). Runs with gradients enabled even
-    inside ``torch.inference_mode``; theta is fp32 whatever the autocast dtype, and autocast's cache of cast weights
-    is cleared after every update (it would otherwise serve the weights of the first step to every later one)."""
+    may see (:func:`loo_demos`; a core that reads the demo memory needs them); ``encoder_fixed``: no fitted weight
+    is the encoder's (``gather``), so the memory is encoded once, as when only ``theta`` is fitted. Runs with
+    gradients enabled even inside ``torch.inference_mode``; theta is fp32 whatever the autocast dtype, and autocast's
+    cache of cast weights is cleared after every update (it would otherwise serve the weights of the first step to
+    every later one)."""
     t0 = time.perf_counter()
     b = theta0.shape[0]
     with torch.inference_mode(False), torch.enable_grad():
@@ -192,8 +195,8 @@ def fit(
             groups.append({"params": list(extra_params), "lr": lr if extra_lr is None else extra_lr})
         opt = torch.optim.Adam(groups, lr=lr)
         before = after = torch.full((b,), float("nan"), device=theta0.device)
-        memory = None  # a memory core's memory of the visible demos: constant unless the weights are fitted too
-        if visible is not None and not extra_params and model.reads_memory and demos.n:
+        memory = None  # a memory core's memory of the visible demos: constant unless the encoder is fitted too
+        if visible is not None and (encoder_fixed or not extra_params) and model.reads_memory and demos.n:
             with torch.no_grad():
                 memory = model.encoder.demo_memory(*visible)
         for i in range(steps + 1):

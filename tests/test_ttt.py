@@ -425,5 +425,14 @@ def test_gather_fits_only_the_gather_forms_per_puzzle_and_restores_them(monkeypa
     for i in (0, 2):
         alone, _ = _run(head, _rows(b, [i]), s)
         torch.testing.assert_close(alone.outputs["logits"][0], together.outputs["logits"][i], atol=5e-5, rtol=1e-4)
+    # the encoder is not fitted, so the demo memory is encoded once per fit, not once per step: the same answers
+    calls, enc = [], m.encoder.demo_memory
+    monkeypatch.setattr(m.encoder, "demo_memory", lambda *a: calls.append(1) or enc(*a))
+    cached, _ = _run(head, b, s)
+    n_cached = len(calls)
+    monkeypatch.setattr("evaluators.ttt.fit", lambda *a, **kw: orig(*a, **{**kw, "encoder_fixed": False}))
+    encoded, _ = _run(head, b, s)
+    assert (len(calls) - n_cached) - n_cached == b["inputs"].shape[0] * s.steps  # re-encoded at each step of each fit
+    torch.testing.assert_close(cached.outputs["logits"], encoded.outputs["logits"], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match=r"no parameter named \*gather.forms.*arch.grid_gather=true"):
         _run(models.build_loss_head(memory_build().eval()), b, s)
