@@ -141,6 +141,10 @@ class TestTimeTraining:
         """The fitted weights' learning rate: ``ttt_weight_lr`` for ``all``; ``ttt_lr`` for ``gather``'s forms."""
         return self.settings.lr if self.settings.params == "gather" else self.settings.weight_lr
 
+    def _fits_encoder(self, extra: tuple) -> bool:
+        """Whether the encoder's weights move in this fit (``all``), so the demos must be re-encoded at every step."""
+        return bool(extra) and self.settings.params == "all"
+
     def _fit_offset(self, batch: dict, demos: DemoSet, extra: tuple, visible: Optional[tuple]):
         """ETRM ``context`` (and ``all``): an offset on the encoder's output (its latent, for lpn); leave-one-out
         encodings for the demos, all demos for the test input."""
@@ -152,8 +156,7 @@ class TestTimeTraining:
         to_ctx = enc.context_from_latent if latent else (lambda x: x)
         with torch.no_grad():
             base_full = space(full)
-            # ``all``: the encoder is fitted too, so re-encode each step
-            base_loo = space(loo) if not extra or s.params == "gather" else None
+            base_loo = None if self._fits_encoder(extra) else space(loo)  # else re-encoded at each step
         theta0 = torch.zeros_like(base_full)
 
         def prefix_of(th: torch.Tensor) -> torch.Tensor:
@@ -170,10 +173,10 @@ class TestTimeTraining:
             extra_params=extra,
             extra_lr=self._extra_lr,
             visible=visible,
-            encoder_fixed=s.params == "gather",
+            encoder_fixed=not self._fits_encoder(extra),
         )
         with torch.no_grad():
-            final = to_ctx((space(full) if extra and s.params != "gather" else base_full) + res.theta)
+            final = to_ctx((space(full) if self._fits_encoder(extra) else base_full) + res.theta)
         return res, final
 
     def _encode(self, di, dl, dm) -> torch.Tensor:

@@ -37,6 +37,7 @@ from models.rollout import halt_max_steps, rollout
 
 TTTParams = Literal["context", "embedding", "all", "gather"]
 GATHER_PARAMS = ("gather.forms", "gather.null")  # ``gather``: the parameters whose names end so are fitted
+WEIGHT_FITS = ("all", "gather")  # the ``params`` that fit model weights: one fit per puzzle copy, restored after
 DEMO_KEYS = ("demo_inputs", "demo_labels", "demo_mask")
 
 
@@ -59,7 +60,7 @@ class TTTSettings:
     @property
     def fits_weights(self) -> bool:
         """Whether model weights are fitted (one copy per fitted group, restored after it): ``all``, ``gather``."""
-        return self.params in ("all", "gather")
+        return self.params in WEIGHT_FITS
 
 
 @dataclass
@@ -291,6 +292,7 @@ __all__ = [
     "fit",
     "WeightsSnapshot",
     "GATHER_PARAMS",
+    "WEIGHT_FITS",
     "frozen_weights",
     "embedding_init",
 ]

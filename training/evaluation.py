@@ -73,7 +73,7 @@ def run(cfg: EvaluateConfig) -> dict[str, float]:
             num_workers=cfg.num_workers,
             # the run's seed: max_groups=N picks the groups of its max_eval_groups=N
             seed=int(info.get("seed", 0)),
-            whole_groups=ttt is not None and cfg.ttt_params in ("all", "gather"),  # one fit per puzzle: all its copies
+            whole_groups=ttt is not None and ttt.settings.fits_weights,  # one fit per puzzle: all its copies
         )
         if rule_table is not None:
             loader = _LabelledLoader(loader, rule_table)

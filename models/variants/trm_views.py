@@ -329,15 +329,15 @@ class GridTRMInner(TRMInner):
             x = x + read(x)
         gather, aux = None, {}
         if self.gather is not None:
-            match = None
-            if self.gather.match_scale is not None:
-                match = self.gather.match(batch["demo_inputs"], batch["demo_labels"], self.visible_demos(batch, memory))
-            tables = self.gather.tables(batch["inputs"], match)  # once per supervision step
+            # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
+            kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
+            visible = self.visible_demos(batch, memory)
+            demos = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
+            scores = dict(zip(kinds, demos))
+            tables = self.gather.tables(batch["inputs"], scores.get("match"))  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
-            if self.aux_loss_weights:
-                visible = self.visible_demos(batch, memory)
-                nll = self.gather.copy_nll(batch["demo_inputs"], batch["demo_labels"], visible)
-                aux["gather_fit"] = GridGather.fit_loss(nll, self.config.gather_fit_tau)
+            if "copy_nll" in scores:
+                aux["gather_fit"] = GridGather.fit_loss(scores["copy_nll"], self.config.gather_fit_tau)
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():
             for _ in range(self.config.H_cycles - 1):

@@ -406,19 +406,7 @@ class GridGather(nn.Module):
         recolouring (each form's soft gather of the demo input, a (source colour, output colour) count table, the
         best output colour per source colour, "no source" its own colour), the mean over the sample's valid demos
         (``valid`` [b, D]); 0 for a sample without one. Differentiable in the forms."""
-        b, D, S = demo_inputs.shape
-        idx = valid.reshape(b * D).nonzero().squeeze(-1)
-        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
-        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
-        T, off = self.logits(inp)
-        p = torch.softmax(T.masked_fill(off[:, None, None, :], float("-inf")), dim=-1)  # [n, maps, S, S + 1]
-        src = F.one_hot(F.pad(inp, (0, 1), value=self.vocab), self.vocab + 1).to(p.dtype)  # null: its own colour
-        q = torch.einsum("nmij,njk->nmik", p, src)  # [n, maps, S, vocab + 1]: the gathered colour's distribution
-        cell = out >= FIRST_COLOUR
-        counts = torch.einsum("nmik,nil->nmkl", q, F.one_hot(out, self.vocab).to(p.dtype) * cell[..., None])
-        share = counts.amax(-1).sum(-1) / cell.sum(-1, keepdim=True).clamp_min(1)  # [n, maps]
-        per = share.new_zeros(b * D, self.maps).index_copy(0, idx, share).view(b, D, self.maps)
-        return per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
+        return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0]
 
     def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, maps]: per form, how badly it reads each demo output cell's colour off the demo input: the mean over
@@ -426,11 +414,36 @@ class GridGather(nn.Module):
         over the output cells whose colour is not the input's commonest (its background: any background cell would
         explain one) and that some input cell has (the others are skipped); 0 for a sample without demos. A copy of
         some cell of the right colour, not a recolouring (:meth:`match` scores those)."""
+        return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0]
+
+    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
+        """Each of ``kinds`` (``match``, ``copy_nll``: the methods of those names) [b, maps], the forms' logits over
+        the valid demo pairs computed once for all of them (and not at all for none)."""
+        if not kinds:
+            return ()
         b, D, S = demo_inputs.shape
         idx = valid.reshape(b * D).nonzero().squeeze(-1)
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         T, off = self.logits(inp)
+        scores = []
+        for kind in kinds:
+            per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, maps]
+            per = per_pair.new_zeros(b * D, self.maps).index_copy(0, idx, per_pair).view(b, D, self.maps)
+            scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
+        return tuple(scores)
+
+    def _explained(self, inp, out, T, off) -> torch.Tensor:
+        """[n, maps]: :meth:`match`'s share of each pair's output cells."""
+        p = torch.softmax(T.masked_fill(off[:, None, None, :], float("-inf")), dim=-1)  # [n, maps, S, S + 1]
+        src = F.one_hot(F.pad(inp, (0, 1), value=self.vocab), self.vocab + 1).to(p.dtype)  # null: its own colour
+        q = torch.einsum("nmij,njk->nmik", p, src)  # [n, maps, S, vocab + 1]: the gathered colour's distribution
+        cell = out >= FIRST_COLOUR
+        counts = torch.einsum("nmik,nil->nmkl", q, F.one_hot(out, self.vocab).to(p.dtype) * cell[..., None])
+        return counts.amax(-1).sum(-1) / cell.sum(-1, keepdim=True).clamp_min(1)
+
+    def _copy_nll(self, inp, out, T, off) -> torch.Tensor:
+        """[n, maps]: :meth:`copy_nll` of each pair."""
         logp = torch.log_softmax(T.float().masked_fill(off[:, None, None, :], -1e4), dim=-1)  # [n, maps, S, S + 1]
         keys = F.pad(torch.where(inp >= FIRST_COLOUR, inp, -1), (0, 1), value=-1)  # colour per key; null: none
         same = keys[:, None, :] == out[:, :, None]  # [n, S_i, S_j + 1]
@@ -438,9 +451,7 @@ class GridGather(nn.Module):
         background = counts.argmax(-1, keepdim=True) + FIRST_COLOUR  # the input's commonest colour
         ok = (out >= FIRST_COLOUR) & (out != background) & same.any(-1)
         nll = -torch.logsumexp(logp.masked_fill(~same[:, None], -1e4), dim=-1)  # [n, maps, S]
-        nll = (nll * ok[:, None]).sum(-1) / ok.sum(-1, keepdim=True).clamp_min(1)
-        per = nll.new_zeros(b * D, self.maps).index_copy(0, idx, nll).view(b, D, self.maps)
-        return per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1)
+        return (nll * ok[:, None]).sum(-1) / ok.sum(-1, keepdim=True).clamp_min(1)
 
     @staticmethod
     def fit_loss(nll: torch.Tensor, tau: float) -> torch.Tensor:
