@@ -25,15 +25,17 @@ import numpy as np
 from core.io import read_json
 from dataset.build_arc_dataset import read_identifiers_map
 from dataset.errors import DatasetError
+from dataset.families import ALL_FAMILIES
+from dataset.open_families import CROP_CRITERIA, DIRECTIONS
 from dataset.rule_identity import conjugate_params
-from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS
+from dataset.synthetic_rules import GRAVITY_DIRECTIONS
 
 UNLABELLED = -100  # the cross-entropy ignore index
 
 NO_COLOUR = 10  # the colour slots' class for "no such colour" (no recolour, no wall)
 # slot -> number of classes; a rule instance fills the slots of its family and leaves the rest unlabelled
 RULE_SLOTS: dict[str, int] = {
-    "family": len(FAMILIES),
+    "family": len(ALL_FAMILIES),  # the covered families first (their indices as before the open ones), then open
     "dihedral": 8,  # flip_rotate
     "dr": 7,
     "dc": 7,  # translate / roll (shift + 3; the family slot tells wrapped from unwrapped)
@@ -46,6 +48,16 @@ RULE_SLOTS: dict[str, int] = {
     "colour_b": NO_COLOUR + 1,
     "colour_c": NO_COLOUR + 1,  # the family's colours
     **{f"lut_{c}": 10 for c in range(10)},  # colour_map: the colour each colour becomes
+    # the open families' structural parts (dataset.open_families.STRUCTURE)
+    "ray": len(DIRECTIONS),  # extend_lines' direction
+    "stop": 2,  # extend_lines: a ray stops at another cell
+    "axis": 2,  # mirror_complete: vertical, horizontal
+    "output": 2,  # mirror_complete: full, patch
+    "criterion": len(CROP_CRITERIA),  # crop_object
+    "orientation": 2,  # connect_pairs rows / columns, count_to_bar row / column
+    "which": 2,  # keep_extreme: largest, smallest
+    "keep": 2,  # keep_extreme: keep it, remove it
+    "unit": 2,  # count_to_bar: cells, objects
 }
 
 
@@ -54,9 +66,9 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
     Only what defines the mapping is labelled (not fill_enclosed's input-only noise colour). Colour slots:
     the recolour (from, to) of flip_rotate / scale_up / copy_pattern, gravity's wall, fill_enclosed's
     (border, fill), recolour_by_size's (src, big, small); :data:`NO_COLOUR` where the optional part is off."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r} (known: {sorted(FAMILIES)})")
-    out = {"family": list(FAMILIES).index(family)}
+    if family not in ALL_FAMILIES:
+        raise ValueError(f"unknown family {family!r} (known: {sorted(ALL_FAMILIES)})")
+    out = {"family": list(ALL_FAMILIES).index(family)}
     if params is None:
         return out
     col = lambda c: NO_COLOUR if c is None else int(c)  # noqa: E731
@@ -88,10 +100,44 @@ def rule_targets(family: str, params: Optional[dict]) -> dict[str, int]:
             mirror=int(bool(p["mirror"])),
             **recolour(p["recolour"]),
         )
+    else:
+        out.update(_open_targets(family, p, col))
     for slot, v in out.items():
         if not 0 <= v < RULE_SLOTS[slot]:
             raise ValueError(f"rule {family} {params}: slot {slot!r} = {v} is outside 0..{RULE_SLOTS[slot] - 1}")
     return out
+
+
+_SIDE = {"rows": 0, "row": 0, "columns": 1, "column": 1}
+
+
+def _open_targets(family: str, p: dict, col) -> dict[str, int]:
+    """The open families' slots: their structure (``dataset.open_families.STRUCTURE``) and colours (colour_a, b, c:
+    extend_lines' mark, line, block; mirror_complete's mask; crop_object's colour; outline's interior and ring;
+    connect_pairs' segment; count_to_bar's colour; :data:`NO_COLOUR` where a part is off)."""
+    if family == "extend_lines":
+        stop = bool(p["stop"])
+        return {
+            "ray": list(DIRECTIONS).index(p["direction"]),
+            "stop": int(stop),
+            "colour_a": col(p["mark"]),
+            "colour_b": col(p["line"]),
+            "colour_c": col(p.get("block") if stop else None),
+        }
+    if family == "mirror_complete":
+        axis, output = ["vertical", "horizontal"].index(p["axis"]), ["full", "patch"].index(p["output"])
+        return {"axis": axis, "output": output, "colour_a": col(p["mask"])}
+    if family == "crop_object":
+        return {"criterion": list(CROP_CRITERIA).index(p["criterion"]), "colour_a": col(p.get("colour"))}
+    if family == "outline":
+        return {"colour_a": col(p["interior"]), "colour_b": col(p["ring"])}
+    if family == "connect_pairs":
+        return {"orientation": _SIDE[p["orientation"]], "colour_a": col(p["segment"])}
+    if family == "keep_extreme":
+        return {"which": ["largest", "smallest"].index(p["which"]), "keep": int(bool(p["keep"]))}
+    assert family == "count_to_bar", family
+    unit = ["cells", "objects"].index(p["unit"])
+    return {"orientation": _SIDE[p["orientation"]], "unit": unit, "colour_a": col(p["colour"])}
 
 
 def _read_rules(path: str) -> dict:
@@ -104,10 +150,10 @@ def _read_rules(path: str) -> dict:
         )
     for name, r in rules.items():
         fam = r.get("family") if isinstance(r, dict) else None
-        if fam not in FAMILIES:
+        if fam not in ALL_FAMILIES:
             raise DatasetError(
                 f"rule labels {path}: puzzle {name!r}: field 'family' = {fam!r} is not a synthetic "
-                f"family (known: {sorted(FAMILIES)})"
+                f"family (known: {sorted(ALL_FAMILIES)})"
             )
         if not isinstance(r.get("params"), dict):
             raise DatasetError(

@@ -55,6 +55,7 @@ class Candidate:
     grid: Optional[np.ndarray]  # uint8 [h, w] (compact: up to 1001 candidates per test input); None = malformed
     votes: int = 0
     q_sum: float = 0.0
+    identity: bool = False  # the puzzle as drawn (the identity copy) voted for it: its one-copy answer
 
     @property
     def mean_q(self) -> float:
@@ -64,7 +65,13 @@ class Candidate:
         return None if self.grid is None else np.asarray(self.grid).tolist()
 
     def to_dict(self) -> dict:
-        return {"grid": self.grid_list(), "votes": self.votes, "mean_q": round(self.mean_q, 6), "hash": self.hash}
+        return {
+            "grid": self.grid_list(),
+            "votes": self.votes,
+            "mean_q": round(self.mean_q, 6),
+            "hash": self.hash,
+            "identity": self.identity,
+        }
 
 
 def rank_candidates(cands: Sequence[Candidate], rank_malformed: bool = False) -> list[Candidate]:
@@ -245,6 +252,7 @@ class ARCEvaluator:
             c = self._votes.setdefault((name, tidx), {}).setdefault(h, Candidate(h, g))
             c.votes += 1
             c.q_sum += float(q[r])
+            c.identity |= aug.is_identity
 
     # ------------------------------------------------------------------ results
     def _gathered_state(self) -> Optional[tuple[dict, dict, int, int]]:
@@ -267,6 +275,7 @@ class ARCEvaluator:
                     t = dst.setdefault(h, Candidate(h, c.grid))
                     t.votes += c.votes
                     t.q_sum += c.q_sum
+                    t.identity |= c.identity
         if overlap:
             # votes are already merged, so the duplicates cannot be removed: refuse instead of biasing pass@K
             raise RuntimeError(
@@ -416,7 +425,8 @@ def write_submission(path: str, ranked: dict[str, list[list[Candidate]]]) -> Non
 
 
 def write_predictions(path: str, ranked: dict[str, list[list[Candidate]]], truth: dict, top_k: int = 10) -> None:
-    """Per puzzle, per test input: top candidates with votes, mean sigmoid(q_halt), correctness."""
+    """Per puzzle, per test input: top candidates with votes, mean sigmoid(q_halt), correctness, and whether the
+    identity copy (the puzzle as drawn) voted for it (``identity``: the one-copy answer of a voted evaluation)."""
     out = {}
     for name, per_input in sorted(ranked.items()):
         rows = []
@@ -428,7 +438,10 @@ def write_predictions(path: str, ranked: dict[str, list[list[Candidate]]], truth
                     "num_votes": int(sum(c.votes for c in r)),
                     "num_candidates": len(r),
                     "correct_rank": next((j + 1 for j, c in enumerate(r) if c.hash == th), None),
-                    "candidates": [dict(c.to_dict(), correct=c.hash == th) for c in r[:top_k]],
+                    # the identity copy's candidate is kept beyond the top k: the one-copy answer is always there
+                    "candidates": [
+                        dict(c.to_dict(), correct=c.hash == th) for j, c in enumerate(r) if j < top_k or c.identity
+                    ],
                 }
             )
         out[name] = rows

@@ -621,6 +621,39 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
         assert e.value.code == 1 and "ttt.json" in err and message in err
 
 
+def test_one_copy_scores_a_voted_run_by_its_identity_copy_alone():
+    """experiments.science.score --one-copy: a test input counts as right when the candidate the identity copy voted
+    for is right, whatever the vote says; a malformed identity answer (no flagged candidate) is wrong; a file written
+    without the flags is refused."""
+    from experiments.science.score import identity_answers
+
+    def cand(votes, identity, correct):
+        return {"votes": votes, "identity": identity, "correct": correct}
+
+    pred = {
+        "outvoted": [{"correct_rank": 2, "candidates": [cand(5, False, False), cand(1, True, True)]}],
+        "vote_right": [{"correct_rank": 1, "candidates": [cand(7, False, True), cand(1, True, False)]}],
+        "malformed": [{"correct_rank": 1, "candidates": [cand(7, False, True)]}],
+        "two_inputs": [
+            {"correct_rank": 1, "candidates": [cand(8, True, True)]},
+            {"correct_rank": None, "candidates": [cand(4, False, False), cand(4, True, False)]},
+        ],
+    }
+    got = identity_answers(pred, "p.json")
+    assert {n: [r["correct_rank"] for r in rows] for n, rows in got.items()} == {
+        "outvoted": [1],
+        "vote_right": [None],
+        "malformed": [None],
+        "two_inputs": [1, None],
+    }
+    assert pred["outvoted"][0]["correct_rank"] == 2  # the input is not changed
+    one = {"p": [{"correct_rank": 1, "num_votes": 1, "candidates": [{"votes": 1, "correct": True}]}]}
+    assert identity_answers(one, "p.json") == one  # one copy, written before the flags: its answer as it is
+    old = {"p": [{"correct_rank": 1, "num_votes": 3, "candidates": [{"votes": 3, "correct": True}]}]}
+    with pytest.raises(ScienceError, match="p.json: 'p' has candidates without 'identity'"):
+        identity_answers(old, "p.json")
+
+
 def test_the_demo_fit_split_counts_each_row_over_its_own_puzzles(tmp_path):
     """experiments.science.score.fit_transfer: a family row counts its own held-out puzzles, a group row its
     families', the total row all of them; a family without held-out puzzles (fewer --num-test than families) gets

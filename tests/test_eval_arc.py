@@ -318,6 +318,40 @@ def test_votes_reset_between_evaluations_unless_accumulating(tiny_data):
     assert r[0].votes == 8 and sum(c.votes for c in r) == 16
 
 
+def test_the_identity_copys_answer_is_flagged_in_the_predictions(tiny_data, tmp_path):
+    """Each candidate says whether the identity copy (the puzzle as drawn) voted for it, so a voted evaluation
+    also holds its one-copy answer (experiments.science.score --one-copy): here the identity copy of every
+    puzzle answers wrong and the 7 augmented copies right, so the vote is right and the one-copy answer wrong."""
+    labels = np.load(os.path.join(tiny_data, "test", "all__labels.npy")).astype(np.int64)
+    pidx = np.load(os.path.join(tiny_data, "test", "all__puzzle_indices.npy"))
+    names = json.load(open(os.path.join(tiny_data, "identifiers.json")))
+    pids = np.load(os.path.join(tiny_data, "test", "all__puzzle_identifiers.npy"))
+    ident = [int(p) for p in range(len(pids)) if Augmentation.parse_name(names[pids[p]])[1].is_identity]
+    assert len(ident) == 3  # one identity copy per puzzle
+    hit = torch.zeros(len(labels), dtype=torch.bool)
+    for p in ident:
+        hit[pidx[p] : pidx[p + 1]] = True
+
+    def identity_wrong(lab):  # one batch holding every example in order
+        return torch.where(hit[:, None], wrong_tokens(lab), oracle_tokens(lab))
+
+    ev = ARCEvaluator(tiny_data, None, None, num_pictures=0)
+    m = _run(ev, tiny_data, identity_wrong, batch_size=len(labels), save=str(tmp_path / "out"))
+    assert m["ARC/pass@1"] == 1.0
+    pred = json.load(open(tmp_path / "out" / "predictions.json"))
+    for name, per_input in pred.items():
+        for row in per_input:
+            flags = [(c["votes"], c["identity"], c["correct"]) for c in row["candidates"]]
+            assert flags == [(7, False, True), (1, True, False)], (name, flags)
+    # kept beyond the top k: the identity copy's candidate ranked last is still written
+    ranked = {"p": [[Candidate(str(i), _g([[i]]), votes=9 - i, identity=i == 5) for i in range(6)]]}
+    from evaluators.arc import write_predictions
+
+    write_predictions(str(tmp_path / "p.json"), ranked, {"p": [(None, None, "0")]}, top_k=2)
+    got = json.load(open(tmp_path / "p.json"))["p"][0]["candidates"]
+    assert [(c["hash"], c["identity"]) for c in got] == [("0", False), ("1", False), ("5", True)]
+
+
 def test_duplicate_rows_on_one_rank_are_counted_once(tiny_data):
     ev = ARCEvaluator(tiny_data, None, None, num_pictures=0)
     rows = list(range(32)) + [0, 1, 2]

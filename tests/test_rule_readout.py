@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 from dataset.arc_sources import load_puzzles
 from dataset.build_arc_dataset import read_identifiers_map
+from dataset.families import ALL_FAMILIES, family_apply
+from dataset.open_families import DIRECTIONS
 from dataset.rule_labels import NO_COLOUR, RULE_SLOTS, UNLABELLED, rule_label_table, rule_targets
 from dataset.synthetic_rules import FAMILIES, GRAVITY_DIRECTIONS, GridSpec, rule_apply
 from encoders.probes import RuleReadout
@@ -29,7 +31,8 @@ SLOTS = list(RULE_SLOTS)
 
 def test_rule_targets_fill_every_family_in_range():
     rng = np.random.default_rng(0)
-    for i, (fam, make) in enumerate(FAMILIES.items()):
+    assert list(ALL_FAMILIES)[: len(FAMILIES)] == list(FAMILIES)  # the covered indices did not move
+    for i, (fam, make) in enumerate(ALL_FAMILIES.items()):
         for _ in range(40):
             t = rule_targets(fam, make(rng, GridSpec(3, 6)).params)
             assert t["family"] == i and len(t) > 1
@@ -41,6 +44,12 @@ def test_rule_targets_fill_every_family_in_range():
     assert [lut[f"lut_{c}"] for c in range(10)] == [0, 1, 2, 7, 4, 5, 6, 3, 8, 9]
     assert rule_targets("flip_rotate", {"dihedral": 5, "recolour": None})["colour_a"] == NO_COLOUR
     assert "colour_c" not in rule_targets("fill_enclosed", {"border": 1, "fill": 2, "noise": 3})  # input-only noise
+    ray = {"direction": "up_left", "mark": 1, "line": 2, "stop": False}
+    assert rule_targets("extend_lines", ray) == {
+        "family": 9, "ray": 4, "stop": 0, "colour_a": 1, "colour_b": 2, "colour_c": NO_COLOUR,
+    }  # fmt: skip
+    bar = {"orientation": "column", "unit": "objects", "colour": 4}
+    assert rule_targets("count_to_bar", bar) == {"family": 15, "orientation": 1, "unit": 1, "colour_a": 4}
     with pytest.raises(ValueError, match="unknown family 'nope'"):
         rule_targets("nope", {})
 
@@ -97,6 +106,48 @@ def test_rule_label_table_labels_each_augmented_copy_with_the_rule_it_shows(tmp_
             ],
         )
     assert checked == 16 * 5 and changed > 16  # the copies' labels differ from their puzzle's: conjugated
+
+
+def _open_params_from_labels(row: np.ndarray) -> tuple[str, dict]:
+    """Decode a label row of an open family of the open table test back to a rule instance."""
+    t = {k: int(v) for k, v in zip(SLOTS, row) if v != UNLABELLED}
+    fam = list(ALL_FAMILIES)[t["family"]]
+    col = lambda k: None if t[k] == NO_COLOUR else t[k]  # noqa: E731
+    if fam == "extend_lines":
+        p = {"direction": list(DIRECTIONS)[t["ray"]], "mark": t["colour_a"], "line": t["colour_b"]}
+        return fam, dict(p, stop=bool(t["stop"]), **({"block": t["colour_c"]} if t["stop"] else {}))
+    if fam == "connect_pairs":
+        return fam, {"orientation": ["rows", "columns"][t["orientation"]], "segment": col("colour_a")}
+    assert fam == "mirror_complete"
+    return fam, {"axis": ["vertical", "horizontal"][t["axis"]], "output": ["full", "patch"][t["output"]],
+                 "mask": t["colour_a"]}  # fmt: skip
+
+
+def test_open_families_are_labelled_with_the_rule_each_copy_shows(tmp_path):
+    """The open families' labels (the oracle control on the whole benchmark): decoded back to an instance, each
+    training copy's labels reproduce that copy's own demo pairs, so a transposing copy swaps rows and columns and
+    a turned one turns the ray."""
+    fams = ["extend_lines", "connect_pairs", "mirror_complete"]
+    built, paths = built_synthetic_arc(
+        tmp_path, fams, num_train=12, num_test=6, num_aug=4, mode="etrm", max_grid=6, seed=1, canvas=10,
+        generator_aug=True,
+    )  # fmt: skip
+    puzzles = load_puzzles(["training", "evaluation"], "evaluation", input_file_prefix=paths["prefix"])
+    raw, rules = {p.name: p for p in puzzles}, json.load(open(paths["rules"]))
+    table = rule_label_table(built, paths["rules"])
+    checked, kinds = 0, set()
+    for i, entry in enumerate(read_identifiers_map(built)):
+        if entry is None or rules[entry["name"]]["subset"] == "evaluation":
+            continue
+        fam, params = _open_params_from_labels(table[i])
+        assert fam == rules[entry["name"]]["family"]
+        aug, f = entry["augmentation"], family_apply(fam, params)
+        for x, y in raw[entry["name"]].train + raw[entry["name"]].test:
+            got = f(aug.apply(x))
+            assert got is not None and np.array_equal(got, aug.apply(y)), (entry, fam, params)
+        checked += 1
+        kinds.add((fam, params.get("direction", params.get("orientation", params.get("axis")))))
+    assert checked >= 12 * 4 and len(kinds) >= 6  # every training copy; several directions / sides
 
 
 def test_training_labels_never_name_a_held_out_puzzle_even_when_its_demos_are_in_train(tmp_path):
@@ -157,7 +208,7 @@ def test_readout_loss_is_the_mean_cross_entropy_of_the_labelled_slots():
     with torch.no_grad():
         head.proj.bias[sum(list(RULE_SLOTS.values())[:3]) :] += 100.0  # slots after family / dihedral
         head.proj.bias[1] += 100.0  # family 1
-        head.proj.bias[len(FAMILIES) + 6] += 100.0  # dihedral 6
+        head.proj.bias[RULE_SLOTS["family"] + 6] += 100.0  # dihedral 6
     loss2, exact2 = head(ctx, targets)
     assert exact2.tolist() == [1.0, 0.0, 0.0] and loss2[0] < 1e-3 and loss2[2] == 0
     with pytest.raises(ValueError, match="rule targets"):

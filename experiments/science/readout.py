@@ -28,9 +28,9 @@ import torch
 
 from core.errors import user_errors
 from core.io import write_json_atomic
+from dataset.families import ALL_FAMILIES
 from dataset.loader import create_dataloader
 from dataset.rule_labels import RULE_SLOTS, rule_label_table
-from dataset.synthetic_rules import FAMILIES
 from training.build import load_model_for_inference
 
 SLOTS = list(RULE_SLOTS)
@@ -98,7 +98,7 @@ def readout_accuracy(
         fams.append(t[:, 0].numpy())
     right, seen, exact, fams = (np.concatenate(a) for a in (right, seen, exact, fams))
     families = {}
-    for i, fam in enumerate(FAMILIES):
+    for i, fam in enumerate(ALL_FAMILIES):
         rows = fams == i
         if rows.any():
             cols = seen[rows].any(0)

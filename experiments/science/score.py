@@ -12,7 +12,9 @@ exactly its held-out puzzles, e.g. the same checkpoint evaluated with test-time 
 
 Cells: pass@1 over the family's held-out puzzles, with the covered / open / headline / all rows of the command's own
 table (:func:`experiments.science.report.family_table`). Which copies were voted is the evaluation's business: one
-copy per puzzle (``num_augmentations=1``) is the headline's protocol.
+copy per puzzle (``num_augmentations=1``) is the headline's protocol. ``--one-copy`` scores a voted evaluation by the
+answer of its identity copy alone (the puzzle as drawn; each candidate's ``identity`` flag in ``predictions.json``),
+e.g. test-time training fitted on every copy's demos together (``ttt_pool=true``) and answered on the original.
 
 When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time training), a second table splits that
 run's held-out puzzles as drawn by the fit: ``fitted`` (share whose demos the fitted model reproduces exactly, fit 1.0
@@ -54,8 +56,30 @@ def score(out: str, predictions: dict[str, str]) -> dict:
     return _table(load_data(out), _read(predictions), predictions)
 
 
-def _read(predictions: dict[str, str]) -> dict[str, dict]:
-    return {name: read_json(path, ScienceError) for name, path in predictions.items()}
+def _read(predictions: dict[str, str], one_copy: bool = False) -> dict[str, dict]:
+    out = {name: read_json(path, ScienceError) for name, path in predictions.items()}
+    return {name: identity_answers(p, predictions[name]) for name, p in out.items()} if one_copy else out
+
+
+def identity_answers(predictions: dict, path: str) -> dict:
+    """``predictions`` (evaluate.py's) as if only the identity copy had voted: per test input, ``correct_rank`` 1 when
+    the candidate the identity copy voted for is right, else None (a malformed identity answer has no candidate). A
+    row of one vote without the flags (a one-copy evaluation written before they existed) is kept as it is; a voted
+    row without them is refused."""
+    out = {}
+    for name, rows in predictions.items():
+        out[name] = []
+        for row in rows:
+            cands = row.get("candidates", [])
+            if any("identity" not in c for c in cands) and row.get("num_votes", 0) <= 1:
+                out[name].append(row)
+                continue
+            if any("identity" not in c for c in cands):
+                raise ScienceError(f"{path}: {name!r} has candidates without 'identity' (re-run evaluate.py)")
+            mine = [c for c in cands if c["identity"]]
+            right = bool(mine) and bool(mine[0].get("correct"))
+            out[name].append(dict(row, correct_rank=1 if right else None, candidates=mine, num_votes=len(mine)))
+    return out
 
 
 def _table(data: ScienceData, pred: dict[str, dict], paths: dict[str, str]) -> dict:
@@ -136,12 +160,15 @@ def _pairs(items: Sequence[str]) -> dict[str, str]:
 def _arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("dir", help="a science command's --out (its data/)")
     ap.add_argument("predictions", nargs="+", help="NAME=PREDICTIONS.json (evaluate.py's), one column each")
+    ap.add_argument(
+        "--one-copy", action="store_true", help="score each file by its identity copy's answer alone (not the vote)"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> str:
     def run(a):
         named = _pairs(a.predictions)
-        data, pred = load_data(a.dir), _read(named)
+        data, pred = load_data(a.dir), _read(named, a.one_copy)
         table = _table(data, pred, named)
         text = render(table, list(named))
         for name, path in named.items():
