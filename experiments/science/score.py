@@ -71,14 +71,15 @@ def identity_answers(predictions: dict, path: str) -> dict:
         out[name] = []
         for row in rows:
             cands = row.get("candidates", [])
-            if any("identity" not in c for c in cands) and row.get("num_votes", 0) <= 1:
+            if any("identity" not in c for c in cands):
+                if row.get("num_votes", 0) > 1:
+                    raise ScienceError(f"{path}: {name!r} has candidates without 'identity' (re-run evaluate.py)")
                 out[name].append(row)
                 continue
-            if any("identity" not in c for c in cands):
-                raise ScienceError(f"{path}: {name!r} has candidates without 'identity' (re-run evaluate.py)")
             mine = [c for c in cands if c["identity"]]
             right = bool(mine) and bool(mine[0].get("correct"))
-            out[name].append(dict(row, correct_rank=1 if right else None, candidates=mine, num_votes=len(mine)))
+            one = dict(candidates=mine, num_candidates=len(mine), num_votes=1)  # the identity copy's one vote
+            out[name].append(dict(row, correct_rank=1 if right else None, **one))
     return out
 
 
