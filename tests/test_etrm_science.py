@@ -623,8 +623,8 @@ def test_score_splits_a_test_time_trained_run_by_demo_fit(science_out, tmp_path,
 
 def test_one_copy_scores_a_voted_run_by_its_identity_copy_alone():
     """experiments.science.score --one-copy: a test input counts as right when the candidate the identity copy voted
-    for is right, whatever the vote says; a malformed identity answer (no flagged candidate) is wrong; a file written
-    without the flags is refused."""
+    for is right, whatever the vote says; a malformed identity answer (no flagged candidate) is wrong; without the
+    flags (a file written before them) a one-vote row is kept as it is and a voted row is refused."""
     from experiments.science.score import identity_answers
 
     def cand(votes, identity, correct):
