@@ -52,6 +52,7 @@ from dataset.synthetic_heldout import (  # noqa: F401  (LeakGuard, shift_table: 
     _free_shift,
     _reserve_heldout,
     _try_puzzle,
+    drop_training,
     format_shift_table,
     format_structure_table,
     leak_summary,
@@ -248,6 +249,7 @@ def generate_synthetic_arc(
     families: Optional[Sequence[str]] = None,
     holdout_families: Sequence[str] = (),
     train_only_families: Sequence[str] = (),
+    drop_training_families: Sequence[str] = (),
     min_grid: int = 3,
     max_grid: Optional[int] = None,
     seed: int = 0,
@@ -270,7 +272,10 @@ def generate_synthetic_arc(
     (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
     ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
     bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set). ``train_only_families``: families
-    drawn for training only (breadth of training rules; none of their instances is held out or evaluated)."""
+    drawn for training only (breadth of training rules; none of their instances is held out or evaluated).
+    ``drop_training_families``: the same draw (the same held-out puzzles, the same training puzzles of the other
+    families), with these families' training puzzles and their copies left out before anything is written: the
+    breadth ablation (fewer kinds of training rules, nothing else changed)."""
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
@@ -281,6 +286,7 @@ def generate_synthetic_arc(
     families, train_fams, test_fams = _family_split(
         families, holdout_families, train_only_families, num_train, num_test
     )
+    drop_training([], {}, families, drop_training_families)  # refuse an unknown family before the draw
     spec = _grid_spec(families, min_grid, max_grid, canvas_size)
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
@@ -291,6 +297,7 @@ def generate_synthetic_arc(
     train, lists = _sample_training(rng, train_fams, num_train, spec, guard, prefix, progress, canvas_size)
     trained = TrainedInstances(train, lists, structures, num_aug, seed)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size, trained, lists)
+    train, lists = drop_training(train, lists, families, drop_training_families)
     guard.counts.update(trained.counts)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
@@ -389,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="families drawn for training only, never evaluated (breadth of training rules)",
     )
+    ap.add_argument(
+        "--drop-training-families",
+        nargs="+",
+        default=[],
+        help="the same draw with these families' training puzzles left out (their held-out puzzles stay): the "
+        "breadth ablation",
+    )
     ap.add_argument("--min-grid", type=int, default=3)
     ap.add_argument(
         "--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)"
@@ -437,6 +451,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             families=args.families,
             holdout_families=args.holdout_families,
             train_only_families=args.train_only_families,
+            drop_training_families=args.drop_training_families,
             min_grid=args.min_grid,
             max_grid=args.max_grid,
             seed=args.seed,
@@ -447,7 +462,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             max_puzzles=args.max_puzzles,
         )
         n_train, n_test = cap(args.num_train, args.max_puzzles), cap(args.num_test, args.max_puzzles)
-        print(f"wrote {n_train} training + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
+        with open(paths["training_challenges"]) as f:
+            kept = len(json.load(f))
+        left = f" ({n_train - kept} of {n_train} left out by --drop-training-families)" if kept != n_train else ""
+        print(f"wrote {kept} training{left} + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
             s = build_arc_dataset(

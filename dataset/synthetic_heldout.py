@@ -6,9 +6,10 @@ table ``<prefix>_shifts.json``)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +28,8 @@ from dataset.synthetic_rules import (
     shift_cells,
     shift_instance,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int) -> Optional[tuple[list, list]]:
@@ -389,3 +392,19 @@ def format_structure_table(table: dict) -> list[str]:
             f"{n_train} puzzles"
         )
     return lines
+
+
+def drop_training(train: list, lists: dict, families: list[str], drop: Sequence[str]) -> tuple[list, dict]:
+    """``train`` and the copy lists without the training puzzles of the ``drop`` families (checked: each one of
+    ``families``, and some training family left; with an empty ``train``, only the first check, before the draw)."""
+    for f in drop:
+        if f not in families:
+            raise DatasetError(f"--drop-training-families: {f!r} is not one of --families ({families})")
+    if not drop or not train:
+        return train, lists
+    kept = [t for t in train if t[1]["family"] not in drop]
+    if not kept:
+        raise DatasetError(f"--drop-training-families {' '.join(drop)}: no training puzzle left")
+    dropped = {t[0] for t in train} - {t[0] for t in kept}
+    log.info("synthetic: %d training puzzles of %s left out (--drop-training-families)", len(dropped), list(drop))
+    return kept, {n: v for n, v in lists.items() if n not in dropped}

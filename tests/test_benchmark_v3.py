@@ -180,3 +180,38 @@ def test_training_only_families_widen_training_and_are_never_evaluated(tmp_path)
     assert "train_only_families" not in ScienceSettings(out="o").synthetic_data(fams)
     with pytest.raises(ScienceError, match="--train-only-families"):
         ScienceSettings(out="o", families=tuple(fams), train_only_families=("gravity",)).check()
+
+
+def test_dropping_training_families_keeps_the_same_draw_without_them(tmp_path):
+    """The breadth ablation (issue 46): --drop-training-families gives the same held-out puzzles and the same
+    training puzzles (and copies) of the other families as the full build, with the dropped families' training
+    puzzles left out; an unknown family, or dropping every one, is refused before any work."""
+    from dataset.errors import DatasetError
+    from experiments.science.common import ScienceError
+    from experiments.science.settings import ScienceSettings
+
+    fams = ["colour_map", "flip_rotate", "outline"]
+    kw = dict(num_train=24, num_test=6, families=fams, canvas_size=8, seed=1, num_aug=2, progress=False)
+    full = generate_synthetic_arc(str(tmp_path / "full"), "t", **kw)
+    part = generate_synthetic_arc(str(tmp_path / "part"), "t", drop_training_families=["outline"], **kw)
+    read = lambda p, k: json.load(open(p[k]))  # noqa: E731
+    for k in ("evaluation_challenges", "evaluation_solutions"):
+        assert read(part, k) == read(full, k)
+    a, b = read(full, "training_challenges"), read(part, "training_challenges")
+    assert set(b) == {n for n in a if not n.endswith("-outline")} and len(b) == 16  # 8 puzzles per family
+    assert all(b[n] == a[n] for n in b)
+    rules = read(part, "rules")
+    assert {m["family"] for m in rules.values() if m["subset"] == "evaluation"} == set(fams)
+    lists_full = read_augmentation_lists(full["augmentations"], 2, 1)
+    lists_part = read_augmentation_lists(part["augmentations"], 2, 1)
+    assert set(lists_part) == set(b) | {n for n, m in rules.items() if m["subset"] == "evaluation"}
+    assert all(np.array_equal(lists_part[n][0], lists_full[n][0]) for n in lists_part)
+    with pytest.raises(DatasetError, match="--drop-training-families: 'gravity' is not one of --families"):
+        generate_synthetic_arc(str(tmp_path / "x"), drop_training_families=["gravity"], **kw)
+    with pytest.raises(DatasetError, match="no training puzzle left"):
+        generate_synthetic_arc(str(tmp_path / "y"), drop_training_families=fams, **kw)
+    s = ScienceSettings(out="o", families=tuple(fams), drop_training_families=("outline",))
+    assert s.synthetic_data(s.check()[0])["drop_training_families"] == ["outline"]
+    assert "drop_training_families" not in ScienceSettings(out="o").synthetic_data(fams)
+    with pytest.raises(ScienceError, match="every training family is dropped"):
+        ScienceSettings(out="o", families=tuple(fams), drop_training_families=tuple(fams)).check()

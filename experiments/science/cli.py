@@ -125,6 +125,13 @@ def _add_data_args(ap: argparse.ArgumentParser) -> None:
         help="families in training only, never evaluated (breadth of training rules)",
     )
     ap.add_argument(
+        "--drop-training-families",
+        nargs="+",
+        default=list(default("drop_training_families")),
+        help="the same data draw without these families' training puzzles (their held-out puzzles stay): the "
+        "breadth ablation",
+    )
+    ap.add_argument(
         "--steps", type=int, default=default("steps"), help="training steps (default: max_steps of the config)"
     )
     ap.add_argument(

@@ -151,6 +151,8 @@ def _synthetic_command(settings: dict, raw: str, built: str) -> list[str]:
         cmd += ["--holdout-families", *settings["holdout_families"]]
     if settings.get("train_only_families"):
         cmd += ["--train-only-families", *settings["train_only_families"]]
+    if settings.get("drop_training_families"):
+        cmd += ["--drop-training-families", *settings["drop_training_families"]]
     return cmd + [
         "--build-dir",
         built,

@@ -36,6 +36,7 @@ _SYNTHETIC_ONLY = (
     "families",
     "holdout_families",
     "train_only_families",
+    "drop_training_families",
     "max_grid",
     "min_grid",
     "num_train",
@@ -62,6 +63,7 @@ class ScienceSettings:
     families: Optional[tuple[str, ...]] = None  # rule families (None: all 16, covered and open)
     holdout_families: tuple[str, ...] = ()  # families never seen in training
     train_only_families: tuple[str, ...] = ()  # families seen in training only, never evaluated
+    drop_training_families: tuple[str, ...] = ()  # the same draw without these families' training puzzles
     steps: Optional[int] = None  # training steps (None: max_steps of the config)
     canvas_size: Optional[int] = None
     max_grid: Optional[int] = None
@@ -83,7 +85,15 @@ class ScienceSettings:
     halting_step: bool = False
 
     def __post_init__(self) -> None:  # sequences as tuples (lists from argparse or a caller)
-        for f in ("encoders", "families", "holdout_families", "train_only_families", "overrides", "eval_overrides"):
+        for f in (
+            "encoders",
+            "families",
+            "holdout_families",
+            "train_only_families",
+            "drop_training_families",
+            "overrides",
+            "eval_overrides",
+        ):
             value = getattr(self, f)
             if value is not None and not isinstance(value, tuple):
                 if isinstance(value, str):
@@ -115,6 +125,11 @@ class ScienceSettings:
         for f in self.train_only_families:
             if f not in fams or f in self.holdout_families:
                 raise ScienceError(f"--train-only-families: {f!r} must be one of --families and not held out")
+        for f in self.drop_training_families:
+            if f not in fams:
+                raise ScienceError(f"--drop-training-families: {f!r} is not one of --families")
+        if set(self.drop_training_families) >= set(fams) - set(self.holdout_families):
+            raise ScienceError("--drop-training-families: every training family is dropped; nothing left to train on")
         names = list(ENCODERS) + [CONTROL] if "all" in self.encoders else list(dict.fromkeys(self.encoders))
         if self.steps is not None and self.steps <= 0:
             raise ScienceError(f"--steps must be > 0, got {self.steps}")
@@ -148,6 +163,7 @@ class ScienceSettings:
             "holdout_families": list(self.holdout_families),
             # recorded only when given (data of earlier commands, without it, stays the same data)
             **({"train_only_families": list(self.train_only_families)} if self.train_only_families else {}),
+            **({"drop_training_families": list(self.drop_training_families)} if self.drop_training_families else {}),
             "canvas_size": canvas_size,
             "min_grid": d["min_grid"] if self.min_grid is None else self.min_grid,
             "max_grid": default_max_grid(canvas_size) if self.max_grid is None else self.max_grid,
