@@ -736,3 +736,22 @@ def test_pointer_program_scores_and_falls_back_on_a_science_out(science_out, tmp
             ]
         )
     assert not (tmp_path / "q.json").exists() and not (tmp_path / "d.json").exists()
+
+
+@pytest.mark.slow
+def test_a_command_naming_some_runs_says_which_trained_runs_it_leaves_out(science_out, tmp_path, capsys):
+    """--encoders standard on an --out that also holds a trained control: the report (science.json) holds standard
+    alone, and the command says so before any work, naming the run left out and the --encoders that reports both."""
+    from experiments.science.common import unreported_runs
+
+    out, _ = science_out
+    copy = str(tmp_path / "copy")
+    shutil.copytree(out, copy)
+    assert unreported_runs(copy, ["standard", CONTROL]) == [] and unreported_runs(copy, ["standard"]) == [CONTROL]
+    capsys.readouterr()
+    res = main(["--out", copy, "--no-train", "--encoders", "standard"] + ARGS)
+    text = capsys.readouterr().out
+    assert f"also holds the trained run(s) {CONTROL}" in text and f"--encoders standard {CONTROL} reports" in text
+    assert text.index("also holds") < text.index("standard: ")  # before the runs' stages
+    assert CONTROL not in res["runs"] and "standard" in res["runs"]
+    assert CONTROL not in json.load(open(os.path.join(copy, "science.json")))["runs"]

@@ -45,6 +45,18 @@ def say(msg: str) -> None:
     print(f"[science] {msg}", flush=True)
 
 
+def unreported_runs(out: str, names: Sequence[str]) -> list[str]:
+    """Runs trained earlier in ``out`` (``runs/<name>/checkpoint`` holds a step) that ``names`` leaves out: a command
+    that names only some runs rewrites science.md / science.json with those alone."""
+    root = os.path.join(out, "runs")
+    out_runs = []
+    for n in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        ckpt = os.path.join(root, n, "checkpoint")
+        if n not in names and os.path.isdir(ckpt) and any(f.startswith("step_") for f in os.listdir(ckpt)):
+            out_runs.append(n)
+    return out_runs
+
+
 def read_json_or_none(path: str) -> Optional[Any]:
     try:
         with open(path) as f:
