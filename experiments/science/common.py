@@ -57,6 +57,17 @@ def unreported_runs(out: str, names: Sequence[str]) -> list[str]:
     return out_runs
 
 
+def say_unreported_runs(out: str, names: Sequence[str]) -> None:
+    """Say, before any work, which trained runs of ``out`` a command naming only ``names`` leaves out of its report."""
+    others = unreported_runs(out, names)
+    if others:
+        say(
+            f"{out} also holds the trained run(s) {', '.join(others)}: science.md and science.json are rewritten "
+            f"with {', '.join(names)} alone (their files stay; --encoders {' '.join([*names, *others])} reports them "
+            "side by side, a finished run and its evaluations reused)"
+        )
+
+
 def read_json_or_none(path: str) -> Optional[Any]:
     try:
         with open(path) as f:

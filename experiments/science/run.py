@@ -47,7 +47,7 @@ from experiments.science.common import (
     read_json_or_none,
     run_logged,
     say,
-    unreported_runs,
+    say_unreported_runs,
 )
 from experiments.science.curve import run_curve
 from experiments.science.data import (
@@ -412,13 +412,7 @@ def run_science_command(settings: ScienceSettings) -> dict:
             "without --no-train first)"
         )
     recipes = {n: resolve_recipe(s.config, n, s.steps, overrides) for n in names}
-    others = unreported_runs(s.out, names)
-    if others:
-        say(
-            f"{s.out} also holds the trained run(s) {', '.join(others)}: science.md and science.json are rewritten "
-            f"with {', '.join(names)} alone (their files stay; --encoders {' '.join(names + others)} reports them "
-            "side by side, a finished run and its evaluations reused)"
-        )
+    say_unreported_runs(s.out, names)
     user = None
     if s.input_file_prefix is not None:
         user = load_user_puzzles(s.input_file_prefix, s.groups_file)  # every file validated before any work
