@@ -52,6 +52,7 @@ from dataset.synthetic_heldout import (  # noqa: F401  (LeakGuard, shift_table: 
     _free_shift,
     _reserve_heldout,
     _try_puzzle,
+    check_drop,
     drop_training,
     format_shift_table,
     format_structure_table,
@@ -286,7 +287,7 @@ def generate_synthetic_arc(
     families, train_fams, test_fams = _family_split(
         families, holdout_families, train_only_families, num_train, num_test
     )
-    drop_training([], {}, families, drop_training_families)  # refuse an unknown family before the draw
+    check_drop(drop_training_families, families, train_fams)
     spec = _grid_spec(families, min_grid, max_grid, canvas_size)
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
@@ -297,7 +298,7 @@ def generate_synthetic_arc(
     train, lists = _sample_training(rng, train_fams, num_train, spec, guard, prefix, progress, canvas_size)
     trained = TrainedInstances(train, lists, structures, num_aug, seed)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size, trained, lists)
-    train, lists = drop_training(train, lists, families, drop_training_families)
+    train, lists = drop_training(train, lists, drop_training_families)
     guard.counts.update(trained.counts)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "

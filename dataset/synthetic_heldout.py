@@ -394,17 +394,21 @@ def format_structure_table(table: dict) -> list[str]:
     return lines
 
 
-def drop_training(train: list, lists: dict, families: list[str], drop: Sequence[str]) -> tuple[list, dict]:
-    """``train`` and the copy lists without the training puzzles of the ``drop`` families (checked: each one of
-    ``families``, and some training family left; with an empty ``train``, only the first check, before the draw)."""
+def check_drop(drop: Sequence[str], families: list[str], train_fams: list[str]) -> None:
+    """Refuse ``--drop-training-families`` before the draw: a family not in ``families``, or every training family."""
     for f in drop:
         if f not in families:
             raise DatasetError(f"--drop-training-families: {f!r} is not one of --families ({families})")
-    if not drop or not train:
+    if drop and set(train_fams) <= set(drop):
+        raise DatasetError(f"--drop-training-families {' '.join(drop)}: every training family; no training puzzle left")
+
+
+def drop_training(train: list, lists: dict, drop: Sequence[str]) -> tuple[list, dict]:
+    """``train`` and the copy lists without the training puzzles of the ``drop`` families (checked by
+    :func:`check_drop` before the draw)."""
+    if not drop:
         return train, lists
     kept = [t for t in train if t[1]["family"] not in drop]
-    if not kept:
-        raise DatasetError(f"--drop-training-families {' '.join(drop)}: no training puzzle left")
     dropped = {t[0] for t in train} - {t[0] for t in kept}
     log.info("synthetic: %d training puzzles of %s left out (--drop-training-families)", len(dropped), list(drop))
     return kept, {n: v for n, v in lists.items() if n not in dropped}
