@@ -43,6 +43,7 @@ from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
 from dataset.errors import DatasetError
 from dataset.families import ALL_FAMILIES
+from dataset.synthetic_breadth import check_breadth, draw_breadth
 from dataset.synthetic_heldout import (  # noqa: F401  (LeakGuard, shift_table: re-exported for the tests)
     SHIFTS_SUFFIX,
     STRUCTURES_SUFFIX,
@@ -54,6 +55,7 @@ from dataset.synthetic_heldout import (  # noqa: F401  (LeakGuard, shift_table: 
     _try_puzzle,
     check_drop,
     drop_training,
+    family_split,
     format_shift_table,
     format_structure_table,
     leak_summary,
@@ -197,32 +199,6 @@ def default_max_grid(canvas_size: int) -> int:
     return max(1, min(10, canvas_size - 2))
 
 
-def _family_split(
-    families: Optional[Sequence[str]],
-    holdout_families: Sequence[str],
-    train_only_families: Sequence[str],
-    num_train: int,
-    num_test: int,
-) -> tuple[list[str], list[str], list[str]]:
-    """(every family, the training families, the evaluation families) of the builder's options, checked."""
-    families = list(families) if families else list(ALL_FAMILIES)
-    for f in list(families) + list(holdout_families):
-        if f not in ALL_FAMILIES:
-            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(ALL_FAMILIES)})")
-    for f in train_only_families:
-        if f not in families or f in holdout_families:
-            raise DatasetError(
-                f"--train-only-families: {f!r} must be one of --families and not held out (families: {families})"
-            )
-    train_fams = [f for f in families if f not in holdout_families]
-    test_fams = list(holdout_families) if holdout_families else [f for f in families if f not in train_only_families]
-    if num_test and not test_fams:
-        raise DatasetError("--train-only-families: every family is training-only; nothing left to evaluate")
-    if num_train and not train_fams:
-        raise DatasetError("--holdout-families: every family is held out; nothing left for training")
-    return families, train_fams, test_fams
-
-
 def _grid_spec(families: list[str], min_grid: int, max_grid: Optional[int], canvas_size: int) -> GridSpec:
     """The input sizes of the builder's options (``max_grid`` None: :func:`default_max_grid`), checked."""
     if not 1 <= canvas_size <= ARC_MAX_GRID:
@@ -251,6 +227,8 @@ def generate_synthetic_arc(
     holdout_families: Sequence[str] = (),
     train_only_families: Sequence[str] = (),
     drop_training_families: Sequence[str] = (),
+    breadth_families: Sequence[str] = (),
+    breadth_puzzles: int = 100,
     min_grid: int = 3,
     max_grid: Optional[int] = None,
     seed: int = 0,
@@ -276,7 +254,9 @@ def generate_synthetic_arc(
     drawn for training only (breadth of training rules; none of their instances is held out or evaluated).
     ``drop_training_families``: the same draw (the same held-out puzzles, the same training puzzles of the other
     families), with these families' training puzzles and their copies left out before anything is written: the
-    breadth ablation (fewer kinds of training rules, nothing else changed)."""
+    breadth ablation (fewer kinds of training rules, nothing else changed). ``breadth_families`` (``["all"]``: every
+    one): ``breadth_puzzles`` training puzzles of each of these training-only families
+    (:mod:`dataset.synthetic_breadth`) added to the same draw."""
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
@@ -284,10 +264,9 @@ def generate_synthetic_arc(
         raise DatasetError(f"--num-aug must be >= 0, got {num_aug}")
     if heldout_puzzles_per_instance < 1:
         raise DatasetError(f"--heldout-puzzles-per-instance must be >= 1, got {heldout_puzzles_per_instance}")
-    families, train_fams, test_fams = _family_split(
-        families, holdout_families, train_only_families, num_train, num_test
-    )
+    families, train_fams, test_fams = family_split(families, holdout_families, train_only_families, num_train, num_test)
     check_drop(drop_training_families, families, train_fams)
+    breadth = check_breadth(breadth_families, breadth_puzzles)
     spec = _grid_spec(families, min_grid, max_grid, canvas_size)
     rng = np.random.default_rng([seed, 0x5E7])
     counts = _family_counts(rng, test_fams, num_test) if num_test else {}
@@ -299,6 +278,12 @@ def generate_synthetic_arc(
     trained = TrainedInstances(train, lists, structures, num_aug, seed)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size, trained, lists)
     train, lists = drop_training(train, lists, drop_training_families)
+    if breadth:
+        more, more_lists = draw_breadth(
+            breadth, breadth_puzzles, spec, guard, test, lists, first_index=num_train, prefix=prefix, seed=seed,
+            canvas_size=canvas_size, progress=progress,
+        )  # fmt: skip
+        train, lists = train + more, {**lists, **more_lists}
     guard.counts.update(trained.counts)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "
@@ -404,6 +389,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the same draw with these families' training puzzles left out (their held-out puzzles stay): the "
         "breadth ablation",
     )
+    ap.add_argument(
+        "--breadth-families",
+        nargs="+",
+        default=[],
+        help="training-only rule families (dataset/breadth_families.py, or all) added to the training puzzles",
+    )
+    ap.add_argument("--breadth-puzzles", type=int, default=100, help="training puzzles per --breadth-families family")
     ap.add_argument("--min-grid", type=int, default=3)
     ap.add_argument(
         "--max-grid", type=int, default=None, help="largest input side (default: --canvas-size - 2, at most 10)"
@@ -453,6 +445,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             holdout_families=args.holdout_families,
             train_only_families=args.train_only_families,
             drop_training_families=args.drop_training_families,
+            breadth_families=args.breadth_families,
+            breadth_puzzles=args.breadth_puzzles,
             min_grid=args.min_grid,
             max_grid=args.max_grid,
             seed=args.seed,
@@ -465,7 +459,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         n_train, n_test = cap(args.num_train, args.max_puzzles), cap(args.num_test, args.max_puzzles)
         with open(paths["training_challenges"]) as f:
             kept = len(json.load(f))
-        left = f" ({n_train - kept} of {n_train} left out by --drop-training-families)" if kept != n_train else ""
+        left = f" ({n_train - kept} of {n_train} left out by --drop-training-families)" if kept < n_train else ""
+        left = f" ({kept - n_train} of them of --breadth-families)" if kept > n_train else left
         print(f"wrote {kept} training{left} + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from dataset.breadth_families import BREADTH, BREADTH_FAMILIES, breadth_apply, breadth_structure
 from dataset.open_families import OPEN_FAMILIES, open_rule_apply
 from dataset.open_families import structure as open_structure
 from dataset.synthetic_rules import FAMILIES, HEADLINE_FAMILIES, Grid, GridSpec, RuleInstance, rule_apply
@@ -33,12 +34,17 @@ GROUPS: dict[str, tuple[str, ...]] = {COVERED: HEADLINE_FAMILIES, OPEN: tuple(OP
 
 
 def family_group(family: str) -> str:
-    """``"covered"`` or ``"open"``."""
+    """``"covered"``, ``"open"`` or ``"breadth"`` (training only: :mod:`dataset.breadth_families`)."""
+    if family in BREADTH_FAMILIES:
+        return BREADTH
     return OPEN if family in OPEN_FAMILIES else COVERED
 
 
 def family_apply(family: str, params: dict) -> Callable[[Grid], Optional[Grid]]:
-    """The mapping (input grid -> output grid, or None for an unsuitable input) of any family's instance."""
+    """The mapping (input grid -> output grid, or None for an unsuitable input) of any family's instance (the
+    training-only breadth families too)."""
+    if family in BREADTH_FAMILIES:
+        return breadth_apply(family, params)
     if family in OPEN_FAMILIES:
         return open_rule_apply(family, params)
     return rule_apply(family, params)
@@ -85,6 +91,8 @@ def structure(family: str, params: dict) -> str:
     (two instances that differ only in colours have the same structure)."""
     if family in OPEN_FAMILIES:
         return open_structure(family, params)
+    if family in BREADTH_FAMILIES:
+        return breadth_structure(family, params)
     return f"{family}:" + json.dumps(_covered_structure(family, params), sort_keys=True)
 
 

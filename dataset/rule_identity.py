@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from dataset.breadth_families import BREADTH_FAMILIES, breadth_conjugate_params, breadth_rivals
 from dataset.dihedral import D4_COMPOSE, D4_MATRIX, DIHEDRAL_INVERSE, dihedral_transform
 from dataset.families import ALL_FAMILIES, family_apply
 from dataset.open_families import OPEN_FAMILIES, open_conjugate_params, open_rivals
@@ -28,6 +29,8 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
     reversed axis). ``tests/test_synthetic_leak.py`` checks every family against the mappings themselves."""
     if family in OPEN_FAMILIES:
         return open_conjugate_params(family, params, dihedral, colour_map)
+    if family in BREADTH_FAMILIES:
+        return breadth_conjugate_params(family, params, dihedral, colour_map)
     pi = [int(c) for c in colour_map]
     col = lambda c: None if c is None else pi[int(c)]  # noqa: E731
     rc = lambda r: None if r is None else [pi[int(r[0])], pi[int(r[1])]]  # noqa: E731
@@ -104,6 +107,8 @@ def rival_instances(family: str, params: dict) -> list[tuple[str, dict]]:
     apart)."""
     if family in OPEN_FAMILIES:
         return [(family, p) for p in open_rivals(family, params)]
+    if family in BREADTH_FAMILIES:
+        return [(family, p) for p in breadth_rivals(family, params)]
     out = [(family, p) for p in simpler_variants(family, params)]
     if family == "roll":
         out.append(("translate", {"dr": params["dr"], "dc": params["dc"]}))

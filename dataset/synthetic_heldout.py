@@ -394,6 +394,32 @@ def format_structure_table(table: dict) -> list[str]:
     return lines
 
 
+def family_split(
+    families: Optional[Sequence[str]],
+    holdout_families: Sequence[str],
+    train_only_families: Sequence[str],
+    num_train: int,
+    num_test: int,
+) -> tuple[list[str], list[str], list[str]]:
+    """(every family, the training families, the evaluation families) of the builder's options, checked."""
+    families = list(families) if families else list(ALL_FAMILIES)
+    for f in list(families) + list(holdout_families):
+        if f not in ALL_FAMILIES:
+            raise DatasetError(f"--families/--holdout-families: unknown family {f!r} (known: {sorted(ALL_FAMILIES)})")
+    for f in train_only_families:
+        if f not in families or f in holdout_families:
+            raise DatasetError(
+                f"--train-only-families: {f!r} must be one of --families and not held out (families: {families})"
+            )
+    train_fams = [f for f in families if f not in holdout_families]
+    test_fams = list(holdout_families) if holdout_families else [f for f in families if f not in train_only_families]
+    if num_test and not test_fams:
+        raise DatasetError("--train-only-families: every family is training-only; nothing left to evaluate")
+    if num_train and not train_fams:
+        raise DatasetError("--holdout-families: every family is held out; nothing left for training")
+    return families, train_fams, test_fams
+
+
 def check_drop(drop: Sequence[str], families: list[str], train_fams: list[str]) -> None:
     """Refuse ``--drop-training-families`` before the draw: a family not in ``families``, or every training family."""
     for f in drop:

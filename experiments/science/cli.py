@@ -132,6 +132,13 @@ def _add_data_args(ap: argparse.ArgumentParser) -> None:
         "breadth ablation",
     )
     ap.add_argument(
+        "--breadth-families",
+        nargs="+",
+        default=list(default("breadth_families")),
+        help="training-only rule families (dataset/breadth_families.py, or all), 100 training puzzles each, never "
+        "evaluated: more kinds of training rules on the same held-out puzzles",
+    )
+    ap.add_argument(
         "--steps", type=int, default=default("steps"), help="training steps (default: max_steps of the config)"
     )
     ap.add_argument(

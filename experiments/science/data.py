@@ -153,6 +153,8 @@ def _synthetic_command(settings: dict, raw: str, built: str) -> list[str]:
         cmd += ["--train-only-families", *settings["train_only_families"]]
     if settings.get("drop_training_families"):
         cmd += ["--drop-training-families", *settings["drop_training_families"]]
+    if settings.get("breadth_families"):
+        cmd += ["--breadth-families", *settings["breadth_families"]]
     return cmd + [
         "--build-dir",
         built,

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from dataset.build_synthetic_dataset import default_max_grid
+from dataset.errors import DatasetError
 from dataset.families import ALL_FAMILIES
+from dataset.synthetic_breadth import check_breadth
 from dataset.synthetic_rules import BENCHMARK_VERSION
 from experiments.science.common import CONTROL, ENCODERS, ScienceError
 from training.config import CONFIG_DIR
@@ -37,6 +39,7 @@ _SYNTHETIC_ONLY = (
     "holdout_families",
     "train_only_families",
     "drop_training_families",
+    "breadth_families",
     "max_grid",
     "min_grid",
     "num_train",
@@ -64,6 +67,7 @@ class ScienceSettings:
     holdout_families: tuple[str, ...] = ()  # families never seen in training
     train_only_families: tuple[str, ...] = ()  # families seen in training only, never evaluated
     drop_training_families: tuple[str, ...] = ()  # the same draw without these families' training puzzles
+    breadth_families: tuple[str, ...] = ()  # training-only rules (dataset/breadth_families.py) added to training
     steps: Optional[int] = None  # training steps (None: max_steps of the config)
     canvas_size: Optional[int] = None
     max_grid: Optional[int] = None
@@ -91,6 +95,7 @@ class ScienceSettings:
             "holdout_families",
             "train_only_families",
             "drop_training_families",
+            "breadth_families",
             "overrides",
             "eval_overrides",
         ):
@@ -130,6 +135,12 @@ class ScienceSettings:
                 raise ScienceError(f"--drop-training-families: {f!r} is not one of --families")
         if set(self.drop_training_families) >= set(fams) - set(self.holdout_families):
             raise ScienceError("--drop-training-families: every training family is dropped; nothing left to train on")
+        try:
+            check_breadth(self.breadth_families, 1)
+        except DatasetError as e:
+            raise ScienceError(str(e)) from None
+        if self.breadth_families and self.rule_readout:
+            raise ScienceError("--breadth-families and --rule-readout: the rule labels name the 16 evaluated families")
         names = list(ENCODERS) + [CONTROL] if "all" in self.encoders else list(dict.fromkeys(self.encoders))
         if self.steps is not None and self.steps <= 0:
             raise ScienceError(f"--steps must be > 0, got {self.steps}")
@@ -164,6 +175,7 @@ class ScienceSettings:
             # recorded only when given (data of earlier commands, without it, stays the same data)
             **({"train_only_families": list(self.train_only_families)} if self.train_only_families else {}),
             **({"drop_training_families": list(self.drop_training_families)} if self.drop_training_families else {}),
+            **({"breadth_families": list(self.breadth_families)} if self.breadth_families else {}),
             "canvas_size": canvas_size,
             "min_grid": d["min_grid"] if self.min_grid is None else self.min_grid,
             "max_grid": default_max_grid(canvas_size) if self.max_grid is None else self.max_grid,
