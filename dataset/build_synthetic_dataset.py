@@ -281,7 +281,7 @@ def generate_synthetic_arc(
     if breadth:
         more, more_lists = draw_breadth(
             breadth, breadth_puzzles, spec, guard, test, lists, first_index=num_train, prefix=prefix, seed=seed,
-            canvas_size=canvas_size, progress=progress,
+            canvas_size=canvas_size, progress=progress, skip_refused=list(breadth_families) == ["all"],
         )  # fmt: skip
         train, lists = train + more, {**lists, **more_lists}
     guard.counts.update(trained.counts)

@@ -86,14 +86,26 @@ def draw_breadth(
     seed: int,
     canvas_size: int,
     progress: bool,
+    skip_refused: bool = False,
 ) -> tuple[list, dict]:
     """``per_family`` training puzzles of each breadth family (in the order given, from the seeded stream
     ``[seed, 0xB2EA]``) -> (puzzles as the builder's training puzzles, their copy lists). Names go on from
-    ``first_index``."""
+    ``first_index``. A family every instance of which is refused is an error naming it, or with ``skip_refused``
+    (``--breadth-families all``) left out with a warning and counted in the leak counts."""
     rng = np.random.default_rng([seed, 0xB2EA])
     forbidden = forbidden_instances(families, test, lists)
     if forbidden:
         log.info("synthetic breadth: %d instances refused (they produce an evaluation copy's pairs)", len(forbidden))
+    dead = [f for f in families if all(rule_key(f, p) in forbidden for p in breadth_instances(f))]
+    if dead and not skip_refused:
+        raise DatasetError(
+            f"--breadth-families: every instance of {', '.join(dead)} produces the pairs of some evaluation copy (a "
+            "held-out rule would be shown in training); leave it out"
+        )
+    for f in dead:
+        log.warning("synthetic breadth: %s left out: every instance of it produces an evaluation copy's pairs", f)
+        guard.counts[f"{f}: family left out (every instance produces an evaluation copy's pairs)"] += 1
+    families = [f for f in families if f not in dead]
     out, new_lists = [], {}
     bar = tqdm(total=per_family * len(families), desc="synthetic breadth", unit="puzzle", disable=bar_disable(progress))
     for fam in families:

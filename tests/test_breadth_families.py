@@ -162,6 +162,24 @@ def test_no_breadth_puzzle_or_copy_shows_a_refused_instance():
     assert guard.counts["erase_colour: puzzles redrawn by refused instance"] > 0
 
 
+def test_a_family_whose_every_instance_is_refused_is_named_or_left_out_with_all():
+    """keep_extreme's 'remove the smallest' on a lone cell is denoise (both neighbourhoods): named, denoise is an
+    error; with --breadth-families all (skip_refused) it is left out and counted, the other families drawn."""
+    from dataset.synthetic_breadth import draw_breadth
+    from dataset.synthetic_heldout import LeakGuard
+
+    xs = (A([[1, 1, 0, 0], [1, 1, 0, 2], [0, 0, 0, 0]]), A([[0, 0, 3], [4, 4, 0], [4, 4, 0]]))
+    pairs = [(x, breadth_apply("denoise", {"neighbours": 4})(x)) for x in xs]
+    test = [("e0", {}, pairs[:1], pairs[1:])]
+    kw = dict(first_index=0, prefix="t", seed=0, canvas_size=8, progress=False)
+    with pytest.raises(DatasetError, match="every instance of denoise produces the pairs of some evaluation copy"):
+        draw_breadth(["denoise", "draw_cross"], 2, GridSpec(3, 6), LeakGuard([], 0, 0), test, {}, **kw)
+    guard = LeakGuard([], 0, 0)
+    out, _ = draw_breadth(["denoise", "draw_cross"], 2, GridSpec(3, 6), guard, test, {}, skip_refused=True, **kw)
+    assert [m["family"] for _, m, *_ in out] == ["draw_cross", "draw_cross"]
+    assert guard.counts["denoise: family left out (every instance produces an evaluation copy's pairs)"] == 1
+
+
 def test_breadth_puzzles_are_added_to_the_same_draw_and_none_shows_an_evaluation_copy(tmp_path):
     """--breadth-families: the held-out puzzles, the other training puzzles and their copies are the build without
     it byte for byte; the breadth puzzles (per family as asked, with copies) are training only, and no breadth
