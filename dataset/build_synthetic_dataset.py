@@ -39,6 +39,7 @@ from core.errors import user_errors
 from core.io import write_json_atomic
 from dataset.arc_sources import load_puzzles
 from dataset.augment import AUGMENTATION_LISTS_SUFFIX, read_augmentation_lists, write_augmentation_lists
+from dataset.breadth_families import BREADTH_FAMILIES
 from dataset.build_arc_dataset import build_arc_dataset
 from dataset.build_options import add_max_puzzles_argument, bar_disable, cap
 from dataset.errors import DatasetError
@@ -458,10 +459,12 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         )
         n_train, n_test = cap(args.num_train, args.max_puzzles), cap(args.num_test, args.max_puzzles)
         with open(paths["training_challenges"]) as f:
-            kept = len(json.load(f))
+            names = list(json.load(f))
+        wide = sum(n.rsplit("-", 1)[-1] in BREADTH_FAMILIES for n in names)  # names end with their family
+        kept = len(names) - wide
         left = f" ({n_train - kept} of {n_train} left out by --drop-training-families)" if kept < n_train else ""
-        left = f" ({kept - n_train} of them of --breadth-families)" if kept > n_train else left
-        print(f"wrote {kept} training{left} + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
+        more = f" + {wide} of --breadth-families" if wide else ""
+        print(f"wrote {kept} training{left}{more} + {n_test} evaluation puzzles to {paths['prefix']}_*.json")
         if args.build_dir:
             puzzles = load_puzzles(["training", "evaluation"], "evaluation", paths["prefix"])
             s = build_arc_dataset(

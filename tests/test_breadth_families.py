@@ -229,3 +229,17 @@ def test_the_science_command_passes_breadth_families_and_refuses_them_with_rule_
         ScienceSettings(out="o", breadth_families=("roll",)).check()
     with pytest.raises(ScienceError, match="--rule-readout"):
         ScienceSettings(out="o", breadth_families=("denoise",), rule_readout=0.5).check()
+
+
+def test_the_builder_command_counts_breadth_puzzles_apart(tmp_path, capsys):
+    from dataset.build_synthetic_dataset import main
+
+    main(
+        ["--output-dir", str(tmp_path), "--num-train", "8", "--num-test", "4", "--families", "colour_map", "outline"]
+        + ["--canvas-size", "8", "--num-aug", "0", "--no-progress", "--drop-training-families", "outline"]
+        + ["--breadth-families", "draw_cross", "--breadth-puzzles", "2"]
+    )
+    out = capsys.readouterr().out
+    assert (
+        "wrote 4 training (4 of 8 left out by --drop-training-families) + 2 of --breadth-families + 4 evaluation" in out
+    )
