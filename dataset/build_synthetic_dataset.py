@@ -242,22 +242,20 @@ def generate_synthetic_arc(
     """Write the kaggle-layout files; returns ``{"prefix": <out_dir>/<prefix>, "<subset>_challenges": path, ...}``.
 
     First, per evaluation family (``holdout_families`` when given, else ``families``), a set of held-out rule
-    instances is reserved: ceil(puzzles of the family / ``heldout_puzzles_per_instance``) of them. Training
-    puzzles (``families`` minus ``holdout_families``) never show one, by key or by behaviour -- neither the
-    puzzle itself (else it is redrawn) nor, with ``num_aug`` > 0, any of its augmented copies (a leaking copy is
-    replaced by the next one the ARC builder's draw offers; :class:`LeakGuard`). Every training puzzle's copies are
-    written to ``<prefix>_augmentations.json`` (``paths["augmentations"]``), the copies the ARC build must use
-    (``dataset.build_arc_dataset`` reads it). The evaluation puzzles are then drawn from the held-out
-    instances. Every puzzle's demos determine its rule
-    (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input and output) has sides <=
-    ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same arguments -> identical
-    bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set). ``train_only_families``: families
-    drawn for training only (breadth of training rules; none of their instances is held out or evaluated).
+    instances is reserved: ceil(puzzles of the family / ``heldout_puzzles_per_instance``) of them. Training puzzles
+    (``families`` minus ``holdout_families``) never show one, by key or by behaviour -- neither the puzzle itself
+    (else it is redrawn) nor, with ``num_aug`` > 0, any of its augmented copies (a leaking copy is replaced by the
+    next one the ARC builder's draw offers; :class:`LeakGuard`). Every training puzzle's copies are written to
+    ``<prefix>_augmentations.json`` (``paths["augmentations"]``), the copies the ARC build must use
+    (``dataset.build_arc_dataset`` reads it). The evaluation puzzles are then drawn from the held-out instances.
+    Every puzzle's demos determine its rule (:func:`dataset.rule_identity.demos_determine_rule`). Every grid (input
+    and output) has sides <= ``canvas_size``; ``max_grid`` (input side) defaults to :func:`default_max_grid`. Same
+    arguments -> identical bytes. ``max_puzzles`` N caps ``num_train`` and ``num_test`` at N (a smoke set).
+    ``train_only_families``: families drawn for training only (none of their instances held out or evaluated).
     ``drop_training_families``: the same draw (the same held-out puzzles, the same training puzzles of the other
     families), with these families' training puzzles and their copies left out before anything is written: the
-    breadth ablation (fewer kinds of training rules, nothing else changed). ``breadth_families`` (``["all"]``: every
-    one): ``breadth_puzzles`` training puzzles of each of these training-only families
-    (:mod:`dataset.synthetic_breadth`) added to the same draw."""
+    breadth ablation. ``breadth_families`` (``["all"]``: every one): ``breadth_puzzles`` puzzles each of these
+    training-only rules added to the same draw (:mod:`dataset.synthetic_breadth`)."""
     if num_train < 0 or num_test < 0:
         raise DatasetError("--num-train/--num-test must be >= 0")
     num_train, num_test = cap(num_train, max_puzzles), cap(num_test, max_puzzles)
@@ -279,12 +277,11 @@ def generate_synthetic_arc(
     trained = TrainedInstances(train, lists, structures, num_aug, seed)
     test = _heldout_puzzles(rng, held, counts, prefix, canvas_size, trained, lists)
     train, lists = drop_training(train, lists, drop_training_families)
-    if breadth:
-        more, more_lists = draw_breadth(
-            breadth, breadth_puzzles, spec, guard, test, lists, first_index=num_train, prefix=prefix, seed=seed,
-            canvas_size=canvas_size, progress=progress, skip_refused=list(breadth_families) == ["all"],
-        )  # fmt: skip
-        train, lists = train + more, {**lists, **more_lists}
+    more, more_lists = draw_breadth(
+        breadth, breadth_puzzles, spec, guard, test, lists, first_index=num_train, prefix=prefix, seed=seed,
+        canvas_size=canvas_size, progress=progress, skip_refused=list(breadth_families) == ["all"],
+    )  # fmt: skip
+    train, lists = train + more, {**lists, **more_lists}
     guard.counts.update(trained.counts)
     log.info(
         "synthetic: %d training puzzles; %d held-out puzzles of %d held-out rule instances, shown by no "

@@ -91,7 +91,9 @@ def draw_breadth(
     """``per_family`` training puzzles of each breadth family (in the order given, from the seeded stream
     ``[seed, 0xB2EA]``) -> (puzzles as the builder's training puzzles, their copy lists). Names go on from
     ``first_index``. A family every instance of which is refused is an error naming it, or with ``skip_refused``
-    (``--breadth-families all``) left out with a warning and counted in the leak counts."""
+    (``--breadth-families all``) left out with a warning and counted in the leak counts. No families: nothing."""
+    if not families:
+        return [], {}
     rng = np.random.default_rng([seed, 0xB2EA])
     forbidden = forbidden_instances(families, test, lists)
     if forbidden:
