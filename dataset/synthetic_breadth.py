@@ -23,11 +23,10 @@ from dataset.breadth_families import BREADTH_FAMILIES, breadth_apply, breadth_in
 from dataset.build_options import bar_disable
 from dataset.errors import DatasetError
 from dataset.rule_grids import GridSpec, rule_key
-from dataset.rule_identity import conjugate_params
-from dataset.synthetic_heldout import LeakGuard, _try_puzzle
+from dataset.rule_identity import _maps_all, conjugate_params
+from dataset.synthetic_heldout import IDENTITY_COPY, LeakGuard, _try_puzzle
 
 log = logging.getLogger(__name__)
-_IDENTITY = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
 
 
 def check_breadth(families: Sequence[str], per_family: int) -> list[str]:
@@ -49,7 +48,7 @@ def _evaluation_copies(test: list, lists: dict) -> list[list]:
     """The pairs (demos and tests) of every evaluation copy whose grids keep their shape (every breadth rule does)."""
     out = []
     for name, _, demo, tests in test:
-        dih, luts = lists.get(name, _IDENTITY)
+        dih, luts = lists.get(name, IDENTITY_COPY)
         for d, lut in zip(dih.tolist(), luts):
             aug = Augmentation(int(d), tuple(int(c) for c in lut))
             pairs = [(aug.apply(x), aug.apply(y)) for x, y in demo + tests]
@@ -66,10 +65,8 @@ def forbidden_instances(families: Sequence[str], test: list, lists: dict) -> set
     for fam in families:
         for p in breadth_instances(fam):
             f = breadth_apply(fam, p)
-            for pairs in copies:
-                if all((y := f(x)) is not None and np.array_equal(y, o) for x, o in pairs):
-                    out.add(rule_key(fam, p))
-                    break
+            if any(_maps_all(f, pairs) for pairs in copies):
+                out.add(rule_key(fam, p))
     return out
 
 
@@ -124,8 +121,8 @@ def draw_breadth(
             if drawn is not None:
                 leak = guard.puzzle_leak(rule, drawn[0] + drawn[1])
             name = f"{prefix}-train-{first_index + len(out):05d}-{fam}"
-            copies = guard.copies(name, fam, rule.params, *drawn) if drawn is not None and not leak else None
-            if copies is not None and guard.num_aug:
+            copies = guard.copies(name, fam, rule.params, *drawn) if guard.num_aug and drawn and not leak else None
+            if copies is not None:
                 shown = (rule_key(fam, conjugate_params(fam, rule.params, d, lut)) for d, lut in zip(*copies))
                 leak = "a copy shows a refused instance" if any(k in forbidden for k in shown) else None
             if leak:
@@ -133,7 +130,7 @@ def draw_breadth(
             if drawn is None or leak:
                 fails += 1
                 continue
-            if guard.num_aug:
+            if copies is not None:
                 new_lists[name] = copies
             out.append((name, {"family": fam, "params": rule.params, "key": rule.key}, *drawn))
             made, fails = made + 1, 0

@@ -30,6 +30,8 @@ from dataset.synthetic_rules import (
 )
 
 log = logging.getLogger(__name__)
+# the copy list of a puzzle without augmented copies (dihedral indices, colour tables): the puzzle itself
+IDENTITY_COPY = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
 
 
 def _draw_puzzle(rng: np.random.Generator, rule: RuleInstance, canvas_size: int) -> Optional[tuple[list, list]]:
@@ -136,7 +138,7 @@ class TrainedInstances:
         for name, meta, _, _ in train:
             fam, p = meta["family"], meta["params"]
             instances.append((fam, p))
-            dih, luts = lists.get(name, (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None]))
+            dih, luts = lists.get(name, IDENTITY_COPY)
             for d, lut in zip(dih.tolist(), luts):
                 q = conjugate_params(fam, p, d, lut)
                 if q is not None:
@@ -176,10 +178,9 @@ def trained_copy_counts(rules: dict, lists: dict) -> dict[str, int]:
     show a rule instance that a training puzzle or one of its copies shows, from the written files alone
     (``<prefix>_rules.json``: name -> subset, family, params; ``<prefix>_augmentations.json``'s lists). Benchmark v3
     requires 0 for every family; a v2 build counts hundreds (its evaluation copies were not restricted)."""
-    identity = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
 
     def shown(name: str, meta: dict) -> list[str]:
-        dih, luts = lists.get(name, identity)
+        dih, luts = lists.get(name, IDENTITY_COPY)
         out = []
         for d, lut in zip(dih.tolist(), luts):
             q = conjugate_params(meta["family"], meta["params"], d, lut)
@@ -289,7 +290,7 @@ def shift_table(train: list, test: list, lists: dict) -> dict:
         if fam not in SHIFT_FAMILIES:
             continue
         count(fam, "training", p["dr"], p["dc"])
-        dih, luts = lists.get(name, (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None]))
+        dih, luts = lists.get(name, IDENTITY_COPY)
         for d, lut in zip(dih.tolist(), luts):
             q = conjugate_params(fam, p, d, lut)
             count(fam, "training_copies", q["dr"], q["dc"])
@@ -344,7 +345,6 @@ STRUCTURES_SUFFIX = "_structures.json"
 def structure_table(train: list, test: list, lists: dict, heldout: dict[str, list[str]]) -> dict:
     """Per family: its held-out structures (what is new about each against training, puzzles and copies that show
     it) and the structures training shows (puzzles, copies): ``<prefix>_structures.json``."""
-    identity = (np.zeros(1, np.int64), np.arange(10, dtype=np.uint8)[None])
     fams: dict = {}
 
     def add(side: str, name: str, meta: dict) -> None:
@@ -352,7 +352,7 @@ def structure_table(train: list, test: list, lists: dict, heldout: dict[str, lis
         row = fams.setdefault(fam, {"heldout": {}, "training": {}})[side]
         own = structure(fam, meta["params"])
         row.setdefault(own, {"puzzles": 0, "copies": 0})["puzzles"] += 1
-        dih, luts = lists.get(name, identity)
+        dih, luts = lists.get(name, IDENTITY_COPY)
         for d, lut in zip(dih.tolist(), luts):
             q = conjugate_params(fam, meta["params"], d, lut)
             key = "(not an instance of the family)" if q is None else structure(fam, q)
