@@ -243,3 +243,21 @@ def test_the_builder_command_counts_breadth_puzzles_apart(tmp_path, capsys):
     assert (
         "wrote 4 training (4 of 8 left out by --drop-training-families) + 2 of --breadth-families + 4 evaluation" in out
     )
+
+
+def test_the_train_fit_sample_takes_breadth_puzzles_apart():
+    """With breadth puzzles in the data, the train-fit set samples the evaluated families' puzzles exactly as the
+    build without them (so train-fit rows compare run for run), plus n // 16 of each breadth family."""
+    from experiments.science.data import fit_sample
+
+    rules = {f"p{i:04d}": {"family": sorted(ALL_FAMILIES)[i % 16], "subset": "training"} for i in range(640)}
+    rules.update({f"e{i:03d}": {"family": "roll", "subset": "evaluation"} for i in range(40)})
+    base = fit_sample(rules, 64, 3)
+    assert len(base) == 64 and all(rules[p]["subset"] == "training" for p in base)
+    more = dict(rules)  # breadth ids interleave with the others when sorted: a joint sample would differ
+    more.update({f"p{i:04d}b": {"family": f, "subset": "training"} for i, f in enumerate(list(BREADTH_FAMILIES) * 50)})
+    both = fit_sample(more, 64, 3)
+    assert sorted(p for p in both if more[p]["family"] in ALL_FAMILIES) == base
+    counts = {f: sum(more[p]["family"] == f for p in both) for f in BREADTH_FAMILIES}
+    assert counts == {f: 4 for f in BREADTH_FAMILIES}
+    assert fit_sample(more, 64, 4) != both

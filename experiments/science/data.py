@@ -38,6 +38,7 @@ import numpy as np
 from core.io import read_json, write_json_atomic
 from dataset.arc_sources import check_canvas_size, load_kaggle_subset
 from dataset.augment import AUGMENTATION_LISTS_SUFFIX, ArcPuzzle
+from dataset.breadth_families import BREADTH_FAMILIES
 from dataset.errors import DatasetError
 from dataset.families import GROUPS
 from dataset.tokens import ARC_MAX_GRID
@@ -443,11 +444,19 @@ def prepare_files(out: str, user: UserPuzzles, settings: dict, *, no_train: bool
 # The train-fit set
 # ---------------------------------------------------------------------------------------------------------------
 def fit_sample(rules: dict, n: int, seed: int) -> list[str]:
-    """``n`` training puzzle ids (all when there are fewer), a seeded sample independent of the grouping (so that
-    another --groups file reuses the evaluations)."""
-    ids = sorted(p for p, r in rules.items() if r["subset"] == "training")
+    """``n`` training puzzle ids (all when fewer), a seeded sample independent of the grouping (another --groups
+    file reuses the evaluations), of the evaluated families' puzzles alone (the sample of the build without
+    ``--breadth-families``: train-fit rows compare run for run), plus ``n // 16`` of each breadth family."""
+    train = {p: r for p, r in rules.items() if r["subset"] == "training"}
+    breadth = {p for p, r in train.items() if r.get("family") in BREADTH_FAMILIES}
+    ids = sorted(set(train) - breadth)
     pick = np.random.default_rng([seed, FIT_SEED]).permutation(len(ids))[:n]
-    return sorted(ids[i] for i in pick)
+    chosen = [ids[i] for i in pick]
+    for k, family in enumerate(sorted({train[p]["family"] for p in breadth})):
+        of = sorted(p for p in breadth if train[p]["family"] == family)
+        pick = np.random.default_rng([seed, FIT_SEED, k + 1]).permutation(len(of))[: max(1, n // 16)]
+        chosen += [of[i] for i in pick]
+    return sorted(chosen)
 
 
 def prepare_fit(out: str, data: ScienceData, n: int) -> Optional[tuple[str, list[str]]]:
