@@ -14,7 +14,7 @@ import numpy as np
 
 from dataset.breadth_families import BREADTH_FAMILIES, breadth_conjugate_params, breadth_rivals
 from dataset.dihedral import D4_COMPOSE, D4_MATRIX, DIHEDRAL_INVERSE, dihedral_transform
-from dataset.families import ALL_FAMILIES, family_apply
+from dataset.families import ALL_FAMILIES, family_apply, structure
 from dataset.open_families import OPEN_FAMILIES, open_conjugate_params, open_rivals
 from dataset.synthetic_rules import SHIFT_CELLS, SHIFT_FAMILIES, rule_key
 
@@ -79,6 +79,21 @@ def conjugate_params(family: str, params: dict, dihedral: int, colour_map) -> Op
                 return None
         return out
     raise ValueError(f"unknown family {family!r} (known: {sorted(ALL_FAMILIES)})")
+
+
+def in_training_orbit(rules: dict) -> dict[str, bool]:
+    """Per held-out puzzle of a synthetic ``rules.json`` (id -> family, params, subset): True when a dihedral map of
+    the whole puzzle (g . R . g^-1, any of the 8) turns its instance into a structure that a training puzzle shows.
+    Such a puzzle is held out as drawn but not up to symmetry: a dihedral-equivariant reader, or a vote over its
+    dihedral copies, answers it from a trained structure without reading anything new."""
+    seen = {structure(r["family"], r["params"]) for r in rules.values() if r["subset"] == "training"}
+    ident = list(range(10))
+
+    def orbit(family: str, params: dict) -> bool:
+        maps = (conjugate_params(family, params, g, ident) for g in range(8))
+        return any(c is not None and structure(family, c) in seen for c in maps)
+
+    return {p: orbit(r["family"], r["params"]) for p, r in rules.items() if r["subset"] == "evaluation"}
 
 
 def simpler_variants(family: str, params: dict) -> list[dict]:

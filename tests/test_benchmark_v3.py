@@ -21,7 +21,7 @@ from dataset.families import (
     structure,
 )
 from dataset.open_families import OPEN_FAMILIES
-from dataset.rule_identity import HeldOutBehaviour, conjugate_params
+from dataset.rule_identity import HeldOutBehaviour, conjugate_params, in_training_orbit
 from dataset.synthetic_heldout import trained_copy_counts
 from dataset.synthetic_rules import BENCHMARK_VERSION, FAMILIES, GridSpec, rule_key
 
@@ -78,6 +78,25 @@ def test_the_count_sees_a_single_trained_copy():
     g = next(d for d in range(8) if conjugate_params("flip_rotate", rules["e"]["params"], d, ident)["dihedral"] == 1)
     assert trained_copy_counts(rules, {"e": (np.array([0, g]), np.stack([ident, ident]))}) == {"flip_rotate": 1}
     assert trained_copy_counts(rules, {}) == {"flip_rotate": 0}
+
+
+def test_a_held_out_instance_a_dihedral_map_from_a_trained_one_is_in_its_orbit():
+    """in_training_orbit: a quarter turn of flip_rotate's quarter turn, or gravity in another direction, is a trained
+    structure seen through a map of the whole puzzle; the half turn (its own class) and a colour_map structure that no
+    map reaches (a 3-cycle against a swap) are not; colours do not count (the structure leaves them out)."""
+    flip = lambda d: {"dihedral": d, "recolour": None}  # noqa: E731
+    rules = {
+        "t1": {"subset": "training", "family": "flip_rotate", "params": flip(1)},
+        "t2": {"subset": "training", "family": "gravity", "params": {"direction": "down", "wall": 5}},
+        "t3": {"subset": "training", "family": "colour_map", "params": {"map": {"1": 2, "2": 1}}},
+        "e1": {"subset": "evaluation", "family": "flip_rotate", "params": flip(3)},
+        "e2": {"subset": "evaluation", "family": "flip_rotate", "params": flip(2)},
+        "e3": {"subset": "evaluation", "family": "gravity", "params": {"direction": "left", "wall": 7}},
+        "e4": {"subset": "evaluation", "family": "gravity", "params": {"direction": "left", "wall": None}},
+        "e5": {"subset": "evaluation", "family": "colour_map", "params": {"map": {"1": 2, "2": 3, "3": 1}}},
+    }
+    got = in_training_orbit(rules)
+    assert got == {"e1": True, "e2": False, "e3": True, "e4": False, "e5": False}
 
 
 def test_no_behaviour_leak_in_either_direction(v3):

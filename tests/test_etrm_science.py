@@ -565,6 +565,16 @@ def test_score_tables_any_predictions_as_the_command_does(science_out, tmp_path,
         assert table[f]["runs"]["b"]["pass@1"] == want[f]["runs"][CONTROL]["pass@1"]
     md = score.main([out, f"a={own}", "--out", str(tmp_path / "t.md")])
     assert open(tmp_path / "t.md").read() == md and f"| all ({want['all']['count']}) |" in md
+    # the headline puzzles split by whether a dihedral map of the puzzle reaches a trained structure: the two rows
+    # partition the headline row (counts and per-puzzle pass@1)
+    half = {
+        p: [dict(r, correct_rank=1 if i % 2 else None) for r in rows]
+        for i, (p, rows) in enumerate(sorted(json.load(open(own)).items()))
+    }  # every other puzzle right
+    split = score.orbit_split(score.load_data(out), {"a": half})
+    assert "headline" not in table and sum(r["count"] for r in split.values()) == len(half) == 6  # all headline
+    assert sum(r["count"] * r["runs"]["a"]["pass@1"] for r in split.values()) == pytest.approx(3)
+    assert "held out up to symmetry" in md and all(f"| {r} ({split[r]['count']}) |" in md for r in split)
     short = json.load(open(own))
     short.pop(sorted(short)[0])
     json.dump(short, open(tmp_path / "short.json", "w"))

@@ -16,6 +16,10 @@ copy per puzzle (``num_augmentations=1``) is the headline's protocol. ``--one-co
 answer of its identity copy alone (the puzzle as drawn; each candidate's ``identity`` flag in ``predictions.json``),
 e.g. test-time training fitted on every copy's demos together (``ttt_pool=true``) and answered on the original.
 
+A second table splits the headline puzzles by :func:`orbit_split`: those that a dihedral map of the whole puzzle
+turns into a structure training shows (held out as drawn, not up to symmetry: what an equivariant reader or a vote
+over dihedral copies answers from a trained structure) and the rest, held out beyond symmetry.
+
 When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time training), a second table splits that
 run's held-out puzzles as drawn by the fit: ``fitted`` (share whose demos the fitted model reproduces exactly, fit 1.0
 after the fit), ``answered | fitted`` and ``answered | not fitted`` (share of those whose every test output is right):
@@ -32,6 +36,7 @@ from typing import Optional, Sequence
 
 from core.io import read_json
 from core.table import markdown_table
+from dataset.rule_identity import in_training_orbit
 from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.data import ScienceData, prepare_synthetic
 from experiments.science.report import family_table
@@ -122,6 +127,25 @@ def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -
     return out
 
 
+ORBIT_ROWS = ("a dihedral map from a trained structure", "beyond every trained structure's dihedral maps")
+
+
+def orbit_split(data: ScienceData, predictions: dict[str, dict]) -> dict:
+    """``family_table`` rows of the headline families' held-out puzzles split by
+    :func:`dataset.rule_identity.in_training_orbit`: those a dihedral map of the whole puzzle turns into a structure
+    training shows (held out as drawn, not up to symmetry) and the rest."""
+    hl = set(data.headline or {r["family"] for r in data.rules.values()})
+    orbit = in_training_orbit(data.rules)
+    labels = {
+        p: {"family": ORBIT_ROWS[0] if orbit[p] else ORBIT_ROWS[1], "subset": "evaluation"}
+        if data.rules[p]["family"] in hl
+        else {"family": "not headline", "subset": "evaluation"}
+        for p in orbit
+    }
+    table = family_table(labels, predictions)
+    return {row: table[row] for row in ORBIT_ROWS if row in table}
+
+
 def _share(ok: dict, ids: list) -> Optional[float]:
     return sum(ok[p] for p in ids) / len(ids) if ids else None
 
@@ -136,13 +160,13 @@ def render_fit(transfer: dict, name: str) -> str:
     return "\n".join(markdown_table(header, rows, right=[False, True, True, True])) + "\n"
 
 
-def render(table: dict, names: Sequence[str]) -> str:
+def render(table: dict, names: Sequence[str], first: str = "family (held-out puzzles)") -> str:
     rows = [
         [f"{fam} ({row['count']})"] + [f"{row['runs'][n]['pass@1']:.2f}" if n in row["runs"] else "-" for n in names]
         for fam, row in table.items()
         if row.get("count")
     ]
-    header = ["family (held-out puzzles)"] + list(names)
+    header = [first] + list(names)
     return "\n".join(markdown_table(header, rows, right=[False] + [True] * len(names))) + "\n"
 
 
@@ -172,6 +196,7 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
         data, pred = load_data(a.dir), _read(named, a.one_copy)
         table = _table(data, pred, named)
         text = render(table, list(named))
+        text += "\n" + render(orbit_split(data, pred), list(named), "headline, held out up to symmetry (puzzles)")
         for name, path in named.items():
             ttt = os.path.join(os.path.dirname(os.path.abspath(path)), "ttt.json")
             if os.path.exists(ttt):
