@@ -20,7 +20,7 @@ A second table splits the headline puzzles by :func:`orbit_split`: those that a 
 turns into a structure training shows (held out as drawn, not up to symmetry: what an equivariant reader or a vote
 over dihedral copies answers from a trained structure) and the rest, held out beyond symmetry.
 
-When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time training), a second table splits that
+When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time training), a third table splits that
 run's held-out puzzles as drawn by the fit: ``fitted`` (share whose demos the fitted model reproduces exactly, fit 1.0
 after the fit), ``answered | fitted`` and ``answered | not fitted`` (share of those whose every test output is right):
 whether a fitted demo set gives the test answer (:func:`fit_transfer`).
