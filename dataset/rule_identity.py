@@ -85,7 +85,8 @@ def in_training_orbit(rules: dict) -> dict[str, bool]:
     """Per held-out puzzle of a synthetic ``rules.json`` (id -> family, params, subset): True when a dihedral map of
     the whole puzzle (g . R . g^-1, any of the 8) turns its instance into a structure that a training puzzle shows.
     Such a puzzle is held out as drawn but not up to symmetry: a dihedral-equivariant reader, or a vote over its
-    dihedral copies, answers it from a trained structure without reading anything new."""
+    dihedral copies, answers it from a trained structure without reading anything new. The training puzzles' own
+    structures suffice: a copy's structure is a dihedral map of its puzzle's, so it lies in the same orbit."""
     seen = {structure(r["family"], r["params"]) for r in rules.values() if r["subset"] == "training"}
     ident = list(range(10))
 

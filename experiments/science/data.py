@@ -446,7 +446,7 @@ def prepare_files(out: str, user: UserPuzzles, settings: dict, *, no_train: bool
 def fit_sample(rules: dict, n: int, seed: int) -> list[str]:
     """``n`` training puzzle ids (all when fewer), a seeded sample independent of the grouping (another --groups
     file reuses the evaluations), of the evaluated families' puzzles alone (the sample of the build without
-    ``--breadth-families``: train-fit rows compare run for run), plus ``n // 16`` of each breadth family."""
+    ``--breadth-families``: train-fit rows compare run for run), plus ``n // 16`` (at least 1) per breadth family."""
     train = {p: r for p, r in rules.items() if r["subset"] == "training"}
     breadth = {p for p, r in train.items() if r.get("family") in BREADTH_FAMILIES}
     ids = sorted(set(train) - breadth)
