@@ -103,3 +103,27 @@ def test_pointer_cli_refuses_bad_arguments_before_any_work(tmp_path):
     with pytest.raises(ScienceError, match="--starts"):
         PointerFit(SIDE, starts=["diagonal"])
     assert not (tmp_path / "p.json").exists()
+
+
+def test_the_counted_form_alone_answers_maps_and_says_what_it_cannot():
+    """``--method counted`` (CountedFit): the model's counted gather form with no fit answers a flip with a
+    recolouring (the colour table from its hard pointer), a roll and a colour swap (the colours that stay vote for
+    the identity) exactly, cells off the output grid where a slot no demo output reaches; outputs unrelated to the
+    inputs are not reproduced, so the puzzle goes to a fallback. (Not asserted: a scaling's extent, which slots some
+    demo outputs reach and others do not.)"""
+    from experiments.science.pointer import CountedFit
+
+    recolour = np.array([0, 1, 2, 5, 4, 5, 6, 7])  # colour 3 becomes 5
+    swap = np.array([0, 3, 2, 1, 4, 5, 6, 7])
+    rng = np.random.default_rng(0)
+    cases = {
+        "flip + recolour": (lambda g: recolour[g[:, ::-1]], ((3, 4), (4, 4), (5, 3), (4, 4)), True),
+        "roll": (lambda g: np.roll(g, 1, axis=1), ((3, 4), (4, 5), (5, 3), (4, 4)), True),
+        "colour swap": (lambda g: swap[g], ((3, 4), (4, 4), (5, 3), (4, 4)), True),
+        "noise": (lambda g: rng.integers(0, 8, size=(5, 5)), ((5, 5),) * 4, False),
+    }
+    made = [_puzzle(rule, rng, shapes) for rule, shapes, _ in cases.values()]
+    out = CountedFit(SIDE).solve([(demos, [x]) for demos, x, _ in made])
+    for (name, (_, _, solvable)), (answers, ok), (_, _, truth) in zip(cases.items(), out, made):
+        right = answers[0].shape == truth.shape and (answers[0] == truth).all()
+        assert ok == solvable and right == solvable, f"{name}: reproduced {ok}, answered {right}"

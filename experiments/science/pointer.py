@@ -4,6 +4,7 @@
     python -m experiments.science.score DIR pointer=POINTER.json model=DIR/runs/standard/eval-one-copy/predictions.json
     python -m experiments.science.pointer DIR --method cells --out CELLS.json --fallback POINTER.json --combined C.json
     python -m experiments.science.pointer DIR --method maps --out MAPS.json   # learned on the training puzzles first
+    python -m experiments.science.pointer DIR --method counted --out C.json  # the counted gather's form, no fit
     python -m experiments.science.pointer --input-file-prefix ../shared/data/arc/arc-agi --subset evaluation ...
 
 The command fits one program per puzzle, on its demos alone (``--method``: this module's pointer, the local rules
@@ -56,6 +57,7 @@ from experiments.science.grids import (
 )
 from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
+from models.variants.demo_form import form_table, pair_counts
 
 STARTS = ("identity", "zero")
 
@@ -190,6 +192,31 @@ class PointerFit:
         return out
 
 
+class CountedFit(PointerFit):
+    """``--method counted``: no fit and no weight. The pointer's A is the form the model's counted gather writes
+    from the demos (``models.variants.demo_form``: each demo output cell's votes for the input cells of its colour,
+    the slot pairs' mutual information); null 0 (no source) at logit 0, null 1 (off the output grid) for a cell one
+    of whose slots no demo output's colour reaches; the colour table the hard pointer's majority:
+    what ``arch.gather_demo_form`` hands the core, alone (the core learns its own null and the grid's extent)."""
+
+    def __init__(self, side: int):
+        super().__init__(side, steps=0, starts=("zero",), colour_priors=(0.0,))
+
+    def fit_one(self, start, colour_prior, di, do, valid):
+        n, D, S = di.shape
+        inp, out = di.reshape(n * D, S).long(), do.reshape(n * D, S).long()
+        counts = pair_counts(self.onehot(inp), inp, out, 2) * valid.reshape(n * D, 1, 1).float()
+        A = form_table(counts.view(n, D, self.slots, self.slots).sum(1))
+        # null 0 (no source) at logit 0; null 1 (off the output grid) where one of the cell's slots holds no demo
+        # output colour (and some demo cell): a slot no demo output reaches is off the grid
+        o = self.onehot(inp).view(n, D, S, self.slots) * valid[:, :, None, None].float()
+        on = (do >= 2).view(n, D, S, 1).float()
+        never = ((o * on).sum((1, 2)) == 0) & (o.sum((1, 2)) > 0)  # [n, slots]
+        u = torch.stack((torch.zeros(n, self.slots), 1e3 * never.float() - 125.0), dim=1)
+        table, right = self._table(A, u, di, answer_classes(do.reshape(n * D, S)), valid)
+        return A, u, table, right
+
+
 def pointer_predictions(
     puzzles, side: int, fit: PointerFit, batch: int = 64, loo: bool = False, progress=None
 ) -> dict[str, list[dict]]:
@@ -305,6 +332,8 @@ def _program(a, side: int, puzzles: list, training_prefix: Optional[str]):
     ``training_prefix`` that are not scored."""
     if a.method == "cells":
         return CellRuleFit(a.max_features)
+    if a.method == "counted":
+        return CountedFit(side)
     pointer = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
     if a.method == "pointer":
         return pointer
@@ -323,10 +352,11 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--out", required=True, help="where to write the predictions (score's NAME=PATH)")
     ap.add_argument(
         "--method",
-        choices=("pointer", "cells", "maps"),
+        choices=("pointer", "cells", "maps", "counted"),
         default="pointer",
         help="the program fitted per puzzle: this module's pointer, the local rules of experiments.science.cells, or "
-        "the position maps of experiments.science.maps (learned first on DIR's training puzzles)",
+        "the position maps of experiments.science.maps (learned first on DIR's training puzzles), or the form the "
+        "model's counted gather writes from the demos (arch.gather_demo_form), alone and unfitted",
     )
     ap.add_argument("--max-features", type=int, default=3, help="cells: the most columns a rule reads")
     ap.add_argument("--maps-forms", type=int, default=24, help="maps: row forms (and column forms) learned")

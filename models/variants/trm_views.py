@@ -119,6 +119,11 @@ class TRMLocalConfig(TRMMemoryConfig):
     # the gate also gets a learned scale times how well each form explains the demos up to a recolouring
     # (GridGather.match): the demos select the form; false: the cell's state alone chooses
     gather_match: bool = True
+    # + one form counted from each sample's own demos (models/variants/demo_form.py): every demo output cell votes
+    # for the demo input cells of its colour, per pair of edge-offset slots; any block-wise map the demos show, held
+    # out or not, is read without being learned (the gate chooses it, with its leave-one-out match on the demos)
+    gather_demo_form: bool = False
+    gather_demo_form_rounds: int = Field(0, ge=0)  # refinement rounds of the count (demo_form.demo_tables)
     # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
     # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
     # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
@@ -128,6 +133,8 @@ class TRMLocalConfig(TRMMemoryConfig):
 
     @model_validator(mode="after")
     def _gather_fit_needs_the_gather(self):
+        if self.gather_demo_form and not self.grid_gather:
+            raise ValueError("gather_demo_form=true adds a form to the learned gather: it needs grid_gather=true")
         if self.gather_fit_weight > 0 and not self.grid_gather:
             raise ValueError(
                 f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
@@ -243,6 +250,7 @@ class GridTRMInner(TRMInner):
                         self.puzzle_emb_len,
                         config.gather_scale,
                         config.gather_match,
+                        config.gather_demo_form_rounds if config.gather_demo_form else None,
                     )
 
     def build_positions(self, config) -> None:
@@ -332,9 +340,9 @@ class GridTRMInner(TRMInner):
             # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
             kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
             visible = self.visible_demos(batch, memory)
-            demos = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
+            demos, form = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
             scores = dict(zip(kinds, demos))
-            tables = self.gather.tables(batch["inputs"], scores.get("match"))  # once per supervision step
+            tables = self.gather.tables(batch["inputs"], scores.get("match"), form)  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
             if "copy_nll" in scores:
                 aux["gather_fit"] = GridGather.fit_loss(scores["copy_nll"], self.config.gather_fit_tau)

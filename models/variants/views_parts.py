@@ -26,6 +26,7 @@ from core.nn import rms_norm
 from core.ops import VIEW_KINDS, grid_coordinates, view_sources, view_table
 from encoders.interface import DemoMemory
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
+from models.variants.demo_form import demo_tables, form_logits
 from models.variants.views_ops import object_sizes, ray_counts
 
 FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
@@ -374,17 +375,22 @@ class GridGather(nn.Module):
         prefix: int,
         scale: float = 10.0,
         match: bool = False,
+        demo_form: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
+        self.demo_form = demo_form is not None  # + a form counted from each sample's demos (demo_form rounds), last
+        self.demo_rounds, self.forms_total = demo_form or 0, maps + int(self.demo_form)
         self.scale = scale  # logits = scale x the forms: an Adam step moves a logit by scale x lr, not lr alone
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
         self.null = nn.Parameter(torch.zeros(maps))  # the null key's logit under each form (also scaled)
         self.colour = CastedEmbedding(vocab, width, init_std=1.0, cast_to=torch.float32)
-        self.gate = CastedLinear(hidden, heads * maps, bias=True)
+        self.gate = CastedLinear(hidden, heads * self.forms_total, bias=True)
         self.out_proj = CastedLinear(heads * width, hidden)
         self.match_scale = nn.Parameter(torch.tensor(10.0)) if match else None  # as InputViews' match scale
+        if self.demo_form:  # the counted form's logit scale and null logit
+            self.demo_scale, self.demo_null = nn.Parameter(torch.tensor(1.0)), nn.Parameter(torch.tensor(0.0))
         with torch.no_grad():
             self.out_proj.weight.zero_()
 
@@ -406,7 +412,7 @@ class GridGather(nn.Module):
         recolouring (each form's soft gather of the demo input, a (source colour, output colour) count table, the
         best output colour per source colour, "no source" its own colour), the mean over the sample's valid demos
         (``valid`` [b, D]); 0 for a sample without one. Differentiable in the forms."""
-        return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0]
+        return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0][0]
 
     def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, maps]: per form, how badly it reads each demo output cell's colour off the demo input: the mean over
@@ -414,24 +420,37 @@ class GridGather(nn.Module):
         over the output cells whose colour is not the input's commonest (its background: any background cell would
         explain one) and that some input cell has (the others are skipped); 0 for a sample without demos. A copy of
         some cell of the right colour, not a recolouring (:meth:`match` scores those)."""
-        return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0]
+        return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0][0]
 
-    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]) -> tuple[torch.Tensor, ...]:
-        """Each of ``kinds`` (``match``, ``copy_nll``: the methods of those names) [b, maps], the forms' logits over
-        the valid demo pairs computed once for all of them (and not at all for none)."""
-        if not kinds:
-            return ()
+    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]):
+        """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``: the methods of those names) [b, forms],
+        the forms' logits over the valid demo pairs computed once for all; with ``demo_form`` the counted form of
+        each sample's demos [b, F, F] for :meth:`tables` (else None), scored on a demo as its other demos write it."""
+        if not kinds and not self.demo_form:
+            return (), None
         b, D, S = demo_inputs.shape
         idx = valid.reshape(b * D).nonzero().squeeze(-1)
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         T, off = self.logits(inp)
+        form = None
+        if self.demo_form:
+            o = self.onehot(inp)
+            rows = torch.div(idx, D, rounding_mode="floor")
+            form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds)
+            T = torch.cat((T, self._counted(o, loo)), dim=1)
         scores = []
         for kind in kinds:
-            per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, maps]
-            per = per_pair.new_zeros(b * D, self.maps).index_copy(0, idx, per_pair).view(b, D, self.maps)
+            per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, forms]
+            n = self.forms_total
+            per = per_pair.new_zeros(b * D, n).index_copy(0, idx, per_pair).view(b, D, n)
             scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
-        return tuple(scores)
+        return tuple(scores), form
+
+    def _counted(self, onehot: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, F]), its null key last."""
+        T = self.demo_scale * form_logits(onehot, table.to(onehot.dtype))
+        return torch.cat((T, self.demo_null.expand(*T.shape[:2], 1)), dim=-1)[:, None]
 
     def _explained(self, inp, out, T, off) -> torch.Tensor:
         """[n, maps]: :meth:`match`'s share of each pair's output cells."""
@@ -460,8 +479,12 @@ class GridGather(nn.Module):
         r = torch.softmax(-tau * nll.detach().float(), dim=-1)
         return (r * nll.float()).sum(-1)
 
-    def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None):
+    def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None, form: Optional[torch.Tensor] = None):
         T, off = self.logits(inputs)
+        if self.demo_form:  # the sample's counted form (``demo_scores``); none given: 0, a uniform read
+            o = self.onehot(inputs)
+            form = o.new_zeros(o.shape[0], o.shape[-1], o.shape[-1]) if form is None else form
+            T = torch.cat((T, self._counted(o, form)), dim=1)
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
         bias = 0.0 if match is None else self.match_scale * match[:, None, None, :]  # [b, 1, 1, maps]
         return T, off, colour, bias
@@ -469,7 +492,7 @@ class GridGather(nn.Module):
     def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
         T, off, colour, bias = tables
         b, P = h.shape[0], self.prefix
-        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.maps) + bias, dim=-1)
+        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.forms_total) + bias, dim=-1)
         logits = torch.einsum("bihm,bmij->bhij", g, T)  # [b, heads, S, S + 1]
         logits = logits.masked_fill(off[:, None, None, :], float("-inf"))
         read = torch.einsum("bhij,bjw->bihw", torch.softmax(logits, dim=-1), colour)

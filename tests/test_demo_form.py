@@ -1,0 +1,163 @@
+"""``arch.gather_demo_form`` (models/variants/demo_form.py): a gather form counted from each sample's demos. From
+three demos of a map no form was trained on (a flip, a transpose, a shift, a wrapped shift, a two-fold scaling), the
+counted form points every cell of a new grid at its source (checked cell by cell); without demos it is 0 (a uniform
+read); its leave-one-out match scores demos of a map near 1 and demos of noise low, and the gate then reads the test
+input through it; in the model, it starts as a no-op behind the gather's zero projection and then learns."""
+
+import numpy as np
+import pytest
+import torch
+
+from models.variants.demo_form import demo_tables, form_logits, form_table, pair_counts
+from models.variants.views_parts import FIRST_COLOUR, GridGather
+from tests.test_models_gather import SIDE, VOCAB, canvas, expect
+from tests.test_models_memory import batch, build, dead_parameters, eval_logits
+
+MAPS = {  # name: (the output grid from the input grid, the source of canvas cell (r, c) given the input's box)
+    "flip": (lambda x: x[:, ::-1], lambda r, c, b: (r, b[3] - (c - b[2]))),
+    "transpose": (lambda x: x.T, lambda r, c, b: (b[0] + c - b[2], b[2] + r - b[0])),
+    "shift": (lambda x: np.pad(x, ((1, 0), (2, 0)))[:-1, :-2], lambda r, c, b: (r - 1, c - 2)),  # fill 0
+    "roll": (
+        lambda x: np.roll(x, (1, -1), axis=(0, 1)),
+        lambda r, c, b: (b[0] + (r - b[0] - 1) % (b[1] - b[0] + 1), b[2] + (c - b[2] + 1) % (b[3] - b[2] + 1)),
+    ),
+    "scale": (
+        lambda x: np.kron(x, np.ones((2, 2), dtype=x.dtype)),
+        lambda r, c, b: (b[0] + (r - b[0]) // 2, b[2] + (c - b[2]) // 2),
+    ),
+}
+
+
+def demos(rng, rule, n=3, square=False, sizes=(3, 5)):
+    """[1, n, S] demo inputs and outputs of ``rule`` on random grids (colours 1-9, so the shift's fill 0 differs)."""
+    ins, outs = [], []
+    for _ in range(n):
+        h = int(rng.integers(*sizes, endpoint=True))
+        x = rng.integers(1, 10, (h, h if square else int(rng.integers(*sizes, endpoint=True))))
+        ins.append(canvas(x)[0])
+        outs.append(canvas(rule(x))[0])
+    return torch.stack(ins)[None], torch.stack(outs)[None]
+
+
+def counted_gather(maps: int = 2) -> GridGather:
+    """A gather whose reads are the colour one-hot, the counted form's logits made sharp (x 20)."""
+    g = GridGather(SIDE, hidden=VOCAB, vocab=VOCAB, maps=maps, heads=1, width=VOCAB, prefix=0, match=True,
+                   demo_form=0)  # fmt: skip
+    with torch.no_grad():
+        g.demo_scale.fill_(20.0)
+        g.demo_null.fill_(-1e4)  # every cell reads some grid cell: the test is where it points
+        g.colour.embedding_weight.copy_(torch.eye(VOCAB))
+        g.gate.weight.zero_()
+        g.out_proj.weight.copy_(torch.eye(VOCAB))
+    return g
+
+
+@pytest.mark.parametrize(
+    "name, floor", [("flip", 1.0), ("transpose", 1.0), ("shift", 1.0), ("roll", 0.75), ("scale", 0.85)]
+)
+def test_the_counted_form_points_every_cell_at_its_source_under_a_map_it_never_learned(name, floor):
+    """Per seed, three demos of the map, a new grid: the share of its output cells (those with a source) whose
+    counted form's best key holds their colour. Exact for a flip, a transpose, a shift; a wrap (its row 0 reads
+    the last row: two block pairs in one map) and a scaling (offsets past the small demos') mostly."""
+    rule = MAPS[name][0]
+    shares = []
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        square = name == "transpose"
+        di, dl = demos(rng, rule, square=square, sizes=(2, 4) if name == "scale" else (3, 5))
+        g = counted_gather()
+        _, form = g.demo_scores(di, dl, torch.ones(1, 3, dtype=torch.bool), ())
+        grid = rng.integers(1, 10, (4, 4) if square or name == "scale" else (4, 5))
+        x, y = canvas(grid), canvas(rule(grid))[0]
+        T = form_logits(g.onehot(x), form)[0].masked_fill(x < FIRST_COLOUR, float("-inf"))
+        read = x[0, T.argmax(-1)]
+        has_source = (y > FIRST_COLOUR) & (y != canvas(np.zeros((1, 1), dtype=np.int64))[0, 0])  # not the fill 0
+        shares.append((read[has_source] == y[has_source]).float().mean().item())
+    assert min(shares) >= (1.0 if floor == 1.0 else 0.5) and np.mean(shares) >= floor, shares
+    # through the gather's own read (gate on the counted form, sharp): the same cells, one-hot colours
+    with torch.no_grad():
+        g.gate.bias.copy_(torch.tensor([0.0, 0.0, 100.0]))
+    got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, None, form))[0]
+    ok = has_source & (read == y)
+    torch.testing.assert_close(got[ok].argmax(-1), y[ok])
+
+
+def test_without_demos_the_counted_form_is_zero_and_reads_uniformly():
+    g = counted_gather()
+    rng = np.random.default_rng(0)
+    di, dl = demos(rng, MAPS["flip"][0])
+    _, form = g.demo_scores(di, dl, torch.zeros(1, 3, dtype=torch.bool), ())
+    assert form.abs().max() < 1e-6  # no votes: the log-ratio to uniform is 0
+    T = g.tables(canvas(rng.integers(1, 10, (3, 4))), None, form)[0]
+    assert T[0, -1, :, :-1].abs().max() < 1e-4  # the counted form's logits: 0 on every key
+    torch.testing.assert_close(g.tables(canvas(np.ones((3, 4), dtype=np.int64)))[0][0, -1, :, :-1], T[0, -1, :, :-1])
+    # one demo's vote moves only its own pair of slots: counts are additive over pairs
+    o = g.onehot(di[0].long())
+    c = pair_counts(o, di[0].long(), dl[0].long(), FIRST_COLOUR)
+    torch.testing.assert_close(pair_counts(o[:1], di[0, :1].long(), dl[0, :1].long(), FIRST_COLOUR)[0], c[0])
+    assert form_table(c.sum(0)).shape == (o.shape[-1], o.shape[-1])
+
+
+def test_the_leave_one_out_match_scores_a_map_high_and_noise_low_and_the_gate_follows():
+    rng = np.random.default_rng(3)
+    g = counted_gather(maps=2)
+    with torch.no_grad():
+        g.forms.normal_(0, 1.0)  # two learned forms that are no map
+    di, dl = demos(rng, MAPS["flip"][0], n=3)
+    ni, nl = demos(rng, lambda x: rng.integers(1, 10, x.shape), n=3)  # outputs unrelated to the inputs
+    valid = torch.ones(2, 3, dtype=torch.bool)
+    (match,), form = g.demo_scores(torch.cat((di, ni)), torch.cat((dl, nl)), valid, ("match",))
+    assert match.shape == (2, 3)
+    assert match[0, 2] > 0.85 and match[0, 2] > match[0, :2].max() + 0.3  # the flip: the others' form explains each
+    assert match[1, 2] < 0.5  # noise: the others' votes do not reproduce a demo
+    with torch.no_grad():
+        g.gate.bias.zero_()  # the state says nothing: the match chooses
+    x = canvas(rng.integers(1, 10, (4, 3)))
+    got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, match[:1], form[:1]))[0]
+    want = expect(x, lambda r, c, b: (r, b[3] - (c - b[2])) if b[0] <= r <= b[1] and b[2] <= c <= b[3] else None)
+    inside = want.sum(-1) > 0
+    torch.testing.assert_close(got[inside], want[inside], atol=1e-2, rtol=0)
+
+
+def test_in_the_model_the_counted_form_starts_as_a_no_op_then_learns_and_needs_a_gather():
+    data = batch()
+    kw = dict(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4)
+    plain, counted = build(**kw), build(**kw, gather_demo_form=True)
+    state = {k: v for k, v in plain.state_dict().items() if ".gather.gate." not in k}  # one more form: a wider gate
+    missing, unexpected = counted.load_state_dict(state, strict=False)
+    gate = ["inner.gather.gate.bias", "inner.gather.gate.weight"]
+    assert sorted(missing) == ["inner.gather.demo_null", "inner.gather.demo_scale", *gate] and unexpected == []
+    torch.testing.assert_close(eval_logits(counted, data), eval_logits(plain, data), atol=1e-5, rtol=1e-5)
+    fresh = build(**kw, gather_demo_form=True)
+    with torch.no_grad():
+        fresh.inner.gather.out_proj.weight.normal_(0, 0.5)
+    assert [n for n in dead_parameters(fresh) if ".gather." in n] == []  # demo_scale and demo_null learn too
+    assert eval_logits(fresh, data).isfinite().all()
+    with pytest.raises(Exception, match="gather_demo_form=true .* needs grid_gather=true"):
+        build(name="trm_local", gather_demo_form=True)
+
+
+def test_a_refinement_round_shares_each_vote_by_the_last_forms_read():
+    """``pair_counts(..., table)``: an output cell with two input cells of its colour gives each 1/4 in the first
+    count (1 / n^2), and in a round its 1/2 (1 / n) goes to the source the given form prefers; ``demo_tables`` with
+    ``rounds`` uses it (a different form from the same demos), and with none equals the plain count."""
+    g = GridGather(SIDE, hidden=VOCAB, vocab=VOCAB, maps=1, heads=1, width=VOCAB, prefix=0, demo_form=0)
+    x = np.array([[1, 2], [3, 1]])  # colour 1 at (0, 0) and (1, 1)
+    y = np.array([[1, 4], [4, 4]])  # the output's (0, 0) is colour 1: two candidate sources
+    inp, out = canvas(x), canvas(y)
+    o = g.onehot(inp)
+    first = pair_counts(o, inp, out, FIRST_COLOUR)[0]
+    assert first.sum().item() == pytest.approx(4 * 4 * 0.5)  # 2 sources x 1/4, 16 slot pairs each
+    identity = torch.zeros(1, o.shape[-1], o.shape[-1])
+    for s in range(o.shape[-1]):
+        identity[0, s, s] = 5.0  # the form prefers the source with the cell's own offsets: (0, 0)
+    shared = pair_counts(o, inp, out, FIRST_COLOUR, identity)[0]
+    assert shared.sum().item() == pytest.approx(16 * 0.5, rel=1e-4)
+    src = o[0, 0].nonzero().squeeze(-1)  # the slots of cell (0, 0): the target's and the preferred source's
+    assert shared[src][:, src].sum().item() == pytest.approx(16 * 0.5, rel=1e-3)  # all of it to (0, 0)
+    di, dl = demos(np.random.default_rng(0), MAPS["roll"][0])
+    di, dl = di[0].long(), dl[0].long()
+    o, rows = g.onehot(di), torch.zeros(3, dtype=torch.long)
+    plain = demo_tables(o, di, dl, rows, 1, FIRST_COLOUR)[0]
+    torch.testing.assert_close(plain[0], form_table(pair_counts(o, di, dl, FIRST_COLOUR).sum(0)))
+    assert (demo_tables(o, di, dl, rows, 1, FIRST_COLOUR, rounds=1)[0] - plain).abs().max() > 0.1
