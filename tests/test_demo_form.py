@@ -89,8 +89,10 @@ def test_without_demos_the_counted_form_is_zero_and_reads_uniformly():
     _, form = g.demo_scores(di, dl, torch.zeros(1, 3, dtype=torch.bool), ())
     assert form.abs().max() < 1e-6  # no votes: the log-ratio to uniform is 0
     T = g.tables(canvas(rng.integers(1, 10, (3, 4))), None, form)[0]
-    assert T[0, -1, :, :-1].abs().max() < 1e-4  # the counted form's logits: 0 on every key
-    torch.testing.assert_close(g.tables(canvas(np.ones((3, 4), dtype=np.int64)))[0][0, -1, :, :-1], T[0, -1, :, :-1])
+    assert T[0, -1, :, :-1].abs().max() < 1e-3  # the counted form's logits: 0 on every key
+    torch.testing.assert_close(
+        g.tables(canvas(np.ones((3, 4), dtype=np.int64)))[0][0, -1, :, :-1], T[0, -1, :, :-1], atol=1e-3, rtol=0
+    )
     # one demo's vote moves only its own pair of slots: counts are additive over pairs
     o = g.onehot(di[0].long())
     c = pair_counts(o, di[0].long(), dl[0].long(), FIRST_COLOUR)
@@ -115,8 +117,8 @@ def test_the_leave_one_out_match_scores_a_map_high_and_noise_low_and_the_gate_fo
     x = canvas(rng.integers(1, 10, (4, 3)))
     got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, match[:1], form[:1]))[0]
     want = expect(x, lambda r, c, b: (r, b[3] - (c - b[2])) if b[0] <= r <= b[1] and b[2] <= c <= b[3] else None)
-    inside = want.sum(-1) > 0
-    torch.testing.assert_close(got[inside], want[inside], atol=1e-2, rtol=0)
+    inside = want.sum(-1) > 0  # the reads mix by the gate (the counted form's weight ~0.96 here)
+    assert (got[inside].argmax(-1) == want[inside].argmax(-1)).all() and (got[inside] - want[inside]).abs().max() < 0.05
 
 
 def test_in_the_model_the_counted_form_starts_as_a_no_op_then_learns_and_needs_a_gather():
@@ -161,3 +163,26 @@ def test_a_refinement_round_shares_each_vote_by_the_last_forms_read():
     plain = demo_tables(o, di, dl, rows, 1, FIRST_COLOUR)[0]
     torch.testing.assert_close(plain[0], form_table(pair_counts(o, di, dl, FIRST_COLOUR).sum(0)))
     assert (demo_tables(o, di, dl, rows, 1, FIRST_COLOUR, rounds=1)[0] - plain).abs().max() > 0.1
+
+
+def test_the_counted_read_and_the_learned_forms_read_mix_as_reads_not_logits():
+    """At gate weights 1/2, 1/2 the cell reads half of the learned form's source and half of the counted form's
+    (two sharp pointers stay sharp, each at 0.5); mixed as logits they would blur into the larger logit's source."""
+    rng = np.random.default_rng(1)
+    g = counted_gather(maps=1)
+    di, dl = demos(rng, MAPS["flip"][0])
+    _, form = g.demo_scores(di, dl, torch.ones(1, 3, dtype=torch.bool), ())
+    with torch.no_grad():
+        ident = torch.zeros_like(g.forms[0])
+        ident[torch.arange(ident.shape[0]), torch.arange(ident.shape[0])] = 3.0  # the learned form: the identity
+        g.forms.copy_(ident[None])
+        g.null.fill_(-100.0)
+        g.gate.bias.zero_()  # equal weights on the two forms
+    grid = rng.integers(1, 10, (4, 5))
+    x = canvas(grid)
+    got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, None, form))[0]
+    box = (0, 3, 0, 4)
+    inside = [r * SIDE + c for r in range(4) for c in range(5) if grid[r, c] != grid[r, 4 - c]]  # the reads differ
+    own = expect(x, lambda r, c, b: (r, c))
+    flip = expect(x, lambda r, c, b: (r, box[3] - c))
+    torch.testing.assert_close(got[inside], 0.5 * own[inside] + 0.5 * flip[inside], atol=2e-2, rtol=0)

@@ -350,19 +350,18 @@ class GridGather(nn.Module):
     no map is listed, each is learned. Cell i reads ``sum_j p_ij E[colour_j]`` over the input grid's cells j (and a
     null key that reads nothing), ``p_i = softmax_j(sum_m g_im T_m[i, j])``, per head. ``T_m[i, j] = o_j^T A_m o_i``
     is a learned bilinear form of the two cells' one-hot offsets from the input grid's four edges
-    (``core.ops.grid_coordinates``: o has 4 ones over ``4 (2 side + 1)`` slots), so any map that sends a cell's
-    offsets to its source's offsets block by block (a flip, a transpose, a shift, a scaling, a two-fold tiling) is
-    one ``A``; ``g_i = softmax(W h_i + s * match)`` (per head, over the ``maps`` forms) lets the cell's state choose
-    among them. The forms are the same for every sample; which one a cell uses is what it must read from the demos.
-    ``match`` [b, maps] (:meth:`match`, with ``match=True``; else 0) is how well each form explains the sample's
-    demos up to a recolouring, ``s`` a learned scale: the demos select the learned form that reproduces them, as
-    ``InputViews`` selects among listed views.
+    (``core.ops.grid_coordinates``: 4 ones over ``4 (2 side + 1)`` slots): any map that sends a cell's offsets to its
+    source's block by block (a flip, a transpose, a shift, a scaling, a tiling) is one ``A``; ``g_i = softmax(W h_i
+    + s * match)`` (per head) lets the cell's state and the demos choose: ``match`` [b, forms] (:meth:`match`; else
+    0) is how well each form explains the sample's demos up to a recolouring, ``s`` learned. With ``demo_form``
+    (``rounds``, None: off) one more form is counted from each sample's demos (:mod:`models.variants.demo_form`);
+    its read is mixed with the learned forms' by its gate weight (reads, not logits: a sharp count is not blurred).
 
-    ``tables(inputs [b, S], match [b, maps] or None) -> (T [b, maps, S, S + 1], off [b, S + 1], colour
+    ``tables(inputs [b, S], match or None, form or None) -> (T [b, forms, S, S + 1], off [b, S + 1], colour
     [b, S + 1, width], gate bias)`` once per supervision step; ``forward(h [b, P + S, hidden], tables) ->
-    [b, P + S, hidden]``, zero on the P prefix positions. The output projection starts at zero (the core starts as
-    without the gather). The logits are ``scale`` times the forms: a sharp pointer needs logit gaps of several
-    units, which Adam's steps of about ``lr`` per entry would take thousands of steps to reach."""
+    [b, P + S, hidden]``, zero on the P prefix positions; output projection started at zero. The logits are
+    ``scale`` times the forms (the counted one's scale too): a sharp pointer needs logit gaps of several units, which
+    Adam's steps of about ``lr`` per entry would take thousands of steps to reach."""
 
     def __init__(
         self,
@@ -379,9 +378,8 @@ class GridGather(nn.Module):
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
-        self.demo_form = demo_form is not None  # + a form counted from each sample's demos (demo_form rounds), last
-        self.demo_rounds, self.forms_total = demo_form or 0, maps + int(self.demo_form)
-        self.scale = scale  # logits = scale x the forms: an Adam step moves a logit by scale x lr, not lr alone
+        self.demo_form, self.demo_rounds = demo_form is not None, demo_form or 0  # + a counted form, last
+        self.forms_total, self.scale = maps + int(self.demo_form), scale  # logits = scale x the forms
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
         self.null = nn.Parameter(torch.zeros(maps))  # the null key's logit under each form (also scaled)
@@ -390,7 +388,7 @@ class GridGather(nn.Module):
         self.out_proj = CastedLinear(heads * width, hidden)
         self.match_scale = nn.Parameter(torch.tensor(10.0)) if match else None  # as InputViews' match scale
         if self.demo_form:  # the counted form's logit scale and null logit
-            self.demo_scale, self.demo_null = nn.Parameter(torch.tensor(1.0)), nn.Parameter(torch.tensor(0.0))
+            self.demo_scale, self.demo_null = nn.Parameter(torch.tensor(1.0 / scale)), nn.Parameter(torch.tensor(0.0))
         with torch.no_grad():
             self.out_proj.weight.zero_()
 
@@ -408,24 +406,20 @@ class GridGather(nn.Module):
         return T, F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key are read
 
     def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, maps] in [0, 1]: per form, the share of each valid demo's output cells it explains up to a
-        recolouring (each form's soft gather of the demo input, a (source colour, output colour) count table, the
-        best output colour per source colour, "no source" its own colour), the mean over the sample's valid demos
-        (``valid`` [b, D]); 0 for a sample without one. Differentiable in the forms."""
+        """[b, forms] in [0, 1]: per form, the share of each valid demo's output cells it explains up to a
+        recolouring (a (source colour, output colour) count table of its soft gather, the best output per source),
+        the mean over the valid demos (``valid`` [b, D]); 0 without one. Differentiable in the forms."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0][0]
 
     def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, maps]: per form, how badly it reads each demo output cell's colour off the demo input: the mean over
-        the sample's valid demos and their grid cells of ``-log sum_j p_ij [colour_j = colour of output cell i]``
-        over the output cells whose colour is not the input's commonest (its background: any background cell would
-        explain one) and that some input cell has (the others are skipped); 0 for a sample without demos. A copy of
-        some cell of the right colour, not a recolouring (:meth:`match` scores those)."""
+        """[b, forms]: per form, how badly it reads each demo output cell's colour off the demo input: the mean of
+        ``-log sum_j p_ij [colour_j = colour of output cell i]`` over the valid demos' output cells whose colour is
+        not the input's commonest and that some input cell has; 0 without demos. A copy, not a recolouring."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0][0]
 
     def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]):
-        """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``: the methods of those names) [b, forms],
-        the forms' logits over the valid demo pairs computed once for all; with ``demo_form`` the counted form of
-        each sample's demos [b, F, F] for :meth:`tables` (else None), scored on a demo as its other demos write it."""
+        """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid demos;
+        with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it."""
         if not kinds and not self.demo_form:
             return (), None
         b, D, S = demo_inputs.shape
@@ -448,8 +442,8 @@ class GridGather(nn.Module):
         return tuple(scores), form
 
     def _counted(self, onehot: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, F]), its null key last."""
-        T = self.demo_scale * form_logits(onehot, table.to(onehot.dtype))
+        """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, F]; x ``scale`` too), its null key last."""
+        T = self.scale * self.demo_scale * form_logits(onehot, table.to(onehot.dtype))
         return torch.cat((T, self.demo_null.expand(*T.shape[:2], 1)), dim=-1)[:, None]
 
     def _explained(self, inp, out, T, off) -> torch.Tensor:
@@ -493,8 +487,14 @@ class GridGather(nn.Module):
         T, off, colour, bias = tables
         b, P = h.shape[0], self.prefix
         g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.forms_total) + bias, dim=-1)
-        logits = torch.einsum("bihm,bmij->bhij", g, T)  # [b, heads, S, S + 1]
-        logits = logits.masked_fill(off[:, None, None, :], float("-inf"))
-        read = torch.einsum("bhij,bjw->bihw", torch.softmax(logits, dim=-1), colour)
+        mask = off[:, None, None, :]
+        if not self.demo_form:
+            p = torch.einsum("bihm,bmij->bhij", g, T).masked_fill(mask, float("-inf")).softmax(-1)  # [b, heads, S, S+1]
+        else:  # the learned forms' read (their logits mixed) and the counted form's, mixed as reads by its weight
+            c = g[..., -1:].transpose(1, 2)  # [b, heads, S, 1]
+            bank = torch.einsum("bihm,bmij->bhij", g[..., :-1], T[:, :-1]) / (1 - c).clamp_min(1e-6)
+            counted = T[:, -1:].masked_fill(mask, float("-inf")).softmax(-1)
+            p = (1 - c) * bank.masked_fill(mask, float("-inf")).softmax(-1) + c * counted
+        read = torch.einsum("bhij,bjw->bihw", p, colour)
         out = self.out_proj(read.reshape(b, read.shape[1], -1).to(h.dtype))
         return F.pad(out, (0, 0, P, 0))
