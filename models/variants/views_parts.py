@@ -196,7 +196,7 @@ class InputViews(nn.Module):
             logits = logits + self.match_scale.float() * match
         return torch.softmax(logits, dim=-1)
 
-    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def match(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
         """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo 2 x share - 1,
         the worst over the valid demos (a view must explain every one); 0 for a sample without a valid demo.
         ``views_match`` says what the share is. ``agree`` (default): of the cells the view draws a colour on, those
@@ -358,10 +358,10 @@ class GridGather(nn.Module):
     its read is mixed with the learned forms' by its gate weight (reads, not logits: a sharp count is not blurred).
 
     ``tables(inputs [b, S], match or None, form or None) -> (T [b, forms, S, S + 1], off [b, S + 1], colour
-    [b, S + 1, width], gate bias)`` once per supervision step; ``forward(h [b, P + S, hidden], tables) ->
-    [b, P + S, hidden]``, zero on the P prefix positions; output projection started at zero. The logits are
-    ``scale`` times the forms (the counted one's scale too): a sharp pointer needs logit gaps of several units, which
-    Adam's steps of about ``lr`` per entry would take thousands of steps to reach."""
+    [b, S + 1, width], gate bias)`` once per supervision step; ``pointer(h, tables)``: the reads p [b, heads, S, S +
+    1]; ``forward(h [b, P + S, hidden], tables) -> [b, P + S, hidden]``, 0 on the P prefix positions, its projection
+    started at 0. The logits are ``scale`` times the forms (the counted one's too): a sharp pointer needs logit gaps
+    of several units, which Adam's steps of about ``lr`` per entry would take thousands of steps to reach."""
 
     def __init__(
         self,
@@ -389,8 +389,7 @@ class GridGather(nn.Module):
         self.match_scale = nn.Parameter(torch.tensor(10.0)) if match else None  # as InputViews' match scale
         if self.demo_form:  # the counted form's logit scale and null logit
             self.demo_scale, self.demo_null = nn.Parameter(torch.tensor(1.0 / scale)), nn.Parameter(torch.tensor(0.0))
-        with torch.no_grad():
-            self.out_proj.weight.zero_()
+        nn.init.zeros_(self.out_proj.weight)
 
     def onehot(self, inputs: torch.Tensor) -> torch.Tensor:
         """[b, S] -> [b, S, 4 (2 side + 1)]: the one-hot offsets of every cell from the grid's four edges."""
@@ -405,13 +404,13 @@ class GridGather(nn.Module):
         T = self.scale * torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
         return T, F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key are read
 
-    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def match(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
         """[b, forms] in [0, 1]: per form, the share of each valid demo's output cells it explains up to a
         recolouring (a (source colour, output colour) count table of its soft gather, the best output per source),
         the mean over the valid demos (``valid`` [b, D]); 0 without one. Differentiable in the forms."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0][0]
 
-    def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def copy_nll(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
         """[b, forms]: per form, how badly it reads each demo output cell's colour off the demo input: the mean of
         ``-log sum_j p_ij [colour_j = colour of output cell i]`` over the valid demos' output cells whose colour is
         not the input's commonest and that some input cell has; 0 without demos. A copy, not a recolouring."""
@@ -483,18 +482,19 @@ class GridGather(nn.Module):
         bias = 0.0 if match is None else self.match_scale * match[:, None, None, :]  # [b, 1, 1, maps]
         return T, off, colour, bias
 
-    def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
+    def pointer(self, h: torch.Tensor, tables) -> torch.Tensor:
+        """[b, heads, S, S + 1]: each grid cell's read over the input's cells and the null key, per head."""
         T, off, colour, bias = tables
-        b, P = h.shape[0], self.prefix
-        g = torch.softmax(self.gate(h[:, P:]).float().view(b, -1, self.heads, self.forms_total) + bias, dim=-1)
-        mask = off[:, None, None, :]
+        b, mask = h.shape[0], off[:, None, None, :]
+        g = torch.softmax(self.gate(h[:, self.prefix :]).float().view(b, -1, self.heads, self.forms_total) + bias, -1)
         if not self.demo_form:
-            p = torch.einsum("bihm,bmij->bhij", g, T).masked_fill(mask, float("-inf")).softmax(-1)  # [b, heads, S, S+1]
-        else:  # the learned forms' read (their logits mixed) and the counted form's, mixed as reads by its weight
-            c = g[..., -1:].transpose(1, 2)  # [b, heads, S, 1]
-            bank = torch.einsum("bihm,bmij->bhij", g[..., :-1], T[:, :-1]) / (1 - c).clamp_min(1e-6)
-            counted = T[:, -1:].masked_fill(mask, float("-inf")).softmax(-1)
-            p = (1 - c) * bank.masked_fill(mask, float("-inf")).softmax(-1) + c * counted
-        read = torch.einsum("bhij,bjw->bihw", p, colour)
-        out = self.out_proj(read.reshape(b, read.shape[1], -1).to(h.dtype))
-        return F.pad(out, (0, 0, P, 0))
+            return torch.einsum("bihm,bmij->bhij", g, T).masked_fill(mask, float("-inf")).softmax(-1)
+        # the learned forms' read (their logits mixed) and the counted form's, mixed as reads by its weight
+        c = g[..., -1:].transpose(1, 2)  # [b, heads, S, 1]
+        bank = torch.einsum("bihm,bmij->bhij", g[..., :-1], T[:, :-1]) / (1 - c).clamp_min(1e-6)
+        counted = T[:, -1:].masked_fill(mask, float("-inf")).softmax(-1)
+        return (1 - c) * bank.masked_fill(mask, float("-inf")).softmax(-1) + c * counted
+
+    def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
+        read = torch.einsum("bhij,bjw->bihw", self.pointer(h, tables), tables[2])
+        return F.pad(self.out_proj(read.reshape(*read.shape[:2], -1).to(h.dtype)), (0, 0, self.prefix, 0))
