@@ -13,7 +13,8 @@ the switches at their defaults (false, ``identity``,   dropped (every stored ``t
 
 Variants and options that a measurement on the record retired leave the code (docs/architecture.md, "Variants and
 removal"): :data:`REMOVED` names each with the measurement that retired it and the last commit that builds it, and a
-config or checkpoint that uses one is refused in one line. A ``trm_views`` config stored before ``views_embed`` existed
+config or checkpoint that uses one is refused in one line; one that lists a removed option at its default (off) reads
+as today's config. A ``trm_views`` config stored before ``views_embed`` existed
 (every field of its time, no ``views_embed``) had one table per view and is refused as ``views_embed=view``.
 :func:`upgrade_arch` is the one place this mapping happens; ``models.parse_arch_config`` applies it to every arch
 config it reads.
@@ -30,6 +31,8 @@ from core.errors import PlatformError
 LAST_COMMIT = "0b65cd7"
 #: the last commit with the variants and options pruned by the renovation (issue 43)
 LAST_COMMIT_WITH_REMOVED = "3548346"
+#: the last commit with ``arch.gather_copy`` (a copy head on the learned gather, measured negative)
+LAST_COMMIT_WITH_GATHER_COPY = "c504376"
 #: arch names whose configs had the switches
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
@@ -69,7 +72,20 @@ REMOVED: dict[str, tuple[str, str]] = {
         "docs/record/2026-11-27-view-tables.md)",
         LAST_COMMIT_WITH_REMOVED,
     ),
+    "gather_copy=true": (
+        "measured negative: a pointer-generator head on the learned gather scored one copy 0.09 / 0.08 and train fit "
+        "0.15 / 0.19 against the counted form's 0.27 / 0.23 and 0.37 / 0.38 at 2000 steps (c504376, "
+        "docs/record/2026-12-06-gather-copy-head.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
+    "gather_copy_recolour=true": (
+        "removed with gather_copy, whose copy it recoloured; never trained (c504376, "
+        "docs/record/2026-12-06-gather-copy-head.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
 }
+#: removed options that a full dump of their time lists at their default (off): dropped, as they built nothing
+_DROPPED_DEFAULTS = {"gather_copy": False, "gather_copy_recolour": False}
 #: the fields every stored trm_views config has had (a full dump); one of those without views_embed predates it
 _VIEWS_DUMP = ("views", "views_gate", "views_gate_scale", "views_match_scale", "memory_max_demos")
 
@@ -107,6 +123,9 @@ def upgrade_arch(cfg: Mapping[str, Any]) -> dict[str, Any]:
     is. Raises :class:`ArchRemovedError` naming the variant or option for what no variant of today builds."""
     d = dict(cfg)
     _refuse_removed({k: v for k, v in d.items() if k != "name"})
+    for key, default in _DROPPED_DEFAULTS.items():
+        if key in d and d[key] == default:
+            del d[key]
     if d.get("name") == "trm_views" and "views_embed" not in d and all(k in d for k in _VIEWS_DUMP):
         _refuse_removed({"views_embed": "view"})  # stored before views_embed existed: a table per view
     name = d.get("name")
