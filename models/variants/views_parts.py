@@ -196,7 +196,7 @@ class InputViews(nn.Module):
             logits = logits + self.match_scale.float() * match
         return torch.softmax(logits, dim=-1)
 
-    def match(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
+    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo 2 x share - 1,
         the worst over the valid demos (a view must explain every one); 0 for a sample without a valid demo.
         ``views_match`` says what the share is. ``agree`` (default): of the cells the view draws a colour on, those
@@ -404,13 +404,13 @@ class GridGather(nn.Module):
         T = self.scale * torch.cat((T, self.null[None, :, None, None].expand(*T.shape[:3], 1)), dim=-1)
         return T, F.pad(inputs < FIRST_COLOUR, (0, 1))  # only the grid's cells and the null key are read
 
-    def match(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
+    def match(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, forms] in [0, 1]: per form, the share of each valid demo's output cells it explains up to a
         recolouring (a (source colour, output colour) count table of its soft gather, the best output per source),
         the mean over the valid demos (``valid`` [b, D]); 0 without one. Differentiable in the forms."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0][0]
 
-    def copy_nll(self, demo_inputs, demo_labels, valid: torch.Tensor) -> torch.Tensor:
+    def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[b, forms]: per form, how badly it reads each demo output cell's colour off the demo input: the mean of
         ``-log sum_j p_ij [colour_j = colour of output cell i]`` over the valid demos' output cells whose colour is
         not the input's commonest and that some input cell has; 0 without demos. A copy, not a recolouring."""
