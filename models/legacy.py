@@ -72,20 +72,9 @@ REMOVED: dict[str, tuple[str, str]] = {
         "docs/record/2026-11-27-view-tables.md)",
         LAST_COMMIT_WITH_REMOVED,
     ),
-    "gather_copy=true": (
-        "measured negative: a pointer-generator head on the learned gather scored one copy 0.09 / 0.08 and train fit "
-        "0.15 / 0.19 against the counted form's 0.27 / 0.23 and 0.37 / 0.38 at 2000 steps (c504376, "
-        "docs/record/2026-12-06-gather-copy-head.md)",
-        LAST_COMMIT_WITH_GATHER_COPY,
-    ),
-    "gather_copy_recolour=true": (
-        "removed with gather_copy, whose copy it recoloured; never trained (c504376, "
-        "docs/record/2026-12-06-gather-copy-head.md)",
-        LAST_COMMIT_WITH_GATHER_COPY,
-    ),
 }
 #: removed options that a full dump of their time lists at their default (off): dropped, as they built nothing
-_DROPPED_DEFAULTS = {"gather_copy": False, "gather_copy_recolour": False}
+_DROPPED_DEFAULTS: dict[str, Any] = {}
 #: the fields every stored trm_views config has had (a full dump); one of those without views_embed predates it
 _VIEWS_DUMP = ("views", "views_gate", "views_gate_scale", "views_match_scale", "memory_max_demos")
 
