@@ -575,6 +575,14 @@ def test_score_tables_any_predictions_as_the_command_does(science_out, tmp_path,
     assert "headline" not in table and sum(r["count"] for r in split.values()) == len(half) == 6  # all headline
     assert sum(r["count"] * r["runs"]["a"]["pass@1"] for r in split.values()) == pytest.approx(3)
     assert "held out up to symmetry" in md and all(f"| {r} ({split[r]['count']}) |" in md for r in split)
+    # paired with a run that answers nothing: the 3 puzzles half answers are its own, none the other's
+    none = {p: [dict(r, correct_rank=None) for r in rows] for p, rows in half.items()}
+    pairs = score.paired(score.load_data(out), {"none": none, "half": half, "same": none})
+    assert pairs["half"] == {"all": (0, 3, 0.25)} and pairs["same"] == {"all": (0, 0, 1.0)}  # no group rows here
+    assert score.paired(score.load_data(out), {"half": half, "none": none})["none"]["all"] == (3, 0, 0.25)
+    json.dump(half, open(tmp_path / "half.json", "w"))
+    two = score.main([out, f"none={own}", f"half={tmp_path / 'half.json'}"])
+    assert "| half | all |" in two and "sign test p" in two and "sign test p" not in md
     short = json.load(open(own))
     short.pop(sorted(short)[0])
     json.dump(short, open(tmp_path / "short.json", "w"))
@@ -583,6 +591,35 @@ def test_score_tables_any_predictions_as_the_command_does(science_out, tmp_path,
         with pytest.raises(SystemExit) as e:
             score.main([out] + args)
         assert e.value.code == 1 and message in capsys.readouterr().err
+
+
+def test_the_sign_test_is_the_exact_binomial_tail_doubled():
+    from experiments.science.score import sign_test
+
+    assert sign_test(0, 5) == 2 / 32 and sign_test(5, 0) == 2 / 32  # one of the two most uneven splits of 5
+    assert sign_test(1, 9) == pytest.approx(2 * (1 + 10) / 1024)
+    assert sign_test(3, 3) == 1.0 and sign_test(0, 0) == 1.0 and sign_test(2, 3) == 1.0  # capped at 1
+    for a, b in ((1, 4), (2, 7), (4, 9)):  # every outcome of n fair coins at least as uneven, counted one by one
+        n = a + b
+        uneven = sum(min(k, n - k) <= min(a, b) for k in (bin(m).count("1") for m in range(2**n)))
+        assert sign_test(a, b) == pytest.approx(uneven / 2**n)
+
+
+def test_paired_counts_each_groups_discordant_puzzles_against_the_first_run():
+    from experiments.science.data import ScienceData
+    from experiments.science.score import paired, sign_test
+
+    fams = {"p1": "a", "p2": "a", "p3": "b", "p4": "b", "p5": "c", "t1": "a"}
+    rules = {p: {"family": f, "subset": "training" if p[0] == "t" else "evaluation"} for p, f in fams.items()}
+    data = ScienceData({}, "", rules, "family", "", headline=["a", "b"], groups={"covered": ["a"], "open": ["b"]})
+    right = lambda *ok: {p: [{"correct_rank": 1 if p in ok else None}] for p in fams if p[0] == "p"}  # noqa: E731
+    got = paired(data, {"base": right("p1", "p3"), "run": right("p2", "p3", "p4", "p5")})["run"]
+    assert got == {
+        "covered": (1, 1, 1.0),  # p1 only the base's, p2 only the run's
+        "open": (0, 1, 1.0),  # p3 both's, p4 the run's
+        "headline": (1, 2, sign_test(1, 2)),
+        "all": (1, 3, sign_test(1, 3)),  # p5 (family c) outside the headline, in the total
+    }
 
 
 @pytest.mark.slow

@@ -24,12 +24,17 @@ When a ``ttt.json`` lies beside a predictions file (evaluate.py's test-time trai
 run's held-out puzzles as drawn by the fit: ``fitted`` (share whose demos the fitted model reproduces exactly, fit 1.0
 after the fit), ``answered | fitted`` and ``answered | not fitted`` (share of those whose every test output is right):
 whether a fitted demo set gives the test answer (:func:`fit_transfer`).
+
+With two or more files, a last table pairs every run with the first, puzzle by puzzle (:func:`paired`): per group
+row, the held-out puzzles only the first answers, those only the run answers, and the two-sided exact sign test's p
+on those (:func:`sign_test`; for runs on other data seeds, add the counts and call it on the sums).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -37,9 +42,9 @@ from typing import Optional, Sequence
 from core.io import read_json
 from core.table import markdown_table
 from dataset.rule_identity import in_training_orbit
-from experiments.science.common import TOTAL_ROW, ScienceError
+from experiments.science.common import HEADLINE_ROW, TOTAL_ROW, ScienceError
 from experiments.science.data import ScienceData, prepare_synthetic
-from experiments.science.report import family_table
+from experiments.science.report import family_table, puzzle_scores
 from training.compare_runs import table_command
 
 
@@ -146,6 +151,40 @@ def orbit_split(data: ScienceData, predictions: dict[str, dict]) -> dict:
     return {row: table[row] for row in ORBIT_ROWS if row in table}
 
 
+def sign_test(only_a: int, only_b: int) -> float:
+    """The two-sided exact sign test (McNemar's exact test) of paired outcomes: the probability, with each
+    discordant pair equally likely to go either way, of a split at least as uneven as ``only_a`` : ``only_b``."""
+    n, k = only_a + only_b, min(only_a, only_b)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+
+
+def paired(data: ScienceData, predictions: dict[str, dict]) -> dict:
+    """Every run after the first, paired with the first on the same held-out puzzles: per row of the group rows
+    (covered, open), the headline and the total, ``{run: {row: (only the first, only the run, p)}}``. A puzzle
+    counts for the run that scores the higher pass@1 on it (one test input: the one that answers it)."""
+    heldout = {p: r["family"] for p, r in data.rules.items() if r.get("subset") == "evaluation"}
+    rows = {g: set(f) for g, f in (data.groups or {}).items()}
+    if data.headline:
+        rows[HEADLINE_ROW] = set(data.headline)
+    rows[TOTAL_ROW] = set(heldout.values())
+    (first, base), *rest = predictions.items()
+    out = {}
+    for run, pred in rest:
+        out[run] = {}
+        for row, fams in rows.items():
+            ids = [p for p, f in heldout.items() if f in fams]
+            diff = [puzzle_scores(pred[p])[0] - puzzle_scores(base[p])[0] for p in ids]
+            a, b = sum(d < 0 for d in diff), sum(d > 0 for d in diff)
+            out[run][row] = (a, b, sign_test(a, b))
+    return out
+
+
+def render_paired(pairs: dict, first: str) -> str:
+    rows = [[run, row, str(a), str(b), f"{p:.3g}"] for run, by in pairs.items() for row, (a, b, p) in by.items()]
+    header = ["run", "held-out puzzles", f"only {first}", "only the run", "sign test p"]
+    return "\n".join(markdown_table(header, rows, right=[False, False, True, True, True])) + "\n"
+
+
 def _share(ok: dict, ids: list) -> Optional[float]:
     return sum(ok[p] for p in ids) / len(ids) if ids else None
 
@@ -205,6 +244,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                     text += "\n" + render_fit(fit_transfer(data, table, pred[name], fits), name)
                 except ScienceError as e:
                     raise ScienceError(f"{ttt}: {e}") from None
+        if len(named) > 1:
+            text += "\n" + render_paired(paired(data, pred), next(iter(named)))
         return text
 
     return table_command(
