@@ -32,7 +32,7 @@ LAST_COMMIT = "0b65cd7"
 #: the last commit with the variants and options pruned by the renovation (issue 43)
 LAST_COMMIT_WITH_REMOVED = "3548346"
 #: the last commit with ``arch.gather_copy`` (a copy head on the learned gather, measured negative twice)
-LAST_COMMIT_WITH_GATHER_COPY = "75de396"
+LAST_COMMIT_WITH_GATHER_COPY = "cf65393"
 #: arch names whose configs had the switches
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
@@ -77,17 +77,17 @@ REMOVED: dict[str, tuple[str, str]] = {
         "0.15 / 0.19 against the counted form's 0.27 / 0.23 and 0.37 / 0.38 at 2000 steps (c504376, "
         "docs/record/2026-12-06-gather-copy-head.md); with the LM head's own loss and the recolour table, 0.27 / "
         "0.23 one copy and train fit 0.41 / 0.41 against the same day's counted form's 0.27 / 0.23 and 0.37 / 0.38 "
-        "(75de396, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
+        "(cf65393, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
         LAST_COMMIT_WITH_GATHER_COPY,
     ),
     "gather_copy_recolour=true": (
-        "removed with gather_copy, whose copy it recoloured; trained only with gather_copy_lm_loss (75de396, "
+        "removed with gather_copy, whose copy it recoloured; trained only with gather_copy_lm_loss (cf65393, "
         "docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
         LAST_COMMIT_WITH_GATHER_COPY,
     ),
     "gather_copy_lm_loss=true": (
         "removed with gather_copy, whose LM head it gave its own loss: one copy 0.27 / 0.23, as the counted form's "
-        "(75de396, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
+        "(cf65393, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
         LAST_COMMIT_WITH_GATHER_COPY,
     ),
 }
