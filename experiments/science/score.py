@@ -167,7 +167,7 @@ def paired(data: ScienceData, predictions: dict[str, dict]) -> dict:
     if data.headline:
         rows[HEADLINE_ROW] = set(data.headline)
     rows[TOTAL_ROW] = set(heldout.values())
-    (first, base), *rest = predictions.items()
+    (_, base), *rest = predictions.items()
     out = {}
     for run, pred in rest:
         out[run] = {}
