@@ -38,16 +38,21 @@ def _rows_of(table: dict, fam: str) -> tuple[str, ...]:
     return (fam,) + tuple(k for k, row in table.items() if fam in row.get("families", ())) + (TOTAL_ROW,)
 
 
-def _score(table: dict, heldout: dict[str, str], pred: dict, runs_key: str, count_key: str, run: str) -> None:
-    """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> row) to every row: a puzzle
-    counts in its family's row, the rows that list its family (:func:`_rows_of`) and the :data:`TOTAL_ROW`."""
-    sums = {f: [0.0, 0.0] for f in table}
-    for p, fam in heldout.items():
-        a, b = puzzle_scores(pred[p])
+def row_puzzles(table: dict, puzzles: dict[str, str]) -> dict[str, list[str]]:
+    """Per row of ``table``, the puzzles of ``puzzles`` (puzzle -> family) that count in it (:func:`_rows_of`)."""
+    out: dict[str, list[str]] = {row: [] for row in table}
+    for p, fam in puzzles.items():
         for k in _rows_of(table, fam):
-            sums[k][0] += a
-            sums[k][1] += b
-    for f, (a, b) in sums.items():
+            out[k].append(p)
+    return out
+
+
+def _score(table: dict, heldout: dict[str, str], pred: dict, runs_key: str, count_key: str, run: str) -> None:
+    """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> family) to every row: a puzzle
+    counts in its family's row, the rows that list its family and the :data:`TOTAL_ROW` (:func:`row_puzzles`)."""
+    for f, ids in row_puzzles(table, heldout).items():
+        a = sum(puzzle_scores(pred[p])[0] for p in ids)
+        b = sum(puzzle_scores(pred[p])[1] for p in ids)
         n = table[f][count_key]
         table[f][runs_key][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
 

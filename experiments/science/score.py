@@ -42,9 +42,9 @@ from typing import Optional, Sequence
 from core.io import read_json
 from core.table import markdown_table
 from dataset.rule_identity import in_training_orbit
-from experiments.science.common import HEADLINE_ROW, TOTAL_ROW, ScienceError
+from experiments.science.common import TOTAL_ROW, ScienceError
 from experiments.science.data import ScienceData, prepare_synthetic
-from experiments.science.report import family_table, puzzle_scores
+from experiments.science.report import family_table, puzzle_scores, row_puzzles
 from training.compare_runs import table_command
 
 
@@ -118,10 +118,7 @@ def fit_transfer(data: ScienceData, table: dict, predictions: dict, ttt: dict) -
     if missing:
         raise ScienceError(f"ttt.json has no entry for {len(missing)} held-out puzzles as drawn (e.g. {missing[0]!r})")
     out = {}
-    for row, info in table.items():
-        # the total row: every family; a group or headline row: its families; a family row: itself
-        fams = set(heldout.values()) if row == TOTAL_ROW else set(info.get("families") or [row])
-        ids = [p for p, f in heldout.items() if f in fams]
+    for row, ids in row_puzzles(table, heldout).items():
         if not ids:
             continue
         ok = {p: all(r.get("correct_rank") == 1 for r in predictions[p]) for p in ids}
@@ -163,16 +160,13 @@ def paired(data: ScienceData, predictions: dict[str, dict]) -> dict:
     (covered, open), the headline and the total, ``{run: {row: (only the first, only the run, p)}}``. A puzzle
     counts for the run that scores the higher pass@1 on it (one test input: the one that answers it)."""
     heldout = {p: r["family"] for p, r in data.rules.items() if r.get("subset") == "evaluation"}
-    rows = {g: set(f) for g, f in (data.groups or {}).items()}
-    if data.headline:
-        rows[HEADLINE_ROW] = set(data.headline)
-    rows[TOTAL_ROW] = set(heldout.values())
+    table = family_table(data.rules, {}, headline=data.headline, groups=data.groups)  # the rows alone
+    rows = {k: ids for k, ids in row_puzzles(table, heldout).items() if k == TOTAL_ROW or "families" in table[k]}
     (_, base), *rest = predictions.items()
     out = {}
     for run, pred in rest:
         out[run] = {}
-        for row, fams in rows.items():
-            ids = [p for p, f in heldout.items() if f in fams]
+        for row, ids in rows.items():
             diff = [puzzle_scores(pred[p])[0] - puzzle_scores(base[p])[0] for p in ids]
             a, b = sum(d < 0 for d in diff), sum(d > 0 for d in diff)
             out[run][row] = (a, b, sign_test(a, b))
