@@ -31,8 +31,8 @@ from core.errors import PlatformError
 LAST_COMMIT = "0b65cd7"
 #: the last commit with the variants and options pruned by the renovation (issue 43)
 LAST_COMMIT_WITH_REMOVED = "3548346"
-#: the last commit with ``arch.gather_copy`` (a copy head on the learned gather, measured negative)
-LAST_COMMIT_WITH_GATHER_COPY = "c504376"
+#: the last commit with ``arch.gather_copy`` (a copy head on the learned gather, measured three times, never adopted)
+LAST_COMMIT_WITH_GATHER_COPY = "ef50ddb"
 #: arch names whose configs had the switches
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
@@ -72,9 +72,39 @@ REMOVED: dict[str, tuple[str, str]] = {
         "docs/record/2026-11-27-view-tables.md)",
         LAST_COMMIT_WITH_REMOVED,
     ),
+    "gather_copy=true": (
+        "measured negative: a pointer-generator head on the learned gather scored one copy 0.09 / 0.08 and train fit "
+        "0.15 / 0.19 against the counted form's 0.27 / 0.23 and 0.37 / 0.38 at 2000 steps (c504376, "
+        "docs/record/2026-12-06-gather-copy-head.md); with the LM head's own loss and the recolour table, 0.27 / "
+        "0.23 one copy and train fit 0.41 / 0.41 against the same day's counted form's 0.27 / 0.23 and 0.37 / 0.38 "
+        "(cf65393, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
+    "gather_copy_recolour=true": (
+        "removed with gather_copy, whose copy it recoloured; trained only with gather_copy_lm_loss (cf65393, "
+        "docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
+    "gather_copy_lm_loss=true": (
+        "removed with gather_copy, whose LM head it gave its own loss: one copy 0.27 / 0.23, as the counted form's "
+        "(cf65393, docs/record/2026-12-06-paired-form-and-copy-own-loss.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
+    "gather_copy_detach=true": (
+        "removed with gather_copy, whose mixture it put on a detached z_H: one copy 0.29 / 0.24 against the counted "
+        "form's 0.27 / 0.23, both seeds pooled 70 : 50 puzzles, sign test p = 0.08, short of the rule written "
+        "before the runs (ef50ddb, "
+        "docs/record/2026-12-07-copy-detach-diagonals-test-time-depth.md)",
+        LAST_COMMIT_WITH_GATHER_COPY,
+    ),
 }
 #: removed options that a full dump of their time lists at their default (off): dropped, as they built nothing
-_DROPPED_DEFAULTS: dict[str, Any] = {}
+_DROPPED_DEFAULTS = {
+    "gather_copy": False,
+    "gather_copy_recolour": False,
+    "gather_copy_lm_loss": False,
+    "gather_copy_detach": False,
+}
 #: the fields every stored trm_views config has had (a full dump); one of those without views_embed predates it
 _VIEWS_DUMP = ("views", "views_gate", "views_gate_scale", "views_match_scale", "memory_max_demos")
 

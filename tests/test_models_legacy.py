@@ -10,6 +10,7 @@ from core.errors import one_line
 from models import ArchRemovedError, TRMConfig, build_model, parse_arch_config
 from models.compat import ArchMismatchError, check_arch_compat, normalise_arch
 from models.legacy import LAST_COMMIT, LAST_COMMIT_WITH_REMOVED, REMOVED
+from models.registry import ArchConfigError
 from models.variants.trm_views import TRMGridConfig
 
 SEQ = 16  # a square canvas (4 x 4)
@@ -224,3 +225,48 @@ def test_a_views_config_stored_before_views_embed_existed_is_refused_as_one_tabl
     with pytest.raises(ArchRemovedError, match=r"arch\.views_embed=view was removed"):
         parse_arch_config(old)
     assert parse_arch_config({**today(), "name": "trm_views"}).views_embed == "kind"
+
+
+# ------------------------------------------------------------------------- pruned after its record (issue 46)
+COPY = {**VIEWS, "name": "trm_local", "grid_gather": True, "gather_demo_form": True}
+
+
+@pytest.mark.parametrize(
+    "key,figure",
+    [
+        ("gather_copy", "0.09 / 0.08"),
+        ("gather_copy", "0.41 / 0.41"),
+        ("gather_copy_detach", "p = 0.08"),
+        ("gather_copy_recolour", "cf65393"),
+        ("gather_copy_lm_loss", "0.27 / 0.23"),
+        ("gather_copy_detach", "0.29 / 0.24"),
+    ],
+)
+def test_the_copy_head_is_refused_naming_its_measurements_and_its_last_commit_and_its_off_dump_reads_as_today(
+    key, figure
+):
+    """gather_copy (measured negative at c504376, with the LM head's own loss at cf65393 and with its mixture on a
+    detached state at ef50ddb), gather_copy_recolour, gather_copy_lm_loss and gather_copy_detach: on, refused in one
+    line by the parser, a training config and the checkpoint check; off, as every trm_views dump of those commits
+    lists them, dropped: the dump parses to today's config (an unknown field would be refused, so the drop is what
+    makes it read)."""
+    from training.checkpoint import CheckpointError, check_arch_compatible
+    from training.config import PretrainConfig
+
+    stored = {**COPY, key: True}  # each entry on its own: its own line refuses it
+    why, commit = REMOVED[f"{key}=true"]
+    assert commit == "ef50ddb" and figure in why and "docs/record/2026-12-0" in why
+    with pytest.raises(ArchRemovedError) as e:
+        parse_arch_config(stored)
+    msg = str(e.value)
+    assert one_line(msg) == msg and msg.endswith("needs commit ef50ddb (git checkout ef50ddb)")
+    assert msg.startswith(f"arch.{key}=true was removed") and why in msg
+    with pytest.raises(ArchRemovedError, match="git checkout ef50ddb"):
+        PretrainConfig.model_validate({"arch": stored, "data_paths": ["unused"]})
+    with pytest.raises(CheckpointError, match="^ck/step_9.pt: .*needs commit ef50ddb"):
+        check_arch_compatible(stored, today(), source="ck/step_9.pt")
+    dump = parse_arch_config(COPY).model_dump()
+    off = {k: False for k in ("gather_copy", "gather_copy_recolour", "gather_copy_lm_loss", "gather_copy_detach")}
+    assert parse_arch_config({**dump, **off}).model_dump() == dump
+    with pytest.raises(ArchConfigError, match="unknown key 'arch.gather_copi'"):
+        parse_arch_config({**dump, "gather_copi": False})

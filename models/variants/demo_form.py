@@ -76,18 +76,3 @@ def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int =
         counts = pair_counts(onehot, inputs, outputs, first, form_table(total).index_select(0, rows))
         total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
     return form_table(total), form_table((total.index_select(0, rows) - counts).clamp_min(0))
-
-
-def recolour_table(onehot, inputs, outputs, rows, b: int, loo, vocab: int, first: int, alpha: float = 0.5):
-    """[b, vocab, vocab] row-stochastic: per sample, the answer colour each source colour becomes where the counted
-    form reads it. Every valid demo pair's output cells are read through the form its *other* demos write (``loo``
-    [n, F, F]; hard: the input grid cell of the largest logit, where that logit is above 0), and each counts (the
-    source's colour, the output cell's colour); ``alpha`` on the diagonal: a colour the demos never show read stays
-    itself. Arguments as :func:`demo_tables`'."""
-    T = form_logits(onehot, loo).masked_fill(inputs[:, None, :] < first, float("-inf"))
-    best, src = T.max(-1)  # [n, S]
-    ok = (outputs >= first) & (best > 0)
-    at = (rows[:, None] * vocab + inputs.gather(1, src)) * vocab + outputs  # [n, S]: (sample, source, answer)
-    counts = onehot.new_zeros(b * vocab * vocab).index_add_(0, at[ok], onehot.new_ones(int(ok.sum())))
-    counts = counts.view(b, vocab, vocab) + alpha * torch.eye(vocab, device=onehot.device, dtype=onehot.dtype)
-    return counts / counts.sum(-1, keepdim=True)

@@ -49,9 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from encoders.interface import DemoMemory
-from models.losses import IGNORE_LABEL_ID, softmax_cross_entropy
 from models.trm import TRM, TRMConfig, TRMInner
-from models.variants.gather_copy import GatherCopy, demo_recolour
 from models.variants.views_parts import (
     CellFeatures,
     DemoLookup,
@@ -126,20 +124,6 @@ class TRMLocalConfig(TRMMemoryConfig):
     # out or not, is read without being learned (the gate chooses it, with its leave-one-out match on the demos)
     gather_demo_form: bool = False
     gather_demo_form_rounds: int = Field(0, ge=0)  # refinement rounds of the count (demo_form.demo_tables)
-    # the answer may be the colour the gather reads: each output cell's distribution mixes the LM head's with each
-    # gather head's read of the input's colours (a pointer-generator, models/variants/gather_copy.py); the logits are
-    # the mixture's log-probabilities (softmax cross-entropy only)
-    gather_copy: bool = False
-    # the copied colour passes through a table counted from the demos (gather_copy.demo_recolour: which answer colour
-    # each colour the counted form reads becomes there): a flip that also recolours is copied recoloured
-    gather_copy_recolour: bool = False
-    # the LM head keeps its own loss (softmax cross-entropy of its logits alone, the per-sample term gather_copy_lm,
-    # weight 1) and the mixture holds the LM head's term fixed: the copy cannot take the LM head's gradient on the
-    # cells it copies (docs/record/2026-12-06-gather-copy-head.md: the LM head starved there)
-    gather_copy_lm_loss: bool = False
-    # the copy's mixing weights and its pointer read a detached z_H: the mixture's loss trains the mixing weights and
-    # the gather (forms, gate), never the trunk (the trunk is trained by the LM head's own loss alone)
-    gather_copy_detach: bool = False
     # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
     # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
     # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
@@ -151,22 +135,6 @@ class TRMLocalConfig(TRMMemoryConfig):
     def _gather_fit_needs_the_gather(self):
         if self.gather_demo_form and not self.grid_gather:
             raise ValueError("gather_demo_form=true adds a form to the learned gather: it needs grid_gather=true")
-        if self.gather_copy and not self.grid_gather:
-            raise ValueError("gather_copy=true copies what the learned gather reads: it needs grid_gather=true")
-        if self.gather_copy_recolour and not (self.gather_copy and self.gather_demo_form):
-            raise ValueError(
-                "gather_copy_recolour=true recolours the copy by the counted form's reads of the demos: it needs "
-                "gather_copy=true and gather_demo_form=true"
-            )
-        if self.gather_copy_lm_loss and not self.gather_copy:
-            raise ValueError(
-                "gather_copy_lm_loss=true gives the LM head its own loss beside the copy: it needs gather_copy=true"
-            )
-        if self.gather_copy and self.loss.loss_type != "softmax_cross_entropy":
-            raise ValueError(
-                f"gather_copy=true returns a mixture's log-probabilities as logits: loss.loss_type="
-                f"{self.loss.loss_type!r} would not be its likelihood; use softmax_cross_entropy"
-            )
         if self.gather_fit_weight > 0 and not self.grid_gather:
             raise ValueError(
                 f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
@@ -220,7 +188,6 @@ class GridTRMInner(TRMInner):
         self.grid_ops: Optional[GridOps] = None
         self.descriptor: Optional[GridOps] = None
         self.gather: Optional[GridGather] = None
-        self.copy: Optional[GatherCopy] = None
         std, dtype = self.embed_init_std, self.forward_dtype
         if self.reads_memory:
             if config.memory_width is None:
@@ -285,10 +252,6 @@ class GridTRMInner(TRMInner):
                         config.gather_match,
                         config.gather_demo_form_rounds if config.gather_demo_form else None,
                     )
-            if config.grid_gather and config.gather_copy:  # a forked stream too
-                with torch.random.fork_rng(devices=[]):
-                    heads, P = config.gather_heads, self.puzzle_emb_len
-                    self.copy = GatherCopy(config.hidden_size, heads, self.vocab_size, P)
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
@@ -313,13 +276,9 @@ class GridTRMInner(TRMInner):
 
     @property
     def aux_loss_weights(self) -> dict[str, float]:
-        """``{"gather_fit": w}`` with ``gather_fit_weight`` w > 0 (the demo-fit loss of the gather's forms), and
-        ``{"gather_copy_lm": 1}`` with ``gather_copy_lm_loss`` (the LM head's own loss beside the copy)."""
+        """``{"gather_fit": w}`` with ``gather_fit_weight`` w > 0 (the demo-fit loss of the gather's forms)."""
         w = float(getattr(self.config, "gather_fit_weight", 0.0))
-        terms = {"gather_fit": w} if w > 0 else {}
-        if getattr(self.config, "gather_copy_lm_loss", False):
-            terms["gather_copy_lm"] = 1.0
-        return terms
+        return {"gather_fit": w} if w > 0 else {}
 
     @staticmethod
     def visible_demos(batch, memory: DemoMemory) -> torch.Tensor:
@@ -379,9 +338,7 @@ class GridTRMInner(TRMInner):
         gather, aux = None, {}
         if self.gather is not None:
             # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
-            kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * (
-                "gather_fit" in self.aux_loss_weights
-            )
+            kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
             visible = self.visible_demos(batch, memory)
             demos, form = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
             scores = dict(zip(kinds, demos))
@@ -395,18 +352,6 @@ class GridTRMInner(TRMInner):
                 z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)
         z_H, z_L = self.recursion(z_H, z_L, x, cos_sin, read, gather)  # the only cycle with gradient
         logits, q_halt, q_continue = self.heads(z_H)
-        if self.copy is not None:  # gather_copy: the answer may be the colour the gather reads
-            recolour = None
-            if self.config.gather_copy_recolour:
-                recolour = demo_recolour(self.gather, batch["demo_inputs"], batch["demo_labels"], visible)
-            if self.config.gather_copy_lm_loss:  # the LM head's own loss; the mixture holds its term fixed
-                labels = batch["labels"]
-                count = (labels != IGNORE_LABEL_ID).sum(-1).clamp_min(1)
-                aux["gather_copy_lm"] = softmax_cross_entropy(logits, labels).sum(-1) / count
-                logits = logits.detach()
-            z_copy = z_H.detach() if self.config.gather_copy_detach else z_H
-            p = self.gather.pointer(z_copy, tables)
-            logits = self.copy(logits, z_copy, p, batch["inputs"], recolour)
         new = type(carry)(z_H=z_H.detach(), z_L=z_L.detach())
         return (new, logits, (q_halt, q_continue), aux) if aux else (new, logits, (q_halt, q_continue))
 
