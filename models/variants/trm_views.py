@@ -97,7 +97,7 @@ class TRMLocalConfig(TRMMemoryConfig):
 
     name: Literal["trm_local"] = "trm_local"  # type: ignore[assignment]
     # neighbours: each cell's 3 x 3 neighbourhood; rays: the running max along each of the four directions
-    grid_ops: List[Literal["neighbours", "rays", "diagonals"]] = Field(["neighbours", "rays"], min_length=1)
+    grid_ops: List[Literal["neighbours", "rays"]] = Field(["neighbours", "rays"], min_length=1)
     grid_ops_width: int = Field(16, gt=0)  # channels per neighbour / per direction
     # the output projection's init std as a multiple of the default (LeCun); 0: the layers start as a no-op, the core
     # as trm_memory, and the layers grow from the first update (measured better than 1: docs/science.md)

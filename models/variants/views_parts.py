@@ -303,8 +303,8 @@ class GridOps(nn.Module):
     def __init__(self, side: int, hidden: int, ops, width: int, prefix: int) -> None:
         super().__init__()
         self.side, self.ops, self.width, self.prefix = side, tuple(ops), width, prefix
-        n_in = {"neighbours": 1, "rays": 4, "diagonals": 4}
-        n_out = {"neighbours": 9, "rays": 4, "diagonals": 4}
+        n_in = {"neighbours": 1, "rays": 4}
+        n_out = {"neighbours": 9, "rays": 4}
         self.in_proj = CastedLinear(hidden, width * sum(n_in[o] for o in self.ops))
         self.out_proj = CastedLinear(width * sum(n_out[o] for o in self.ops), hidden)
 
@@ -330,23 +330,6 @@ class GridOps(nn.Module):
             dim=-1,
         )
 
-    @staticmethod
-    def diagonals(a: torch.Tensor) -> torch.Tensor:
-        """[b, side, side, 4 w] -> [b, side, side, 4 w]: chunk k's running max along diagonal direction k (from the
-        top-left, top-right, bottom-left, bottom-right corner up to the cell): the max over the cells (r - k dy,
-        c - k dx), k >= 0, inside the canvas, by doubling shifts."""
-        s, out = a.shape[1], []
-        for chunk, (dy, dx) in zip(a.chunk(4, dim=-1), ((1, 1), (1, -1), (-1, 1), (-1, -1))):
-            m, d = chunk, 1
-            while d < s:
-                shifted = torch.full_like(m, float("-inf"))
-                ys, yd = (slice(0, s - d), slice(d, s)) if dy > 0 else (slice(d, s), slice(0, s - d))
-                xs, xd = (slice(0, s - d), slice(d, s)) if dx > 0 else (slice(d, s), slice(0, s - d))
-                shifted[:, yd, xd] = m[:, ys, xs]
-                m, d = torch.maximum(m, shifted), 2 * d
-            out.append(m)
-        return torch.cat(out, dim=-1)
-
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         b, P, s, w = h.shape[0], self.prefix, self.side, self.width
         a = self.in_proj(h[:, P:]).view(b, s, s, -1)
@@ -356,7 +339,7 @@ class GridOps(nn.Module):
                 parts.append(self.neighbourhood(a[..., at : at + w]))
                 at += w
             else:
-                parts.append((self.rays if op == "rays" else self.diagonals)(a[..., at : at + 4 * w]))
+                parts.append(self.rays(a[..., at : at + 4 * w]))
                 at += 4 * w
         out = self.out_proj(torch.cat(parts, dim=-1)).view(b, s * s, -1)
         return F.pad(out, (0, 0, P, 0))
