@@ -50,9 +50,9 @@ def row_puzzles(table: dict, puzzles: dict[str, str]) -> dict[str, list[str]]:
 def _score(table: dict, heldout: dict[str, str], pred: dict, runs_key: str, count_key: str, run: str) -> None:
     """Add ``run``'s mean pass@1 / pass@2 over the puzzles of ``heldout`` (puzzle -> family) to every row: a puzzle
     counts in its family's row, the rows that list its family and the :data:`TOTAL_ROW` (:func:`row_puzzles`)."""
+    scores = {p: puzzle_scores(pred[p]) for p in heldout}  # once per puzzle, though it counts in several rows
     for f, ids in row_puzzles(table, heldout).items():
-        a = sum(puzzle_scores(pred[p])[0] for p in ids)
-        b = sum(puzzle_scores(pred[p])[1] for p in ids)
+        a, b = sum(scores[p][0] for p in ids), sum(scores[p][1] for p in ids)
         n = table[f][count_key]
         table[f][runs_key][run] = {"pass@1": a / n if n else 0.0, "pass@2": b / n if n else 0.0}
 

@@ -164,10 +164,12 @@ def paired(data: ScienceData, predictions: dict[str, dict]) -> dict:
     rows = {k: ids for k, ids in row_puzzles(table, heldout).items() if k == TOTAL_ROW or "families" in table[k]}
     (_, base), *rest = predictions.items()
     out = {}
+    first = {p: puzzle_scores(base[p])[0] for p in heldout}
     for run, pred in rest:
         out[run] = {}
+        diff_of = {p: puzzle_scores(pred[p])[0] - first[p] for p in heldout}
         for row, ids in rows.items():
-            diff = [puzzle_scores(pred[p])[0] - puzzle_scores(base[p])[0] for p in ids]
+            diff = [diff_of[p] for p in ids]
             a, b = sum(d < 0 for d in diff), sum(d > 0 for d in diff)
             out[run][row] = (a, b, sign_test(a, b))
     return out
