@@ -93,8 +93,7 @@ REMOVED: dict[str, tuple[str, str]] = {
     "gather_copy_detach=true": (
         "removed with gather_copy, whose mixture it put on a detached z_H: one copy 0.29 / 0.24 against the counted "
         "form's 0.27 / 0.23, both seeds pooled 70 : 50 puzzles, sign test p = 0.08, short of the rule written "
-        "before the runs (ef50ddb, "
-        "docs/record/2026-12-07-copy-detach-diagonals-test-time-depth.md)",
+        "before the runs (ef50ddb, docs/record/2026-12-07-copy-detach-diagonals-test-time-depth.md)",
         LAST_COMMIT_WITH_GATHER_COPY,
     ),
 }
