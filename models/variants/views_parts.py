@@ -26,7 +26,7 @@ from core.nn import rms_norm
 from core.ops import VIEW_KINDS, grid_coordinates, view_sources, view_table
 from encoders.interface import DemoMemory
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
-from models.variants.demo_form import demo_tables, form_logits
+from models.variants.demo_form import colour_read, demo_tables, form_logits
 from models.variants.views_ops import object_sizes, ray_counts
 
 FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
@@ -200,11 +200,9 @@ class InputViews(nn.Module):
         """[b, V] how well each view explains the valid demos (``valid`` [b, D]), in [-1, 1]: per demo 2 x share - 1,
         the worst over the valid demos (a view must explain every one); 0 for a sample without a valid demo.
         ``views_match`` says what the share is. ``agree`` (default): of the cells the view draws a colour on, those
-        where the output has that colour (a colour drawn outside the output grid is a miss). ``explain``: of the
-        cells the output colours or the view draws on, those where the output is a *function of the view's colour*
-        (for each view colour, and for "no source", the output colour most cells with it have: a view followed by a
-        recolouring explains the output, and the cells a view leaves uncovered must share one colour), a colour
-        drawn outside the output grid never explained."""
+        where the output has that colour (drawn outside the output grid: a miss). ``explain``: of the cells the output
+        colours or the view draws on, those where the output is a *function of the view's colour* (per view colour and
+        "no source", the commonest output colour: a view then a recolouring explains the output)."""
         b, D, S = demo_inputs.shape
         inp, out = demo_inputs.reshape(b * D, S), demo_labels.reshape(b * D, S)
         flat = valid.reshape(b * D)
@@ -411,34 +409,37 @@ class GridGather(nn.Module):
         return self.demo_scores(demo_inputs, demo_labels, valid, ("match",))[0][0]
 
     def copy_nll(self, demo_inputs: torch.Tensor, demo_labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[b, forms]: per form, how badly it reads each demo output cell's colour off the demo input: the mean of
-        ``-log sum_j p_ij [colour_j = colour of output cell i]`` over the valid demos' output cells whose colour is
-        not the input's commonest and that some input cell has; 0 without demos. A copy, not a recolouring."""
+        """[b, forms]: per form, the mean of ``-log sum_j p_ij [colour_j = colour of output cell i]`` over the valid
+        demos' output cells not of the input's commonest colour that some input cell has (0 without demos)."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0][0]
 
-    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]):
-        """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid demos;
-        with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it."""
+    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...], reads: bool = False):
+        """``(scores, form, reads)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid
+        demos; with ``demo_form`` each sample's counted form [b, F, F], scored on a demo as its others write it, and
+        with ``reads`` each demo input cell's colour under that form (``colour_read``) [b, D, S, vocab + 1]; else None."""
         if not kinds and not self.demo_form:
-            return (), None
+            return (), None, None
         b, D, S = demo_inputs.shape
         idx = valid.reshape(b * D).nonzero().squeeze(-1)
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         T, off = self.logits(inp)
-        form = None
+        form = read = None
         if self.demo_form:
             o = self.onehot(inp)
             rows = torch.div(idx, D, rounding_mode="floor")
             form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds)
             T = torch.cat((T, self._counted(o, loo)), dim=1)
+            if reads:
+                r = colour_read(T[:, -1], off, inp, self.vocab)
+                read = r.new_zeros(b * D, S, r.shape[-1]).index_copy(0, idx, r).view(b, D, S, -1)
         scores = []
         for kind in kinds:
             per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, forms]
             n = self.forms_total
             per = per_pair.new_zeros(b * D, n).index_copy(0, idx, per_pair).view(b, D, n)
             scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
-        return tuple(scores), form
+        return tuple(scores), form, read
 
     def _counted(self, onehot: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, F]; x ``scale`` too), its null key last."""
