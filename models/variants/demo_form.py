@@ -79,9 +79,9 @@ def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int =
 
 
 def colour_read(logits: torch.Tensor, off: torch.Tensor, inputs: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[n, S, vocab + 1]: per cell, the colour a form brings to it (``arch.gather_demo_input`` feeds it to the core
-    as an input): its soft read of ``inputs``' cells [n, S] under ``logits`` [n, S, S + 1] (the null key last, its
-    share in the last column), ``off`` [n, S + 1] the keys never read."""
-    p = logits.float().masked_fill(off[:, None, :], float("-inf")).softmax(-1)
+    """[n, ..., S, vocab + 1]: per cell, the colour a form brings to it (``arch.gather_demo_input`` feeds the counted
+    form's to the core as an input): its soft read of ``inputs``' cells [n, S] under ``logits`` [n, ..., S, S + 1]
+    (the null key last, its share in the last column), ``off`` [n, ..., S + 1] the keys never read."""
+    p = logits.float().masked_fill(off.unsqueeze(-2), float("-inf")).softmax(-1)
     src = F.one_hot(F.pad(inputs.long(), (0, 1), value=vocab), vocab + 1).to(p.dtype)
-    return torch.einsum("nij,njk->nik", p, src)
+    return torch.einsum("n...ij,njk->n...ik", p, src)

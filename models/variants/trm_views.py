@@ -350,7 +350,8 @@ class GridTRMInner(TRMInner):
             # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
             kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
             visible, fed = self.visible_demos(batch, memory), self.demo_input is not None
-            demos, form, reads = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds, fed)
+            demo = batch["demo_inputs"], batch["demo_labels"]
+            demos, form, reads = self.gather.demo_scores(*demo, visible, kinds, fed)
             scores = dict(zip(kinds, demos))
             tables = self.gather.tables(batch["inputs"], scores.get("match"), form)  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731

@@ -416,7 +416,7 @@ class GridGather(nn.Module):
     def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...], reads: bool = False):
         """``(scores, form, reads)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid
         demos; with ``demo_form`` each sample's counted form [b, F, F], scored on a demo as its others write it, and
-        with ``reads`` each demo input cell's colour under that form (``colour_read``) [b, D, S, vocab + 1]; else None."""
+        with ``reads`` each demo input cell's colour under that form (``colour_read``) [b, D, S, vocab + 1]; or None."""
         if not kinds and not self.demo_form:
             return (), None, None
         b, D, S = demo_inputs.shape
@@ -448,11 +448,9 @@ class GridGather(nn.Module):
 
     def _explained(self, inp, out, T, off) -> torch.Tensor:
         """[n, maps]: :meth:`match`'s share of each pair's output cells."""
-        p = torch.softmax(T.masked_fill(off[:, None, None, :], float("-inf")), dim=-1)  # [n, maps, S, S + 1]
-        src = F.one_hot(F.pad(inp, (0, 1), value=self.vocab), self.vocab + 1).to(p.dtype)  # null: its own colour
-        q = torch.einsum("nmij,njk->nmik", p, src)  # [n, maps, S, vocab + 1]: the gathered colour's distribution
+        q = colour_read(T, off[:, None], inp, self.vocab)  # [n, maps, S, vocab + 1]; the null key: its own colour
         cell = out >= FIRST_COLOUR
-        counts = torch.einsum("nmik,nil->nmkl", q, F.one_hot(out, self.vocab).to(p.dtype) * cell[..., None])
+        counts = torch.einsum("nmik,nil->nmkl", q, F.one_hot(out, self.vocab).to(q.dtype) * cell[..., None])
         return counts.amax(-1).sum(-1) / cell.sum(-1, keepdim=True).clamp_min(1)
 
     def _copy_nll(self, inp, out, T, off) -> torch.Tensor:
