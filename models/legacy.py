@@ -33,6 +33,8 @@ LAST_COMMIT = "0b65cd7"
 LAST_COMMIT_WITH_REMOVED = "3548346"
 #: the last commit with ``arch.gather_copy`` (a copy head on the learned gather, measured three times, never adopted)
 LAST_COMMIT_WITH_GATHER_COPY = "ef50ddb"
+#: the last commit with ``arch.gather_demo_input`` (the counted form's read fed to the core as an input)
+LAST_COMMIT_WITH_DEMO_INPUT = "c47b590"
 #: arch names whose configs had the switches
 _OLD_NAMES = ("trm", "hrm", "transformer")
 _SWITCHES = {"grid_coords": False, "context_broadcast": False, "pointer_init": "identity", "pointer_source": "token"}
@@ -96,6 +98,12 @@ REMOVED: dict[str, tuple[str, str]] = {
         "before the runs (ef50ddb, docs/record/2026-12-07-copy-detach-diagonals-test-time-depth.md)",
         LAST_COMMIT_WITH_GATHER_COPY,
     ),
+    "gather_demo_input=true": (
+        "measured negative: the counted form's read fed to the core as an input (test cells and the memory's demo "
+        "keys) answered one copy 0.24 / 0.22 against the counted form's 0.27 / 0.23, both seeds pooled 61 : 53 "
+        "puzzles for the recipe, sign test p = 0.51 (c47b590, docs/record/2026-12-07-counted-read-as-input.md)",
+        LAST_COMMIT_WITH_DEMO_INPUT,
+    ),
 }
 #: removed options that a full dump of their time lists at their default (off): dropped, as they built nothing
 _DROPPED_DEFAULTS = {
@@ -103,6 +111,7 @@ _DROPPED_DEFAULTS = {
     "gather_copy_recolour": False,
     "gather_copy_lm_loss": False,
     "gather_copy_detach": False,
+    "gather_demo_input": False,
 }
 #: the fields every stored trm_views config has had (a full dump); one of those without views_embed predates it
 _VIEWS_DUMP = ("views", "views_gate", "views_gate_scale", "views_match_scale", "memory_max_demos")

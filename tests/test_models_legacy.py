@@ -237,43 +237,45 @@ COPY = {**VIEWS, "name": "trm_local", "grid_gather": True, "gather_demo_form": T
 
 
 @pytest.mark.parametrize(
-    "key,figure",
+    "key,figure,commit",
     [
-        ("gather_copy", "0.09 / 0.08"),
-        ("gather_copy", "0.41 / 0.41"),
-        ("gather_copy_detach", "p = 0.08"),
-        ("gather_copy_recolour", "cf65393"),
-        ("gather_copy_lm_loss", "0.27 / 0.23"),
-        ("gather_copy_detach", "0.29 / 0.24"),
+        ("gather_copy", "0.09 / 0.08", "ef50ddb"),
+        ("gather_copy", "0.41 / 0.41", "ef50ddb"),
+        ("gather_copy_detach", "p = 0.08", "ef50ddb"),
+        ("gather_copy_recolour", "cf65393", "ef50ddb"),
+        ("gather_copy_lm_loss", "0.27 / 0.23", "ef50ddb"),
+        ("gather_copy_detach", "0.29 / 0.24", "ef50ddb"),
+        ("gather_demo_input", "0.24 / 0.22", "c47b590"),
     ],
 )
-def test_the_copy_head_is_refused_naming_its_measurements_and_its_last_commit_and_its_off_dump_reads_as_today(
-    key, figure
+def test_the_gather_options_pruned_after_their_record_are_refused_naming_it_and_their_off_dump_reads_as_today(
+    key, figure, commit
 ):
     """gather_copy (measured negative at c504376, with the LM head's own loss at cf65393 and with its mixture on a
-    detached state at ef50ddb), gather_copy_recolour, gather_copy_lm_loss and gather_copy_detach: on, refused in one
-    line by the parser, a training config and the checkpoint check; off, as every trm_views dump of those commits
-    lists them, dropped: the dump parses to today's config (an unknown field would be refused, so the drop is what
-    makes it read)."""
+    detached state at ef50ddb), gather_copy_recolour, gather_copy_lm_loss, gather_copy_detach and gather_demo_input
+    (c47b590): on, refused in one line by the parser, a training config and the checkpoint check; off, as every
+    trm_views dump of those commits lists them, dropped: the dump parses to today's config (an unknown field would
+    be refused, so the drop is what makes it read)."""
     from training.checkpoint import CheckpointError, check_arch_compatible
     from training.config import PretrainConfig
 
     stored = {**COPY, key: True}  # each entry on its own: its own line refuses it
-    why, commit = REMOVED[f"{key}=true"]
-    assert commit == "ef50ddb" and figure in why
+    why, last = REMOVED[f"{key}=true"]
+    assert last == commit and figure in why
     records = re.findall(r"docs/record/[\w.-]+\.md", why)  # every record the reason cites is in the repository
     assert records and all((ROOT / r).is_file() for r in records)
     with pytest.raises(ArchRemovedError) as e:
         parse_arch_config(stored)
     msg = str(e.value)
-    assert one_line(msg) == msg and msg.endswith("needs commit ef50ddb (git checkout ef50ddb)")
+    assert one_line(msg) == msg and msg.endswith(f"needs commit {commit} (git checkout {commit})")
     assert msg.startswith(f"arch.{key}=true was removed") and why in msg
-    with pytest.raises(ArchRemovedError, match="git checkout ef50ddb"):
+    with pytest.raises(ArchRemovedError, match=f"git checkout {commit}"):
         PretrainConfig.model_validate({"arch": stored, "data_paths": ["unused"]})
-    with pytest.raises(CheckpointError, match="^ck/step_9.pt: .*needs commit ef50ddb"):
+    with pytest.raises(CheckpointError, match=f"^ck/step_9.pt: .*needs commit {commit}"):
         check_arch_compatible(stored, today(), source="ck/step_9.pt")
     dump = parse_arch_config(COPY).model_dump()
     off = {k: False for k in ("gather_copy", "gather_copy_recolour", "gather_copy_lm_loss", "gather_copy_detach")}
+    off["gather_demo_input"] = False
     assert parse_arch_config({**dump, **off}).model_dump() == dump
     with pytest.raises(ArchConfigError, match="unknown key 'arch.gather_copi'"):
         parse_arch_config({**dump, "gather_copi": False})

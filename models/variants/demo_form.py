@@ -24,64 +24,127 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from core.ops import grid_coordinates
 
-def pair_counts(onehot, inputs, outputs, first: int, table: Optional[torch.Tensor] = None) -> torch.Tensor:
+
+def pair_counts(onehot, inputs, outputs, first: int, table: Optional[torch.Tensor] = None, target=None) -> torch.Tensor:
     """[n, F, F] the votes of each demo pair, indexed [source slot, target slot]: ``onehot`` [n, S, F] the canvas
     cells' one-hot offsets from the pair's *input* grid (the target cells are placed by the input's edges, as the
-    test's are), ``inputs`` / ``outputs`` [n, S] tokens (colours from ``first``). Each output cell's vote for the
-    input cells of its colour: ``1 / n_i^2`` each, or, given a form ``table`` [n, F, F] (a refinement round),
-    ``1 / n_i`` shared among them by the form's soft read (the sources the form already prefers get more)."""
+    test's are; ``target``: the target cells' slots instead, :func:`frame_slots`), ``inputs`` / ``outputs`` [n, S]
+    tokens (colours from ``first``). Each output cell's vote for the input cells of its colour: ``1 / n_i^2`` each,
+    or, given a form ``table`` [n, F, F] (a refinement round), ``1 / n_i`` shared among them by the form's soft read
+    (the sources the form already prefers get more)."""
+    target = onehot if target is None else target
     same = (outputs[:, :, None] == inputs[:, None, :]) & (outputs[:, :, None] >= first)  # [n, S_i, S_j]
     w = same.float()
     n = w.sum(-1, keepdim=True).clamp_min(1)
     if table is None:
         w = w / n**2
     else:
-        read = torch.softmax(form_logits(onehot, table).masked_fill(~same, float("-inf")), dim=-1)
+        read = torch.softmax(form_logits(onehot, table, target).masked_fill(~same, float("-inf")), dim=-1)
         w = torch.nan_to_num(read) * w / n
-    return torch.einsum("njg,nij,nif->ngf", onehot, w, onehot)
+    return torch.einsum("njg,nij,nif->ngf", onehot, w, target)
 
 
-def form_table(counts: torch.Tensor, blocks: int = 4, alpha: float = 0.1) -> torch.Tensor:
+def form_table(counts: torch.Tensor, blocks: int = 4, alpha: float = 0.1, allowed=None) -> torch.Tensor:
     """[..., F, F] counts -> the form [..., F, F]: per pair of blocks (the source's, the target's), the smoothed
     pointwise mutual information of a source slot and a target slot under the block pair's votes,
     ``log p(source, target) / (p(source) p(target))``: a slot pair the demos link scores above 0, one they keep
     apart below, a slot that is merely common (the middle of every grid) 0. Each source block keeps only the target
     block that tells most about it (the largest mutual information): a map says where a source's offset is measured
-    from, and the other 3 block pairs are noise. 0 without votes."""
-    *lead, F_, _ = counts.shape
+    from, and the other 3 block pairs are noise. 0 without votes. A target side of more blocks (:func:`frame_slots`:
+    6) with ``allowed`` [..., target blocks] (bool: the sample's frame, :data:`FRAMES`) keeps one among those."""
+    *lead, F_, Ft = counts.shape
     k = F_ // blocks
-    c = counts.reshape(*lead, blocks, k, blocks, k) + alpha
+    c = counts.reshape(*lead, blocks, k, Ft // k, k) + alpha
     total = c.sum((-3, -1), keepdim=True)
     pmi = torch.log(c * total / (c.sum(-3, keepdim=True) * c.sum(-1, keepdim=True)))
     mi = (c / total * pmi).sum((-3, -1))  # [..., source block, target block]
-    keep = F.one_hot(mi.argmax(-1), blocks).to(pmi.dtype)  # [..., source block, target block]
-    return (pmi * keep[..., :, None, :, None]).reshape(*lead, F_, F_)
+    if allowed is not None:
+        mi = mi.masked_fill(~allowed[..., None, :], float("-inf"))
+    keep = F.one_hot(mi.argmax(-1), Ft // k).to(pmi.dtype)  # [..., source block, target block]
+    return (pmi * keep[..., :, None, :, None]).reshape(*lead, F_, Ft)
 
 
-def form_logits(onehot: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """[n, S_i, S_j]: ``T[i, j] = o_j^T table o_i`` per row (``onehot`` [n, S, F], ``table`` [n, F, F])."""
-    return torch.einsum("njg,ngf,nif->nij", onehot, table, onehot)
+def form_logits(onehot: torch.Tensor, table: torch.Tensor, target: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[n, S_i, S_j]: ``T[i, j] = t_i^T table^T o_j`` per row (``onehot`` [n, S, F] the source slots, ``table`` [n, F,
+    F], ``target`` the target cells' slots, default ``onehot``)."""
+    return torch.einsum("njg,ngf,nif->nij", onehot, table, onehot if target is None else target)
 
 
-def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int = 0):
+def box_shapes(coords: torch.Tensor) -> torch.Tensor:
+    """[n, 2] (height, width) of each canvas's grid from its cells' edge offsets ``coords`` [n, S, 4]
+    (``core.ops.grid_coordinates``: top, bottom, left, right, shifted alike): 0 x 0 without a colour cell."""
+    c = coords[:, 0]
+    return torch.stack((c[:, 1] - c[:, 0] + 1, c[:, 3] - c[:, 2] + 1), dim=-1)
+
+
+def transposed_outputs(in_coords, out_coords, rows, b: int) -> torch.Tensor:
+    """[b] bool: the samples whose demos say the output grid is the input grid's transpose (height and width
+    swapped): more non-square demo pairs (``rows`` [n] their sample) with the output's shape the input's transposed
+    than with it the input's own (a square demo says nothing)."""
+    si, so = box_shapes(in_coords), box_shapes(out_coords)
+    telling = si[:, 0] != si[:, 1]
+    swapped = (telling & (so == si.flip(-1)).all(-1)).float()
+    kept = (telling & (so == si).all(-1)).float()
+    votes = swapped.new_zeros(b).index_add(0, rows, swapped - kept)
+    return votes > 0
+
+
+def frame_slots(coords: torch.Tensor, side: int) -> torch.Tensor:
+    """[n, S, 6] the target cells' edge offsets in both frames: the input grid's four (``coords``, shifted by
+    ``side``), then the bottom and right offsets from the grid with the input's height and width swapped, anchored at
+    its top-left corner (an axis swap's output grid: a quarter turn, a transpose; its top and left edges are the
+    input's). Under an axis swap of a non-square grid an output cell's offsets from the input's own bottom and right
+    edges are no source offset, and a form counted in them reads another row or column on a grid of another size."""
+    top, bottom, left, right = (coords[..., k] - side for k in range(4))
+    height, width = top + bottom + 1, left + right + 1
+    moved = torch.stack((width - 1 - top, height - 1 - left), dim=-1).clamp(-side, side) + side
+    return torch.cat((coords, moved), dim=-1)
+
+
+#: the target blocks each frame keeps, of :func:`frame_slots`' six: the input's grid, the swapped grid
+FRAMES = ((0, 1, 2, 3), (0, 4, 2, 5))
+
+
+def frame_onehot(tokens: torch.Tensor, side: int) -> torch.Tensor:
+    """[n, S, 6 (2 side + 1)]: the one-hot of :func:`frame_slots` of every canvas cell (``tokens`` [n, S])."""
+    slots = frame_slots(grid_coordinates(tokens, side), side)
+    at = slots + (2 * side + 1) * torch.arange(slots.shape[-1], device=tokens.device)
+    return torch.zeros(*slots.shape[:2], slots.shape[-1] * (2 * side + 1), device=tokens.device).scatter_(-1, at, 1.0)
+
+
+def frame_allowed(inputs, outputs, rows, b: int, side: int) -> torch.Tensor:
+    """[b, 6] bool: the target blocks of each sample's frame (:data:`FRAMES`): the swapped grid's where its demos
+    (``inputs`` / ``outputs`` [n, S], ``rows`` [n] their sample) say the output is the input's transpose in shape."""
+    coords = (grid_coordinates(t, side) for t in (inputs, outputs))
+    swap = transposed_outputs(*coords, rows, b).long()
+    frames = torch.zeros(2, 6, dtype=torch.bool, device=inputs.device)
+    frames[0, list(FRAMES[0])], frames[1, list(FRAMES[1])] = True, True
+    return frames[swap]
+
+
+def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int = 0, target=None, allowed=None):
     """The form of each sample from all its valid demos, [b, F, F], and of each demo pair from its sample's *other*
     demos (leave-one-out: how well the form the other demos write explains this one is the gate's match), [n, F, F].
     ``onehot`` / ``inputs`` / ``outputs``: the n valid demo pairs; ``rows`` [n] the sample each belongs to.
     ``rounds``: refinement rounds, each recounting the votes shared by the last round's form (the leave-one-out
-    form is the last round's counts less the pair's own)."""
-    counts = pair_counts(onehot, inputs, outputs, first)
+    form is the last round's counts less the pair's own). ``target`` [n, S, Ft]: the target cells' slots in both
+    frames (:func:`frame_slots`, one-hot) and ``allowed`` [b, 6]: each sample's frame (:data:`FRAMES`)."""
+    table = lambda t: form_table(t, allowed=allowed)  # noqa: E731
+    counts = pair_counts(onehot, inputs, outputs, first, target=target)
     total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
     for _ in range(rounds):
-        counts = pair_counts(onehot, inputs, outputs, first, form_table(total).index_select(0, rows))
+        counts = pair_counts(onehot, inputs, outputs, first, table(total).index_select(0, rows), target)
         total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
-    return form_table(total), form_table((total.index_select(0, rows) - counts).clamp_min(0))
+    loo = (total.index_select(0, rows) - counts).clamp_min(0)
+    return table(total), form_table(loo, allowed=None if allowed is None else allowed.index_select(0, rows))
 
 
 def colour_read(logits: torch.Tensor, off: torch.Tensor, inputs: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[n, ..., S, vocab + 1]: per cell, the colour a form brings to it (``arch.gather_demo_input`` feeds the counted
-    form's to the core as an input): its soft read of ``inputs``' cells [n, S] under ``logits`` [n, ..., S, S + 1]
-    (the null key last, its share in the last column), ``off`` [n, ..., S + 1] the keys never read."""
-    p = logits.float().masked_fill(off.unsqueeze(-2), float("-inf")).softmax(-1)
+    """[n, ..., S, vocab + 1]: per cell, the colour a form brings to it: its soft read of ``inputs``' cells [n, S]
+    under ``logits`` [n, ..., S, S + 1] (the null key last, its share in the last column), ``off`` [n, ..., S + 1] the
+    keys never read (``GridGather.match`` scores the forms with it)."""
+    p = logits.masked_fill(off.unsqueeze(-2), float("-inf")).softmax(-1)
     src = F.one_hot(F.pad(inputs.long(), (0, 1), value=vocab), vocab + 1).to(p.dtype)
     return torch.einsum("n...ij,njk->n...ik", p, src)

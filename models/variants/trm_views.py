@@ -49,9 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from encoders.interface import DemoMemory
-from models.layers import CastedLinear
 from models.trm import TRM, TRMConfig, TRMInner
-from models.variants.demo_form import colour_read
 from models.variants.views_parts import (
     CellFeatures,
     DemoLookup,
@@ -126,11 +124,10 @@ class TRMLocalConfig(TRMMemoryConfig):
     # out or not, is read without being learned (the gate chooses it, with its leave-one-out match on the demos)
     gather_demo_form: bool = False
     gather_demo_form_rounds: int = Field(0, ge=0)  # refinement rounds of the count (demo_form.demo_tables)
-    # the counted form's read fed to the core as an input, not as an answer: every test input cell's embedding gets a
-    # learned embedding (started at 0) of the colour the form brings to it (demo_form.colour_read), and every demo
-    # input cell the memory keys the same embedding of the colour its leave-one-out form brings (what the other demos
-    # say arrives there): a test cell can find the demo cells that received its colour and read what they became
-    gather_demo_input: bool = False
+    # the count's target cells placed by the grid with the input's height and width swapped where the sample's demos
+    # show outputs shaped as their inputs' transposes (an axis swap: a quarter turn, a transpose), else by the input's
+    # (demo_form.frame_slots / frame_allowed); false: always the input's, which misreads axis swaps of non-square grids
+    gather_demo_form_frame: bool = False
     # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
     # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
     # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
@@ -142,8 +139,8 @@ class TRMLocalConfig(TRMMemoryConfig):
     def _gather_fit_needs_the_gather(self):
         if self.gather_demo_form and not self.grid_gather:
             raise ValueError("gather_demo_form=true adds a form to the learned gather: it needs grid_gather=true")
-        if self.gather_demo_input and not self.gather_demo_form:
-            raise ValueError("gather_demo_input=true feeds the counted form's read: it needs gather_demo_form=true")
+        if self.gather_demo_form_frame and not self.gather_demo_form:
+            raise ValueError("gather_demo_form_frame=true places the counted form's cells: needs gather_demo_form=true")
         if self.gather_fit_weight > 0 and not self.grid_gather:
             raise ValueError(
                 f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
@@ -197,7 +194,6 @@ class GridTRMInner(TRMInner):
         self.grid_ops: Optional[GridOps] = None
         self.descriptor: Optional[GridOps] = None
         self.gather: Optional[GridGather] = None
-        self.demo_input: Optional[CastedLinear] = None  # gather_demo_input: the counted read's embedding
         std, dtype = self.embed_init_std, self.forward_dtype
         if self.reads_memory:
             if config.memory_width is None:
@@ -261,11 +257,8 @@ class GridTRMInner(TRMInner):
                         config.gather_scale,
                         config.gather_match,
                         config.gather_demo_form_rounds if config.gather_demo_form else None,
+                        config.gather_demo_form_frame,
                     )
-            if getattr(config, "gather_demo_input", False):  # started at 0: the core starts as without it
-                with torch.random.fork_rng(devices=[]):
-                    self.demo_input = CastedLinear(self.vocab_size + 1, config.hidden_size, bias=False)
-                nn.init.zeros_(self.demo_input.weight)
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
@@ -345,28 +338,21 @@ class GridTRMInner(TRMInner):
             )
         cos_sin = self.cos_sin(batch["inputs"])
         x = self.embed_inputs(batch, prefix_context, memory)
-        colour_in, gather, aux = self.token_embeddings, None, {}
+        kv = self.memory_read.keys(memory, batch["demo_inputs"], batch["demo_labels"], self.token_embeddings, x.dtype)
+        read = lambda h: self.memory_read(h, kv)  # noqa: E731
+        if self.config.memory_read == "once":
+            x = x + read(x)
+        gather, aux = None, {}
         if self.gather is not None:
             # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
             kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
-            visible, fed = self.visible_demos(batch, memory), self.demo_input is not None
-            demo = batch["demo_inputs"], batch["demo_labels"]
-            demos, form, reads = self.gather.demo_scores(*demo, visible, kinds, fed)
+            visible = self.visible_demos(batch, memory)
+            demos, form = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
             scores = dict(zip(kinds, demos))
             tables = self.gather.tables(batch["inputs"], scores.get("match"), form)  # once per supervision step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
             if "copy_nll" in scores:
                 aux["gather_fit"] = GridGather.fit_loss(scores["copy_nll"], self.config.gather_fit_tau)
-            if fed:  # gather_demo_input: the counted read of the test cells and, in the memory's keys, the demo cells'
-                test = colour_read(tables[0][:, -1], tables[1], batch["inputs"], self.gather.vocab)
-                fed_x = self.embed_scale * self.demo_input(test.to(x.dtype))
-                x = torch.cat((x[:, : self.puzzle_emb_len], x[:, self.puzzle_emb_len :] + fed_x), dim=1)
-                demo_fed = self.demo_input(reads.flatten(0, 1).to(x.dtype))
-                colour_in = lambda t: self.token_embeddings(t) + demo_fed.to(x.dtype)  # noqa: E731
-        kv = self.memory_read.keys(memory, batch["demo_inputs"], batch["demo_labels"], colour_in, x.dtype)
-        read = lambda h: self.memory_read(h, kv)  # noqa: E731
-        if self.config.memory_read == "once":
-            x = x + read(x)
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():
             for _ in range(self.config.H_cycles - 1):

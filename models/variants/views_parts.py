@@ -26,7 +26,7 @@ from core.nn import rms_norm
 from core.ops import VIEW_KINDS, grid_coordinates, view_sources, view_table
 from encoders.interface import DemoMemory
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
-from models.variants.demo_form import colour_read, demo_tables, form_logits
+from models.variants.demo_form import colour_read, demo_tables, form_logits, frame_allowed, frame_onehot
 from models.variants.views_ops import object_sizes, ray_counts
 
 FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
@@ -373,10 +373,12 @@ class GridGather(nn.Module):
         scale: float = 10.0,
         match: bool = False,
         demo_form: Optional[int] = None,
+        demo_frame: bool = False,
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
-        self.demo_form, self.demo_rounds = demo_form is not None, demo_form or 0  # + a counted form, last
+        # + a counted form, last; its target cells in the input's frame or the swapped one (demo_form.FRAMES)
+        self.demo_form, self.demo_rounds, self.demo_frame = demo_form is not None, demo_form or 0, demo_frame
         self.forms_total, self.scale = maps + int(self.demo_form), scale  # logits = scale x the forms
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
@@ -413,37 +415,35 @@ class GridGather(nn.Module):
         demos' output cells not of the input's commonest colour that some input cell has (0 without demos)."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0][0]
 
-    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...], reads: bool = False):
-        """``(scores, form, reads)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid
-        demos; with ``demo_form`` each sample's counted form [b, F, F], scored on a demo as its others write it, and
-        with ``reads`` each demo input cell's colour under that form (``colour_read``) [b, D, S, vocab + 1]; or None."""
+    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]):
+        """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid demos;
+        with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it."""
         if not kinds and not self.demo_form:
-            return (), None, None
+            return (), None
         b, D, S = demo_inputs.shape
         idx = valid.reshape(b * D).nonzero().squeeze(-1)
         inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
         out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
         T, off = self.logits(inp)
-        form = read = None
+        form = None
         if self.demo_form:
             o = self.onehot(inp)
             rows = torch.div(idx, D, rounding_mode="floor")
-            form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds)
-            T = torch.cat((T, self._counted(o, loo)), dim=1)
-            if reads:
-                r = colour_read(T[:, -1], off, inp, self.vocab)
-                read = r.new_zeros(b * D, S, r.shape[-1]).index_copy(0, idx, r).view(b, D, S, -1)
+            f, sd = self.demo_frame, self.side  # the target cells' slots in both frames and each sample's frame
+            ot, allowed = (frame_onehot(inp, sd), frame_allowed(inp, out, rows, b, sd)) if f else (o, None)
+            form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds, ot, allowed)
+            T = torch.cat((T, self._counted(o, loo, ot)), dim=1)
         scores = []
         for kind in kinds:
             per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, forms]
             n = self.forms_total
             per = per_pair.new_zeros(b * D, n).index_copy(0, idx, per_pair).view(b, D, n)
             scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
-        return tuple(scores), form, read
+        return tuple(scores), form
 
-    def _counted(self, onehot: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, F]; x ``scale`` too), its null key last."""
-        T = self.scale * self.demo_scale * form_logits(onehot, table.to(onehot.dtype))
+    def _counted(self, onehot: torch.Tensor, table: torch.Tensor, target=None) -> torch.Tensor:
+        """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, Ft]; x ``scale`` too), its null key last."""
+        T = self.scale * self.demo_scale * form_logits(onehot, table.to(onehot.dtype), target)
         return torch.cat((T, self.demo_null.expand(*T.shape[:2], 1)), dim=-1)[:, None]
 
     def _explained(self, inp, out, T, off) -> torch.Tensor:
@@ -475,8 +475,9 @@ class GridGather(nn.Module):
         T, off = self.logits(inputs)
         if self.demo_form:  # the sample's counted form (``demo_scores``); none given: 0, a uniform read
             o = self.onehot(inputs)
-            form = o.new_zeros(o.shape[0], o.shape[-1], o.shape[-1]) if form is None else form
-            T = torch.cat((T, self._counted(o, form)), dim=1)
+            ot = frame_onehot(inputs, self.side) if self.demo_frame else o
+            form = o.new_zeros(o.shape[0], o.shape[-1], ot.shape[-1]) if form is None else form
+            T = torch.cat((T, self._counted(o, form, ot)), dim=1)
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
         bias = 0.0 if match is None else self.match_scale * match[:, None, None, :]  # [b, 1, 1, maps]
         return T, off, colour, bias
