@@ -15,6 +15,11 @@ Any map that sends a cell's edge offsets to its source's block by block (a flip,
 without wrap, a scaling, a tiling) is counted from demos that show it, whether or not a training puzzle did; a rule
 that recolours or draws new cells leaves the form near 0 (the gate's match then scores it low). Nothing here names a
 rule family or a parameter range. The zero-demo control's form is 0 everywhere: a uniform read.
+
+The target cells are placed by the input grid's edges, which an axis swap (a quarter turn, a transpose) of a
+non-square grid breaks: the output's bottom and right edges are then the swapped grid's.
+``arch.gather_demo_form_frame`` counts in both frames (:func:`frame_slots`) and keeps, per sample, the one its demos'
+shapes name (:func:`frame_allowed`: outputs shaped as their inputs' transposes, or not).
 """
 
 from __future__ import annotations
