@@ -57,7 +57,7 @@ from experiments.science.grids import (
 )
 from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
-from models.variants.demo_form import form_table, pair_counts
+from models.variants.demo_form import demo_tables, frame_allowed, frame_onehot
 
 STARTS = ("identity", "zero")
 
@@ -197,22 +197,39 @@ class CountedFit(PointerFit):
     from the demos (``models.variants.demo_form``: each demo output cell's votes for the input cells of its colour,
     the slot pairs' mutual information); null 0 (no source) at logit 0, null 1 (off the output grid) for a cell one
     of whose slots no demo output's colour reaches; the colour table the hard pointer's majority:
-    what ``arch.gather_demo_form`` hands the core, alone (the core learns its own null and the grid's extent)."""
+    what ``arch.gather_demo_form`` hands the core, alone (the core learns its own null and the grid's extent), with
+    its ``gather_demo_form_rounds`` (``rounds``) and ``gather_demo_form_frame`` (``frame``)."""
 
-    def __init__(self, side: int):
+    def __init__(self, side: int, rounds: int = 0, frame: bool = False):
         super().__init__(side, steps=0, starts=("zero",), colour_priors=(0.0,))
+        self.rounds, self.frame = rounds, frame
+
+    def logits(self, A, u, tokens, scale: float) -> torch.Tensor:
+        if not self.frame:
+            return super().logits(A, u, tokens, scale)
+        o, target = self.onehot(tokens), frame_onehot(tokens, self.side)  # the target cells in both frames
+        T = torch.cat((torch.einsum("njf,nfg,nig->nij", o, A, target), torch.einsum("nig,nkg->nik", target, u)), -1)
+        return (scale * T).masked_fill(F.pad(tokens < 2, (0, NULLS))[:, None, :], float("-inf"))
 
     def fit_one(self, start, colour_prior, di, do, valid):
         n, D, S = di.shape
-        inp, out = di.reshape(n * D, S).long(), do.reshape(n * D, S).long()
-        counts = pair_counts(self.onehot(inp), inp, out, 2) * valid.reshape(n * D, 1, 1).float()
-        A = form_table(counts.view(n, D, self.slots, self.slots).sum(1))
+        idx = valid.reshape(n * D).nonzero().squeeze(-1)
+        inp, out = (t.reshape(n * D, S).long().index_select(0, idx) for t in (di, do))
+        rows, o = torch.div(idx, D, rounding_mode="floor"), self.onehot(inp)
+        target, allowed = (
+            (frame_onehot(inp, self.side), frame_allowed(inp, out, rows, n, self.side)) if self.frame else (o, None)
+        )
+        A = demo_tables(o, inp, out, rows, n, 2, self.rounds, target, allowed)[0]
         # null 0 (no source) at logit 0; null 1 (off the output grid) where one of the cell's slots holds no demo
         # output colour (and some demo cell): a slot no demo output reaches is off the grid
-        o = self.onehot(inp).view(n, D, S, self.slots) * valid[:, :, None, None].float()
+        # (with ``frame``: of the target cells' slots in both frames)
+        slots = (frame_onehot if self.frame else lambda t, _: self.onehot(t))(di.reshape(n * D, S).long(), self.side)
+        o = slots.view(n, D, S, -1) * valid[:, :, None, None].float()
         on = (do >= 2).view(n, D, S, 1).float()
         never = ((o * on).sum((1, 2)) == 0) & (o.sum((1, 2)) > 0)  # [n, slots]
-        u = torch.stack((torch.zeros(n, self.slots), 1e3 * never.float() - 125.0), dim=1)
+        if self.frame:  # only the slots of the sample's frame
+            never &= allowed.repeat_interleave(2 * self.side + 1, dim=1)
+        u = torch.stack((torch.zeros_like(never, dtype=torch.float), 1e3 * never.float() - 125.0), dim=1)
         table, right = self._table(A, u, di, answer_classes(do.reshape(n * D, S)), valid)
         return A, u, table, right
 
@@ -333,7 +350,7 @@ def _program(a, side: int, puzzles: list, training_prefix: Optional[str]):
     if a.method == "cells":
         return CellRuleFit(a.max_features)
     if a.method == "counted":
-        return CountedFit(side)
+        return CountedFit(side, a.counted_rounds, a.counted_frame)
     pointer = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
     if a.method == "pointer":
         return pointer
@@ -359,6 +376,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "model's counted gather writes from the demos (arch.gather_demo_form), alone and unfitted",
     )
     ap.add_argument("--max-features", type=int, default=3, help="cells: the most columns a rule reads")
+    ap.add_argument("--counted-rounds", type=int, default=0, help="counted: arch.gather_demo_form_rounds")
+    ap.add_argument("--counted-frame", action="store_true", help="counted: arch.gather_demo_form_frame=true")
     ap.add_argument("--maps-forms", type=int, default=24, help="maps: row forms (and column forms) learned")
     ap.add_argument("--maps-steps", type=int, default=1000, help="maps: learning steps")
     ap.add_argument("--maps-tau", type=float, default=10.0, help="maps: how hard each puzzle picks its forms")
@@ -405,6 +424,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             side, rules = int(data.settings["canvas_size"]), data.rules
             chosen = {p for p, r in rules.items() if r.get("subset") == a.subset}
             puzzles = [p for p in load_kaggle_subset(data.training_prefix, a.subset) if p.name in chosen][: a.limit]
+        if a.counted_rounds < 0:
+            raise ScienceError(f"--counted-rounds {a.counted_rounds}: need >= 0")
         if a.max_features < 0 or a.maps_forms < 1 or a.maps_steps < 0:
             raise ScienceError(
                 f"--max-features {a.max_features} / --maps-forms {a.maps_forms} / --maps-steps "
