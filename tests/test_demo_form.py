@@ -210,7 +210,8 @@ def frame_read_share(rule, frame: bool, seeds=range(8)) -> list[float]:
         grid = rng.integers(1, 10, (3, 5))
         x, y = canvas(grid), canvas(rule(grid))[0]
         T, off = g.tables(x, None, form)[:2]
-        read = x[0, T[0, -1].masked_fill(off[0][None, :], float("-inf")).argmax(-1).clamp_max(x.shape[1] - 1)]
+        keys = torch.nn.functional.pad(x[0], (0, 1), value=-1)  # the null key reads no colour
+        read = keys[T[0, -1].masked_fill(off[0][None, :], float("-inf")).argmax(-1)]
         cells = y >= FIRST_COLOUR
         shares.append((read[cells] == y[cells]).float().mean().item())
     return shares

@@ -213,17 +213,16 @@ class CountedFit(PointerFit):
 
     def fit_one(self, start, colour_prior, di, do, valid):
         n, D, S = di.shape
+        tokens = di.reshape(n * D, S).long()
+        slots = frame_onehot(tokens, self.side) if self.frame else self.onehot(tokens)  # the target cells' slots
         idx = valid.reshape(n * D).nonzero().squeeze(-1)
-        inp, out = (t.reshape(n * D, S).long().index_select(0, idx) for t in (di, do))
-        rows, o = torch.div(idx, D, rounding_mode="floor"), self.onehot(inp)
-        target, allowed = (
-            (frame_onehot(inp, self.side), frame_allowed(inp, out, rows, n, self.side)) if self.frame else (o, None)
-        )
-        A = demo_tables(o, inp, out, rows, n, 2, self.rounds, target, allowed)[0]
+        inp, out = tokens.index_select(0, idx), do.reshape(n * D, S).long().index_select(0, idx)
+        rows = torch.div(idx, D, rounding_mode="floor")
+        allowed = frame_allowed(inp, out, rows, n, self.side) if self.frame else None
+        A = demo_tables(self.onehot(inp), inp, out, rows, n, 2, self.rounds, slots.index_select(0, idx), allowed)[0]
         # null 0 (no source) at logit 0; null 1 (off the output grid) where one of the cell's slots holds no demo
-        # output colour (and some demo cell): a slot no demo output reaches is off the grid
-        # (with ``frame``: of the target cells' slots in both frames)
-        slots = (frame_onehot if self.frame else lambda t, _: self.onehot(t))(di.reshape(n * D, S).long(), self.side)
+        # output colour (and some demo cell): a slot no demo output reaches is off the grid (with ``frame``: of the
+        # slots of the sample's frame)
         o = slots.view(n, D, S, -1) * valid[:, :, None, None].float()
         on = (do >= 2).view(n, D, S, 1).float()
         never = ((o * on).sum((1, 2)) == 0) & (o.sum((1, 2)) > 0)  # [n, slots]

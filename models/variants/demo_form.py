@@ -52,7 +52,7 @@ def pair_counts(onehot, inputs, outputs, first: int, table: Optional[torch.Tenso
 
 
 def form_table(counts: torch.Tensor, blocks: int = 4, alpha: float = 0.1, allowed=None) -> torch.Tensor:
-    """[..., F, F] counts -> the form [..., F, F]: per pair of blocks (the source's, the target's), the smoothed
+    """[..., F, Ft] counts -> the form [..., F, Ft]: per pair of blocks (the source's, the target's), the smoothed
     pointwise mutual information of a source slot and a target slot under the block pair's votes,
     ``log p(source, target) / (p(source) p(target))``: a slot pair the demos link scores above 0, one they keep
     apart below, a slot that is merely common (the middle of every grid) 0. Each source block keeps only the target
