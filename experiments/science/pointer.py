@@ -57,7 +57,7 @@ from experiments.science.grids import (
 )
 from experiments.science.maps import fitted_maps
 from experiments.science.score import load_data
-from models.variants.demo_form import demo_tables, frame_allowed, frame_onehot
+from models.variants.demo_form import demo_tables, frame_allowed, frame_onehot, slot_onehot
 
 STARTS = ("identity", "zero")
 
@@ -82,9 +82,7 @@ class PointerFit:
         self.slots = 4 * (2 * side + 1)
 
     def onehot(self, tokens: torch.Tensor) -> torch.Tensor:
-        c = grid_coordinates(tokens, self.side)
-        at = c + (2 * self.side + 1) * torch.arange(4)
-        return torch.zeros(*c.shape[:2], self.slots).scatter_(-1, at, 1.0)
+        return slot_onehot(grid_coordinates(tokens, self.side), self.side)
 
     def logits(self, A, u, tokens, scale: float) -> torch.Tensor:
         """[n, S, S + NULLS]: every cell's logits over the input's cells and the null keys (cells off the input

@@ -112,11 +112,15 @@ def frame_slots(coords: torch.Tensor, side: int) -> torch.Tensor:
 FRAMES = ((0, 1, 2, 3), (0, 4, 2, 5))
 
 
+def slot_onehot(slots: torch.Tensor, side: int) -> torch.Tensor:
+    """[n, S, K] edge offsets in ``[0, 2 side]`` -> [n, S, K (2 side + 1)]: one one-hot block per offset."""
+    at = slots + (2 * side + 1) * torch.arange(slots.shape[-1], device=slots.device)
+    return torch.zeros(*slots.shape[:2], slots.shape[-1] * (2 * side + 1), device=slots.device).scatter_(-1, at, 1.0)
+
+
 def frame_onehot(tokens: torch.Tensor, side: int) -> torch.Tensor:
     """[n, S, 6 (2 side + 1)]: the one-hot of :func:`frame_slots` of every canvas cell (``tokens`` [n, S])."""
-    slots = frame_slots(grid_coordinates(tokens, side), side)
-    at = slots + (2 * side + 1) * torch.arange(slots.shape[-1], device=tokens.device)
-    return torch.zeros(*slots.shape[:2], slots.shape[-1] * (2 * side + 1), device=tokens.device).scatter_(-1, at, 1.0)
+    return slot_onehot(frame_slots(grid_coordinates(tokens, side), side), side)
 
 
 def frame_allowed(inputs, outputs, rows, b: int, side: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from core.nn import rms_norm
 from core.ops import VIEW_KINDS, grid_coordinates, view_sources, view_table
 from encoders.interface import DemoMemory
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
-from models.variants.demo_form import colour_read, demo_tables, form_logits, frame_allowed, frame_onehot
+from models.variants.demo_form import colour_read, demo_tables, form_logits, frame_allowed, frame_onehot, slot_onehot
 from models.variants.views_ops import object_sizes, ray_counts
 
 FIRST_COLOUR = 2  # tokens 0 and 1 are PAD and the end-of-grid marker (core.ops.grid_coordinates)
@@ -393,9 +393,7 @@ class GridGather(nn.Module):
 
     def onehot(self, inputs: torch.Tensor) -> torch.Tensor:
         """[b, S] -> [b, S, 4 (2 side + 1)]: the one-hot offsets of every cell from the grid's four edges."""
-        coords = grid_coordinates(inputs, self.side)  # [b, S, 4] in [0, 2 side]
-        at = coords + (2 * self.side + 1) * torch.arange(4, device=inputs.device)
-        return torch.zeros(*coords.shape[:2], 4 * (2 * self.side + 1), device=inputs.device).scatter_(-1, at, 1.0)
+        return slot_onehot(grid_coordinates(inputs, self.side), self.side)  # offsets [b, S, 4] in [0, 2 side]
 
     def logits(self, inputs: torch.Tensor):
         """[b, maps, S, S + 1] every form's logits (the null key last) and [b, S + 1] the keys never read."""
