@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from models.variants.demo_form import demo_tables, form_logits, form_table, frame_allowed, pair_counts
-from models.variants.views_parts import FIRST_COLOUR, GridGather
+from models.variants.gather import GridGather
+from models.variants.views_parts import FIRST_COLOUR
 from tests.test_models_gather import SIDE, VOCAB, canvas, expect
 from tests.test_models_memory import batch, build, dead_parameters, eval_logits
 

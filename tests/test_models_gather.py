@@ -11,7 +11,8 @@ import torch
 
 import models
 from core.ops import grid_coordinates
-from models.variants.views_parts import FIRST_COLOUR, GridGather
+from models.variants.gather import GridGather
+from models.variants.views_parts import FIRST_COLOUR
 from tests.test_models_memory import batch, build, dead_parameters, eval_logits
 
 SIDE, VOCAB = 8, 12

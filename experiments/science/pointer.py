@@ -16,7 +16,7 @@ files answer where the program does not reproduce the demos (a program's own pre
 Per puzzle, one *pointer* is fitted by gradient descent on the demos alone: every output cell i reads one source,
 an input cell j or one of two null keys, with logits ``s * o_j^T A o_i`` (o: a cell's one-hot offsets from the input
 grid's four edges, ``core.ops.grid_coordinates``, the same keys as the model's learned gather
-``models.variants.views_parts.GridGather``) and ``s * u_k^T o_i`` for null key k; the read source's colour class
+``models.variants.gather.GridGather``) and ``s * u_k^T o_i`` for null key k; the read source's colour class
 (its colour, or the null key) goes through a learned colour table R to the output class (a colour, or "outside the
 output grid"). A, u and R are fitted per puzzle to the demos' log-likelihood (Adam, the scale s annealed from 1 to
 10, an L1 pull toward the start), from each start in ``--starts`` (``identity``: each cell reads itself; ``zero``:

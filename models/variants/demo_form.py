@@ -1,6 +1,6 @@
 """A gather form written by the demos (``arch.gather_demo_form``): no map is listed or learned, it is counted.
 
-The learned gather (:class:`~models.variants.views_parts.GridGather`) reads the test input through a bank of forms
+The learned gather (:class:`~models.variants.gather.GridGather`) reads the test input through a bank of forms
 learned across training puzzles, ``T[i, j] = o_j^T A o_i`` over the cells' one-hot offsets from the input grid's four
 edges. A bank can only hold the maps training shows; a held-out shift or flip is, by construction, none of them. This
 form is written per puzzle from its demos instead, in the same offset space: every demo output cell i votes for the

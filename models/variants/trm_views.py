@@ -13,7 +13,7 @@ One model class (:class:`GridTRM`), three arch names, each a config that switche
 ``trm_local``     + generic grid layers in every latent update: each cell's 3 x 3 neighbourhood and the running max
                   along the four directions of its row and column (:class:`~models.variants.views_parts.GridOps`,
                   ``inner.grid_ops``); no operator written to a rule family; ``grid_gather``: + a learned gather
-                  keyed by the cells' offsets from the grid's edges (:class:`~models.variants.views_parts.GridGather`,
+                  keyed by the cells' offsets from the grid's edges (:class:`~models.variants.gather.GridGather`,
                   ``inner.gather``), no map listed
 ``trm_views``     + the test input's grid views (:class:`~models.variants.views_parts.InputViews`, ``inner.views``):
                   every cell also holds, for every view v of ``views`` (``core.ops.view_sources``: dihedral maps,
@@ -50,11 +50,11 @@ from torch import nn
 
 from encoders.interface import DemoMemory
 from models.trm import TRM, TRMConfig, TRMInner
+from models.variants.gather import GridGather
 from models.variants.views_parts import (
     CellFeatures,
     DemoLookup,
     GridCoordEmbedding,
-    GridGather,
     GridOps,
     InputViews,
     MemoryRead,
@@ -107,7 +107,7 @@ class TRMLocalConfig(TRMMemoryConfig):
     # says what surrounds it, so a test cell can find the demo cells in the same local role. Output projection
     # started at zero (the core starts as without it)
     cell_descriptor: bool = False
-    # a learned gather over the test input's cells keyed by position only (views_parts.GridGather): per cell and head,
+    # a learned gather over the test input's cells keyed by position only (gather.GridGather): per cell and head,
     # attention whose logits are a state-gated mix of ``gather_maps`` learned bilinear forms of the two cells' offsets
     # from the grid's edges (a flip, a shift, a scaling is one form; none is listed), reading the source's colour. In
     # every latent update, beside the grid layers; output projection started at zero
