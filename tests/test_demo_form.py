@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.variants.demo_form import demo_tables, form_logits, form_table, frame_allowed, pair_counts
+from models.variants.demo_form import colour_table, demo_tables, form_logits, form_table, frame_allowed, pair_counts
 from models.variants.gather import GridGather
 from models.variants.views_parts import FIRST_COLOUR
 from tests.test_models_gather import SIDE, VOCAB, canvas, expect
@@ -245,3 +245,65 @@ def test_the_frame_is_chosen_by_the_demos_shapes_and_leaves_other_maps_as_they_w
         assert min(frame_read_share(rule, True, range(4))) == 1.0
     with pytest.raises(Exception, match="gather_demo_form_frame=true .* needs gather_demo_form=true"):
         build(name="trm_local", grid_gather=True, gather_demo_form_frame=True)
+
+
+def test_with_demo_colour_the_counted_read_brings_the_colour_the_demos_show_there():
+    """Demos of a flip that also recolours 3 -> 7: the colour table maps 3 to 7 (most of its row) and keeps the
+    other colours; through the gather's counted read (sharp, gate on it) the test's cells whose source is a 3 read a
+    7 and the others their source's colour; without the table they read the 3. Without demos the table is the
+    identity, and a cell the form does not link (logit <= 0) adds nothing."""
+    three, seven = 3 + FIRST_COLOUR, 7 + FIRST_COLOUR
+    rule = lambda x: np.where(x == 3, 7, x)[:, ::-1]  # noqa: E731
+    rng = np.random.default_rng(0)
+    di, dl = demos(rng, rule, n=3)
+    g = counted_gather()
+    g.demo_colour = True
+    with torch.no_grad():
+        g.gate.bias.copy_(torch.tensor([0.0, 0.0, 100.0]))
+    valid = torch.ones(1, 3, dtype=torch.bool)
+    _, form = g.demo_scores(di, dl, valid, ())
+    colours = g.demo_colours(di, dl, valid, form)[0]
+    torch.testing.assert_close(colours.sum(-1), torch.ones(VOCAB))
+    assert colours[three, seven] > 0.8 and colours[three, three] < 0.2, colours[three]
+    kept = [c for c in range(FIRST_COLOUR, VOCAB) if c not in (three, seven)]
+    assert all(colours[c, c] > 0.8 for c in kept), colours.diagonal()
+    grid = rng.integers(1, 10, (4, 5))
+    grid[0, 0] = grid[2, 3] = 3  # sources of colour 3 (their targets: (0, 4), (2, 1))
+    x, y = canvas(grid), canvas(rule(grid))[0]
+    got = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, None, form, colours[None]))[0].argmax(-1)
+    cells = y >= FIRST_COLOUR
+    assert (got[cells] == y[cells]).float().mean() > 0.9
+    from_three = torch.tensor([0 * SIDE + 4, 2 * SIDE + 1])
+    assert (got[from_three] == seven).all()
+    plain = g(torch.zeros(1, SIDE * SIDE, VOCAB), g.tables(x, None, form))[0].argmax(-1)
+    assert (plain[from_three] == three).all()
+    none = g.demo_colours(di, dl, torch.zeros(1, 3, dtype=torch.bool), form)[0]
+    torch.testing.assert_close(none, torch.eye(VOCAB))
+    inp = di[0, :1].long()
+    unlinked = colour_table(torch.zeros(1, inp.shape[1], inp.shape[1]), inp < FIRST_COLOUR, inp, dl[0, :1].long(),
+                            torch.zeros(1, dtype=torch.long), 1, VOCAB, FIRST_COLOUR)  # fmt: skip
+    torch.testing.assert_close(unlinked[0], torch.eye(VOCAB))
+
+
+def test_in_the_model_demo_colour_changes_only_the_counted_read_and_needs_the_counted_form():
+    """The same weights with and without ``gather_demo_form_colour`` (no new parameter): equal at the start (the
+    gather's zero projection), different once it projects (demos that recolour 3 -> 7 in place), and equal again
+    with the counted form's gate shut: the table acts on the counted read alone."""
+    data = batch()
+    three, seven = 3 + FIRST_COLOUR, 7 + FIRST_COLOUR
+    data["demo_labels"] = torch.where(data["demo_inputs"] == three, seven, data["demo_inputs"])
+    data["inputs"][:, 0] = three
+    kw = dict(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4, gather_demo_form=True)
+    plain, mapped = build(**kw), build(**kw, gather_demo_form_colour=True)
+    mapped.load_state_dict(plain.state_dict())  # strict: the same parameters
+    torch.testing.assert_close(eval_logits(mapped, data), eval_logits(plain, data))
+    for m in (plain, mapped):
+        with torch.no_grad():
+            m.inner.gather.out_proj.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    assert (eval_logits(mapped, data) - eval_logits(plain, data)).abs().max() > 1e-3
+    for m in (plain, mapped):
+        with torch.no_grad():
+            m.inner.gather.gate.bias.view(2, -1)[:, -1] = -1e4  # the counted form's weight: 0
+    torch.testing.assert_close(eval_logits(mapped, data), eval_logits(plain, data))
+    with pytest.raises(Exception, match="gather_demo_form_colour=true .* needs gather_demo_form=true"):
+        build(name="trm_local", grid_gather=True, gather_demo_form_colour=True)

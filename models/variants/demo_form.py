@@ -157,3 +157,22 @@ def colour_read(logits: torch.Tensor, off: torch.Tensor, inputs: torch.Tensor, v
     p = logits.masked_fill(off.unsqueeze(-2), float("-inf")).softmax(-1)
     src = F.one_hot(F.pad(inputs.long(), (0, 1), value=vocab), vocab + 1).to(p.dtype)
     return torch.einsum("n...ij,njk->n...ik", p, src)
+
+
+def colour_table(logits, off, inputs, outputs, rows, b: int, vocab: int, first: int) -> torch.Tensor:
+    """[b, vocab, vocab] row-stochastic: the colour each source colour becomes where the counted form reads it, counted
+    on each sample's demos (``arch.gather_demo_form_colour``). ``logits`` [n, S, S] the counted form's on the n valid
+    demo pairs (its target cells first), ``off`` [n, S] the keys never read, ``inputs`` / ``outputs`` [n, S] tokens,
+    ``rows`` [n] their sample. Each demo output cell of a colour whose best key the form links to it (logit > 0) adds
+    1 to (that key's colour, the cell's colour); each colour also keeps itself once (a colour no demo shows, or a
+    sample without demos, maps to itself). A flip that recolours, a scaling that recolours: the source the count
+    finds holds the colour before the recolouring, its demos say after."""
+    n, S = inputs.shape
+    best, at = logits.masked_fill(off[:, None, :], float("-inf")).max(-1)  # [n, S] over the grid's cells
+    src = inputs.long().gather(1, at)
+    ok = (best > 0) & (outputs >= first) & (src >= first)
+    pair = (src * vocab + outputs.long()).clamp_max(vocab * vocab - 1)
+    per = logits.new_zeros(n, vocab * vocab).scatter_add_(1, pair, ok.to(logits.dtype))
+    total = per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
+    total = total + torch.eye(vocab, dtype=total.dtype, device=total.device)
+    return total / total.sum(-1, keepdim=True)

@@ -12,7 +12,15 @@ from torch import nn
 
 from core.ops import grid_coordinates
 from models.layers import CastedEmbedding, CastedLinear, trunc_normal_init_
-from models.variants.demo_form import colour_read, demo_tables, form_logits, frame_allowed, frame_onehot, slot_onehot
+from models.variants.demo_form import (
+    colour_read,
+    colour_table,
+    demo_tables,
+    form_logits,
+    frame_allowed,
+    frame_onehot,
+    slot_onehot,
+)
 from models.variants.views_parts import FIRST_COLOUR
 
 
@@ -47,11 +55,13 @@ class GridGather(nn.Module):
         match: bool = False,
         demo_form: Optional[int] = None,
         demo_frame: bool = False,
+        demo_colour: bool = False,
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
         # + a counted form, last; its target cells in the input's frame or the swapped one (demo_form.FRAMES)
         self.demo_form, self.demo_rounds, self.demo_frame = demo_form is not None, demo_form or 0, demo_frame
+        self.demo_colour = demo_colour  # the counted read brings the colour the demos show there (demo_colours)
         self.forms_total, self.scale = maps + int(self.demo_form), scale  # logits = scale x the forms
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
@@ -91,17 +101,13 @@ class GridGather(nn.Module):
         with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it."""
         if not kinds and not self.demo_form:
             return (), None
-        b, D, S = demo_inputs.shape
-        idx = valid.reshape(b * D).nonzero().squeeze(-1)
-        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
-        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        b, D = demo_inputs.shape[:2]
+        idx, inp, out, rows = self._pairs(demo_inputs, demo_labels, valid)
         T, off = self.logits(inp)
         form = None
         if self.demo_form:
-            o = self.onehot(inp)
-            rows = torch.div(idx, D, rounding_mode="floor")
-            f, sd = self.demo_frame, self.side  # the target cells' slots in both frames and each sample's frame
-            ot, allowed = (frame_onehot(inp, sd), frame_allowed(inp, out, rows, b, sd)) if f else (o, None)
+            o, ot = self._slots(inp)
+            allowed = frame_allowed(inp, out, rows, b, self.side) if self.demo_frame else None
             form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds, ot, allowed)
             T = torch.cat((T, self._counted(o, loo, ot)), dim=1)
         scores = []
@@ -111,6 +117,30 @@ class GridGather(nn.Module):
             per = per_pair.new_zeros(b * D, n).index_copy(0, idx, per_pair).view(b, D, n)
             scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
         return tuple(scores), form
+
+    @staticmethod
+    def _pairs(demo_inputs, demo_labels, valid):
+        """The valid demo pairs: their flat index [n], inputs and outputs [n, S] (long), sample [n]."""
+        b, D, S = demo_inputs.shape
+        idx = valid.reshape(b * D).nonzero().squeeze(-1)
+        inp = demo_inputs.reshape(b * D, S).index_select(0, idx).long()
+        out = demo_labels.reshape(b * D, S).index_select(0, idx).long()
+        return idx, inp, out, torch.div(idx, D, rounding_mode="floor")
+
+    def _slots(self, inputs: torch.Tensor):
+        """The counted form's source slots and target slots (both frames with ``demo_frame``) of [n, S] grids."""
+        o = self.onehot(inputs)
+        return o, (frame_onehot(inputs, self.side) if self.demo_frame else o)
+
+    def demo_colours(self, demo_inputs, demo_labels, valid, form: torch.Tensor) -> torch.Tensor:
+        """[b, vocab, vocab]: per sample, the colour each source colour becomes where its counted ``form`` [b, F, Ft]
+        (:meth:`demo_scores`) reads it on its valid demos (:func:`~models.variants.demo_form.colour_table`; identity
+        without demos). No gradient: a count."""
+        _, inp, out, rows = self._pairs(demo_inputs, demo_labels, valid)
+        with torch.no_grad():
+            o, ot = self._slots(inp)
+            logits = form_logits(o, form.detach().index_select(0, rows).to(o.dtype), ot)
+            return colour_table(logits, inp < FIRST_COLOUR, inp, out, rows, form.shape[0], self.vocab, FIRST_COLOUR)
 
     def _counted(self, onehot: torch.Tensor, table: torch.Tensor, target=None) -> torch.Tensor:
         """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, Ft]; x ``scale`` too), its null key last."""
@@ -142,20 +172,27 @@ class GridGather(nn.Module):
         r = torch.softmax(-tau * nll.detach().float(), dim=-1)
         return (r * nll.float()).sum(-1)
 
-    def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None, form: Optional[torch.Tensor] = None):
+    def tables(self, inputs: torch.Tensor, match: Optional[torch.Tensor] = None, form: Optional[torch.Tensor] = None,
+               colours: Optional[torch.Tensor] = None):  # fmt: skip
+        """See the class docstring; with ``colours`` [b, vocab, vocab] (:meth:`demo_colours`) a fifth table, [b, S + 1,
+        width]: the colour embedding each key brings through the counted read (its colour mapped by the table)."""
         T, off = self.logits(inputs)
         if self.demo_form:  # the sample's counted form (``demo_scores``); none given: 0, a uniform read
-            o = self.onehot(inputs)
-            ot = frame_onehot(inputs, self.side) if self.demo_frame else o
+            o, ot = self._slots(inputs)
             form = o.new_zeros(o.shape[0], o.shape[-1], ot.shape[-1]) if form is None else form
             T = torch.cat((T, self._counted(o, form, ot)), dim=1)
         colour = F.pad(self.colour(inputs.long()), (0, 0, 0, 1))  # the null key reads nothing
         bias = 0.0 if match is None else self.match_scale * match[:, None, None, :]  # [b, 1, 1, maps]
-        return T, off, colour, bias
+        if colours is None:
+            return T, off, colour, bias
+        rows = colours.gather(1, inputs.long()[..., None].expand(-1, -1, self.vocab)).to(colour.dtype)  # [b, S, vocab]
+        mapped = F.pad(rows @ self.colour.embedding_weight.to(colour.dtype), (0, 0, 0, 1))
+        return T, off, colour, bias, mapped
 
-    def pointer(self, h: torch.Tensor, tables) -> torch.Tensor:
-        """[b, heads, S, S + 1]: each grid cell's read over the input's cells and the null key, per head."""
-        T, off, colour, bias = tables
+    def pointer(self, h: torch.Tensor, tables, parts: bool = False):
+        """[b, heads, S, S + 1]: each grid cell's read over the input's cells and the null key, per head; ``parts``
+        (with ``demo_form``): the learned forms' share and the counted form's share of it, apart."""
+        T, off, colour, bias = tables[:4]
         b, mask = h.shape[0], off[:, None, None, :]
         g = torch.softmax(self.gate(h[:, self.prefix :]).float().view(b, -1, self.heads, self.forms_total) + bias, -1)
         if not self.demo_form:
@@ -163,9 +200,14 @@ class GridGather(nn.Module):
         # the learned forms' read (their logits mixed) and the counted form's, mixed as reads by its weight
         c = g[..., -1:].transpose(1, 2)  # [b, heads, S, 1]
         bank = torch.einsum("bihm,bmij->bhij", g[..., :-1], T[:, :-1]) / (1 - c).clamp_min(1e-6)
-        counted = T[:, -1:].masked_fill(mask, float("-inf")).softmax(-1)
-        return (1 - c) * bank.masked_fill(mask, float("-inf")).softmax(-1) + c * counted
+        counted = c * T[:, -1:].masked_fill(mask, float("-inf")).softmax(-1)
+        bank = (1 - c) * bank.masked_fill(mask, float("-inf")).softmax(-1)
+        return (bank, counted) if parts else bank + counted
 
     def forward(self, h: torch.Tensor, tables) -> torch.Tensor:
-        read = torch.einsum("bhij,bjw->bihw", self.pointer(h, tables), tables[2])
+        if len(tables) > 4:  # demo_colour: the counted read brings the key's colour as the demos map it
+            bank, counted = self.pointer(h, tables, parts=True)
+            read = torch.einsum("bhij,bjw->bihw", bank, tables[2]) + torch.einsum("bhij,bjw->bihw", counted, tables[4])
+        else:
+            read = torch.einsum("bhij,bjw->bihw", self.pointer(h, tables), tables[2])
         return F.pad(self.out_proj(read.reshape(*read.shape[:2], -1).to(h.dtype)), (0, 0, self.prefix, 0))

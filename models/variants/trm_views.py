@@ -128,6 +128,10 @@ class TRMLocalConfig(TRMMemoryConfig):
     # show outputs shaped as their inputs' transposes (an axis swap: a quarter turn, a transpose), else by the input's
     # (demo_form.frame_slots / frame_allowed); false: always the input's, which misreads axis swaps of non-square grids
     gather_demo_form_frame: bool = False
+    # the counted read brings its source's colour as the sample's demos map it there (GridGather.demo_colours: per
+    # source colour, the colours the demo outputs show where the count reads it; itself where none): a flip or a
+    # scaling that also recolours reads the recoloured colour; false: the source's own colour
+    gather_demo_form_colour: bool = False
     # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
     # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
     # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
@@ -141,6 +145,8 @@ class TRMLocalConfig(TRMMemoryConfig):
             raise ValueError("gather_demo_form=true adds a form to the learned gather: it needs grid_gather=true")
         if self.gather_demo_form_frame and not self.gather_demo_form:
             raise ValueError("gather_demo_form_frame=true places the counted form's cells: needs gather_demo_form=true")
+        if self.gather_demo_form_colour and not self.gather_demo_form:
+            raise ValueError("gather_demo_form_colour=true maps the counted read's colour: needs gather_demo_form=true")
         if self.gather_fit_weight > 0 and not self.grid_gather:
             raise ValueError(
                 f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
@@ -258,6 +264,7 @@ class GridTRMInner(TRMInner):
                         config.gather_match,
                         config.gather_demo_form_rounds if config.gather_demo_form else None,
                         config.gather_demo_form_frame,
+                        config.gather_demo_form_colour,
                     )
 
     def build_positions(self, config) -> None:
@@ -349,7 +356,10 @@ class GridTRMInner(TRMInner):
             visible = self.visible_demos(batch, memory)
             demos, form = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
             scores = dict(zip(kinds, demos))
-            tables = self.gather.tables(batch["inputs"], scores.get("match"), form)  # once per supervision step
+            colours = None
+            if self.gather.demo_colour:
+                colours = self.gather.demo_colours(batch["demo_inputs"], batch["demo_labels"], visible, form)
+            tables = self.gather.tables(batch["inputs"], scores.get("match"), form, colours)  # once per step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
             if "copy_nll" in scores:
                 aux["gather_fit"] = GridGather.fit_loss(scores["copy_nll"], self.config.gather_fit_tau)
