@@ -263,6 +263,7 @@ def test_with_demo_colour_the_counted_read_brings_the_colour_the_demos_show_ther
     valid = torch.ones(1, 3, dtype=torch.bool)
     _, form = g.demo_scores(di, dl, valid, ())
     colours = g.demo_colours(di, dl, valid, form)[0]
+    torch.testing.assert_close(g.demo_scores(di, dl, valid, (), colours=True)[2][0], colours)  # the model's one pass
     torch.testing.assert_close(colours.sum(-1), torch.ones(VOCAB))
     assert colours[three, seven] > 0.8 and colours[three, three] < 0.2, colours[three]
     kept = [c for c in range(FIRST_COLOUR, VOCAB) if c not in (three, seven)]

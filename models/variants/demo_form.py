@@ -167,11 +167,11 @@ def colour_table(logits, off, inputs, outputs, rows, b: int, vocab: int, first: 
     1 to (that key's colour, the cell's colour); each colour also keeps itself once (a colour no demo shows, or a
     sample without demos, maps to itself). A flip that recolours, a scaling that recolours: the source the count
     finds holds the colour before the recolouring, its demos say after."""
-    n, S = inputs.shape
+    n = inputs.shape[0]
     best, at = logits.masked_fill(off[:, None, :], float("-inf")).max(-1)  # [n, S] over the grid's cells
     src = inputs.long().gather(1, at)
     ok = (best > 0) & (outputs >= first) & (src >= first)
-    pair = (src * vocab + outputs.long()).clamp_max(vocab * vocab - 1)
+    pair = src * vocab + outputs.long()  # tokens < vocab
     per = logits.new_zeros(n, vocab * vocab).scatter_add_(1, pair, ok.to(logits.dtype))
     total = per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
     total = total + torch.eye(vocab, dtype=total.dtype, device=total.device)

@@ -98,9 +98,11 @@ class GridGather(nn.Module):
         demos' output cells not of the input's commonest colour that some input cell has (0 without demos)."""
         return self.demo_scores(demo_inputs, demo_labels, valid, ("copy_nll",))[0][0]
 
-    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...]):
+    def demo_scores(self, demo_inputs, demo_labels, valid, kinds: tuple[str, ...], colours: bool = False):
         """``(scores, form)``: each of ``kinds`` (``match``, ``copy_nll``) [b, forms] in one pass over the valid demos;
-        with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it."""
+        with ``demo_form`` each sample's counted form [b, F, F] (else None), scored on a demo as its others write it;
+        ``colours`` (with ``demo_form``): ``(scores, form, colour table)``, the table (:meth:`demo_colours`) from the
+        same pass."""
         if not kinds and not self.demo_form:
             return (), None
         b, D = demo_inputs.shape[:2]
@@ -112,13 +114,14 @@ class GridGather(nn.Module):
             allowed = frame_allowed(inp, out, rows, b, self.side) if self.demo_frame else None
             form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds, ot, allowed)
             T = torch.cat((T, self._counted(o, loo, ot)), dim=1)
+        table = self._colours(o, ot, inp, out, rows, form) if colours else None
         scores = []
         for kind in kinds:
             per_pair = {"match": self._explained, "copy_nll": self._copy_nll}[kind](inp, out, T, off)  # [n, forms]
             n = self.forms_total
             per = per_pair.new_zeros(b * D, n).index_copy(0, idx, per_pair).view(b, D, n)
             scores.append(per.sum(1) / valid.sum(1, keepdim=True).clamp_min(1))
-        return tuple(scores), form
+        return (tuple(scores), form, table) if colours else (tuple(scores), form)
 
     @staticmethod
     def _pairs(demo_inputs, demo_labels, valid):
@@ -139,10 +142,13 @@ class GridGather(nn.Module):
         (:meth:`demo_scores`) reads it on its valid demos (:func:`~models.variants.demo_form.colour_table`; identity
         without demos). No gradient: a count."""
         _, inp, out, rows = self._pairs(demo_inputs, demo_labels, valid)
-        with torch.no_grad():
-            o, ot = self._slots(inp)
-            logits = form_logits(o, form.detach().index_select(0, rows).to(o.dtype), ot)
-            return colour_table(logits, inp < FIRST_COLOUR, inp, out, rows, form.shape[0], self.vocab, FIRST_COLOUR)
+        return self._colours(*self._slots(inp), inp, out, rows, form)
+
+    @torch.no_grad()
+    def _colours(self, o, ot, inp, out, rows, form: torch.Tensor) -> torch.Tensor:
+        """:meth:`demo_colours` of the valid pairs (``o`` / ``ot`` their source / target slots, :meth:`_slots`)."""
+        logits = form_logits(o, form.detach().index_select(0, rows).to(o.dtype), ot)
+        return colour_table(logits, inp < FIRST_COLOUR, inp, out, rows, form.shape[0], self.vocab, FIRST_COLOUR)
 
     def _counted(self, onehot: torch.Tensor, table: torch.Tensor, target=None) -> torch.Tensor:
         """[n, 1, S, S + 1]: the counted form's logits (``table`` [n, F, Ft]; x ``scale`` too), its null key last."""

@@ -354,11 +354,10 @@ class GridTRMInner(TRMInner):
             # the forms' scores on the demos (one pass over them): the match for the gate, the demo-fit loss
             kinds = ("match",) * (self.gather.match_scale is not None) + ("copy_nll",) * bool(self.aux_loss_weights)
             visible = self.visible_demos(batch, memory)
-            demos, form = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds)
+            mapped = self.gather.demo_colour  # the colour table from the same pass over the demos
+            got = self.gather.demo_scores(batch["demo_inputs"], batch["demo_labels"], visible, kinds, mapped)
+            demos, form, colours = got if mapped else (*got, None)
             scores = dict(zip(kinds, demos))
-            colours = None
-            if self.gather.demo_colour:
-                colours = self.gather.demo_colours(batch["demo_inputs"], batch["demo_labels"], visible, form)
             tables = self.gather.tables(batch["inputs"], scores.get("match"), form, colours)  # once per step
             gather = lambda h: self.gather(h, tables)  # noqa: E731
             if "copy_nll" in scores:
