@@ -198,9 +198,9 @@ class CountedFit(PointerFit):
     what ``arch.gather_demo_form`` hands the core, alone (the core learns its own null and the grid's extent), with
     its ``gather_demo_form_rounds`` (``rounds``) and ``gather_demo_form_frame`` (``frame``)."""
 
-    def __init__(self, side: int, rounds: int = 0, frame: bool = False):
+    def __init__(self, side: int, rounds: int = 0, frame: bool = False, roles: bool = False):
         super().__init__(side, steps=0, starts=("zero",), colour_priors=(0.0,))
-        self.rounds, self.frame = rounds, frame
+        self.rounds, self.frame, self.roles = rounds, frame, roles
 
     def logits(self, A, u, tokens, scale: float) -> torch.Tensor:
         if not self.frame:
@@ -217,7 +217,8 @@ class CountedFit(PointerFit):
         inp, out = tokens.index_select(0, idx), do.reshape(n * D, S).long().index_select(0, idx)
         rows = torch.div(idx, D, rounding_mode="floor")
         allowed = frame_allowed(inp, out, rows, n, self.side) if self.frame else None
-        A = demo_tables(self.onehot(inp), inp, out, rows, n, 2, self.rounds, slots.index_select(0, idx), allowed)[0]
+        A = demo_tables(self.onehot(inp), inp, out, rows, n, 2, self.rounds, slots.index_select(0, idx), allowed,
+                        self.roles, COLOURS + 2)[0]  # fmt: skip
         # null 0 (no source) at logit 0; null 1 (off the output grid) where one of the cell's slots holds no demo
         # output colour (and some demo cell): a slot no demo output reaches is off the grid (with ``frame``: of the
         # slots of the sample's frame)
@@ -347,7 +348,7 @@ def _program(a, side: int, puzzles: list, training_prefix: Optional[str]):
     if a.method == "cells":
         return CellRuleFit(a.max_features)
     if a.method == "counted":
-        return CountedFit(side, a.counted_rounds, a.counted_frame)
+        return CountedFit(side, a.counted_rounds, a.counted_frame, a.counted_roles)
     pointer = PointerFit(side, a.steps, a.lr, a.l1, a.starts, a.colour_priors)
     if a.method == "pointer":
         return pointer
@@ -375,6 +376,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--max-features", type=int, default=3, help="cells: the most columns a rule reads")
     ap.add_argument("--counted-rounds", type=int, default=0, help="counted: arch.gather_demo_form_rounds")
     ap.add_argument("--counted-frame", action="store_true", help="counted: arch.gather_demo_form_frame=true")
+    ap.add_argument("--counted-roles", action="store_true", help="counted: arch.gather_demo_form_roles=true")
     ap.add_argument("--maps-forms", type=int, default=24, help="maps: row forms (and column forms) learned")
     ap.add_argument("--maps-steps", type=int, default=1000, help="maps: learning steps")
     ap.add_argument("--maps-tau", type=float, default=10.0, help="maps: how hard each puzzle picks its forms")

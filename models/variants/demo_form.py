@@ -133,21 +133,72 @@ def frame_allowed(inputs, outputs, rows, b: int, side: int) -> torch.Tensor:
     return frames[swap]
 
 
-def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int = 0, target=None, allowed=None):
+def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int = 0, target=None, allowed=None,
+                roles: bool = False, vocab: int = 12):  # fmt: skip
     """The form of each sample from all its valid demos, [b, F, F], and of each demo pair from its sample's *other*
     demos (leave-one-out: how well the form the other demos write explains this one is the gate's match), [n, F, F].
     ``onehot`` / ``inputs`` / ``outputs``: the n valid demo pairs; ``rows`` [n] the sample each belongs to.
     ``rounds``: refinement rounds, each recounting the votes shared by the last round's form (the leave-one-out
     form is the last round's counts less the pair's own). ``target`` [n, S, Ft]: the target cells' slots in both
-    frames (:func:`frame_slots`, one-hot) and ``allowed`` [b, 6]: each sample's frame (:data:`FRAMES`)."""
-    table = lambda t: form_table(t, allowed=allowed)  # noqa: E731
+    frames (:func:`frame_slots`, one-hot) and ``allowed`` [b, 6]: each sample's frame (:data:`FRAMES`).
+    ``roles`` (``arch.gather_demo_form_roles``): the votes are also counted over the cells' colour roles
+    (:func:`role_tokens`) and each sample keeps the count whose read, recoloured as its demos show, reproduces more
+    of its demo output cells (:func:`reproduced`; a tie keeps the colours'): a rule that permutes colours in place
+    sends every vote of a recoloured cell to cells of another colour, its roles to its source. ``vocab``: the token
+    count (the colour table's size)."""
+    form, loo = _counted(onehot, inputs, outputs, rows, b, first, rounds, target, allowed)
+    if not roles:
+        return form, loo
+    by_role = _counted(onehot, role_tokens(inputs, first, vocab), role_tokens(outputs, first, vocab), rows, b, first,
+                       rounds, target, allowed, ROLE_ALPHA)  # fmt: skip
+    target = onehot if target is None else target
+    score = lambda t: reproduced(onehot, t, target, inputs, outputs, rows, b, vocab, first)  # noqa: E731
+    better = score(by_role[0]) > score(form)  # [b]
+    return torch.where(better[:, None, None], by_role[0], form), torch.where(
+        better.index_select(0, rows)[:, None, None], by_role[1], loo
+    )
+
+
+#: the role count's pseudo-count (:func:`form_table`'s ``alpha``): a role's votes are spread over about half a grid
+#: (two roles), so the colours' 0.1 would drown them; chosen on training puzzles (count alone, data seeds 0 and 2:
+#: 0.1 / 0.01 / 0.001 / 0.0001, docs/record/2026-12-07-colour-roles-count.md)
+ROLE_ALPHA = 1e-3
+
+
+def role_tokens(tokens: torch.Tensor, first: int, vocab: int) -> torch.Tensor:
+    """[n, S]: each colour cell's role in its grid, ``first`` where it has the grid's commonest colour (ties: the
+    lowest) and ``first + 1`` where not; the tokens below ``first`` (no colour) kept. A recolouring keeps roles."""
+    cell = tokens >= first
+    counts = tokens.new_zeros(tokens.shape[0], vocab, dtype=torch.float)
+    counts = counts.scatter_add_(1, tokens.long(), cell.float())
+    commonest = counts[:, first:].argmax(-1, keepdim=True) + first
+    return torch.where(cell, first + (tokens != commonest).long(), tokens.long())
+
+
+def reproduced(onehot, form, target, inputs, outputs, rows, b: int, vocab: int, first: int) -> torch.Tensor:
+    """[b]: per sample, the demo output cells (of the n valid pairs) its counted ``form`` [b, F, Ft] reproduces: each
+    cell's best-scored input cell, its colour mapped to the output colour the cells reading that colour show most
+    on the sample's demos (``onehot`` / ``target`` the source / target slots, ``inputs`` / ``outputs`` [n, S],
+    ``rows`` [n])."""
+    off = inputs < first
+    logits = form_logits(onehot, form.index_select(0, rows), target)  # [n, S_i, S_j]
+    src = inputs.long().gather(1, logits.masked_fill(off[:, None, :], float("-inf")).argmax(-1))  # [n, S]
+    cell = (outputs >= first).to(form.dtype)
+    per = form.new_zeros(inputs.shape[0], vocab * vocab).scatter_add_(1, src * vocab + outputs.long(), cell)
+    table = per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
+    return table.amax(-1).sum(-1)  # each source colour's commonest output colour: the cells it reproduces
+
+
+def _counted(onehot, inputs, outputs, rows, b: int, first: int, rounds: int, target, allowed, alpha: float = 0.1):
+    """:func:`demo_tables`' count of the votes of ``inputs`` / ``outputs`` (colours or roles)."""
+    table = lambda t: form_table(t, alpha=alpha, allowed=allowed)  # noqa: E731
     counts = pair_counts(onehot, inputs, outputs, first, target=target)
     total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
     for _ in range(rounds):
         counts = pair_counts(onehot, inputs, outputs, first, table(total).index_select(0, rows), target)
         total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
     loo = (total.index_select(0, rows) - counts).clamp_min(0)
-    return table(total), form_table(loo, allowed=None if allowed is None else allowed.index_select(0, rows))
+    return table(total), form_table(loo, alpha=alpha, allowed=None if allowed is None else allowed.index_select(0, rows))
 
 
 def colour_read(logits: torch.Tensor, off: torch.Tensor, inputs: torch.Tensor, vocab: int) -> torch.Tensor:

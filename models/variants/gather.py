@@ -58,12 +58,14 @@ class GridGather(nn.Module):
         demo_form: Optional[int] = None,
         demo_frame: bool = False,
         demo_colour: bool = False,
+        demo_roles: bool = False,
     ) -> None:
         super().__init__()
         self.side, self.vocab, self.maps, self.heads, self.width, self.prefix = side, vocab, maps, heads, width, prefix
         # + a counted form, last; its target cells in the input's frame or the swapped one (demo_form.FRAMES)
         self.demo_form, self.demo_rounds, self.demo_frame = demo_form is not None, demo_form or 0, demo_frame
         self.demo_colour = demo_colour  # the counted read brings the colour the demos show there (demo_colours)
+        self.demo_roles = demo_roles  # the count over colour roles too, the one reproducing more demo cells kept
         self.forms_total, self.scale = maps + int(self.demo_form), scale  # logits = scale x the forms
         slots = 4 * (2 * side + 1)
         self.forms = nn.Parameter(trunc_normal_init_(torch.empty(maps, slots, slots), std=0.1 / scale))
@@ -112,7 +114,9 @@ class GridGather(nn.Module):
         if self.demo_form:
             o, ot = self._slots(inp)
             allowed = frame_allowed(inp, out, rows, b, self.side) if self.demo_frame else None
-            form, loo = demo_tables(o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds, ot, allowed)
+            form, loo = demo_tables(
+                o, inp, out, rows, b, FIRST_COLOUR, self.demo_rounds, ot, allowed, self.demo_roles, self.vocab
+            )
             T = torch.cat((T, self._counted(o, loo, ot)), dim=1)
         table = self._colours(o, ot, inp, out, rows, form) if colours else None
         scores = []

@@ -132,6 +132,10 @@ class TRMLocalConfig(TRMMemoryConfig):
     # source colour, the colours the demo outputs show where the count reads it; itself where none): a flip or a
     # scaling that also recolours reads the recoloured colour; false: the source's own colour
     gather_demo_form_colour: bool = False
+    # the count over the cells' colour roles too (the grid's commonest colour or another; demo_form.role_tokens), and
+    # per sample the count whose read, recoloured as the demos show, reproduces more demo output cells is kept
+    # (demo_form.reproduced): a rule that recolours in place is counted from its roles
+    gather_demo_form_roles: bool = False
     # an auxiliary loss on the forms alone, from the demos (GridGather.copy_nll / fit_loss): the forms that best read
     # each demo output cell off a demo input cell of its colour (responsibility softmax(-tau * nll), held fixed) are
     # pulled to read them all, so the forms become the maps the training puzzles' demos show without waiting for the
@@ -147,6 +151,8 @@ class TRMLocalConfig(TRMMemoryConfig):
             raise ValueError("gather_demo_form_frame=true places the counted form's cells: needs gather_demo_form=true")
         if self.gather_demo_form_colour and not self.gather_demo_form:
             raise ValueError("gather_demo_form_colour=true maps the counted read's colour: needs gather_demo_form=true")
+        if self.gather_demo_form_roles and not self.gather_demo_form:
+            raise ValueError("gather_demo_form_roles=true counts colour roles too: needs gather_demo_form=true")
         if self.gather_fit_weight > 0 and not self.grid_gather:
             raise ValueError(
                 f"gather_fit_weight={self.gather_fit_weight} fits the learned gather's forms to the demos: it needs "
@@ -265,6 +271,7 @@ class GridTRMInner(TRMInner):
                         config.gather_demo_form_rounds if config.gather_demo_form else None,
                         config.gather_demo_form_frame,
                         config.gather_demo_form_colour,
+                        config.gather_demo_form_roles,
                     )
 
     def build_positions(self, config) -> None:
