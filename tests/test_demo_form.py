@@ -8,7 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from models.variants.demo_form import colour_table, demo_tables, form_logits, form_table, frame_allowed, pair_counts
+from models.variants.demo_form import (
+    ROLE_ALPHA,
+    _counted,
+    colour_table,
+    demo_tables,
+    form_logits,
+    form_table,
+    frame_allowed,
+    pair_counts,
+    reproduced,
+    role_tokens,
+)
 from models.variants.gather import GridGather
 from models.variants.views_parts import FIRST_COLOUR
 from tests.test_models_gather import SIDE, VOCAB, canvas, expect
@@ -308,3 +319,91 @@ def test_in_the_model_demo_colour_changes_only_the_counted_read_and_needs_the_co
     torch.testing.assert_close(eval_logits(mapped, data), eval_logits(plain, data))
     with pytest.raises(Exception, match="gather_demo_form_colour=true .* needs gather_demo_form=true"):
         build(name="trm_local", grid_gather=True, gather_demo_form_colour=True)
+
+
+def permuted_demos(rng, n=4, sizes=(4, 6)):
+    """[1, n, S] demos of a colour permutation in place (1 -> 2 -> 3 -> 1) on grids mostly of colour 0."""
+    lut = np.array([0, 2, 3, 1, 4, 5, 6, 7, 8, 9])
+    ins, outs = [], []
+    for _ in range(n):
+        shape = tuple(int(v) for v in rng.integers(*sizes, endpoint=True, size=2))
+        x = np.where(rng.random(shape) < 0.6, 0, rng.integers(1, 4, shape))
+        ins.append(canvas(x)[0])
+        outs.append(canvas(lut[x])[0])
+    return torch.stack(ins)[None], torch.stack(outs)[None], lut
+
+
+def test_role_tokens_keep_a_recolouring_and_mark_the_commonest_colour():
+    """Roles: the grid's commonest colour (ties: the lowest), another colour, and no colour (PAD / EOS kept); a
+    permutation of the colours leaves every role as it was."""
+    x = canvas(np.array([[0, 0, 5], [0, 7, 7]]))
+    r = role_tokens(x, FIRST_COLOUR, VOCAB)[0].view(SIDE, SIDE)
+    assert r[:2, :3].tolist() == [[2, 2, 3], [2, 3, 3]] and (r[2:] == 0).all() and (r[:, 3:] == 0).all()
+    rng = np.random.default_rng(0)
+    di, dl, _ = permuted_demos(rng)
+    torch.testing.assert_close(role_tokens(di[0], FIRST_COLOUR, VOCAB), role_tokens(dl[0], FIRST_COLOUR, VOCAB))
+    tied = canvas(np.array([[4, 1], [1, 4]]))  # two colours twice each: the lower token is the commonest
+    assert role_tokens(tied, FIRST_COLOUR, VOCAB)[0, :2].tolist() == [3, 2]
+
+
+def test_with_roles_a_colour_permutation_in_place_is_counted_from_its_roles_and_maps_are_left_alone():
+    """Demos of a permutation in place: every recoloured cell votes for cells of another colour, so the colour count
+    points nearly every cell of a new grid elsewhere (at most 0.1 of them at themselves, per seed); the role count
+    (two roles: diffuse votes, so a weaker count) points most at themselves (0.65 of them over 8 seeds, every one on
+    3) and is kept wherever it reproduces more demo cells. Under a flip (no recolouring) the colour count reproduces
+    every demo cell and is kept unchanged."""
+    shares = {False: [], True: []}
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        di, dl, lut = permuted_demos(rng)
+        x = canvas(np.where(rng.random((5, 5)) < 0.6, 0, rng.integers(1, 4, (5, 5))))
+        valid = torch.ones(1, di.shape[1], dtype=torch.bool)
+        for roles in (False, True):
+            g = counted_gather()
+            g.demo_roles = roles
+            _, form = g.demo_scores(di, dl, valid, ())
+            T = form_logits(g.onehot(x), form)[0].masked_fill(x[0] < FIRST_COLOUR, float("-inf"))
+            cells = x[0] >= FIRST_COLOUR
+            shares[roles].append((T.argmax(-1)[cells] == torch.arange(SIDE * SIDE)[cells]).float().mean().item())
+        # the pick: the demo output cells each count's recoloured read reproduces; the kept one's is the larger
+        inp, out = di[0].long(), dl[0].long()
+        o, rows = g.onehot(inp), torch.zeros(inp.shape[0], dtype=torch.long)
+        by_colour, _ = demo_tables(o, inp, out, rows, 1, FIRST_COLOUR)
+        ri, ro = role_tokens(inp, FIRST_COLOUR, VOCAB), role_tokens(out, FIRST_COLOUR, VOCAB)
+        by_role, _ = _counted(o, ri, ro, rows, 1, FIRST_COLOUR, 0, None, None, ROLE_ALPHA)
+        kept = demo_tables(o, inp, out, rows, 1, FIRST_COLOUR, roles=True)[0]
+        score = {k: reproduced(o, t, o, inp, out, rows, 1, VOCAB, FIRST_COLOUR).item()
+                 for k, t in (("colour", by_colour), ("role", by_role), ("kept", kept))}  # fmt: skip
+        assert score["kept"] == max(score["colour"], score["role"]), score
+        assert torch.equal(kept, by_role if score["role"] > score["colour"] else by_colour)
+    assert max(shares[False]) <= 0.1 and np.mean(shares[True]) > 0.6 and sum(s == 1.0 for s in shares[True]) >= 3
+    fi, fl = demos(np.random.default_rng(1), MAPS["flip"][0])
+    fo, rows = counted_gather().onehot(fi[0].long()), torch.zeros(3, dtype=torch.long)
+    kept = demo_tables(fo, fi[0].long(), fl[0].long(), rows, 1, FIRST_COLOUR, roles=True)
+    for a, b in zip(kept, demo_tables(fo, fi[0].long(), fl[0].long(), rows, 1, FIRST_COLOUR)):
+        assert torch.equal(a, b)
+
+
+def test_in_the_model_roles_change_the_count_of_a_recolouring_only_and_need_the_counted_form():
+    """The same weights with and without ``gather_demo_form_roles`` (no new parameter): equal on demos that copy in
+    place (the colour count reproduces them), different on demos that permute colours in place once the gather
+    projects (the role count is kept there)."""
+    data = batch()
+    kw = dict(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4, gather_demo_form=True)
+    plain, roles = build(**kw), build(**kw, gather_demo_form_roles=True)
+    roles.load_state_dict(plain.state_dict())  # strict: the same parameters
+    for m in (plain, roles):
+        with torch.no_grad():
+            m.inner.gather.out_proj.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    data["demo_labels"] = data["demo_inputs"].clone()
+    torch.testing.assert_close(eval_logits(roles, data), eval_logits(plain, data))
+    one, two, three = (c + FIRST_COLOUR for c in (1, 2, 3))
+    g = torch.Generator().manual_seed(0)
+    d = data["demo_inputs"].long()  # grids mostly of colour 0, the rest 1-3: the roles are counted
+    noise = torch.randint(one, three + 1, d.shape, generator=g)
+    d = torch.where(d >= FIRST_COLOUR, torch.where(torch.rand(d.shape, generator=g) < 0.6, FIRST_COLOUR, noise), d)
+    data["demo_inputs"] = d.to(data["demo_inputs"].dtype)
+    data["demo_labels"] = torch.where(d == one, two, torch.where(d == two, three, torch.where(d == three, one, d)))
+    assert (eval_logits(roles, data) - eval_logits(plain, data)).abs().max() > 1e-3
+    with pytest.raises(Exception, match="gather_demo_form_roles=true .* needs gather_demo_form=true"):
+        build(name="trm_local", grid_gather=True, gather_demo_form_roles=True)
