@@ -387,7 +387,7 @@ def test_with_roles_a_colour_permutation_in_place_is_counted_from_its_roles_and_
 def test_in_the_model_roles_change_the_count_of_a_recolouring_only_and_need_the_counted_form():
     """The same weights with and without ``gather_demo_form_roles`` (no new parameter): equal on demos that copy in
     place (the colour count reproduces them), different on demos that permute colours in place once the gather
-    projects (the role count is kept there)."""
+    projects (the role count is kept there); bit-equal without demos (so its zero-demo control is the recipe's)."""
     data = batch()
     kw = dict(name="trm_local", grid_gather=True, gather_maps=3, gather_heads=2, gather_width=4, gather_demo_form=True)
     plain, roles = build(**kw), build(**kw, gather_demo_form_roles=True)
@@ -405,5 +405,7 @@ def test_in_the_model_roles_change_the_count_of_a_recolouring_only_and_need_the_
     data["demo_inputs"] = d.to(data["demo_inputs"].dtype)
     data["demo_labels"] = torch.where(d == one, two, torch.where(d == two, three, torch.where(d == three, one, d)))
     assert (eval_logits(roles, data) - eval_logits(plain, data)).abs().max() > 1e-3
+    data["demo_mask"] = torch.zeros_like(data["demo_mask"])  # the zero-demo control's: no count, no pick
+    torch.testing.assert_close(eval_logits(roles, data), eval_logits(plain, data), rtol=0, atol=0)
     with pytest.raises(Exception, match="gather_demo_form_roles=true .* needs gather_demo_form=true"):
         build(name="trm_local", grid_gather=True, gather_demo_form_roles=True)
