@@ -165,8 +165,9 @@ def test_science_config_builds_every_run(name):
     assert cfg.encoder.name == name if name != CONTROL else cfg.encoder.name == "standard"
     assert bool(cfg.encoder.zero_demos) == (name == CONTROL)
     assert cfg.arch.name == "trm_local" and cfg.arch.cell_descriptor and cfg.arch.grid_gather  # no family operator (46)
-    a = cfg.arch  # arch=trm_counted_colour: the counted form in the demos' frame, 2 rounds, its read recoloured
-    assert a.gather_demo_form and a.gather_demo_form_frame and a.gather_demo_form_colour
+    a = cfg.arch  # arch=trm_counted_roles: the counted form in the demos' frame, 2 rounds, its read recoloured,
+    assert a.gather_demo_form and a.gather_demo_form_frame and a.gather_demo_form_colour  # counted over roles too
+    assert a.gather_demo_form_roles
     assert a.gather_demo_form_rounds == 2
     meta = tiny_metadata(seq_len=64, num_puzzle_identifiers=5, total_groups=1, grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)

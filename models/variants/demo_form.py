@@ -14,7 +14,9 @@ pairs: a naive-Bayes read of "where did cells placed like me get their colour".
 Any map that sends a cell's edge offsets to its source's block by block (a flip, a transpose, a shift with or
 without wrap, a scaling, a tiling) is counted from demos that show it, whether or not a training puzzle did; a rule
 that recolours or draws new cells leaves the form near 0 (the gate's match then scores it low). Nothing here names a
-rule family or a parameter range. The zero-demo control's form is 0 everywhere: a uniform read.
+rule family or a parameter range. The zero-demo control's form is 0 everywhere: a uniform read. A rule that recolours
+in place sends the votes of its recoloured cells to cells of other colours; ``arch.gather_demo_form_roles`` also counts
+over colour roles, which a recolouring keeps (:func:`demo_tables`).
 
 The target cells are placed by the input grid's edges, which an axis swap (a quarter turn, a transpose) of a
 non-square grid breaks: the output's bottom and right edges are then the swapped grid's.
@@ -160,8 +162,8 @@ def demo_tables(onehot, inputs, outputs, rows, b: int, first: int, rounds: int =
 
 
 #: the role count's pseudo-count (:func:`form_table`'s ``alpha``): a role's votes are spread over about half a grid
-#: (two roles), so the colours' 0.1 would drown them; chosen on training puzzles (count alone, data seeds 0 and 2:
-#: 0.1 / 0.01 / 0.001 / 0.0001, docs/record/2026-12-07-colour-roles-count.md)
+#: (two roles), so the colours' pseudo-count would drown them; chosen on training puzzles (the count alone, data
+#: seeds 0 and 2: docs/record/2026-12-07-colour-roles-count.md)
 ROLE_ALPHA = 1e-3
 
 

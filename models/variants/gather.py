@@ -36,7 +36,8 @@ class GridGather(nn.Module):
     (``rounds``, None: off) one more form is counted from each sample's demos (:mod:`models.variants.demo_form`);
     its read is mixed with the learned forms' by its gate weight (reads, not logits: a sharp count is not blurred).
     With ``demo_colour`` the counted share of the read brings each key's colour as the demos map it where the count
-    reads it (:meth:`demo_colours`, ``tables(..., colours)``); the learned forms' share the key's own colour.
+    reads it (:meth:`demo_colours`, ``tables(..., colours)``); the learned forms' share the key's own colour. With
+    ``demo_roles`` the count is also taken over colour roles, per sample the one reproducing more demo cells kept.
 
     ``tables(inputs [b, S], match or None, form or None) -> (T [b, forms, S, S + 1], off [b, S + 1], colour
     [b, S + 1, width], gate bias)`` once per supervision step; ``pointer(h, tables)``: the reads p [b, heads, S, S +
