@@ -174,6 +174,8 @@ def test_the_counted_form_with_roles_answers_colour_permutations_in_place():
                 grids = [grid(rng, s) for s in shapes]
                 made.append(([(g, rule(g)) for g in grids[:-1]], grids[-1], rule(grids[-1])))
             out = CountedFit(SIDE, rounds=2, frame=True, roles=roles).solve([(d, [x]) for d, x, _ in made])
-            right[name, roles] = sum(a[0].shape == y.shape and (a[0] == y).all() for (a, _), (_, _, y) in zip(out, made))
+            right[name, roles] = sum(
+                a[0].shape == y.shape and (a[0] == y).all() for (a, _), (_, _, y) in zip(out, made)
+            )
     assert right["permutation", False] <= 1 and right["permutation", True] >= 7, right
     assert right["flip", True] == right["flip", False] >= 7, right

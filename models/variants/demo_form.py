@@ -200,7 +200,9 @@ def _counted(onehot, inputs, outputs, rows, b: int, first: int, rounds: int, tar
         counts = pair_counts(onehot, inputs, outputs, first, table(total).index_select(0, rows), target)
         total = counts.new_zeros(b, *counts.shape[1:]).index_add(0, rows, counts)
     loo = (total.index_select(0, rows) - counts).clamp_min(0)
-    return table(total), form_table(loo, alpha=alpha, allowed=None if allowed is None else allowed.index_select(0, rows))
+    return table(total), form_table(
+        loo, alpha=alpha, allowed=None if allowed is None else allowed.index_select(0, rows)
+    )
 
 
 def colour_read(logits: torch.Tensor, off: torch.Tensor, inputs: torch.Tensor, vocab: int) -> torch.Tensor:
