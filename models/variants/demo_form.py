@@ -184,10 +184,7 @@ def reproduced(onehot, form, target, inputs, outputs, rows, b: int, vocab: int, 
     ``rows`` [n])."""
     off = inputs < first
     logits = form_logits(onehot, form.index_select(0, rows), target)  # [n, S_i, S_j]
-    src = inputs.long().gather(1, logits.masked_fill(off[:, None, :], float("-inf")).argmax(-1))  # [n, S]
-    cell = (outputs >= first).to(form.dtype)
-    per = form.new_zeros(inputs.shape[0], vocab * vocab).scatter_add_(1, src * vocab + outputs.long(), cell)
-    table = per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
+    table = link_counts(logits, off, inputs, outputs, rows, b, vocab, first, linked=False)
     return table.amax(-1).sum(-1)  # each source colour's commonest output colour: the cells it reproduces
 
 
@@ -222,12 +219,22 @@ def colour_table(logits, off, inputs, outputs, rows, b: int, vocab: int, first: 
     1 to (that key's colour, the cell's colour); each colour also keeps itself once (a colour no demo shows, or a
     sample without demos, maps to itself). A flip that recolours, a scaling that recolours: the source the count
     finds holds the colour before the recolouring, its demos say after."""
-    n = inputs.shape[0]
-    best, at = logits.masked_fill(off[:, None, :], float("-inf")).max(-1)  # [n, S] over the grid's cells
-    src = inputs.long().gather(1, at)
-    ok = (best > 0) & (outputs >= first) & (src >= first)
-    pair = src * vocab + outputs.long()  # tokens < vocab
-    per = logits.new_zeros(n, vocab * vocab).scatter_add_(1, pair, ok.to(logits.dtype))
-    total = per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
+    total = link_counts(logits, off, inputs, outputs, rows, b, vocab, first, linked=True)
     total = total + torch.eye(vocab, dtype=total.dtype, device=total.device)
     return total / total.sum(-1, keepdim=True)
+
+
+def link_counts(logits, off, inputs, outputs, rows, b: int, vocab: int, first: int, linked: bool) -> torch.Tensor:
+    """[b, vocab, vocab]: per sample, how many demo output cells of each colour read a key of each colour, each cell
+    its best key under ``logits`` [n, S, S] (``off`` [n, S] the keys never read; ``inputs`` / ``outputs`` [n, S],
+    ``rows`` [n] their sample). ``linked``: only the cells whose best key the form links to them (logit > 0) and
+    that key a colour cell (:func:`colour_table`); else every output colour cell (:func:`reproduced`)."""
+    best, at = logits.masked_fill(off[:, None, :], float("-inf")).max(-1)  # [n, S] over the grid's cells
+    src = inputs.long().gather(1, at)
+    ok = outputs >= first
+    if linked:
+        ok = ok & (best > 0) & (src >= first)
+    per = logits.new_zeros(inputs.shape[0], vocab * vocab).scatter_add_(
+        1, src * vocab + outputs.long(), ok.to(logits.dtype)
+    )
+    return per.new_zeros(b, vocab * vocab).index_add(0, rows, per).view(b, vocab, vocab)
