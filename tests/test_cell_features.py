@@ -66,13 +66,15 @@ def test_ray_counts_are_the_non_background_cells_beyond_each_cell_up_to_each_edg
             np.testing.assert_array_equal(got[k], on_canvas(want[k], top, left), err_msg=f"{name}: {g}")
 
 
+@pytest.mark.parametrize("name", ["trm_views", "trm_local"])
 @pytest.mark.parametrize("features", [["object_size"], ["rays"], ["object_size", "rays"]])
-def test_the_counts_reach_the_cells_embedding_and_every_feature_table_trains(features):
+def test_the_counts_reach_the_cells_embedding_and_every_feature_table_trains(features, name):
     """Two inputs with the same colour and grid at a cell but another object size / ray count there: equal
-    embeddings without the features, different with them (the same method keys the demo memory's cells)."""
+    embeddings without the features, different with them (the same method keys the demo memory's cells); in
+    trm_local (the candidate-free cores) too, where the counts are off by default."""
     a = torch.tensor([[2, 3, 3, 1], [2, 2, 2, 1], [3, 2, 2, 1], [1, 1, 1, 0]]).view(1, -1)
     b = torch.tensor([[2, 3, 2, 1], [2, 2, 2, 1], [2, 2, 3, 1], [1, 1, 1, 0]]).view(1, -1)  # cell 1: object 2 -> 1
-    plain, feat = build(name="trm_views", cell_features=[]), build(name="trm_views", cell_features=features)
+    plain, feat = build(name=name, cell_features=[]), build(name=name, cell_features=features)
     with torch.no_grad():
         e_plain = plain.inner.token_embeddings(torch.cat([a, b]))
         e_feat = feat.inner.token_embeddings(torch.cat([a, b]))
@@ -121,3 +123,24 @@ def test_the_demo_lookup_gives_what_the_demo_cells_of_the_cells_colour_and_objec
     for cell in (0, 7, 8):
         torch.testing.assert_close(colour[cell], (3 * Ec[4] + 2 * Ec[6]) / 5)
     assert dead_parameters(model) == []
+
+
+def test_the_candidate_free_cores_draw_the_counts_from_a_forked_stream_and_key_the_memory_with_them():
+    """trm_counted_roles' parents (trm_local + gather + counted form): the counts are off by default; on, every other
+    weight starts bit-equal (a paired run differs only by them), and the demo memory's keys (the same
+    token_embeddings) change with a demo cell's object size."""
+    kw = dict(grid_gather=True, gather_demo_form=True, gather_demo_form_roles=True)
+    off, on = build(name="trm_local", **kw), build(name="trm_local", cell_features=["object_size", "rays"], **kw)
+    assert off.inner.cell_features is None and off.config.cell_features == []
+    a, b = dict(off.named_parameters()), dict(on.named_parameters())
+    assert set(b) - set(a) == {"inner.cell_features.embed.object_size.embedding_weight",
+                               "inner.cell_features.embed.rays.embedding_weight"}  # fmt: skip
+    for k, v in a.items():
+        torch.testing.assert_close(b[k], v, rtol=0, atol=0, msg=k)
+    demo = torch.tensor([[2, 3, 3, 1], [2, 2, 2, 1], [3, 2, 2, 1], [1, 1, 1, 0]]).view(1, -1)
+    split = torch.tensor([[2, 3, 2, 1], [2, 2, 2, 1], [2, 2, 3, 1], [1, 1, 1, 0]]).view(1, -1)
+    with torch.no_grad():
+        keys_on = on.inner.token_embeddings(torch.cat([demo, split]))
+        keys_off = off.inner.token_embeddings(torch.cat([demo, split]))
+    torch.testing.assert_close(keys_off[0, 1], keys_off[1, 1])
+    assert (keys_on[0, 1] - keys_on[1, 1]).abs().max() > 1e-3

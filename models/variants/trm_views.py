@@ -142,6 +142,11 @@ class TRMLocalConfig(TRMMemoryConfig):
     # answer's loss to reach them through the core (``gather_fit`` per sample, weight ``gather_fit_weight``; 0: off)
     gather_fit_weight: float = Field(0.0, ge=0)
     gather_fit_tau: float = Field(1.0, gt=0)
+    # generic per-cell counts (CellFeatures, trm_views' own field): object_size (cells in the cell's same-colour
+    # 4-connected object, 1-9+) and rays (non-background cells beyond it up to each edge, 0-7+), embedded and added to
+    # the colour embedding of the test input and of the demo inputs the memory keys; none written to a rule family or
+    # a generator's range. Drawn from a forked stream: every other weight starts as without them. [] = none
+    cell_features: List[Literal["object_size", "rays"]] = []
 
     @model_validator(mode="after")
     def _gather_fit_needs_the_gather(self):
@@ -273,6 +278,9 @@ class GridTRMInner(TRMInner):
                         config.gather_demo_form_colour,
                         config.gather_demo_form_roles,
                     )
+            if config.cell_features:
+                with torch.random.fork_rng(devices=[]):
+                    self.cell_features = CellFeatures(side, config.hidden_size, config.cell_features, std, dtype)
 
     def build_positions(self, config) -> None:
         """TRM's positions, then ``embed_grid``: the four offset tables."""
