@@ -507,7 +507,7 @@ def test_an_out_made_before_an_arch_option_existed_is_reused_not_refused(science
         spath = os.path.join(copy, "runs", name, "run.json")
         spec = json.load(open(spath))
         assert spec["recipe"]["arch"]["name"] == "trm_local"
-        later = ("memory_", "grid_ops", "cell_descriptor", "grid_gather", "gather_")  # options added after that commit
+        later = ("memory_", "grid_ops", "cell_descriptor", "grid_gather", "gather_", "cell_features")  # added after it
         arch = {k: v for k, v in spec["recipe"]["arch"].items() if not k.startswith(later)}
         arch.update(
             name="trm", grid_coords=True, pointer_init="identity", pointer_source="token", context_broadcast=False
