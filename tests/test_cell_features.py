@@ -9,6 +9,7 @@ import torch
 
 from dataset.canvas import grid_to_canvas
 from dataset.synthetic_rules import _components
+from encoders.interface import DemoMemory
 from models.variants.views_ops import object_sizes, ray_counts
 from tests.test_models_memory import build, dead_parameters
 
@@ -127,8 +128,8 @@ def test_the_demo_lookup_gives_what_the_demo_cells_of_the_cells_colour_and_objec
 
 def test_the_candidate_free_cores_draw_the_counts_from_a_forked_stream_and_key_the_memory_with_them():
     """trm_counted_roles' parents (trm_local + gather + counted form): the counts are off by default; on, every other
-    weight starts bit-equal (a paired run differs only by them), and the demo memory's keys (the same
-    token_embeddings) change with a demo cell's object size."""
+    weight starts bit-equal (a paired run differs only by them), and the demo memory's keys (``MemoryRead.keys``, as
+    the forward builds them) change with a demo cell's object size, the same demo output and encoder states given."""
     kw = dict(grid_gather=True, gather_demo_form=True, gather_demo_form_roles=True)
     off, on = build(name="trm_local", **kw), build(name="trm_local", cell_features=["object_size", "rays"], **kw)
     assert off.inner.cell_features is None and off.config.cell_features == []
@@ -137,10 +138,17 @@ def test_the_candidate_free_cores_draw_the_counts_from_a_forked_stream_and_key_t
                                "inner.cell_features.embed.rays.embedding_weight"}  # fmt: skip
     for k, v in a.items():
         torch.testing.assert_close(b[k], v, rtol=0, atol=0, msg=k)
-    demo = torch.tensor([[2, 3, 3, 1], [2, 2, 2, 1], [3, 2, 2, 1], [1, 1, 1, 0]]).view(1, -1)
-    split = torch.tensor([[2, 3, 2, 1], [2, 2, 2, 1], [2, 2, 3, 1], [1, 1, 1, 0]]).view(1, -1)
-    with torch.no_grad():
-        keys_on = on.inner.token_embeddings(torch.cat([demo, split]))
-        keys_off = off.inner.token_embeddings(torch.cat([demo, split]))
-    torch.testing.assert_close(keys_off[0, 1], keys_off[1, 1])
-    assert (keys_on[0, 1] - keys_on[1, 1]).abs().max() > 1e-3
+    demo = torch.tensor([[2, 3, 3, 1], [2, 2, 2, 1], [3, 2, 2, 1], [1, 1, 1, 0]]).view(1, 1, -1)
+    split = torch.tensor([[2, 3, 2, 1], [2, 2, 2, 1], [2, 2, 3, 1], [1, 1, 1, 0]]).view(1, 1, -1)  # cell 1: size 2 -> 1
+    S = demo.shape[-1]
+    states = torch.randn(1, S, off.inner.memory_read.in_proj.weight.shape[1])
+    every = torch.ones(1, S, dtype=torch.bool)
+    memory = DemoMemory(states, every, torch.zeros(S, dtype=torch.long), torch.arange(S)[None])
+
+    def key(model, demo_inputs):  # [heads, 1 + S, d]: the null key, then one per demo cell
+        inner = model.inner
+        with torch.no_grad():
+            return inner.memory_read.keys(memory, demo_inputs, demo, inner.token_embeddings, torch.float32)[0][0]
+
+    torch.testing.assert_close(key(off, demo)[:, 2], key(off, split)[:, 2])
+    assert (key(on, demo)[:, 2] - key(on, split)[:, 2]).abs().max() > 1e-3

@@ -61,6 +61,7 @@ from models.variants.views_parts import (
 )
 
 ViewKind = Literal["dihedral", "shift", "roll", "scale", "tile", "settle"]
+CellCount = Literal["object_size", "rays"]  # CellFeatures' kinds (trm_local's and trm_views' cell_features)
 
 
 class TRMGridConfig(TRMConfig):
@@ -146,7 +147,7 @@ class TRMLocalConfig(TRMMemoryConfig):
     # 4-connected object, 1-9+) and rays (non-background cells beyond it up to each edge, 0-7+), embedded and added to
     # the colour embedding of the test input and of the demo inputs the memory keys; none written to a rule family or
     # a generator's range. Drawn from a forked stream: every other weight starts as without them. [] = none
-    cell_features: List[Literal["object_size", "rays"]] = []
+    cell_features: List[CellCount] = []
 
     @model_validator(mode="after")
     def _gather_fit_needs_the_gather(self):
@@ -189,7 +190,7 @@ class TRMViewsConfig(TRMMemoryConfig):
     # per-cell counts added to every grid cell's colour embedding, of the test input and of the demo inputs the memory
     # keys (CellFeatures): object_size (cells in its same-colour 4-connected object) and rays (non-background cells
     # beyond it up to each edge). [] = none
-    cell_features: List[Literal["object_size", "rays"]] = ["object_size", "rays"]
+    cell_features: List[CellCount] = ["object_size", "rays"]
     # per test cell, an embedding of what the demo cells with its key became (DemoLookup; one table per key): colour
     # (the cell's colour) and object (its colour and object size). [] = none
     demo_lookup: List[Literal["colour", "object"]] = ["colour", "object"]
