@@ -8,6 +8,7 @@ the trunk applies to its input.
   ``rule_labels``).
 * ``oracle_context: true`` -- the control at the upper end (:class:`RuleOracle`): the context is a learned
   embedding of the sample's true rule labels; ETRM does not run the encoder (needs ``rule_labels``).
+  With ``oracle_demos: true`` the core also reads the demo memory (told and shown).
 * ``zero_demos: true`` -- the control at the lower end: every demo is replaced by zeros (all PAD), so the encoder
   sees no demonstration.
 
@@ -44,6 +45,10 @@ class ProbeConfig(pydantic.BaseModel):
     # whether the core can apply a rule it is told through the ETRM path (told flip_rotate's rule, token accuracy
     # 0.64 at step 1500, 0.87 at 3000: 2c67f3c, docs/record/2026-11-25-rule-readout-dihedral-views.md)
     oracle_context: bool = False
+    # with oracle_context: the core also reads the demos as a read run does (the per-cell demo memory, and through it
+    # the counted form), so the probe is told the rule *and* shown its demos; only the context is the rule labels'.
+    # Without it the oracle core gets an empty memory (told, not shown)
+    oracle_demos: bool = False
     # science control, the lower bound: replace every demo by zeros (all PAD) -> the encoder sees no demonstration
     zero_demos: bool = False
 

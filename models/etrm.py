@@ -244,7 +244,8 @@ class ETRM(ACTModel):
 
     def _oracle_context(self, data: Dict[str, torch.Tensor]):
         """``encoder.oracle_context``: the embedding of the sample's rule labels (zeros without labels, e.g. in
-        evaluation); the encoder does not run."""
+        evaluation); the encoder gives no context. A core that reads the demo memory gets an empty one (told, not
+        shown), or with ``encoder.oracle_demos`` the demos' memory as a read run gets it (told and shown)."""
         targets = data.get("rule_targets")
         b, p = data["inputs"].shape[0], next(self.inner.parameters())
         ctx = (
@@ -252,8 +253,11 @@ class ETRM(ACTModel):
             if targets is None
             else self.encoder.rule_oracle(targets).to(p.dtype)
         )
-        # told, not read: a core that reads the demo memory gets none
-        memory = DemoMemory.empty(b, self.encoder.cfg.hidden_size, p.device, p.dtype) if self.reads_memory else None
+        memory = None
+        if self.reads_memory and self.encoder.cfg.oracle_demos:
+            memory = self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+        elif self.reads_memory:
+            memory = DemoMemory.empty(b, self.encoder.cfg.hidden_size, p.device, p.dtype)
         return EncoderOutput(context=ctx, memory=memory), ctx
 
     def _rule_readout(self, ctx: torch.Tensor, data: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:

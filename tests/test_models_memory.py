@@ -170,6 +170,31 @@ def test_the_oracle_control_is_told_the_rule_and_reads_no_memory():
     assert enc.memory is not None and not enc.memory.mask.any()
 
 
+def oracle(demos: bool) -> ETRM:
+    """trm_memory told the rule (``encoder.oracle_context``), with or without the demos (``encoder.oracle_demos``)."""
+    torch.manual_seed(0)
+    arch = dict(build().config.model_dump(), name="trm_memory")
+    enc = {"name": "standard", "hidden_size": 24, "num_heads": 4, "grid_coords": True, "oracle_context": True}
+    cfg = {"arch": arch, "encoder": dict(enc, oracle_demos=demos), "global_batch_size": B, "rule_labels": "r.json"}
+    return build_etrm_model(config_from_dict(cfg), meta(), verbose=False)
+
+
+def test_the_oracle_told_and_shown_reads_the_demo_memory_a_read_run_reads():
+    """encoder.oracle_demos: the context is still the rule labels' (zeros without labels), the memory is the demos'
+    own, so the answer reads the demos; without it the memory is empty and the demos do not reach the answer."""
+    data = batch()
+    shown, told = oracle(True), oracle(False)
+    enc, ctx = shown._oracle_context(data)
+    assert torch.equal(ctx, torch.zeros(B, 2, HID))  # told: no labels here, so no context; the encoder gave none
+    want = shown.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+    assert enc.memory.mask.any() and torch.equal(enc.memory.mask, want.mask)
+    torch.testing.assert_close(enc.memory.states, want.states)
+    changed = {k: v.clone() for k, v in data.items()}
+    changed["demo_labels"][0, 0] = torch.where(changed["demo_labels"][0, 0] > 1, 2, 0).int()
+    assert not torch.allclose(eval_logits(shown, changed)[0], eval_logits(shown, data)[0], atol=1e-4)
+    torch.testing.assert_close(eval_logits(told, changed), eval_logits(told, data))
+
+
 def test_the_oracle_control_of_a_variational_encoder_asks_for_no_kl_term():
     """Told the rule, the encoder does not run: the loss head must not ask for its KL (it raised a KeyError)."""
     arch = dict(build().config.model_dump(), name="trm_memory")

@@ -219,11 +219,16 @@ def test_readout_loss_is_the_mean_cross_entropy_of_the_labelled_slots():
     torch.testing.assert_close(loss_bf, head(ctx.bfloat16().float(), targets)[0])
 
 
-def test_config_refuses_a_readout_without_labels_and_labels_without_a_readout():
+def test_config_refuses_a_readout_without_labels_labels_without_a_readout_and_demos_without_the_oracle():
     with pytest.raises(ConfigError, match="rule_readout=1.0 needs rule_labels"):
         load_config("cfg_science", ["encoder=standard", "encoder.rule_readout=1.0"])
     with pytest.raises(ConfigError, match="oracle_context=true needs rule_labels"):
         load_config("cfg_science", ["encoder=standard", "encoder.oracle_context=true"])
+    with pytest.raises(ConfigError, match="oracle_demos=true shows the demos .* needs encoder.oracle_context=true"):
+        load_config("cfg_science", ["encoder=standard", "encoder.oracle_demos=true"])
+    told = ["encoder=standard", "encoder.oracle_context=true", "rule_labels=r.json"]
+    assert load_config("cfg_science", [*told, "encoder.oracle_demos=true"]).encoder.oracle_demos
+    assert not load_config("cfg_science", told).encoder.oracle_demos  # told, not shown: the default
     with pytest.raises(ConfigError, match="has no effect"):
         load_config("cfg_science", ["encoder=standard", "rule_labels=r.json"])
     cfg = load_config("cfg_science", ["encoder=standard", "encoder.rule_readout=0.5", "rule_labels=r.json"])

@@ -205,6 +205,9 @@ class PretrainConfig(_Strict):
                 f"rule_labels={self.rule_labels!r} has no effect without an encoder with "
                 "encoder.rule_readout > 0 or encoder.oracle_context=true"
             )
+        if enc is not None and enc.oracle_demos and not enc.oracle_context:
+            raise ValueError("encoder.oracle_demos=true shows the demos to the oracle control: it needs "
+                             "encoder.oracle_context=true")  # fmt: skip
         if self.rule_labels and len(self.data_paths) != 1:
             raise ValueError(f"rule_labels needs exactly one data path, got data_paths={self.data_paths}")
         return self
