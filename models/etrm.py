@@ -167,7 +167,7 @@ class ETRM(ACTModel):
             return self._oracle_context(data)
         out = self.encoder(data["demo_inputs"], data["demo_labels"], data["demo_mask"], state=state)
         if self.reads_memory and out.memory is None:  # an encoder that pools before aggregating: one more trunk pass
-            out.memory = self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+            out.memory = self._demo_memory(data)
         ctx = out.context
         if not self.training and self.latent_search_steps > 0:
             return out, self._search_context(carry, ctx)
@@ -213,11 +213,7 @@ class ETRM(ACTModel):
         if prefix_context is not None:  # evaluation with a test-time-trained context for these rows
             kl = prefix_context.new_zeros(prefix_context.shape[0], dtype=torch.float32) if self.kl_weight > 0 else None
             data = carry.current_data
-            memory = (
-                self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
-                if self.reads_memory
-                else None
-            )
+            memory = self._demo_memory(data) if self.reads_memory else None
             enc, ctx = EncoderOutput(context=prefix_context, kl=kl, memory=memory), prefix_context
         else:
             enc, ctx = self.encode(carry)
@@ -242,6 +238,10 @@ class ETRM(ACTModel):
         )
         return new_carry, outputs
 
+    def _demo_memory(self, data: Dict[str, torch.Tensor]) -> DemoMemory:
+        """The per-cell states of the batch's demos (``DemoEncoder.demo_memory``)."""
+        return self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
+
     def _oracle_context(self, data: Dict[str, torch.Tensor]):
         """``encoder.oracle_context``: the embedding of the sample's rule labels (zeros without labels, e.g. in
         evaluation); the encoder gives no context. A core that reads the demo memory gets an empty one (told, not
@@ -254,9 +254,9 @@ class ETRM(ACTModel):
             else self.encoder.rule_oracle(targets).to(p.dtype)
         )
         memory = None
-        if self.reads_memory and self.encoder.cfg.oracle_demos:
-            memory = self.encoder.demo_memory(data["demo_inputs"], data["demo_labels"], data["demo_mask"])
-        elif self.reads_memory:
+        if self.reads_memory and self.encoder.cfg.oracle_demos:  # told and shown
+            memory = self._demo_memory(data)
+        elif self.reads_memory:  # told, not shown
             memory = DemoMemory.empty(b, self.encoder.cfg.hidden_size, p.device, p.dtype)
         return EncoderOutput(context=ctx, memory=memory), ctx
 
