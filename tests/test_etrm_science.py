@@ -169,6 +169,8 @@ def test_science_config_builds_every_run(name):
     assert a.gather_demo_form and a.gather_demo_form_frame and a.gather_demo_form_colour  # counted over roles too
     assert a.gather_demo_form_roles
     assert a.gather_demo_form_rounds == 2
+    # the sample budget of every v3 figure (batch 64 x 2000 steps), since 2026-12-08 in smaller steps (docs/science.md)
+    assert (cfg.global_batch_size, cfg.max_steps) == (32, 4000)
     meta = tiny_metadata(seq_len=64, num_puzzle_identifiers=5, total_groups=1, grid_size=8, has_demos=True, max_demos=3)
     model = build_etrm_model(cfg, meta, batch_size=2, verbose=False)
     assert model.encoder.seq_len == 64

@@ -38,7 +38,7 @@ marked "cut short at step N" in the table; an evaluation of the same checkpoint 
 ``--no-train`` trains nothing and evaluates what exists. A DIR built with other settings (or other files) is
 refused (name a new --out). Ctrl-C stops the running stage cleanly (training writes a checkpoint first).
 
-    python -m experiments.science --out runs/science                       # standard + control: 2000 steps, 40-60 min
+    python -m experiments.science --out runs/science                       # standard + control: 4000 steps, 40-60 min
     python -m experiments.science --out runs/science-all --encoders all     # the benchmark: 5 encoders + control
     python -m experiments.science --out runs/s --holdout-families gravity --steps 2000 --override lr=3e-4
     python -m experiments.science --out runs/mine --input-file-prefix data/mine/puzzles --groups data/mine/groups.json
