@@ -103,13 +103,15 @@ def test_science_step_benchmark_times_the_real_training_step_with_a_phase_split(
     """--config science: cfg_science's own Trainer.train_step on generated canvas-8 data (ETRM standard encoder),
     phases from hooks that add up to the step, and a FLOP count of one step."""
     from benchmarks import trainer_step
+    from training.config import load_config
 
+    batch = load_config("cfg_science", ["data_paths=[unused]", "encoder=standard"]).global_batch_size  # the recipe's
     r = trainer_step.measure("science", steps=2, warmup=1, compiled=False, root=str(tmp_path))
-    assert r["batch"] == 64 and r["num_params"] > 100_000 and r["mode"] == "eager"
+    assert r["batch"] == batch and r["num_params"] > 100_000 and r["mode"] == "eager"
     ph = r["phases_s"]
     assert ph["encoder_forward"] > 0 and ph["core_forward"] > 0 and ph["optimizer"] > 0 and ph["loss_backward_rest"] > 0
     assert sum(v for k, v in ph.items() if k != "step") == pytest.approx(r["seconds_per_step"], rel=1e-6)
-    assert r["samples_per_s"] == pytest.approx(64 / r["seconds_per_step"])
+    assert r["samples_per_s"] == pytest.approx(batch / r["seconds_per_step"])
     assert r["flops_per_step_counted"] > 1e9 and r["flops_per_s"] == pytest.approx(
         r["flops_per_step_counted"] / r["seconds_per_step"]
     )
